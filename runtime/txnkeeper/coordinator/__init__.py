@@ -1,0 +1,1 @@
+"""Transaction coordinator (layer 4): TxnIDs, the transaction state machine, timeouts, end-txn fan-out."""

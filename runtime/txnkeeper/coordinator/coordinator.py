@@ -1,0 +1,400 @@
+"""One transaction coordinator: owns the transactions whose TxnID.most is its id.
+
+Every change is written to the transaction log before it is acknowledged; an end is decided by the
+UPDATE(COMMITTING|ABORTING) record, delivered to every partition and subscription until each has
+applied it (retried with backoff, idempotent on the store side), then sealed by UPDATE(COMMITTED|
+ABORTED) and the transaction's records are deleted. After a restart ``recover`` resumes decided ends
+and aborts expired open transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
+from txnkeeper.coordinator.routes import RouteTable
+from txnkeeper.coordinator.sequence import SequenceAllocator
+from txnkeeper.coordinator.state import TERMINAL, TxnMeta, TxnStatus, check_transition, ending_status
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.protocol.errors import (
+    BadRequestError,
+    InvalidTxnStatusError,
+    TxnNotFoundError,
+    UnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+ENDED_MEMORY = 100_000
+MAX_TIMEOUT_MS = 24 * 3600 * 1000
+TICK_SECONDS = 0.1
+RETRY_BACKOFF = (0.05, 2.0)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionCoordinator:
+    """State machine + log + fan-out for one coordinator id."""
+
+    def __init__(
+        self,
+        coordinator_id: int,
+        txn_log: TxnLog,
+        sequence: SequenceAllocator,
+        routes: RouteTable,
+        sink: EndTxnSink,
+        *,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.coordinator_id = coordinator_id
+        self._log = txn_log
+        self._sequence = sequence
+        self._routes = routes
+        self._sink = sink
+        self._clock = clock
+        self.state = "None"
+        self._txns: dict[TxnID, TxnMeta] = {}
+        self._ending: dict[TxnID, tuple[bool, asyncio.Future[None]]] = {}
+        self._ended: OrderedDict[TxnID, TxnStatus] = OrderedDict()
+        self._deadlines: list[tuple[int, TxnID]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self.committed_count = 0
+        self.aborted_count = 0
+        self.timed_out_count = 0
+        self.created_count = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def recover(self, recovered: Iterable[RecoveredTxn]) -> None:
+        """Adopt the replayed transactions and resume what they were doing; then start ticking."""
+        self.state = "Initializing"
+        now = self._clock()
+        for txn in recovered:
+            meta = TxnMeta(
+                txn.txn_id,
+                txn.status,
+                txn.timeout_ms,
+                txn.start_time_ms,
+                txn.last_modification_ms,
+                list(txn.partitions),
+                list(txn.subscriptions),
+            )
+            if txn.status in TERMINAL:
+                self._remember_ended(txn.txn_id, txn.status)
+                self._spawn(self._delete_records(txn.txn_id))
+                continue
+            self._txns[txn.txn_id] = meta
+            if txn.status is TxnStatus.COMMITTING:
+                self._spawn(self._resume_end(meta, commit=True))
+            elif txn.status is TxnStatus.ABORTING:
+                self._spawn(self._resume_end(meta, commit=False))
+            elif meta.deadline_ms <= now:
+                self._spawn(self._timeout_abort(meta.txn_id))
+            else:
+                heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+        self.state = "Ready"
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def close(self) -> None:
+        self.state = "Closed"
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._ticker is not None:
+            await asyncio.gather(self._ticker, return_exceptions=True)
+
+    # --- requests ----------------------------------------------------------------------------------
+    async def new_txn(self, timeout_ms: int) -> TxnID:
+        self._require_ready()
+        if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+            raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
+        least = await self._sequence.next()
+        txn_id = TxnID(self.coordinator_id, least)
+        now = self._clock()
+        meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
+        entry = meta_pb.TransactionMetadataEntry(
+            metadata_op=meta_pb.TransactionMetadataEntry.NEW,
+            txnid_most_bits=txn_id.most,
+            txnid_least_bits=txn_id.least,
+            timeout_ms=timeout_ms,
+            start_time=now,
+            last_modification_time=now,
+            max_local_txn_id=least,
+            new_status=meta_pb.OPEN,
+        )
+        await self._log.append(entry)
+        self._txns[txn_id] = meta
+        heapq.heappush(self._deadlines, (meta.deadline_ms, txn_id))
+        self.created_count += 1
+        return txn_id
+
+    async def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> None:
+        meta = self._open_txn(txn_id)
+        if not topics or any(not t for t in topics):
+            raise BadRequestError("add-partition needs one or more non-empty topic names")
+        await self._routes.learn(topics, store_address)
+        self._check_routed(topics)
+        new = meta.add_partitions(topics)
+        if not new:
+            return
+        now = self._clock()
+        meta.last_modification_ms = now
+        await self._log.append(
+            meta_pb.TransactionMetadataEntry(
+                metadata_op=meta_pb.TransactionMetadataEntry.ADD_PARTITION,
+                txnid_most_bits=txn_id.most,
+                txnid_least_bits=txn_id.least,
+                partitions=new,
+                last_modification_time=now,
+            )
+        )
+
+    async def add_subscriptions(
+        self, txn_id: TxnID, subscriptions: list[tuple[str, str]], store_address: str
+    ) -> None:
+        meta = self._open_txn(txn_id)
+        if not subscriptions or any(not t or not s for t, s in subscriptions):
+            raise BadRequestError("add-subscription needs one or more (topic, subscription) pairs")
+        topics = list(dict.fromkeys(t for t, _ in subscriptions))
+        await self._routes.learn(topics, store_address)
+        self._check_routed(topics)
+        new = meta.add_subscriptions(subscriptions)
+        if not new:
+            return
+        now = self._clock()
+        meta.last_modification_ms = now
+        await self._log.append(
+            meta_pb.TransactionMetadataEntry(
+                metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION,
+                txnid_most_bits=txn_id.most,
+                txnid_least_bits=txn_id.least,
+                subscriptions=[meta_pb.Subscription(topic=t, subscription=s) for t, s in new],
+                last_modification_time=now,
+            )
+        )
+
+    async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
+        """Commit or abort; idempotent (a retried end of an ended transaction succeeds)."""
+        self._require_ready()
+        self._check_owner(txn_id)
+        final = ending_status(commit)[1]
+        ended = self._ended.get(txn_id)
+        if ended is not None:
+            if ended is final:
+                return
+            raise InvalidTxnStatusError(f"transaction {txn_id} is already {ended.name}")
+        in_progress = self._ending.get(txn_id)
+        if in_progress is not None:
+            ending_commit, done = in_progress
+            if ending_commit != commit:
+                status = ending_status(ending_commit)[0]
+                raise InvalidTxnStatusError(
+                    f"transaction {txn_id} is {status.name}; it cannot become {final.name}"
+                )
+            await asyncio.shield(done)
+            return
+        meta = self._txns.get(txn_id)
+        if meta is None:
+            raise TxnNotFoundError(f"transaction {txn_id} not found (never existed or long ended)")
+        await self._decide_and_end(meta, commit)
+
+    def status_of(self, txn_id: TxnID) -> str:
+        meta = self._txns.get(txn_id)
+        if meta is not None:
+            return meta.status.name
+        ended = self._ended.get(txn_id)
+        return ended.name if ended is not None else "UNKNOWN"
+
+    # --- stats ---------------------------------------------------------------------------------------
+    @property
+    def ongoing_count(self) -> int:
+        return len(self._txns)
+
+    @property
+    def least_sig_bits(self) -> int:
+        return self._sequence.last
+
+    # --- internals -----------------------------------------------------------------------------------
+    def _require_ready(self) -> None:
+        if self.state != "Ready":
+            raise UnavailableError(f"coordinator {self.coordinator_id} is {self.state}")
+
+    def _check_owner(self, txn_id: TxnID) -> None:
+        if txn_id.most != self.coordinator_id:
+            raise TxnNotFoundError(f"transaction {txn_id} belongs to coordinator {txn_id.most}")
+
+    def _open_txn(self, txn_id: TxnID) -> TxnMeta:
+        self._require_ready()
+        self._check_owner(txn_id)
+        meta = self._txns.get(txn_id)
+        if meta is None:
+            ended = self._ended.get(txn_id)
+            if ended is not None:
+                raise InvalidTxnStatusError(f"transaction {txn_id} is already {ended.name}")
+            raise TxnNotFoundError(f"transaction {txn_id} not found")
+        if meta.status is not TxnStatus.OPEN:
+            raise InvalidTxnStatusError(f"transaction {txn_id} is {meta.status.name}, not OPEN")
+        return meta
+
+    def _check_routed(self, topics: list[str]) -> None:
+        missing = [t for t in topics if self._routes.get(t) is None]
+        if missing:
+            raise BadRequestError(f"no store address known for {missing}; send store_address")
+
+    async def _decide_and_end(self, meta: TxnMeta, commit: bool) -> None:
+        ending, _ = ending_status(commit)
+        check_transition(meta.txn_id, meta.status, ending)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending[meta.txn_id] = (commit, done)
+        previous = meta.status
+        meta.status = ending
+        try:
+            await self._write_update(meta, previous, ending)
+        except BaseException as exc:
+            meta.status = previous
+            del self._ending[meta.txn_id]
+            done.set_exception(UnavailableError(f"could not log the end of {meta.txn_id}: {exc}"))
+            done.exception()
+            raise
+        await self._finish_end(meta, commit, done)
+
+    async def _resume_end(self, meta: TxnMeta, commit: bool) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending[meta.txn_id] = (commit, done)
+        await self._finish_end(meta, commit, done)
+
+    async def _finish_end(self, meta: TxnMeta, commit: bool, done: asyncio.Future[None]) -> None:
+        ending, final = ending_status(commit)
+        try:
+            await self._fan_out(meta, commit)
+            await self._write_update(meta, ending, final)
+        except BaseException as exc:
+            # The decision stays logged; a restart (recover) resumes it.
+            self._ending.pop(meta.txn_id, None)
+            if not done.done():
+                done.set_exception(UnavailableError(f"end of {meta.txn_id} interrupted: {exc}"))
+                done.exception()
+            raise
+        meta.status = final
+        self._txns.pop(meta.txn_id, None)
+        self._ending.pop(meta.txn_id, None)
+        self._remember_ended(meta.txn_id, final)
+        if commit:
+            self.committed_count += 1
+        else:
+            self.aborted_count += 1
+        done.set_result(None)
+        self._spawn(self._delete_records(meta.txn_id))
+
+    async def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> None:
+        now = self._clock()
+        meta.last_modification_ms = now
+        await self._log.append(
+            meta_pb.TransactionMetadataEntry(
+                metadata_op=meta_pb.TransactionMetadataEntry.UPDATE,
+                txnid_most_bits=meta.txn_id.most,
+                txnid_least_bits=meta.txn_id.least,
+                expected_status=int(expected),  # type: ignore[arg-type]
+                new_status=int(new),  # type: ignore[arg-type]
+                last_modification_time=now,
+            )
+        )
+
+    async def _fan_out(self, meta: TxnMeta, commit: bool) -> None:
+        deliveries = [self._deliver_partition(meta.txn_id, t, commit) for t in meta.partitions]
+        deliveries += [self._deliver_subscription(meta.txn_id, t, s, commit) for t, s in meta.subscriptions]
+        if deliveries:
+            await asyncio.gather(*deliveries)
+
+    async def _deliver_partition(self, txn_id: TxnID, topic: str, commit: bool) -> None:
+        await self._retry(
+            f"end {txn_id} on partition {topic}",
+            lambda: self._sink.end_on_partition(self._route(topic), topic, txn_id, commit),
+        )
+
+    async def _deliver_subscription(self, txn_id: TxnID, topic: str, sub: str, commit: bool) -> None:
+        await self._retry(
+            f"end {txn_id} on subscription {topic}/{sub}",
+            lambda: self._sink.end_on_subscription(self._route(topic), topic, sub, txn_id, commit),
+        )
+
+    def _route(self, topic: str) -> str:
+        address = self._routes.get(topic)
+        if address is None:
+            raise RuntimeError(f"no store address recorded for topic {topic}")
+        return address
+
+    async def _retry(self, what: str, attempt: Callable[[], object]) -> None:
+        delay = RETRY_BACKOFF[0]
+        while True:
+            try:
+                result = attempt()
+                assert asyncio.iscoroutine(result)
+                await result
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "coordinator %d: %s failed (%s); retrying in %.2fs", self.coordinator_id, what, exc, delay
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_BACKOFF[1])
+
+    async def _delete_records(self, txn_id: TxnID) -> None:
+        try:
+            await self._log.delete_txn(txn_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Left in the log: a restart replays it as ended and deletes it then.
+            log.exception("coordinator %d: deleting the records of %s failed", self.coordinator_id, txn_id)
+
+    async def _timeout_abort(self, txn_id: TxnID) -> None:
+        meta = self._txns.get(txn_id)
+        if meta is None or meta.status is not TxnStatus.OPEN or txn_id in self._ending:
+            return
+        self.timed_out_count += 1
+        log.info("coordinator %d: transaction %s timed out; aborting", self.coordinator_id, txn_id)
+        with contextlib.suppress(InvalidTxnStatusError):
+            await self._decide_and_end(meta, commit=False)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, txn_id = heapq.heappop(self._deadlines)
+            meta = self._txns.get(txn_id)
+            if meta is not None and meta.status is TxnStatus.OPEN and txn_id not in self._ending:
+                self._spawn(self._timeout_abort(txn_id))
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self._expire()
+
+    def _remember_ended(self, txn_id: TxnID, status: TxnStatus) -> None:
+        self._ended[txn_id] = status
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    def _spawn(self, coro: object) -> None:
+        assert asyncio.iscoroutine(coro)
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("coordinator %d: background work failed: %s", self.coordinator_id, task.exception())

@@ -1,0 +1,108 @@
+"""One TCP connection speaking frames, with coalesced writes.
+
+Why coalescing: with many pipelined requests, writing every response on its own costs a syscall
+each; ``send`` only queues the frame and one callback per event-loop turn writes everything queued
+in a single ``transport.write``. Reads are parsed in ``data_received`` without creating tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
+
+log = logging.getLogger(__name__)
+
+
+class FrameConnection(asyncio.Protocol):
+    """Base protocol: decode incoming frames into ``on_command``; ``send`` queues outgoing ones."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = FrameDecoder(max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._outgoing: list[bytes] = []
+        self._flush_scheduled = False
+        self._closing = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.peer: str = "?"
+
+    # --- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        self.on_open()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            commands = self._decoder.feed(data)
+        except FrameError as exc:
+            log.warning("closing connection from %s: %s", self.peer, exc)
+            self.send(api.Command(request_id=0, error=api.Error(code=exc.code, message=str(exc))))  # type: ignore[arg-type]
+            self.close()
+            return
+        for command in commands:
+            self.on_command(command)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._transport = None
+        self._outgoing.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.on_lost(exc)
+
+    # --- outgoing ----------------------------------------------------------------------------------
+    def send(self, command: api.Command) -> None:
+        if self._transport is None:
+            return
+        self._outgoing.append(encode_frame(command))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._transport is None or not self._outgoing:
+            return
+        chunks = self._outgoing
+        self._outgoing = []
+        self._transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+    def close(self) -> None:
+        """Flush what is queued, then close (the error frame of a refused connection gets out)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self._closing
+
+    # --- for subclasses ----------------------------------------------------------------------------
+    def on_open(self) -> None:
+        """Called once the transport is connected."""
+
+    def on_command(self, command: api.Command) -> None:
+        raise NotImplementedError
+
+    def on_lost(self, exc: Exception | None) -> None:
+        """Called once when the connection is gone."""
+
+
+OnPush = Callable[[api.Command], None]

@@ -1,0 +1,108 @@
+"""Client side of a connection: pipelined requests matched to responses by request id.
+
+Used by the client library and by coordinators ending transactions on stores. Many requests may be
+in flight on one connection; each gets a future, resolved when its response frame arrives, failed
+when an error frame or the loss of the connection says it cannot complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.connection import FrameConnection
+from txnkeeper.protocol.errors import ConnectionClosedError, ServiceError, from_error_frame
+from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
+
+
+class RpcConnection(FrameConnection):
+    """A connected client endpoint. Server pushes (request id 0) go to ``on_push``."""
+
+    def __init__(
+        self,
+        on_push: Callable[[api.Command], None] | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        super().__init__(max_frame_size)
+        self._pending: dict[int, asyncio.Future[api.Command]] = {}
+        self._next_request_id = 1
+        self._on_push = on_push
+        self.address = "?"
+        self.lost_reason: str | None = None
+
+    def request(self, command: api.Command) -> asyncio.Future[api.Command]:
+        """Send ``command``; the future resolves to the response command or fails with ServiceError."""
+        future: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        if not self.is_open:
+            future.set_exception(ConnectionClosedError(f"connection to {self.address} is closed"))
+            return future
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        command.request_id = request_id
+        self._pending[request_id] = future
+        self.send(command)
+        return future
+
+    def notify(self, command: api.Command) -> None:
+        """Send a command that gets no response (e.g. Flow)."""
+        command.request_id = 0
+        self.send(command)
+
+    def on_command(self, command: api.Command) -> None:
+        request_id = command.request_id
+        if request_id == 0:
+            if command.HasField("error"):
+                self.lost_reason = command.error.message
+            elif self._on_push is not None:
+                self._on_push(command)
+            return
+        future = self._pending.pop(request_id, None)
+        if future is None or future.done():
+            return
+        if command.HasField("error"):
+            future.set_exception(from_error_frame(command.error))
+        else:
+            future.set_result(command)
+
+    def on_lost(self, exc: Exception | None) -> None:
+        reason = self.lost_reason or (str(exc) if exc else "closed")
+        pending = self._pending
+        self._pending = {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ConnectionClosedError(f"connection to {self.address} lost: {reason}"))
+
+
+async def connect(
+    address: str,
+    on_push: Callable[[api.Command], None] | None = None,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    connect_timeout: float = 10.0,
+) -> RpcConnection:
+    """Open a connection to ``host:port``."""
+    host, port = split_address(address)
+    loop = asyncio.get_running_loop()
+    try:
+        _, protocol = await asyncio.wait_for(
+            loop.create_connection(lambda: RpcConnection(on_push, max_frame_size), host, port),
+            connect_timeout,
+        )
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionClosedError(f"cannot connect to {address}: {exc}") from exc
+    protocol.address = address
+    return protocol
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def expect(response: api.Command, body: str) -> api.Command:
+    """Check a response is the kind the request expects (a protocol bug otherwise)."""
+    if response.WhichOneof("body") != body:
+        raise ServiceError(f"expected {body} response, got {response.WhichOneof('body')}")
+    return response
