@@ -1,0 +1,312 @@
+"""The PIP-160 buffered writer: many small log records, few durable ledger entries.
+
+Records queue in memory and leave as one batched entry when the queue reaches maxRecords (checked
+first), when its bytes reach maxSize, or when its oldest record has waited maxDelay. A record of at
+least maxSize bytes flushes the queue and is then written alone as a plain entry; with batching off
+(or maxRecords <= 1) every record is a plain entry. Every caller learns where its record landed.
+
+Why it is shaped like this: the record path is the throughput limit, so a record costs one
+serialization, one list append and one future; batches go to the ledger as tasks started in flush
+order (entry order equals flush order), and the next batch fills while the previous one is being
+fsync'd, which feeds the ledger's group commit. At most one timer is ever armed: when it fires early
+for a batch that started later, it re-arms for that batch's deadline instead of piling up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from functools import partial
+from typing import Generic, Protocol, TypeVar
+
+from google.protobuf.message import Message
+
+from txnkeeper.bufferedwriter.codec import BATCH_HEADER, RecordCodec, frame_record
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics, FlushTrigger
+
+R = TypeVar("R", bound=Message)
+
+# A timer that fires this close to its batch's deadline flushes rather than re-arming for a sliver.
+_TIMER_SLACK_S = 50e-6
+
+
+class LedgerPosition(Protocol):
+    """What the ledger returns for an appended entry (``txnkeeper.ledger.Position`` satisfies it)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+
+    @property
+    def entry_id(self) -> int: ...
+
+
+class EntryLog(Protocol):
+    """The one ledger operation the writer needs (``txnkeeper.ledger.ManagedLedger`` satisfies it)."""
+
+    async def add_entry(self, data: bytes) -> LedgerPosition: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WritePosition:
+    """Where a record landed: its entry, and its place in the batch (0/0 for a plain entry)."""
+
+    ledger_id: int
+    entry_id: int
+    batch_size: int
+    batch_index: int
+
+    @property
+    def batched(self) -> bool:
+        """Whether the record sits inside a batched entry."""
+        return self.batch_size > 0
+
+
+class WriterState(enum.Enum):
+    """Lifecycle of a writer (Pulsar's OPEN -> CLOSING -> CLOSED)."""
+
+    OPEN = "OPEN"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
+
+
+class BufferedWriterClosedError(RuntimeError):
+    """A record was written to, or still buffered in, a writer that is closing or closed."""
+
+
+class BufferedWriter(Generic[R]):
+    """Batches records of one log into PIP-160 entries on one ledger."""
+
+    def __init__(
+        self,
+        ledger: EntryLog,
+        codec: RecordCodec[R],
+        config: BatchedWriteConfig,
+        metrics: BufferedWriterMetrics | None = None,
+    ) -> None:
+        if not isinstance(config, BatchedWriteConfig):
+            raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
+        self._ledger = ledger
+        self._codec = codec
+        self._metrics = metrics
+        self._state = WriterState.OPEN
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._framed: list[bytes] = []
+        self._waiters: list[asyncio.Future[WritePosition]] = []
+        self._pending_bytes = 0
+        self._oldest_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: set[asyncio.Future[LedgerPosition]] = set()
+        self._closed = asyncio.Event()
+        self._apply(config)
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> BatchedWriteConfig:
+        """The settings in force."""
+        return self._config
+
+    @property
+    def state(self) -> WriterState:
+        """OPEN, CLOSING or CLOSED."""
+        return self._state
+
+    @property
+    def pending_records(self) -> int:
+        """Records buffered and not yet handed to the ledger."""
+        return len(self._waiters)
+
+    @property
+    def in_flight_entries(self) -> int:
+        """Entries handed to the ledger and not yet durable (or failed)."""
+        return len(self._in_flight)
+
+    async def write(self, record: R) -> WritePosition:
+        """Write one record; resolves once its entry is durable."""
+        return await self.submit(record)
+
+    def submit(self, record: R) -> asyncio.Future[WritePosition]:
+        """Queue one record now and return the future of its position (``write`` without a coroutine)."""
+        self._check_open()
+        return self.submit_serialized(self._codec.serialize(record))
+
+    def submit_serialized(self, data: bytes) -> asyncio.Future[WritePosition]:
+        """Queue a record the caller already serialized with this writer's codec."""
+        self._check_open()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        if not self._batching:
+            return self._write_plain(loop, data)
+        size = len(data)
+        if size >= self._max_size:
+            # Pulsar: flush what is pending first so order is kept, then the big record goes alone.
+            if self._waiters:
+                self._flush(FlushTrigger.LARGE_DATA)
+            return self._write_plain(loop, data)
+        fut: asyncio.Future[WritePosition] = loop.create_future()
+        waiters = self._waiters
+        waiters.append(fut)
+        self._framed.append(frame_record(data))
+        self._pending_bytes += size
+        if len(waiters) >= self._max_records:
+            self._flush(FlushTrigger.MAX_RECORDS)
+        elif self._pending_bytes >= self._max_size:
+            self._flush(FlushTrigger.MAX_SIZE)
+        elif len(waiters) == 1:
+            self._oldest_at = loop.time()
+            if self._timer is None:
+                self._timer = loop.call_at(self._oldest_at + self._delay_s, self._on_timer)
+        return fut
+
+    async def configure(self, config: BatchedWriteConfig) -> None:
+        """Change settings while running; turning batching off flushes the pending batch first."""
+        if not isinstance(config, BatchedWriteConfig):
+            raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
+        self._check_open()
+        self._apply(config)
+        if not self._waiters:
+            return
+        if not self._batching:
+            self._flush(FlushTrigger.FORCED)
+        elif len(self._waiters) >= self._max_records:
+            self._flush(FlushTrigger.MAX_RECORDS)
+        elif self._pending_bytes >= self._max_size:
+            self._flush(FlushTrigger.MAX_SIZE)
+        else:
+            # The deadline of the pending batch follows the new delay.
+            if self._timer is not None:
+                self._timer.cancel()
+            assert self._loop is not None  # records are pending, so a loop was seen
+            self._timer = self._loop.call_at(self._oldest_at + self._delay_s, self._on_timer)
+
+    async def flush(self) -> None:
+        """Hand the pending batch to the ledger now and wait until every entry so far has settled.
+
+        Failures are reported to the writers of the affected records, not raised here.
+        """
+        if self._waiters:
+            self._flush(FlushTrigger.FORCED)
+        while self._in_flight:
+            await asyncio.wait(set(self._in_flight))
+
+    async def close(self) -> None:
+        """OPEN -> CLOSING -> CLOSED: fail buffered records, let entries already written complete."""
+        if self._state is WriterState.CLOSED:
+            return
+        if self._state is WriterState.CLOSING:
+            await self._closed.wait()
+            return
+        self._state = WriterState.CLOSING
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiters, self._waiters, self._framed, self._pending_bytes = self._waiters, [], [], 0
+        if waiters:
+            error = BufferedWriterClosedError(
+                f"buffered writer closed before {len(waiters)} buffered record(s) were flushed;"
+                " they were not written: write them again to a new writer"
+            )
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        while self._in_flight:
+            await asyncio.wait(set(self._in_flight))
+        self._state = WriterState.CLOSED
+        self._closed.set()
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _apply(self, config: BatchedWriteConfig) -> None:
+        self._config = config
+        self._batching = config.batching
+        self._max_records = config.max_records
+        self._max_size = config.max_size_bytes
+        self._delay_s = config.max_delay_millis / 1000.0
+
+    def _check_open(self) -> None:
+        if self._state is not WriterState.OPEN:
+            raise BufferedWriterClosedError(
+                f"buffered writer closed (state {self._state.value}): nothing was written;"
+                " reopen the store to write again"
+            )
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._waiters or self._state is not WriterState.OPEN:
+            return
+        assert self._loop is not None
+        due = self._oldest_at + self._delay_s
+        if self._loop.time() + _TIMER_SLACK_S >= due:
+            self._flush(FlushTrigger.MAX_DELAY)
+        else:
+            # Armed for a batch that was flushed by another trigger; this batch is younger.
+            self._timer = self._loop.call_at(due, self._on_timer)
+
+    def _flush(self, trigger: FlushTrigger) -> None:
+        waiters, framed, size = self._waiters, self._framed, self._pending_bytes
+        self._waiters, self._framed, self._pending_bytes = [], [], 0
+        loop = self._loop
+        assert loop is not None
+        if self._metrics is not None:
+            self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
+        task: asyncio.Future[LedgerPosition] = loop.create_task(
+            self._ledger.add_entry(BATCH_HEADER + b"".join(framed))
+        )
+        self._in_flight.add(task)
+        task.add_done_callback(partial(self._on_batch_written, waiters))
+
+    def _on_batch_written(
+        self, waiters: list[asyncio.Future[WritePosition]], task: asyncio.Future[LedgerPosition]
+    ) -> None:
+        self._in_flight.discard(task)
+        error = _failure(task)
+        if error is not None:
+            if self._metrics is not None:
+                self._metrics.on_failed(len(waiters))
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        position = task.result()
+        ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
+        if self._metrics is not None:
+            self._metrics.on_written(size, batched=True)
+        for index, waiter in enumerate(waiters):
+            if not waiter.done():
+                waiter.set_result(WritePosition(ledger_id, entry_id, size, index))
+
+    def _write_plain(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[WritePosition]:
+        # The caller gets its own future: cancelling the caller must never cancel a ledger write.
+        out: asyncio.Future[WritePosition] = loop.create_future()
+        task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(data))
+        self._in_flight.add(task)
+        task.add_done_callback(partial(self._on_plain_written, out))
+        return out
+
+    def _on_plain_written(
+        self, out: asyncio.Future[WritePosition], task: asyncio.Future[LedgerPosition]
+    ) -> None:
+        self._in_flight.discard(task)
+        error = _failure(task)
+        if error is not None:
+            if self._metrics is not None:
+                self._metrics.on_failed(1)
+            if not out.done():
+                out.set_exception(error)
+            return
+        position = task.result()
+        if self._metrics is not None:
+            self._metrics.on_written(1, batched=False)
+        if not out.done():
+            out.set_result(WritePosition(position.ledger_id, position.entry_id, 0, 0))
+
+
+def _failure(task: asyncio.Future[LedgerPosition]) -> BaseException | None:
+    if task.cancelled():
+        return BufferedWriterClosedError(
+            "the ledger write was cancelled (the ledger is shutting down); the record may not be durable"
+        )
+    return task.exception()
