@@ -1,0 +1,73 @@
+"""The pure rollout engine shared by the Kopf operator and the local fleet.
+
+No I/O, no clock, no kopf import: callers translate the world into ``Desired``/``Observed``/``Progress``,
+call ``decide`` and carry out the single action it returns.
+"""
+
+from txnkeeper_operator.engine.model import (
+    Action,
+    ApplyTemplate,
+    BatchSettings,
+    Condition,
+    ConditionStatus,
+    ConfigureBatchLog,
+    Decision,
+    Desired,
+    DowngradeProgress,
+    Observed,
+    Phase,
+    PodState,
+    Progress,
+    RestartPod,
+    RolloverStores,
+    RunVerifier,
+    StoreVerdict,
+    Template,
+    VerifierReport,
+    VerifierState,
+)
+from txnkeeper_operator.engine.releases import (
+    BATCHED_LEVEL,
+    UNBATCHED_LEVEL,
+    UnknownReleaseError,
+    format_level,
+)
+from txnkeeper_operator.engine.rollout import (
+    DEFAULT_CONFIG,
+    PAUSE_ANNOTATION,
+    EngineConfig,
+    decide,
+    record_rollover,
+)
+
+__all__ = [
+    "BATCHED_LEVEL",
+    "DEFAULT_CONFIG",
+    "PAUSE_ANNOTATION",
+    "UNBATCHED_LEVEL",
+    "Action",
+    "ApplyTemplate",
+    "BatchSettings",
+    "Condition",
+    "ConditionStatus",
+    "ConfigureBatchLog",
+    "Decision",
+    "Desired",
+    "DowngradeProgress",
+    "EngineConfig",
+    "Observed",
+    "Phase",
+    "PodState",
+    "Progress",
+    "RestartPod",
+    "RolloverStores",
+    "RunVerifier",
+    "StoreVerdict",
+    "Template",
+    "UnknownReleaseError",
+    "VerifierReport",
+    "VerifierState",
+    "decide",
+    "format_level",
+    "record_rollover",
+]

@@ -1,0 +1,232 @@
+"""The rollout engine's vocabulary: what is wanted, what is observed, what was persisted, what to do.
+
+Everything here is an immutable value so that a decision is a pure function of its inputs: the Kopf
+handlers and the local fleet translate the world into these values, call the engine, and carry out the
+one action it returns. Nothing in this module performs I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The PIP-160 batchedWrite block (also Pulsar's TxnBufferedWriterStat) for one pod's stores."""
+
+    enabled: bool = False
+    max_records: int = 512
+    max_size_bytes: int = 4 * 1024 * 1024
+    max_delay_millis: int = 1
+
+    def disabled(self) -> BatchSettings:
+        return replace(self, enabled=False)
+
+    def satisfies(self, wanted: BatchSettings) -> bool:
+        """True when a store running with these settings is what ``wanted`` asks for.
+
+        Limits only matter while batching is on: a disabled writer writes every record directly.
+        """
+        if self.enabled != wanted.enabled:
+            return False
+        if not wanted.enabled:
+            return True
+        return (
+            self.max_records == wanted.max_records
+            and self.max_size_bytes == wanted.max_size_bytes
+            and self.max_delay_millis == wanted.max_delay_millis
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """The resource's spec, reduced to what the rollout depends on."""
+
+    version: str
+    replicas: int
+    batch: BatchSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """What a pod (re)created right now would start with: the StatefulSet template's version and the
+    ConfigMap's start-up batch settings. A pod that crashes or is evicted comes back with exactly this,
+    so the engine keeps it at a format level the data can live with."""
+
+    version: str
+    batch: BatchSettings
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """One pod as observed: its spec version (what it runs) and what its admin API reports."""
+
+    ordinal: int
+    name: str
+    version: str
+    ready: bool
+    # Aggregated over every store of the pod; None while the admin API has not answered.
+    batch: BatchSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreVerdict:
+    """The verifier's judgement of one store (docs/contracts.md §7)."""
+
+    pod: str
+    store: str
+    safe: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierReport:
+    """A verifier run's outcome; only trusted when it was computed against the current markers."""
+
+    generated_at: datetime
+    markers: Mapping[str, int]
+    safe: bool
+    stores: tuple[StoreVerdict, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierState:
+    running: bool = False
+    report: VerifierReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    template: Template | None
+    pods: tuple[PodState, ...]
+    now: datetime
+    verifier: VerifierState = VerifierState()
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DowngradeProgress:
+    """What a downgrade has established so far; persisted in the resource's status so that an
+    operator restart resumes instead of starting over (crate-operator's persisted queue)."""
+
+    started_at: datetime
+    # pod name -> {store name -> LastBatchedLedger} recorded by that pod's forced rollover.
+    markers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    markers_complete_at: datetime | None = None
+    verifier_requested_at: datetime | None = None
+    blocked_since: datetime | None = None
+    verified_at: datetime | None = None
+
+    def flat_markers(self) -> dict[str, int]:
+        return {store: ledger for stores in self.markers.values() for store, ledger in stores.items()}
+
+    def invalidated(self) -> DowngradeProgress:
+        """Forget every marker and verdict: batched data may have been written after them."""
+        return DowngradeProgress(started_at=self.started_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    downgrade: DowngradeProgress | None = None
+
+
+class Phase(StrEnum):
+    CREATING = "Creating"
+    READY = "Ready"
+    PAUSED = "Paused"
+    FAILED = "Failed"
+    WAITING_FOR_PODS = "WaitingForPods"
+    ROLLING_UPGRADE = "RollingUpgrade"
+    ENABLING_BATCH_LOG = "EnablingBatchLog"
+    DISABLING_BATCH_LOG = "DisablingBatchLog"
+    ROLLING_OVER_LEDGERS = "RollingOverLedgers"
+    VERIFYING_DOWNGRADE = "VerifyingDowngrade"
+    DOWNGRADE_BLOCKED = "DowngradeBlocked"
+    ROLLING_DOWNGRADE = "RollingDowngrade"
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyTemplate:
+    """Set the StatefulSet template's version and the ConfigMap's start-up batch settings."""
+
+    version: str
+    batch: BatchSettings
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPod:
+    """Delete one pod so the StatefulSet (OnDelete) recreates it from the template."""
+
+    pod: str
+    ordinal: int
+    from_version: str
+    to_version: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureBatchLog:
+    """Change one pod's batch-log settings dynamically through its admin API (no restart)."""
+
+    pod: str
+    ordinal: int
+    batch: BatchSettings
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RolloverStores:
+    """Force every store of one pod onto a new ledger and record its LastBatchedLedger."""
+
+    pod: str
+    ordinal: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunVerifier:
+    """Run the invalidation verifier against these rollover markers."""
+
+    markers: Mapping[str, int]
+    reason: str
+
+
+Action = ApplyTemplate | RestartPod | ConfigureBatchLog | RolloverStores | RunVerifier
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A Kubernetes-convention condition without its timestamps (the handler adds those)."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The engine's answer: at most one action, the phase with a human reason, the progress to
+    persist (before or after the action, it is valid either way), and the conditions to publish."""
+
+    action: Action | None
+    phase: Phase
+    reason: str
+    progress: Progress
+    conditions: tuple[Condition, ...]
+
+    def condition(self, type_: str) -> Condition:
+        for cond in self.conditions:
+            if cond.type == type_:
+                return cond
+        raise KeyError(type_)

@@ -1,0 +1,410 @@
+"""The rollout engine: (desired spec, observed pods and stores, verifier report, persisted progress)
+-> the next single action. Pure and deterministic, in the style of etcd-io/raft's Ready loop.
+
+The safety rule everything else serves: no pod is ever (re)started at a format level below what its
+live data needs. Two mechanisms keep it:
+- the template (what a crashed or evicted pod comes back with) stays at a batched-capable version until
+  the verifier has proven, against rollover markers taken after batching was disabled everywhere, that
+  no live batched entry remains;
+- pods are only rolled to a level-1 version after that proof, and the proof is thrown away the moment any
+  pod reports batching enabled again.
+Everything is recomputed from what pods report plus the persisted progress, so an operator restart in
+any phase resumes where it left off (Strimzi's KafkaRoller reads pod versions the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from txnkeeper_operator.engine.model import (
+    Action,
+    ApplyTemplate,
+    Condition,
+    ConditionStatus,
+    ConfigureBatchLog,
+    Decision,
+    Desired,
+    DowngradeProgress,
+    Observed,
+    Phase,
+    PodState,
+    Progress,
+    RestartPod,
+    RolloverStores,
+    RunVerifier,
+    Template,
+    VerifierReport,
+)
+from txnkeeper_operator.engine.releases import BATCHED_LEVEL, UnknownReleaseError, format_level
+
+PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # A verifier that said "not yet" is asked again after this long (live transactions must end and
+    # their ledgers be trimmed before the answer can change).
+    verifier_retry: timedelta = timedelta(seconds=30)
+    # A requested verifier run that neither shows up as running nor reports is requested again.
+    verifier_timeout: timedelta = timedelta(minutes=10)
+
+
+DEFAULT_CONFIG = EngineConfig()
+
+
+def decide(
+    desired: Desired, observed: Observed, progress: Progress, config: EngineConfig = DEFAULT_CONFIG
+) -> Decision:
+    """Return the one next step towards ``desired``; see the module docstring for the rules."""
+    return _Planner(desired, observed, progress, config).plan()
+
+
+def _fmt_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Planner:
+    """One decision's working state; exists only to keep the steps small and named."""
+
+    def __init__(self, desired: Desired, observed: Observed, progress: Progress, config: EngineConfig):
+        self.desired = desired
+        self.observed = observed
+        self.progress = progress
+        self.config = config
+        # Highest ordinal first, as StatefulSet scale-down and CloudNativePG do.
+        self.pods = sorted(
+            (p for p in observed.pods if p.ordinal < desired.replicas), key=lambda p: -p.ordinal
+        )
+
+    # ---- entry point -------------------------------------------------------------------------------
+
+    def plan(self) -> Decision:
+        try:
+            self.target_level = format_level(self.desired.version)
+            levels = [format_level(p.version) for p in self.pods]
+            if self.observed.template is not None:
+                levels.append(format_level(self.observed.template.version))
+        except UnknownReleaseError as err:
+            return self._decision(None, Phase.FAILED, str(err))
+        self.data_level = max(levels, default=self.target_level)
+        self.want_batch = self.desired.batch.enabled and self.target_level >= BATCHED_LEVEL
+        if self.observed.paused:
+            return self._decision(
+                None, Phase.PAUSED, f"reconciliation paused by annotation {PAUSE_ANNOTATION}"
+            )
+        template = self.observed.template
+        if template is None:
+            startup = self.desired.batch if self.want_batch else self.desired.batch.disabled()
+            return self._act(
+                ApplyTemplate(self.desired.version, startup, f"create pods at {self.desired.version}"),
+                Phase.CREATING,
+            )
+        waiting = self._wait_for_pods(template)
+        if waiting is not None:
+            return waiting
+        if self.target_level < self.data_level:
+            return self._downgrade(template)
+        if self.progress.downgrade is not None:
+            # The spec moved back to a batched-capable version: the downgrade is cancelled.
+            self.progress = replace(self.progress, downgrade=None)
+        return self._upgrade_or_toggle(template)
+
+    # ---- readiness: one pod at a time ---------------------------------------------------------------
+
+    def _wait_for_pods(self, template: Template) -> Decision | None:
+        present = {p.ordinal for p in self.pods}
+        missing = [o for o in range(self.desired.replicas) if o not in present]
+        unready = [p for p in self.pods if not p.ready]
+        for pod in unready:
+            if pod.version != template.version:
+                # A pod that cannot become ready at a stale version is restarted from the template,
+                # which is always at a level its data can live with.
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        template.version,
+                        f"{pod.name} is not ready at {pod.version}; restarting it at {template.version}",
+                    ),
+                    self._rolling_phase(),
+                )
+        if missing or unready:
+            names = [f"ordinal {o} (not created yet)" for o in missing] + [p.name for p in unready]
+            phase = Phase.WAITING_FOR_PODS if any(p.ready for p in self.pods) else Phase.CREATING
+            return self._decision(None, phase, "waiting for pods to become ready: " + ", ".join(names))
+        return None
+
+    def _rolling_phase(self) -> Phase:
+        return Phase.ROLLING_DOWNGRADE if self.target_level < self.data_level else Phase.ROLLING_UPGRADE
+
+    # ---- upgrade, same-level change, dynamic toggle -------------------------------------------------
+
+    def _upgrade_or_toggle(self, template: Template) -> Decision:
+        desired = self.desired
+        if not self.want_batch:
+            if template.batch.enabled:
+                return self._act(
+                    ApplyTemplate(template.version, template.batch.disabled(), "pods start unbatched"),
+                    Phase.DISABLING_BATCH_LOG,
+                )
+            for pod in self.pods:
+                if pod.batch is not None and pod.batch.enabled:
+                    return self._act(
+                        ConfigureBatchLog(
+                            pod.name, pod.ordinal, desired.batch.disabled(), "batch log disabled in spec"
+                        ),
+                        Phase.DISABLING_BATCH_LOG,
+                    )
+        all_batched_capable = all(format_level(p.version) >= BATCHED_LEVEL for p in self.pods)
+        if template.version != desired.version:
+            # Pods created during a roll from a level-1 release start unbatched: batching is only
+            # switched on once every pod can read it (PIP-160's documented upgrade).
+            startup = desired.batch if self.want_batch and all_batched_capable else desired.batch.disabled()
+            return self._act(
+                ApplyTemplate(desired.version, startup, f"roll pods to {desired.version}"),
+                Phase.ROLLING_UPGRADE,
+            )
+        for pod in self.pods:
+            if pod.version != desired.version:
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        desired.version,
+                        f"roll {pod.name} from {pod.version} to {desired.version}",
+                    ),
+                    Phase.ROLLING_UPGRADE,
+                )
+        if self.want_batch:
+            if not template.batch.satisfies(desired.batch):
+                return self._act(
+                    ApplyTemplate(template.version, desired.batch, "all pods batched-capable"),
+                    Phase.ENABLING_BATCH_LOG,
+                )
+            for pod in self.pods:
+                if pod.batch is None or not pod.batch.satisfies(desired.batch):
+                    return self._act(
+                        ConfigureBatchLog(pod.name, pod.ordinal, desired.batch, "batch log enabled in spec"),
+                        Phase.ENABLING_BATCH_LOG,
+                    )
+        elif not template.batch.satisfies(desired.batch.disabled()):
+            return self._act(
+                ApplyTemplate(template.version, desired.batch.disabled(), "pods start unbatched"),
+                Phase.DISABLING_BATCH_LOG,
+            )
+        unknown = [p.name for p in self.pods if p.batch is None]
+        if unknown:
+            return self._decision(
+                None, Phase.WAITING_FOR_PODS, "waiting for batch-log state from " + ", ".join(unknown)
+            )
+        return self._decision(None, Phase.READY, self._ready_reason())
+
+    def _ready_reason(self) -> str:
+        state = "enabled" if self.want_batch else "disabled"
+        return f"{len(self.pods)} pod(s) ready at {self.desired.version}, batch log {state}"
+
+    # ---- downgrade to a level that cannot read batched entries ---------------------------------------
+
+    def _downgrade(self, template: Template) -> Decision:
+        progress = self.progress.downgrade or DowngradeProgress(started_at=self.observed.now)
+        enabled = [p for p in self.pods if p.batch is not None and p.batch.enabled]
+        if enabled and (progress.markers or progress.verified_at is not None):
+            # Batched data may have been written after the markers: they prove nothing any more.
+            progress = progress.invalidated()
+        self.progress = replace(self.progress, downgrade=progress)
+        if progress.verified_at is None:
+            return self._downgrade_gate(template, progress, enabled)
+        return self._downgrade_roll(template)
+
+    def _downgrade_gate(
+        self, template: Template, progress: DowngradeProgress, enabled: list[PodState]
+    ) -> Decision:
+        if format_level(template.version) < BATCHED_LEVEL:
+            # Only reachable when a verified downgrade lost its proof mid-roll: a pod recreated now
+            # must still be able to read what the remaining batched-capable pods wrote.
+            version = max(
+                (p.version for p in self.pods if format_level(p.version) >= BATCHED_LEVEL),
+                key=_version_key,
+            )
+            return self._act(
+                ApplyTemplate(version, template.batch.disabled(), "keep restarted pods batched-capable"),
+                Phase.DISABLING_BATCH_LOG,
+            )
+        if template.batch.enabled:
+            return self._act(
+                ApplyTemplate(template.version, template.batch.disabled(), "pods start unbatched"),
+                Phase.DISABLING_BATCH_LOG,
+            )
+        if enabled:
+            pod = enabled[0]
+            return self._act(
+                ConfigureBatchLog(
+                    pod.name,
+                    pod.ordinal,
+                    self.desired.batch.disabled(),
+                    f"disable the batch log before downgrading to {self.desired.version}",
+                ),
+                Phase.DISABLING_BATCH_LOG,
+            )
+        unknown = [p.name for p in self.pods if p.batch is None]
+        if unknown:
+            return self._decision(
+                None,
+                Phase.DISABLING_BATCH_LOG,
+                "waiting to confirm the batch log is disabled on " + ", ".join(unknown),
+            )
+        for pod in self.pods:
+            if pod.name not in progress.markers:
+                return self._act(
+                    RolloverStores(pod.name, pod.ordinal, "record LastBatchedLedger for every store"),
+                    Phase.ROLLING_OVER_LEDGERS,
+                )
+        now = self.observed.now
+        if progress.markers_complete_at is None:
+            progress = replace(progress, markers_complete_at=now)
+        markers = progress.flat_markers()
+        report = self.observed.verifier.report
+        fresh = report if report is not None and _is_fresh(report, progress, markers) else None
+        if fresh is not None and fresh.safe:
+            progress = replace(progress, verified_at=now, blocked_since=None)
+            self.progress = replace(self.progress, downgrade=progress)
+            return self._downgrade_roll(template)
+        self.progress = replace(self.progress, downgrade=progress)
+        verifier = self.observed.verifier
+        if fresh is not None:
+            blocked_since = progress.blocked_since or fresh.generated_at
+            progress = replace(progress, blocked_since=blocked_since)
+            self.progress = replace(self.progress, downgrade=progress)
+            blockers = [f"{v.pod}/{v.store} ({v.reason})" for v in fresh.stores if not v.safe]
+            why = f"downgrade to {self.desired.version} held since {_fmt_time(blocked_since)}: " + (
+                ", ".join(blockers) if blockers else "the verifier reported not safe"
+            )
+            retry_at = fresh.generated_at + self.config.verifier_retry
+            if not verifier.running and now >= retry_at and not self._verifier_pending(progress, fresh):
+                return self._run_verifier(progress, markers, why + "; verifying again")
+            return self._decision(None, Phase.DOWNGRADE_BLOCKED, why)
+        if verifier.running or self._verifier_pending(progress, None):
+            return self._decision(
+                None, Phase.VERIFYING_DOWNGRADE, f"waiting for the verifier ({len(markers)} store(s))"
+            )
+        return self._run_verifier(
+            progress, markers, f"prove no live batched entry remains in {len(markers)} store(s)"
+        )
+
+    def _verifier_pending(self, progress: DowngradeProgress, answered: VerifierReport | None) -> bool:
+        """A run was requested recently and has not answered since (it may not be visible yet)."""
+        requested = progress.verifier_requested_at
+        if requested is None:
+            return False
+        if answered is not None and answered.generated_at >= requested:
+            return False
+        return self.observed.now < requested + self.config.verifier_timeout
+
+    def _run_verifier(self, progress: DowngradeProgress, markers: dict[str, int], reason: str) -> Decision:
+        progress = replace(progress, verifier_requested_at=self.observed.now)
+        self.progress = replace(self.progress, downgrade=progress)
+        return self._act(RunVerifier(markers, reason), Phase.VERIFYING_DOWNGRADE)
+
+    def _downgrade_roll(self, template: Template) -> Decision:
+        desired = self.desired
+        if template.version != desired.version or template.batch.enabled:
+            return self._act(
+                ApplyTemplate(
+                    desired.version,
+                    desired.batch.disabled(),
+                    "verifier proved every store free of live batched entries",
+                ),
+                Phase.ROLLING_DOWNGRADE,
+            )
+        for pod in self.pods:
+            if pod.version != desired.version:
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        desired.version,
+                        f"roll {pod.name} from {pod.version} down to {desired.version}",
+                    ),
+                    Phase.ROLLING_DOWNGRADE,
+                )
+        # Unreachable while data_level > target_level, kept so the planner never falls off its end.
+        return self._decision(None, Phase.ROLLING_DOWNGRADE, "waiting for the downgraded pods")
+
+    # ---- results ---------------------------------------------------------------------------------
+
+    def _act(self, action: Action, phase: Phase) -> Decision:
+        return self._decision(action, phase, action.reason)
+
+    def _decision(self, action: Action | None, phase: Phase, reason: str) -> Decision:
+        return Decision(action, phase, reason, self.progress, self._conditions(phase, reason))
+
+    def _conditions(self, phase: Phase, reason: str) -> tuple[Condition, ...]:
+        t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+        ready_pods = sum(1 for p in self.pods if p.ready)
+        all_ready = ready_pods == self.desired.replicas and len(self.pods) == self.desired.replicas
+        ready = Condition(
+            "Ready",
+            t if phase == Phase.READY else f,
+            "Reconciled" if phase == Phase.READY else str(phase),
+            reason if phase == Phase.READY else f"{ready_pods}/{self.desired.replicas} pods ready; {reason}",
+        )
+        settled = phase in (Phase.READY, Phase.PAUSED, Phase.FAILED)
+        progressing = Condition(
+            "Progressing", f if settled else t, str(phase), reason if not settled else "no rollout underway"
+        )
+        batched = [p for p in self.pods if p.batch is not None and p.batch.enabled]
+        total = len(self.pods)
+        if total and len(batched) == total and all_ready:
+            batch_cond = Condition("BatchLogEnabled", t, "AllStoresBatched", f"all {total} pods batch")
+        elif batched:
+            batch_cond = Condition(
+                "BatchLogEnabled", f, "Partial", f"{len(batched)}/{total} pods report the batch log enabled"
+            )
+        else:
+            batch_cond = Condition("BatchLogEnabled", f, "Disabled", "no pod has the batch log enabled")
+        downgrade = self.progress.downgrade
+        if downgrade is None:
+            safe = Condition("DowngradeSafe", u, "NoDowngrade", "no downgrade in progress")
+        elif downgrade.verified_at is not None:
+            safe = Condition(
+                "DowngradeSafe",
+                t,
+                "Verified",
+                f"verifier proved no live batched entry at {_fmt_time(downgrade.verified_at)}",
+            )
+        elif phase == Phase.DOWNGRADE_BLOCKED:
+            safe = Condition("DowngradeSafe", f, "LiveBatchedData", reason)
+        else:
+            safe = Condition("DowngradeSafe", u, str(phase), reason)
+        paused = Condition(
+            "Paused",
+            t if phase == Phase.PAUSED else f,
+            "Annotated" if phase == Phase.PAUSED else "NotPaused",
+            reason if phase == Phase.PAUSED else f"remove {PAUSE_ANNOTATION} to pause",
+        )
+        return (ready, progressing, batch_cond, safe, paused)
+
+
+def _is_fresh(report: VerifierReport, progress: DowngradeProgress, markers: dict[str, int]) -> bool:
+    """A report counts only if it was computed after the markers, against exactly these markers."""
+    if progress.markers_complete_at is None or report.generated_at < progress.markers_complete_at:
+        return False
+    return all(report.markers.get(store) == ledger for store, ledger in markers.items())
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    core = version.split("-", 1)[0].split("+", 1)[0]
+    return tuple(int(part) for part in core.split("."))
+
+
+def record_rollover(progress: Progress, pod: str, markers: dict[str, int]) -> Progress:
+    """Fold one pod's RolloverStores result (store -> LastBatchedLedger) into the persisted progress."""
+    downgrade = progress.downgrade
+    if downgrade is None:
+        return progress
+    merged = {**downgrade.markers, pod: dict(markers)}
+    return replace(progress, downgrade=replace(downgrade, markers=merged, markers_complete_at=None))

@@ -1,0 +1,59 @@
+"""The engine's persisted memory and the release table copy: lossless, strict, and in step."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from opsim import T0
+
+from txnkeeper.release import format_level as runtime_format_level
+from txnkeeper_operator.engine import DowngradeProgress, Progress, StoreVerdict, VerifierReport
+from txnkeeper_operator.engine.persist import (
+    MalformedReportError,
+    progress_from_status,
+    progress_to_status,
+    report_from_json,
+    report_to_json,
+)
+from txnkeeper_operator.engine.releases import UnknownReleaseError, format_level
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.9.3", "2.0.0", "2.4.1-rc.1", "2.0.0+build.5"])
+def test_operator_release_table_matches_the_runtime(release: str) -> None:
+    assert format_level(release) == runtime_format_level(release)
+
+
+@pytest.mark.parametrize("release", ["3.0.0", "2.0", "latest", ""])
+def test_unknown_releases_are_rejected(release: str) -> None:
+    with pytest.raises(UnknownReleaseError):
+        format_level(release)
+
+
+def test_progress_round_trips_through_status() -> None:
+    progress = Progress(
+        DowngradeProgress(
+            started_at=T0,
+            markers={"tc-0": {"__transaction_log_0": 7}, "tc-1": {}},
+            markers_complete_at=T0 + timedelta(seconds=1, microseconds=5),
+            verifier_requested_at=T0 + timedelta(seconds=2),
+            blocked_since=T0 + timedelta(seconds=3),
+            verified_at=None,
+        )
+    )
+    status = progress_to_status(progress)
+    assert status is not None and status["rolledOver"][1] == {"pod": "tc-1", "stores": []}
+    assert progress_from_status(status) == progress
+    assert progress_to_status(Progress()) is None
+    assert progress_from_status(None) == Progress()
+
+
+def test_report_parsing_is_strict_and_distrusts_contradictions() -> None:
+    report = VerifierReport(T0, {"s": 3}, True, (StoreVerdict("tc-0", "s", True, "ok"),))
+    assert report_from_json(report_to_json(report)) == report
+    doc = report_to_json(report)
+    doc["stores"][0]["safe"] = False
+    assert report_from_json(doc).safe is False
+    for broken in ({}, {**doc, "safe": "yes"}, {**doc, "markers": {"s": "x"}}, {**doc, "generatedAt": 5}):
+        with pytest.raises(MalformedReportError):
+            report_from_json(broken)
