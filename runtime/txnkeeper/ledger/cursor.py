@@ -1,0 +1,318 @@
+"""A durable cursor: what one consumer of a managed ledger has deleted.
+
+State = a mark-delete position (everything at or before it is deleted), individually deleted entries
+after it (ranges per ledger) and, for batched entries, the ack set of batch indexes still present.
+The mark-delete position advances by itself over contiguous deleted entries, across ledger boundaries
+(Pulsar's behaviour), which is what lets individually-deleting stores have their ledgers trimmed.
+
+Every mutation is durable before it returns: the whole state is rewritten atomically (temp file, fsync,
+rename, fsync dir). Concurrent mutations share one write (the later callers wait for the write that
+includes their change), the same group-commit idea as appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Protocol
+
+from .ackset import full_mask, mask_to_words, mask_without, validate_batch_size, words_to_mask
+from .errors import CorruptMetadataError, LedgerClosedError, LedgerWriteError
+from .fileio import FileIO
+from .position import Position
+from .rangeset import EntryRangeSet
+
+CURSOR_FILE_VERSION = 1
+
+
+class LedgerLayout(Protocol):
+    """What a cursor needs to know about its managed ledger."""
+
+    name: str
+
+    def ledger_ids(self) -> list[int]: ...  # live ledgers, ascending
+
+    def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (0 if unknown)
+
+
+def next_position(layout: LedgerLayout, after: Position) -> Position | None:
+    """The first durable entry after ``after``, skipping empty and trimmed ledgers."""
+    if after.entry_id + 1 < layout.confirmed_entries(after.ledger_id):
+        return Position(after.ledger_id, after.entry_id + 1)
+    ids = layout.ledger_ids()
+    for ledger_id in ids[bisect_right(ids, after.ledger_id) :]:
+        if layout.confirmed_entries(ledger_id) > 0:
+            return Position(ledger_id, 0)
+    return None
+
+
+class CursorState:
+    """The pure part: positions and sets, no I/O (unit-testable on its own)."""
+
+    def __init__(self, mark_delete: Position) -> None:
+        self.mark_delete = mark_delete
+        self.individual: dict[int, EntryRangeSet] = {}
+        self.ack_masks: dict[Position, int] = {}
+
+    def is_deleted(self, position: Position) -> bool:
+        if position <= self.mark_delete:
+            return True
+        ranges = self.individual.get(position.ledger_id)
+        return ranges is not None and position.entry_id in ranges
+
+    def delete_entry(self, position: Position) -> None:
+        self.ack_masks.pop(position, None)
+        self.individual.setdefault(position.ledger_id, EntryRangeSet()).add(position.entry_id)
+
+    def set_mark_delete(self, position: Position) -> None:
+        self.mark_delete = position
+        self._prune()
+
+    def advance(self, layout: LedgerLayout) -> bool:
+        """Move the mark-delete position over contiguous deleted entries; True if it moved."""
+        moved = False
+        while True:
+            nxt = next_position(layout, self.mark_delete)
+            if nxt is None:
+                break
+            ranges = self.individual.get(nxt.ledger_id)
+            end = ranges.range_end(nxt.entry_id) if ranges is not None else None
+            if end is None:
+                break
+            self.mark_delete = Position(nxt.ledger_id, end)
+            moved = True
+        if moved:
+            self._prune()
+        return moved
+
+    def _prune(self) -> None:
+        md = self.mark_delete
+        for ledger_id in [lid for lid in self.individual if lid <= md.ledger_id]:
+            ranges = self.individual[ledger_id]
+            if ledger_id < md.ledger_id:
+                del self.individual[ledger_id]
+                continue
+            ranges.remove_through(md.entry_id)
+            if not ranges:
+                del self.individual[ledger_id]
+        for position in [p for p in self.ack_masks if p <= md]:
+            del self.ack_masks[position]
+
+    def encode(self, name: str) -> bytes:
+        doc: dict[str, Any] = {
+            "version": CURSOR_FILE_VERSION,
+            "name": name,
+            "markDelete": str(self.mark_delete),
+            "individuallyDeleted": [
+                [lid, first, last]
+                for lid in sorted(self.individual)
+                for first, last in self.individual[lid].ranges()
+            ],
+            "batchDeletedIndexes": [
+                {"position": str(p), "ackSet": mask_to_words(mask)}
+                for p, mask in sorted(self.ack_masks.items())
+            ],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, raw: bytes, path: Path, expected_name: str | None = None) -> tuple[str, CursorState]:
+        try:
+            doc = json.loads(raw)
+            if doc.get("version") != CURSOR_FILE_VERSION:
+                raise CorruptMetadataError(path, f"unknown cursor file version {doc.get('version')!r}")
+            name = str(doc["name"])
+            state = cls(Position.parse(doc["markDelete"]))
+            for lid, first, last in doc["individuallyDeleted"]:
+                state.individual.setdefault(int(lid), EntryRangeSet()).add_range(int(first), int(last))
+            for item in doc["batchDeletedIndexes"]:
+                words = [int(w) for w in item["ackSet"]]
+                state.ack_masks[Position.parse(item["position"])] = words_to_mask(words, 64 * len(words))
+        except CorruptMetadataError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptMetadataError(path, f"not a valid cursor file ({exc!r})") from exc
+        if expected_name is not None and name != expected_name:
+            raise CorruptMetadataError(path, f"file belongs to cursor {name!r}, not {expected_name!r}")
+        return name, state
+
+
+class ManagedCursor:
+    """A named, persisted cursor of one managed ledger (see docs/contracts.md section 1)."""
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        *,
+        state: CursorState,
+        layout: LedgerLayout,
+        io: FileIO,
+        executor: Executor,
+    ) -> None:
+        self.name = name
+        self._path = path
+        self._state = state
+        self._layout = layout
+        self._io = io
+        self._executor = executor
+        self._lock = asyncio.Lock()
+        self._changes = 0  # bumped on every mutation
+        self._persisted = 0  # the change count the file on disk reflects
+        self._closed = False
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def mark_delete_position(self) -> Position | None:
+        """Everything at or before it is deleted; entry id -1 means "nothing of that ledger yet"."""
+        return self._state.mark_delete
+
+    def is_deleted(self, position: Position) -> bool:
+        return self._state.is_deleted(position)
+
+    def is_batch_index_deleted(self, position: Position, batch_index: int) -> bool:
+        if self._state.is_deleted(position):
+            return True
+        mask = self._state.ack_masks.get(position)
+        return mask is not None and not (mask >> batch_index) & 1
+
+    def ack_set(self, position: Position) -> list[int] | None:
+        """Remaining (still present) batch indexes as Pulsar ack-set words.
+
+        None: no batch index of this entry was deleted; []: the whole entry is deleted.
+        """
+        if self._state.is_deleted(position):
+            return []
+        mask = self._state.ack_masks.get(position)
+        return None if mask is None else mask_to_words(mask)
+
+    def first_undeleted_position(self) -> Position | None:
+        """The oldest durable entry this cursor still needs (None: it has deleted everything)."""
+        return next_position(self._layout, self._state.mark_delete)
+
+    def stats(self) -> dict[str, Any]:
+        state = self._state
+        ranges = [
+            f"({lid}:{first - 1}..{lid}:{last}]"
+            for lid in sorted(state.individual)
+            for first, last in state.individual[lid].ranges()
+        ]
+        read = self.first_undeleted_position()
+        return {
+            "markDeletePosition": str(state.mark_delete),
+            "readPosition": str(read) if read is not None else None,
+            "individuallyDeletedMessages": "[" + ",".join(ranges) + "]",
+            "totalNonContiguousDeletedMessagesRange": len(ranges),
+            "batchDeletedIndexes": [
+                {"position": str(p), "ackSet": mask_to_words(m)} for p, m in sorted(state.ack_masks.items())
+            ],
+            "state": "Closed" if self._closed else "Open",
+            "properties": {},
+        }
+
+    # --- mutations ------------------------------------------------------------------------------
+
+    async def mark_delete(self, position: Position) -> None:
+        """Delete everything at or before ``position`` (moving backwards is a no-op)."""
+        self._check_open()
+        if position <= self._state.mark_delete:
+            await self._persist(changed=False)
+            return
+        self._check_exists(position, allow_before_first=True)
+        self._state.set_mark_delete(position)
+        self._state.advance(self._layout)
+        await self._persist()
+
+    async def delete(self, positions: Iterable[Position]) -> None:
+        """Delete individual entries (already deleted ones are ignored)."""
+        self._check_open()
+        todo = [p for p in positions if not self._state.is_deleted(p)]
+        for position in todo:  # validate everything before changing anything
+            self._check_exists(position)
+        if not todo:
+            await self._persist(changed=False)
+            return
+        for position in todo:
+            self._state.delete_entry(position)
+        self._state.advance(self._layout)
+        await self._persist()
+
+    async def delete_batch_indexes(self, position: Position, batch_size: int, indexes: Iterable[int]) -> None:
+        """Delete batch indexes of one batched entry (the entry goes once none is left)."""
+        validate_batch_size(batch_size)
+        await self._apply(position, mask_without(batch_size, indexes), batch_size)
+
+    async def apply_ack_set(self, position: Position, ack_set: Sequence[int], batch_size: int) -> None:
+        """AND a Pulsar ack set (set bit = keep) into the entry's remaining batch indexes."""
+        validate_batch_size(batch_size)
+        await self._apply(position, words_to_mask(ack_set, batch_size), batch_size)
+
+    async def _apply(self, position: Position, mask: int, batch_size: int) -> None:
+        self._check_open()
+        if self._state.is_deleted(position):
+            await self._persist(changed=False)
+            return
+        self._check_exists(position)
+        remaining = self._state.ack_masks.get(position, full_mask(batch_size)) & mask
+        if remaining == 0:
+            self._state.delete_entry(position)
+            self._state.advance(self._layout)
+        else:
+            self._state.ack_masks[position] = remaining
+        await self._persist()
+
+    # --- persistence ------------------------------------------------------------------------------
+
+    async def _persist(self, *, changed: bool = True) -> None:
+        """Make the state durable; ``changed=False`` only retries a write that failed earlier."""
+        if changed:
+            self._changes += 1
+        wanted = self._changes
+        if self._persisted >= wanted:
+            return
+        async with self._lock:
+            if self._persisted >= wanted:
+                return  # a write that started after our change already covered it
+            covered = self._changes
+            data = self._state.encode(self.name)
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self._executor, self._io.write_file_atomically, self._path, data)
+            except OSError as exc:
+                raise LedgerWriteError(
+                    f"could not persist cursor {self.name!r} of managed ledger {self._layout.name!r} "
+                    f"to {self._path}: {exc}; the change is kept in memory and written with the next "
+                    "cursor update (retrying the same call does that); free disk space or check the volume"
+                ) from exc
+            self._persisted = covered
+
+    def persist_blocking(self) -> None:
+        """Write the current state (used once, at creation, from the opening thread)."""
+        self._io.write_file_atomically(self._path, self._state.encode(self.name))
+
+    async def close(self) -> None:
+        async with self._lock:  # let an in-flight write finish
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosedError(
+                f"cursor {self.name!r} of managed ledger {self._layout.name!r} is closed; reopen the ledger"
+            )
+
+    def _check_exists(self, position: Position, *, allow_before_first: bool = False) -> None:
+        if not isinstance(position, Position):
+            raise TypeError(f"expected a Position, got {type(position).__name__}: {position!r}")
+        if position.ledger_id in self._layout.ledger_ids():
+            confirmed = self._layout.confirmed_entries(position.ledger_id)
+            low = -1 if allow_before_first else 0
+            if low <= position.entry_id < confirmed:
+                return
+        raise ValueError(
+            f"position {position} does not exist in managed ledger {self._layout.name!r} "
+            f"(live ledgers {self._layout.ledger_ids()}); only durable positions can be deleted"
+        )

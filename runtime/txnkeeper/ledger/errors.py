@@ -1,0 +1,73 @@
+"""Errors of the managed ledger.
+
+Every error says what went wrong and what the operator or caller can do about it; the layers above
+turn them into admin-API responses and log lines, so the message is the whole story.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class LedgerError(Exception):
+    """Base of every managed-ledger error."""
+
+
+class CorruptEntryError(LedgerError):
+    """A stored entry (or ledger file) fails its checks somewhere other than a torn tail.
+
+    Never skipped: the data behind it could be acknowledged, so the ledger refuses to open or read.
+    """
+
+    def __init__(self, ledger_id: int, entry_id: int | None, path: Path, offset: int, reason: str) -> None:
+        where = f"entry {entry_id}" if entry_id is not None else "file header"
+        super().__init__(
+            f"corrupt {where} in ledger {ledger_id} (file {path}, offset {offset}): {reason}; "
+            "the data is not skipped: restore the file from a replica or backup, or move the managed "
+            "ledger directory aside if its data may be discarded"
+        )
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.path = path
+        self.offset = offset
+
+
+class CorruptMetadataError(LedgerError):
+    """The managed ledger's or a cursor's metadata file cannot be understood."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"metadata file {path} is unusable: {reason}; restore it from a backup or move the managed "
+            "ledger directory aside"
+        )
+        self.path = path
+
+
+class LedgerFencedError(LedgerError):
+    """Someone else owns this managed ledger."""
+
+
+class LedgerLockedError(LedgerFencedError):
+    """Another process (or another factory in this process) holds the managed ledger's directory."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(
+            f"managed ledger directory {directory} is locked by another process (lock file "
+            f"{directory / 'LOCK'}); stop the other owner or give this process its own data directory"
+        )
+        self.directory = directory
+
+
+class LedgerClosedError(LedgerError):
+    """The managed ledger (or its factory) was closed; reopen it to continue."""
+
+
+class LedgerWriteError(LedgerError):
+    """An append (or the ledger creation it needed) did not become durable.
+
+    Every append of the failed group gets this error; entries acknowledged before stay readable.
+    """
+
+
+class NoSuchEntryError(LedgerError):
+    """The requested position was never written, or its ledger was trimmed."""

@@ -1,0 +1,87 @@
+"""One ManagedLedgerFactory per data directory (the pod's PV): opens, caches and closes managed ledgers.
+
+It owns the I/O thread pool that every ledger's blocking file calls (writes, fsyncs, reads, metadata)
+run on, so the event loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .config import ManagedLedgerConfig
+from .errors import LedgerClosedError
+from .fileio import DEFAULT_IO, FileIO
+from .managed_ledger import ManagedLedger
+from .metadata import METADATA_FILE
+from .names import decode_name, encode_name
+
+
+class ManagedLedgerFactory:
+    def __init__(self, root: Path, *, io: FileIO | None = None, io_threads: int = 4) -> None:
+        """``io`` replaces the file layer (fault-injection tests); ``io_threads`` sizes the I/O pool."""
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._io = io if io is not None else DEFAULT_IO
+        self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="ledger-io")
+        self._ledgers: dict[str, ManagedLedger] = {}
+        self._opening: dict[str, asyncio.Future[ManagedLedger]] = {}
+        self._closed = False
+
+    async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
+        """Open (recovering after a crash) or create a managed ledger; the same object while open.
+
+        Raises LedgerLockedError if another process holds its directory.
+        """
+        if self._closed:
+            raise LedgerClosedError(f"managed ledger factory on {self.root} is closed")
+        encode_name(name)  # a bad name fails here, with the reason
+        ledger = self._ledgers.get(name)
+        if ledger is not None:
+            return ledger
+        pending = self._opening.get(name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[ManagedLedger] = asyncio.get_running_loop().create_future()
+        self._opening[name] = future
+        try:
+            ledger = await ManagedLedger.open(
+                name,
+                self.root,
+                config=config or ManagedLedgerConfig(),
+                io=self._io,
+                executor=self._executor,
+                on_close=self._forget,
+            )
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: concurrent openers (if any) re-raise it themselves
+            raise
+        finally:
+            del self._opening[name]
+        self._ledgers[name] = ledger
+        future.set_result(ledger)
+        return ledger
+
+    def list_names(self) -> list[str]:
+        """Managed ledgers present on disk (open or not), sorted."""
+        names = []
+        for child in self.root.iterdir():
+            name = decode_name(child.name)
+            if name is not None and (child / METADATA_FILE).is_file():
+                names.append(name)
+        return sorted(names)
+
+    async def close(self) -> None:
+        """Close every open managed ledger (queued appends complete first), then the I/O pool."""
+        if self._closed:
+            return
+        self._closed = True
+        for ledger in list(self._ledgers.values()):
+            await ledger.close()
+        self._executor.shutdown(wait=True)
+
+    def _forget(self, ledger: ManagedLedger) -> None:
+        if self._ledgers.get(ledger.name) is ledger:
+            del self._ledgers[ledger.name]

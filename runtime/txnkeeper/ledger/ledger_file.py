@@ -1,0 +1,183 @@
+"""One ledger: its file on disk, the offset index of its durable entries, and the counters appends use.
+
+A LedgerFile may exist in memory before its file does (a rollover reserves the next ledger at once so
+appends keep flowing; the group-commit writer creates the file before the first write to it). The
+"assigned" counters move when an append is queued, the "confirmed" ones only after its fsync.
+Blocking methods run on an executor thread; the rest run on the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from array import array
+from pathlib import Path
+
+from .entry_format import FILE_HEADER, decode_records, file_header, scan
+from .errors import CorruptEntryError, LedgerWriteError, NoSuchEntryError
+from .fileio import FileIO
+
+
+def ledger_file_name(ledger_id: int) -> str:
+    return f"{ledger_id:020d}.ledger"
+
+
+class LedgerFile:
+    def __init__(self, io: FileIO, directory: Path, ledger_id: int) -> None:
+        self.io = io
+        self.ledger_id = ledger_id
+        self.path = directory / ledger_file_name(ledger_id)
+        self.offsets: array[int] = array("q")  # start of each confirmed record
+        self.entries = 0  # confirmed
+        self.data_bytes = 0  # confirmed payload bytes
+        self.file_bytes = FILE_HEADER.size  # confirmed end of file
+        self.assigned_entries = 0
+        self.assigned_bytes = 0  # payload bytes queued (drives size rollover)
+        self.assigned_end = FILE_HEADER.size
+        self.created_mono = time.monotonic()
+        self.on_disk = False
+        self.broken: LedgerWriteError | None = None  # set after a failed write: no more appends here
+        self.retired = False  # trimmed: reads fail, fd closes when the last read ends
+        self._write_fd = -1
+        self._read_fd = -1
+        self._readers = 0
+
+    # --- opening -------------------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Create the file with its header, durable (file and directory fsync'd). Blocking."""
+        fd = self.io.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        try:
+            self.io.pwrite_all(fd, file_header(self.ledger_id), 0)
+            self.io.sync(fd)
+        except BaseException:
+            self.io.close(fd)
+            raise
+        self.io.sync_dir(self.path.parent)
+        self._write_fd = fd
+        self.on_disk = True
+        self.created_mono = time.monotonic()
+
+    def recover(self, *, writable_tail: bool, expected_entries: int | None) -> str | None:
+        """Scan the existing file and build the index. Blocking.
+
+        ``writable_tail``: the ledger was open for writing, so a torn tail is cut (truncate + fsync)
+        and the reason is returned. ``expected_entries``: the count a closed ledger recorded.
+        """
+        fd = self.io.open(self.path, os.O_RDWR if writable_tail else os.O_RDONLY)
+        try:
+            size = self.io.file_size(fd)
+            data = self.io.read_all(fd, size, 0)
+            result = scan(data, self.ledger_id, self.path, tail_allowed=writable_tail)
+            if expected_entries is not None and len(result.offsets) != expected_entries:
+                raise CorruptEntryError(
+                    self.ledger_id,
+                    len(result.offsets),
+                    self.path,
+                    result.valid_end,
+                    f"closed ledger should hold {expected_entries} entries, the file holds "
+                    f"{len(result.offsets)}",
+                )
+            if result.torn_reason is not None:
+                if result.valid_end < FILE_HEADER.size:
+                    self.io.pwrite_all(fd, file_header(self.ledger_id), 0)
+                    self.io.truncate(fd, FILE_HEADER.size)
+                else:
+                    self.io.truncate(fd, result.valid_end)
+                self.io.sync(fd)
+        finally:
+            self.io.close(fd)
+        self.offsets = result.offsets
+        self.entries = self.assigned_entries = len(result.offsets)
+        self.data_bytes = self.assigned_bytes = result.data_bytes
+        self.file_bytes = self.assigned_end = max(result.valid_end, FILE_HEADER.size)
+        self.on_disk = True
+        return result.torn_reason
+
+    # --- writing (group-commit writer) ---------------------------------------------------------
+
+    def write_and_sync(self, buffers: list[bytes], offset: int, sync: bool) -> None:
+        """Write one group at ``offset`` and make it durable. Blocking.
+
+        On failure the partial write is cut back to ``offset`` so nothing unacknowledged survives;
+        if even that fails, the LedgerWriteError says so (``cut_failed``) and the ledger must be
+        reopened, which cuts it as a torn tail.
+        """
+        data = b"".join(buffers)
+        try:
+            self.io.pwrite_all(self._write_fd, data, offset)
+            if sync:
+                self.io.sync_data(self._write_fd)
+        except OSError as exc:
+            try:
+                self.io.truncate(self._write_fd, offset)
+                self.io.sync_data(self._write_fd)
+            except OSError as cut_exc:
+                raise GroupWriteFailed(exc, cut_exc) from exc
+            raise GroupWriteFailed(exc, None) from exc
+
+    def open_for_writes(self) -> None:
+        """Reopen a recovered (empty) ledger for appends. Blocking."""
+        if self._write_fd < 0:
+            self._write_fd = self.io.open(self.path, os.O_RDWR)
+        self.created_mono = time.monotonic()
+
+    def confirm(self, offsets: list[int], count: int, data_bytes: int, end: int) -> None:
+        self.offsets.extend(offsets)
+        self.entries += count
+        self.data_bytes += data_bytes
+        self.file_bytes = end
+
+    def close_for_writes(self) -> None:
+        if self._write_fd >= 0:
+            self.io.close(self._write_fd)
+            self._write_fd = -1
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def read(self, first: int, count: int) -> list[bytes]:
+        """Read and verify confirmed entries [first, first+count). Blocking; see begin_read."""
+        if self.retired:
+            raise NoSuchEntryError(f"ledger {self.ledger_id} was trimmed")
+        if self._read_fd < 0:
+            self._read_fd = self.io.open(self.path, os.O_RDONLY)
+        start = self.offsets[first]
+        last = first + count
+        end = self.offsets[last] if last < self.entries else self.file_bytes
+        chunk = self.io.read_all(self._read_fd, end - start, start)
+        return decode_records(
+            chunk, first, count, ledger_id=self.ledger_id, path=self.path, base_offset=start
+        )
+
+    def begin_read(self) -> None:
+        """Pin the read fd while a read runs on a thread (trim closes it only after)."""
+        self._readers += 1
+
+    def end_read(self) -> None:
+        self._readers -= 1
+        if self.retired and self._readers == 0:
+            self._close_read_fd()
+
+    def retire(self) -> None:
+        self.retired = True
+        self.close_for_writes()
+        if self._readers == 0:
+            self._close_read_fd()
+
+    def close(self) -> None:
+        self.close_for_writes()
+        self._close_read_fd()
+
+    def _close_read_fd(self) -> None:
+        if self._read_fd >= 0:
+            self.io.close(self._read_fd)
+            self._read_fd = -1
+
+
+class GroupWriteFailed(Exception):
+    """A group write failed; carries the cause and whether cutting it back failed too."""
+
+    def __init__(self, cause: OSError, cut_failure: OSError | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.cut_failure = cut_failure

@@ -1,0 +1,497 @@
+"""The managed ledger: a named log of entries on a directory, as a sequence of ledgers.
+
+Appends get their position when queued and resolve after the group commit made them durable. Rollover
+(by entries, bytes, age, or on demand) reserves the next ledger id at once and runs as an ordered step of
+the writer, so appends never wait for it and never overtake it. Cursors and trimming live here because
+trimming needs every cursor.
+
+Write failures: the failed group's appends (and any queued behind them for the same ledger) fail with
+LedgerWriteError; the partial write is cut, that ledger is closed at its last durable entry, and the next
+append (or rollover()) starts a new ledger, so the managed ledger recovers by itself once the disk has
+room again. Only if cutting the partial write also fails does it go to the failed state ("WriteFailed"):
+every append then fails until it is closed and reopened (reopening cuts the partial write as a torn tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from concurrent.futures import Executor
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from .config import ManagedLedgerConfig
+from .cursor import CursorState, ManagedCursor
+from .entry_format import FILE_HEADER, MAX_ENTRY_SIZE, RECORD_HEADER_SIZE, record_header
+from .errors import LedgerClosedError, LedgerWriteError, NoSuchEntryError
+from .fileio import FileIO
+from .ledger_file import GroupWriteFailed, LedgerFile
+from .lock import release_directory_lock
+from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
+from .names import encode_name
+from .position import Entry, Position
+from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
+from .stats import LedgerStat, internal_stats
+from .writer import GroupCommitWriter
+
+log = logging.getLogger(__name__)
+
+
+class _State(Enum):
+    OPEN = "LedgerOpened"
+    FAILED = "WriteFailed"
+    CLOSING = "Closing"
+    CLOSED = "Closed"
+
+
+def _consume_exception(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # an automatic rollover's failure is reported to the appends behind it
+
+
+class ManagedLedger:
+    """See docs/contracts.md section 1. Create through ManagedLedgerFactory.open()."""
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        *,
+        config: ManagedLedgerConfig,
+        io: FileIO,
+        executor: Executor,
+        recovered: Recovered,
+        on_close: Callable[[ManagedLedger], None],
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self._io = io
+        self._executor = executor
+        self._on_close = on_close
+        self._lock_fd = recovered.lock_fd
+        self._meta_path = directory / METADATA_FILE
+        self._ledgers_dir = directory / LEDGERS_DIR
+        self._cursors_dir = directory / CURSORS_DIR
+        self._meta = recovered.meta
+        self._ids = [i.ledger_id for i in self._meta.ledgers]
+        self._files = recovered.files
+        self._cur = recovered.current
+        self._next_ledger_id = self._meta.next_ledger_id
+        self._last_created = time.time()
+        self._max_entries = config.max_entries_per_ledger
+        self._max_bytes = config.max_size_per_ledger_bytes
+        self._max_age = config.max_ledger_age_seconds
+        self._state = _State.OPEN
+        self._failure: LedgerWriteError | None = None
+        self._entries_added = 0
+        self._rollovers_in_flight = 0
+        self._reads_in_flight = 0
+        self._reads_done = asyncio.Event()
+        self._reads_done.set()
+        self._trim_lock = asyncio.Lock()
+        self._cursor_lock = asyncio.Lock()
+        self._closed_event = asyncio.Event()
+        self.torn_tails_cut = recovered.torn_tails
+        self._writer = GroupCommitWriter(
+            executor, group_commit=config.group_commit, sync=config.fsync, on_failure=self._on_write_failure
+        )
+        self._cursors: dict[str, ManagedCursor] = {
+            cursor_name: ManagedCursor(cursor_name, path, state=state, layout=self, io=io, executor=executor)
+            for cursor_name, (path, state) in recovered.cursors.items()
+        }
+        self._age_timer: asyncio.Task[None] | None = None
+        if self._max_age is not None:
+            self._age_timer = asyncio.get_running_loop().create_task(
+                self._age_rollover_loop(self._max_age), name=f"ledger-age-rollover:{name}"
+            )
+
+    @classmethod
+    async def open(
+        cls,
+        name: str,
+        root: Path,
+        *,
+        config: ManagedLedgerConfig,
+        io: FileIO,
+        executor: Executor,
+        on_close: Callable[[ManagedLedger], None],
+    ) -> ManagedLedger:
+        directory = root / encode_name(name)
+        loop = asyncio.get_running_loop()
+        recovered = await loop.run_in_executor(executor, recover, name, directory, io)
+        return cls(
+            name,
+            directory,
+            config=config,
+            io=io,
+            executor=executor,
+            recovered=recovered,
+            on_close=on_close,
+        )
+
+    # --- appends ------------------------------------------------------------------------------------
+
+    async def add_entry(self, data: bytes) -> Position:
+        """Append ``data``; resolves with its position once it is durable (fsync'd)."""
+        if self._state is not _State.OPEN:
+            self._raise_not_writable()
+        if type(data) is not bytes:
+            data = self._coerce(data)
+        size = len(data)
+        if size > MAX_ENTRY_SIZE:
+            raise ValueError(
+                f"entry of {size} bytes is larger than the maximum {MAX_ENTRY_SIZE}; "
+                "split it before appending"
+            )
+        cur = self._cur
+        if (
+            cur.assigned_entries >= self._max_entries
+            or cur.assigned_bytes >= self._max_bytes
+            or cur.broken is not None
+            or (
+                self._max_age is not None
+                and cur.assigned_entries
+                and time.monotonic() - cur.created_mono >= self._max_age
+            )
+        ):
+            self._start_rollover()
+            cur = self._cur
+        entry_id = cur.assigned_entries
+        cur.assigned_entries = entry_id + 1
+        offset = cur.assigned_end
+        cur.assigned_end = offset + RECORD_HEADER_SIZE + size
+        cur.assigned_bytes += size
+        await self._writer.append(cur, record_header(entry_id, data), data, offset)
+        self._entries_added += 1
+        return Position(cur.ledger_id, entry_id)
+
+    @staticmethod
+    def _coerce(data: object) -> bytes:
+        if isinstance(data, bytearray | memoryview):
+            return bytes(data)  # a private copy: the caller may reuse its buffer before the write
+        raise TypeError(f"entry data must be bytes, bytearray or memoryview, not {type(data).__name__}")
+
+    def _raise_not_writable(self) -> None:
+        if self._state is _State.FAILED and self._failure is not None:
+            raise self._failure
+        raise LedgerClosedError(f"managed ledger {self.name!r} is {self._state.name.lower()}; reopen it")
+
+    # --- rollover -------------------------------------------------------------------------------------
+
+    async def rollover(self) -> int:
+        """Close the current ledger and start a new one; returns the new ledger's id."""
+        if self._state is not _State.OPEN:
+            self._raise_not_writable()
+        result: int = await self._start_rollover()
+        return result
+
+    def _start_rollover(self) -> asyncio.Future[int]:
+        old = self._cur
+        new = LedgerFile(self._io, self._ledgers_dir, self._next_ledger_id)
+        self._next_ledger_id += 1
+        self._cur = new
+        self._rollovers_in_flight += 1
+        future: asyncio.Future[int] = self._writer.barrier(lambda: self._complete_rollover(old, new))
+        future.add_done_callback(_consume_exception)
+        return future
+
+    async def _complete_rollover(self, old: LedgerFile, new: LedgerFile) -> int:
+        """Runs in the writer's order: every append to ``old`` has completed (or failed) by now."""
+        loop = asyncio.get_running_loop()
+        try:
+            meta = self._meta.copy()
+            for info in meta.ledgers:
+                if not info.closed:
+                    self._close_info(info)
+            meta.ledgers.append(
+                LedgerInfo(new.ledger_id, file_bytes=FILE_HEADER.size, created_at=time.time())
+            )
+            meta.next_ledger_id = self._next_ledger_id
+            try:
+                await loop.run_in_executor(
+                    self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
+                )
+            except OSError as exc:
+                raise self._rollover_failed(new, "could not record it in the metadata", exc) from exc
+            self._set_meta(meta)
+            self._files[new.ledger_id] = new
+            try:
+                await loop.run_in_executor(self._executor, new.create)
+            except OSError as exc:
+                raise self._rollover_failed(new, "could not create its file", exc) from exc
+            if old.ledger_id in self._files:
+                old.close_for_writes()
+            self._last_created = time.time()
+            return new.ledger_id
+        finally:
+            self._rollovers_in_flight -= 1
+
+    def _close_info(self, info: LedgerInfo) -> None:
+        ledger = self._files[info.ledger_id]
+        info.closed = True
+        info.entries = ledger.entries
+        info.size = ledger.data_bytes
+        info.file_bytes = ledger.file_bytes
+
+    def _rollover_failed(self, new: LedgerFile, what: str, exc: OSError) -> LedgerWriteError:
+        error = LedgerWriteError(
+            f"rollover of managed ledger {self.name!r} to ledger {new.ledger_id} failed: {what}: {exc}; "
+            "appends queued for that ledger fail, entries acknowledged before are intact, and the next "
+            "append retries with a new ledger; free disk space or check the volume"
+        )
+        new.broken = error
+        return error
+
+    async def _age_rollover_loop(self, max_age: float) -> None:
+        # Appends also check the age; the timer covers a ledger that stops receiving appends.
+        interval = min(max(max_age / 4, 0.01), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            cur = self._cur
+            if (
+                self._state is _State.OPEN
+                and cur.assigned_entries > 0
+                and cur.broken is None
+                and time.monotonic() - cur.created_mono >= max_age
+            ):
+                self._start_rollover()
+
+    def _on_write_failure(self, ledger: LedgerFile, failure: GroupWriteFailed) -> LedgerWriteError:
+        cause = failure.cause
+        if failure.cut_failure is not None:
+            error = LedgerWriteError(
+                f"append to managed ledger {self.name!r} (ledger {ledger.ledger_id}) failed: {cause}, and "
+                f"cutting the partial write failed too: {failure.cut_failure}; the managed ledger is now "
+                "in the failed state: close and reopen it (reopening cuts the partial write) after freeing "
+                "disk space; entries acknowledged before are intact"
+            )
+            self._state = _State.FAILED
+            self._failure = error
+        else:
+            error = LedgerWriteError(
+                f"append to managed ledger {self.name!r} (ledger {ledger.ledger_id}) failed: {cause}; "
+                "nothing of the failed write was kept and entries acknowledged before are intact; the next "
+                "append starts a new ledger, so retry once disk space is freed or the volume is fixed"
+            )
+        ledger.broken = error
+        log.error("%s", error)
+        return error
+
+    # --- reads ----------------------------------------------------------------------------------------
+
+    async def read_entries(self, start: Position, max_entries: int) -> list[Entry]:
+        """Up to ``max_entries`` durable entries from ``start`` on (crossing ledgers; trimmed or
+        empty ledgers are skipped). Empty when nothing exists at or after ``start``."""
+        self._check_readable()
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 (got {max_entries})")
+        plan: list[tuple[LedgerFile, int, int]] = []
+        remaining = max_entries
+        for ledger_id in self._ids[bisect_left(self._ids, start.ledger_id) :]:
+            ledger = self._files[ledger_id]
+            first = max(start.entry_id, 0) if ledger_id == start.ledger_id else 0
+            count = min(ledger.entries - first, remaining)
+            if count > 0:
+                plan.append((ledger, first, count))
+                remaining -= count
+                if remaining == 0:
+                    break
+        if not plan:
+            return []
+        chunks = await self._read(plan)
+        return [
+            Entry(Position(ledger.ledger_id, first + i), data)
+            for (ledger, first, _), datas in zip(plan, chunks, strict=True)
+            for i, data in enumerate(datas)
+        ]
+
+    async def read_entry(self, position: Position) -> bytes:
+        self._check_readable()
+        ledger = self._files.get(position.ledger_id)
+        if ledger is None or not 0 <= position.entry_id < ledger.entries:
+            raise NoSuchEntryError(
+                f"no entry at {position} in managed ledger {self.name!r} (live ledgers {self._ids}, last "
+                f"confirmed entry {self.last_confirmed_entry()}); it was never written or was trimmed"
+            )
+        chunks = await self._read([(ledger, position.entry_id, 1)])
+        return chunks[0][0]
+
+    async def _read(self, plan: list[tuple[LedgerFile, int, int]]) -> list[list[bytes]]:
+        for ledger, _, _ in plan:
+            ledger.begin_read()
+        self._reads_in_flight += 1
+        self._reads_done.clear()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, lambda: [ledger.read(first, count) for ledger, first, count in plan]
+            )
+        finally:
+            for ledger, _, _ in plan:
+                ledger.end_read()
+            self._reads_in_flight -= 1
+            if self._reads_in_flight == 0:
+                self._reads_done.set()
+
+    def _check_readable(self) -> None:
+        if self._state is _State.CLOSED:
+            raise LedgerClosedError(f"managed ledger {self.name!r} is closed; reopen it")
+
+    # --- layout (also what cursors see) ---------------------------------------------------------------
+
+    def ledger_ids(self) -> list[int]:
+        """Live (not trimmed) ledgers, ascending, including the current one."""
+        return list(self._ids)
+
+    def confirmed_entries(self, ledger_id: int) -> int:
+        ledger = self._files.get(ledger_id)
+        return ledger.entries if ledger is not None else 0
+
+    def current_ledger_id(self) -> int:
+        """The ledger new appends go to."""
+        return self._cur.ledger_id
+
+    def last_confirmed_entry(self) -> Position | None:
+        """The newest durable entry still live (None if no live ledger holds an entry)."""
+        for ledger_id in reversed(self._ids):
+            entries = self._files[ledger_id].entries
+            if entries:
+                return Position(ledger_id, entries - 1)
+        return None
+
+    def _set_meta(self, meta: ManagedLedgerMetadata) -> None:
+        self._meta = meta
+        self._ids = [i.ledger_id for i in meta.ledgers]
+
+    # --- cursors and trimming ------------------------------------------------------------------------
+
+    async def open_cursor(self, name: str) -> ManagedCursor:
+        """Reopen a persisted cursor, or create it at the earliest live position."""
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            self._raise_not_writable()
+        async with self._cursor_lock:
+            cursor = self._cursors.get(name)
+            if cursor is not None:
+                return cursor
+            path = self._cursors_dir / f"{encode_name(name, 'cursor')}.json"
+            state = CursorState(Position(self._ids[0], -1))
+            cursor = ManagedCursor(name, path, state=state, layout=self, io=self._io, executor=self._executor)
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._executor, cursor.persist_blocking)
+            except OSError as exc:
+                raise LedgerWriteError(
+                    f"could not create cursor {name!r} of managed ledger {self.name!r} at {path}: {exc}; "
+                    "free disk space or check the volume, then retry"
+                ) from exc
+            self._cursors[name] = cursor
+            return cursor
+
+    def cursors(self) -> dict[str, ManagedCursor]:
+        return dict(self._cursors)
+
+    async def trim(self) -> list[int]:
+        """Delete every closed ledger whose entries all cursors have deleted; returns their ids.
+
+        The current ledger is never deleted. With no cursor nothing is deleted (nobody has said the
+        data is consumed).
+        """
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            self._raise_not_writable()
+        async with self._trim_lock:
+            if not self._cursors:
+                return []
+            bound: float = float("inf")
+            for cursor in self._cursors.values():
+                first = cursor.first_undeleted_position()
+                if first is not None:
+                    bound = min(bound, first.ledger_id)
+            victims = [i.ledger_id for i in self._meta.ledgers if i.closed and i.ledger_id < bound]
+            if not victims:
+                return []
+            meta = self._meta.copy()
+            meta.ledgers = [i for i in meta.ledgers if i.ledger_id not in victims]
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(
+                    self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
+                )
+            except OSError as exc:
+                raise LedgerWriteError(
+                    f"trimming ledgers {victims} of managed ledger {self.name!r} failed: could not write "
+                    f"the metadata: {exc}; nothing was deleted, retry later"
+                ) from exc
+            self._set_meta(meta)
+            paths = []
+            for ledger_id in victims:
+                ledger = self._files.pop(ledger_id)
+                ledger.retire()
+                paths.append(ledger.path)
+            await loop.run_in_executor(self._executor, self._unlink_all, paths)
+            return victims
+
+    def _unlink_all(self, paths: list[Path]) -> None:
+        # The metadata no longer lists these ledgers; a file left behind is removed on the next open.
+        try:
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self._io.unlink(path)
+            self._io.sync_dir(self._ledgers_dir)
+        except OSError as exc:
+            log.warning("managed ledger %s: could not remove trimmed ledger files: %s", self.name, exc)
+
+    # --- stats and lifecycle --------------------------------------------------------------------------
+
+    def internal_stats(self) -> dict[str, Any]:
+        """Pulsar's ManagedLedgerInternalStats shape (FACTS.md)."""
+        cur = self._cur
+        state = self._state.value
+        if self._state is _State.OPEN and self._rollovers_in_flight:
+            state = "CreatingLedger"
+        return internal_stats(
+            entries_added=self._entries_added,
+            ledgers=[LedgerStat(i, self._files[i].entries, self._files[i].data_bytes) for i in self._ids],
+            current=LedgerStat(cur.ledger_id, cur.entries, cur.data_bytes),
+            last_confirmed=self.last_confirmed_entry(),
+            state=state,
+            pending_adds=self._writer.pending_appends,
+            last_ledger_created=datetime.fromtimestamp(self._last_created, UTC).isoformat(),
+            cursors={name: cursor.stats() for name, cursor in sorted(self._cursors.items())},
+        )
+
+    @property
+    def state(self) -> str:
+        return self._state.value
+
+    async def close(self) -> None:
+        """Finish queued appends (they complete normally), persist cursors, release the directory."""
+        if self._state is _State.CLOSED:
+            return
+        if self._state is _State.CLOSING:
+            await self._closed_event.wait()
+            return
+        self._state = _State.CLOSING
+        try:
+            await self._writer.drain()
+            if self._age_timer is not None:
+                self._age_timer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._age_timer
+            async with self._trim_lock:
+                for cursor in self._cursors.values():
+                    await cursor.close()
+            await self._reads_done.wait()
+        finally:
+            for ledger in self._files.values():
+                ledger.close()
+            self._cur.close()
+            release_directory_lock(self._lock_fd)
+            self._state = _State.CLOSED
+            self._closed_event.set()
+            self._on_close(self)

@@ -1,0 +1,35 @@
+"""Positions and entries: the addresses and units of a managed ledger (Pulsar's PositionImpl/Entry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    """(ledgerId, entryId), ordered; entry id -1 means "before the first entry of that ledger"."""
+
+    ledger_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """Parse Pulsar's "ledgerId:entryId" form, with a clear error for anything else."""
+        ledger, sep, entry = text.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            return cls(int(ledger), int(entry))
+        except ValueError:
+            raise ValueError(f"position {text!r} is not of the form 'ledgerId:entryId'") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored entry and where it lives."""
+
+    position: Position
+    data: bytes

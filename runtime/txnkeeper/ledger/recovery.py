@@ -1,0 +1,152 @@
+"""Opening a managed ledger directory after a clean close or a crash (runs on an executor thread).
+
+Steps: take the directory lock; read the metadata; drop leftovers of interrupted operations (temp files,
+files of trimmed ledgers); scan every ledger (closed ones strictly, the ledger that was open for writing
+with its torn tail cut); then, like Pulsar, close the recovered ledger and start a new one, unless the
+recovered ledger is empty, in which case it is simply reused (nothing in it was ever acknowledged).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cursor import CursorState
+from .entry_format import FILE_HEADER
+from .errors import CorruptEntryError, CorruptMetadataError
+from .fileio import FileIO
+from .ledger_file import LedgerFile
+from .lock import acquire_directory_lock, release_directory_lock
+from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
+from .names import decode_name
+
+log = logging.getLogger(__name__)
+
+LEDGERS_DIR = "ledgers"
+CURSORS_DIR = "cursors"
+_LEDGER_FILE = re.compile(r"^(\d{20})\.ledger$")
+
+
+@dataclass
+class Recovered:
+    meta: ManagedLedgerMetadata
+    files: dict[int, LedgerFile]
+    current: LedgerFile
+    cursors: dict[str, tuple[Path, CursorState]]
+    lock_fd: int
+    torn_tails: list[str] = field(default_factory=list)
+
+
+def _ensure_dir(io: FileIO, path: Path) -> None:
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        io.sync_dir(path.parent)
+
+
+def recover(name: str, directory: Path, io: FileIO) -> Recovered:
+    _ensure_dir(io, directory)
+    lock_fd = acquire_directory_lock(directory)
+    try:
+        return _recover_locked(name, directory, io, lock_fd)
+    except BaseException:
+        release_directory_lock(lock_fd)
+        raise
+
+
+def _recover_locked(name: str, directory: Path, io: FileIO, lock_fd: int) -> Recovered:
+    ledgers_dir = directory / LEDGERS_DIR
+    cursors_dir = directory / CURSORS_DIR
+    _ensure_dir(io, ledgers_dir)
+    _ensure_dir(io, cursors_dir)
+    meta_path = directory / METADATA_FILE
+    if meta_path.exists():
+        meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+        if meta.name != name:
+            raise CorruptMetadataError(meta_path, f"it belongs to managed ledger {meta.name!r}, not {name!r}")
+    else:
+        meta = ManagedLedgerMetadata(name)
+    for leftover in [*directory.glob("*.tmp"), *cursors_dir.glob("*.tmp")]:
+        leftover.unlink()
+    _remove_trimmed_files(io, ledgers_dir, meta, meta_path)
+
+    files: dict[int, LedgerFile] = {}
+    torn: list[str] = []
+    for index, info in enumerate(meta.ledgers):
+        ledger = LedgerFile(io, ledgers_dir, info.ledger_id)
+        was_open = index == len(meta.ledgers) - 1 and not info.closed
+        if not ledger.path.exists():
+            if not was_open and info.entries > 0:
+                raise CorruptEntryError(
+                    info.ledger_id,
+                    None,
+                    ledger.path,
+                    0,
+                    f"file missing; metadata records {info.entries} entries",
+                )
+        else:
+            reason = ledger.recover(
+                writable_tail=was_open, expected_entries=None if was_open else info.entries
+            )
+            if reason is not None:
+                torn.append(f"ledger {info.ledger_id}: cut torn tail ({reason})")
+                log.warning("managed ledger %s: ledger %d: cut torn tail (%s)", name, info.ledger_id, reason)
+        files[info.ledger_id] = ledger
+
+    last = meta.ledgers[-1] if meta.ledgers else None
+    if last is not None and not last.closed and files[last.ledger_id].entries == 0:
+        current = files[last.ledger_id]
+        if current.on_disk:
+            current.open_for_writes()
+        else:
+            current.create()
+    else:
+        if last is not None and not last.closed:
+            recovered = files[last.ledger_id]
+            last.closed = True
+            last.entries = recovered.entries
+            last.size = recovered.data_bytes
+            last.file_bytes = recovered.file_bytes
+        new_id = meta.next_ledger_id
+        meta.next_ledger_id = new_id + 1
+        meta.ledgers.append(LedgerInfo(new_id, file_bytes=FILE_HEADER.size, created_at=time.time()))
+        io.write_file_atomically(meta_path, meta.encode())  # the id is durable before its file exists
+        current = LedgerFile(io, ledgers_dir, new_id)
+        current.create()
+        files[new_id] = current
+
+    cursors: dict[str, tuple[Path, CursorState]] = {}
+    for path in sorted(cursors_dir.glob("*.json")):
+        cursor_name = decode_name(path.stem)
+        if cursor_name is None:
+            continue
+        _, state = CursorState.decode(path.read_bytes(), path, cursor_name)
+        cursors[cursor_name] = (path, state)
+    return Recovered(meta, files, current, cursors, lock_fd, torn)
+
+
+def _remove_trimmed_files(
+    io: FileIO, ledgers_dir: Path, meta: ManagedLedgerMetadata, meta_path: Path
+) -> None:
+    """Delete files of ledgers the metadata no longer lists (a trim interrupted before unlinking)."""
+    known = {i.ledger_id for i in meta.ledgers}
+    removed = False
+    for path in ledgers_dir.iterdir():
+        match = _LEDGER_FILE.match(path.name)
+        if match is None:
+            continue
+        ledger_id = int(match.group(1))
+        if ledger_id in known:
+            continue
+        if ledger_id >= meta.next_ledger_id:
+            raise CorruptMetadataError(
+                meta_path,
+                f"ledger file {path} has id {ledger_id}, but ids below {meta.next_ledger_id} are all that "
+                "were ever allocated (was the metadata replaced by an older copy?)",
+            )
+        io.unlink(path)
+        removed = True
+    if removed:
+        io.sync_dir(ledgers_dir)

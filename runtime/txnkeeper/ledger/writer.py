@@ -1,0 +1,165 @@
+"""Group commit: many appends, one write and one fsync.
+
+Appends are queued in order (their entry ids were assigned by the caller when queued). One flush task
+takes everything queued for the same ledger, writes it with one pwrite and one fdatasync on an executor
+thread (so the loop keeps queuing meanwhile), and only then resolves the appends' futures. Ordered
+"barriers" (ledger rollovers) run between groups, so a new ledger's file exists before its first write.
+With group_commit off every append is its own group: the fsync-per-append baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from .errors import LedgerWriteError
+from .ledger_file import GroupWriteFailed, LedgerFile
+
+FailureHandler = Callable[[LedgerFile, GroupWriteFailed], LedgerWriteError]
+
+
+class _Group:
+    """Appends queued for one ledger, contiguous in entry ids and file offsets."""
+
+    __slots__ = ("buffers", "data_bytes", "end", "futures", "ledger", "offsets", "start")
+
+    def __init__(self, ledger: LedgerFile, start: int) -> None:
+        self.ledger = ledger
+        self.start = start
+        self.end = start
+        self.buffers: list[bytes] = []
+        self.offsets: list[int] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.data_bytes = 0
+
+
+class _Barrier:
+    __slots__ = ("action", "future")
+
+    def __init__(self, action: Callable[[], Awaitable[Any]], future: asyncio.Future[Any]) -> None:
+        self.action = action
+        self.future = future
+
+
+class GroupCommitWriter:
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        group_commit: bool,
+        sync: bool,
+        on_failure: FailureHandler,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._executor = executor
+        self._group_commit = group_commit
+        self._sync = sync
+        self._on_failure = on_failure
+        self._queue: deque[_Group | _Barrier] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.pending_appends = 0
+        self.groups_written = 0
+
+    def append(self, ledger: LedgerFile, header: bytes, data: bytes, offset: int) -> asyncio.Future[None]:
+        """Queue one record at ``offset`` of ``ledger``; the future resolves once it is durable."""
+        queue = self._queue
+        group = queue[-1] if queue else None
+        if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
+            group = _Group(ledger, offset)
+            queue.append(group)
+        group.buffers.append(header)
+        group.buffers.append(data)
+        group.offsets.append(offset)
+        group.data_bytes += len(data)
+        group.end = offset + len(header) + len(data)
+        future: asyncio.Future[None] = self._loop.create_future()
+        group.futures.append(future)
+        self.pending_appends += 1
+        if self._task is None:
+            self._start()
+        return future
+
+    def barrier(self, action: Callable[[], Awaitable[Any]]) -> asyncio.Future[Any]:
+        """Run ``action`` after everything queued so far and before anything queued later."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._queue.append(_Barrier(action, future))
+        if self._task is None:
+            self._start()
+        return future
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far (and since) has completed."""
+        await self._idle.wait()
+
+    def _start(self) -> None:
+        self._idle.clear()
+        self._task = self._loop.create_task(self._run(), name="ledger-group-commit")
+
+    async def _run(self) -> None:
+        queue = self._queue
+        try:
+            while queue:
+                item = queue.popleft()
+                if type(item) is _Barrier:
+                    await self._run_barrier(item)
+                    continue
+                assert type(item) is _Group
+                groups = [item]
+                if self._group_commit:
+                    while queue and type(queue[0]) is _Group and queue[0].ledger is item.ledger:
+                        groups.append(queue.popleft())  # type: ignore[arg-type]
+                await self._write(groups)
+        finally:
+            self._task = None
+            self._idle.set()
+
+    async def _run_barrier(self, barrier: _Barrier) -> None:
+        try:
+            result = await barrier.action()
+        except Exception as exc:
+            if not barrier.future.done():
+                barrier.future.set_exception(exc)
+        else:
+            if not barrier.future.done():
+                barrier.future.set_result(result)
+
+    async def _write(self, groups: list[_Group]) -> None:
+        ledger = groups[0].ledger
+        count = sum(len(g.futures) for g in groups)
+        self.pending_appends -= count
+        if ledger.broken is not None:
+            self._fail(groups, ledger.broken)
+            return
+        buffers = groups[0].buffers if len(groups) == 1 else [b for g in groups for b in g.buffers]
+        start = groups[0].start
+        try:
+            await self._loop.run_in_executor(
+                self._executor, ledger.write_and_sync, buffers, start, self._sync
+            )
+        except GroupWriteFailed as failure:
+            self._fail(groups, self._on_failure(ledger, failure))
+            return
+        except Exception as exc:  # a bug or a closed fd: never leave an append hanging
+            error = LedgerWriteError(f"append to ledger {ledger.ledger_id} failed unexpectedly: {exc!r}")
+            ledger.broken = error
+            self._fail(groups, error)
+            return
+        self.groups_written += 1
+        for group in groups:
+            ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
+        for group in groups:
+            for future in group.futures:
+                if not future.done():
+                    future.set_result(None)
+
+    @staticmethod
+    def _fail(groups: list[_Group], error: LedgerWriteError) -> None:
+        for group in groups:
+            for future in group.futures:
+                if not future.done():
+                    future.set_exception(error)
