@@ -1,0 +1,494 @@
+"""Generate the two CustomResourceDefinitions (crds/ and the chart's copy) from one description.
+
+Both kinds share most of their schema (version, batchedWrite, storage, status arrays); writing them
+by hand twice invites drift, so the YAML under crds/ is produced here and a test fails when the committed
+files differ from what this module generates. Every field carries a description for `kubectl explain`;
+CEL rules reject what the operator could never make safe, with a message that says what to fix.
+
+    python -m txnkeeper_operator.crdgen crds helm/txnkeeper/crds
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from txnkeeper_operator.engine.releases import known_majors
+
+GROUP = "txnkeeper.io"
+VERSION = "v1"
+
+Schema = dict[str, Any]
+
+
+def _p(type_: str, description: str, **extra: Any) -> Schema:
+    return {"type": type_, "description": description, **extra}
+
+
+def _obj(description: str, properties: dict[str, Schema], **extra: Any) -> Schema:
+    return {"type": "object", "description": description, "properties": properties, **extra}
+
+
+def _arr(description: str, items: Schema, **extra: Any) -> Schema:
+    return {"type": "array", "description": description, "items": items, **extra}
+
+
+def _rule(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"rule": rule, "message": message, **extra}
+
+
+_SEMVER = r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$"
+# The pattern controller-gen emits for resource.Quantity.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
+
+
+def _quantity(description: str) -> Schema:
+    return {
+        "description": description,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "x-kubernetes-int-or-string": True,
+        "pattern": _QUANTITY,
+    }
+
+
+def _batched_write(what: str) -> Schema:
+    return _obj(
+        f"PIP-160 batched writes for the {what}. Turning it on or off, or changing a limit, is applied "
+        "to running pods one at a time through their admin API, without restarts.",
+        {
+            "enabled": _p(
+                "boolean",
+                "Write many records per ledger entry (a batched entry). Needs a 2.x version; enabling it "
+                "during an upgrade from 1.x takes effect only after every pod runs 2.x.",
+                default=False,
+            ),
+            "maxRecords": _p(
+                "integer",
+                "Flush a batch once this many records are queued (checked first). 1 disables batching.",
+                default=512,
+                minimum=1,
+                maximum=65536,
+            ),
+            "maxSizeBytes": _p(
+                "integer",
+                "Flush a batch once its queued records reach this many bytes; a single record at least "
+                "this big is written alone, unbatched.",
+                default=4194304,
+                minimum=1024,
+                maximum=67108864,
+            ),
+            "maxDelayMillis": _p(
+                "integer",
+                "Flush a non-empty batch at least this often (milliseconds).",
+                default=1,
+                minimum=1,
+                maximum=10000,
+            ),
+        },
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                _rule(
+                    "!self.enabled || self.maxRecords >= 2",
+                    "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true "
+                    "(a batch of one record is an unbatched write)",
+                )
+            ]
+        },
+    )
+
+
+def _storage() -> Schema:
+    return _obj(
+        "The persistent volume each pod keeps its ledgers on. Immutable: a StatefulSet cannot change its "
+        "volume claim templates. PVCs are retained when the resource is deleted or scaled down (delete "
+        "them yourself to drop the data).",
+        {
+            "size": _quantity("Requested size of each pod's volume, e.g. 10Gi.") | {"default": "1Gi"},
+            "storageClassName": _p(
+                "string", "Storage class of the volumes; empty uses the cluster default.", maxLength=253
+            ),
+        },
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                _rule(
+                    "self == oldSelf",
+                    "storage is immutable; create a new resource to change size or class",
+                )
+            ]
+        },
+    )
+
+
+def _resources() -> Schema:
+    quantities = {
+        "type": "object",
+        "additionalProperties": _quantity("A resource quantity."),
+    }
+    return _obj(
+        "CPU and memory requests and limits of the runtime container.",
+        {
+            "requests": quantities | {"description": "Minimum resources, e.g. {cpu: 100m, memory: 256Mi}."},
+            "limits": quantities | {"description": "Maximum resources the container may use."},
+        },
+    )
+
+
+def _verifier() -> Schema:
+    return _obj(
+        "The Spark job that proves a downgrade safe. The operator runs it on demand during a downgrade "
+        "and, if a schedule is set, periodically as a CronJob.",
+        {
+            "schedule": _p(
+                "string",
+                "Cron schedule of the periodic verification CronJob; empty: only on demand.",
+                default="",
+                maxLength=100,
+            ),
+            "sparkMaster": _p(
+                "string",
+                "Spark master URL the job runs against; local[*] runs Spark inside the job's pod.",
+                default="local[*]",
+                maxLength=253,
+            ),
+            "retrySeconds": _p(
+                "integer",
+                "While the verifier reports live batched data, run it again after this many seconds.",
+                default=30,
+                minimum=5,
+                maximum=86400,
+            ),
+        },
+        default={},
+    )
+
+
+def _spec(kind: str) -> Schema:
+    coordinator = kind == "TransactionCoordinator"
+    props: dict[str, Schema] = {
+        "replicas": _p(
+            "integer",
+            "Number of pods. Each pod owns its own persistent volume.",
+            default=3,
+            minimum=1,
+            maximum=64,
+        ),
+        "version": _p(
+            "string",
+            "Release every pod should run (1.x: unbatched format only; 2.x: can read and write batched "
+            "entries). Changing it rolls the pods one at a time, highest ordinal first; a downgrade to 1.x "
+            "waits until the verifier proves no live batched entry remains.",
+            pattern=_SEMVER,
+            maxLength=64,
+        ),
+        "image": _p(
+            "string",
+            "Container image of the runtime; empty uses the operator's default (TXNKEEPER_IMAGE).",
+            maxLength=512,
+        ),
+        "batchedWrite": _batched_write(
+            "transaction log of every coordinator" if coordinator else "pending-ack log of every subscription"
+        ),
+        "storage": _storage(),
+        "resources": _resources(),
+        "verifier": _verifier(),
+        "maxUnavailable": _p(
+            "integer",
+            "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once.",
+            default=1,
+            minimum=0,
+        ),
+    }
+    required = ["version"]
+    rules = [
+        _rule(
+            "self.version.matches('^(" + "|".join(str(m) for m in known_majors()) + r")\\.')",
+            "spec.version must be a known release line (" + ", ".join(f"{m}.x" for m in known_majors()) + ")",
+        ),
+        _rule(
+            "!self.batchedWrite.enabled || !self.version.startsWith('1.')",
+            "batchedWrite.enabled needs version 2.x: 1.x releases cannot read batched entries; set "
+            "batchedWrite.enabled to false or upgrade spec.version",
+        ),
+    ]
+    if coordinator:
+        props["coordinators"] = _p(
+            "integer",
+            "Number of transaction coordinators (TxnID most-significant bits 0..N-1); coordinator id c is "
+            "served by pod c mod replicas.",
+            default=16,
+            minimum=1,
+            maximum=4096,
+        )
+        props["coordinators"]["x-kubernetes-validations"] = [
+            _rule("self == oldSelf", "coordinators is immutable: TxnIDs already issued name coordinator ids")
+        ]
+        rules.append(
+            _rule(
+                "self.coordinators >= self.replicas",
+                "spec.coordinators must be at least spec.replicas so every pod serves a coordinator",
+            )
+        )
+    return _obj(
+        f"Desired state of the {kind}.",
+        props,
+        required=required,
+        **{"x-kubernetes-validations": rules},
+    )
+
+
+def _writer_stat(description: str) -> Schema:
+    return _obj(
+        description,
+        {
+            "batchEnabled": _p("boolean", "Batching on for this store."),
+            "batchedWriteMaxRecords": _p("integer", "Batch record limit in force."),
+            "batchedWriteMaxSize": _p("integer", "Batch size limit in force (bytes)."),
+            "batchedWriteMaxDelayInMillis": _p("integer", "Batch delay limit in force (milliseconds)."),
+        },
+    )
+
+
+_BATCH_STATES = ["Enabled", "Disabled"]
+
+
+def _status(kind: str) -> Schema:
+    coordinator = kind == "TransactionCoordinator"
+    time = {"type": "string", "format": "date-time"}
+    condition = _obj(
+        "A condition, keyed by type (Kubernetes API conventions).",
+        {
+            "type": _p("string", "Ready, Progressing, BatchLogEnabled, DowngradeSafe or Paused."),
+            "status": _p("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _p("string", "CamelCase reason."),
+            "message": _p("string", "Human explanation."),
+            "lastTransitionTime": time | {"description": "When status last changed."},
+            "observedGeneration": _p("integer", "Generation the condition was computed for."),
+        },
+        required=["type", "status"],
+    )
+    pod = _obj(
+        "One pod as the operator last saw it.",
+        {
+            "name": _p("string", "Pod name."),
+            "version": _p("string", "Release the pod's spec runs."),
+            "release": _p("string", "Release the pod's admin API reports."),
+            "formatLevel": _p("integer", "Storage format level the pod reports (1 or 2)."),
+            "ready": _p("boolean", "Pod Ready condition."),
+            "batchLog": _p("string", "Enabled, Disabled or Unknown.", enum=[*_BATCH_STATES, "Unknown"]),
+        },
+        required=["name"],
+    )
+    marker_store = _obj(
+        "A store's LastBatchedLedger.",
+        {
+            "store": _p("string", "Managed-ledger name of the store."),
+            "lastBatchedLedger": _p("integer", "Largest ledger id that existed when it was rolled over."),
+        },
+    )
+    downgrade = _obj(
+        "Progress of a downgrade to a release that cannot read batched entries (persisted so that an "
+        "operator restart resumes it).",
+        {
+            "startedAt": time | {"description": "When the downgrade started."},
+            "rolledOver": _arr(
+                "Pods whose stores were rolled over after batching was disabled, with LastBatchedLedger.",
+                _obj(
+                    "One pod's rollover markers.",
+                    {
+                        "pod": _p("string", "Pod name."),
+                        "stores": _arr("Markers of the pod's stores.", marker_store),
+                    },
+                ),
+            ),
+            "markersCompleteAt": time | {"description": "When every pod had been rolled over."},
+            "verifierRequestedAt": time | {"description": "When the verifier was last started."},
+            "blockedSince": time | {"description": "First verifier report that found live batched data."},
+            "verifiedAt": time | {"description": "When a fresh safe report was accepted."},
+        },
+    )
+    verdict = _obj(
+        "The verifier's verdict on one store.",
+        {
+            "pod": _p("string", "Pod that owns the store."),
+            "store": _p("string", "Managed-ledger name."),
+            "safe": _p("boolean", "No live batched entry remains."),
+            "reason": _p("string", "Why."),
+        },
+    )
+    props: dict[str, Schema] = {
+        "observedGeneration": _p("integer", "The spec generation this status describes."),
+        "phase": _p("string", "Rollout phase, e.g. Ready, RollingUpgrade, DowngradeBlocked."),
+        "phaseReason": _p("string", "Human explanation of the phase and what the operator waits for."),
+        "conditions": _arr(
+            "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused.",
+            condition,
+            **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        ),
+        "replicas": _p("integer", "Pods that exist (scale subresource)."),
+        "readyReplicas": _p("integer", "Pods that are Ready."),
+        "selector": _p("string", "Label selector of the pods (scale subresource)."),
+        "currentVersion": _p("string", "Release every pod runs, or a comma list while they differ."),
+        "batchLog": _p(
+            "string", "Enabled (every pod), Disabled (none) or Partial.", enum=[*_BATCH_STATES, "Partial"]
+        ),
+        "pods": _arr("Per-pod version and batch-log state.", pod),
+        "downgrade": downgrade,
+        "lastVerifierReport": _obj(
+            "The last verifier report the operator read (docs/contracts.md §7).",
+            {
+                "generatedAt": time | {"description": "When the report was produced."},
+                "safe": _p("boolean", "Overall verdict."),
+                "stores": _arr("Per-store verdicts that were not safe (at most 50).", verdict),
+            },
+        ),
+        "lastAction": _obj(
+            "The last action the operator took.",
+            {
+                "action": _p("string", "What it did."),
+                "time": time | {"description": "When."},
+            },
+        ),
+    }
+    if coordinator:
+        props["coordinatorArray"] = _arr(
+            "Per-coordinator state and transaction-log batched-write settings (PIP-160).",
+            _obj(
+                "One coordinator.",
+                {
+                    "pod": _p("string", "Pod serving it."),
+                    "coordinatorId": _p("integer", "Coordinator id."),
+                    "state": _p("string", "Coordinator state."),
+                    "transactionLogBatchedWriteStat": _writer_stat("Its transaction log writer."),
+                },
+            ),
+        )
+    else:
+        props["subscriptionArray"] = _arr(
+            "Per-subscription pending-ack batched-write settings (PIP-160).",
+            _obj(
+                "One subscription's pending-ack store.",
+                {
+                    "pod": _p("string", "Pod owning it."),
+                    "topic": _p("string", "Topic."),
+                    "subscription": _p("string", "Subscription."),
+                    "transactionPendingAckBatchedWriteStat": _writer_stat("Its pending-ack log writer."),
+                },
+            ),
+        )
+    return _obj(f"Observed state of the {kind}, written by the operator.", props)
+
+
+def _crd(kind: str, plural: str, short: str, description: str) -> dict[str, Any]:
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "txnkeeper"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": ["txnkeeper"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": _obj(
+                            description,
+                            {
+                                "apiVersion": _p("string", "APIVersion of this object."),
+                                "kind": _p("string", "Kind of this object."),
+                                "metadata": {"type": "object"},
+                                "spec": _spec(kind),
+                                "status": _status(kind),
+                            },
+                            required=["spec"],
+                        )
+                    },
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": "Version", "type": "string", "jsonPath": ".spec.version"},
+                        {"name": "Running", "type": "string", "jsonPath": ".status.currentVersion"},
+                        {"name": "Batch Log", "type": "string", "jsonPath": ".status.batchLog"},
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Ready", "type": "string", "jsonPath": ready},
+                        {
+                            "name": "Reason",
+                            "type": "string",
+                            "jsonPath": ".status.phaseReason",
+                            "priority": 1,
+                        },
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def definitions() -> dict[str, dict[str, Any]]:
+    """File name -> CRD document."""
+    return {
+        "transactioncoordinators.yaml": _crd(
+            "TransactionCoordinator",
+            "transactioncoordinators",
+            "tc",
+            "Transaction coordinators whose transaction logs may be written in PIP-160 batches; the "
+            "operator rolls versions and the batch log across its pods in the only safe order.",
+        ),
+        "pendingackstores.yaml": _crd(
+            "PendingAckStore",
+            "pendingackstores",
+            "pas",
+            "Pods that own topic partitions and their subscriptions' pending-ack logs (PIP-160 batched "
+            "when enabled), rolled out by the operator like TransactionCoordinator.",
+        ),
+    }
+
+
+HEADER = "# Generated by `python -m txnkeeper_operator.crdgen`; edit operator/txnkeeper_operator/crdgen.py.\n"
+
+
+def render(document: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(document, sort_keys=False, width=100)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("out", nargs="+", type=Path, help="directories to write the CRDs into")
+    args = parser.parse_args(argv)
+    for out in args.out:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, doc in definitions().items():
+            (out / name).write_text(render(doc), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
