@@ -1,0 +1,66 @@
+"""Shared fixtures for the managed-ledger tests: real directories, real files, real fsyncs."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from txnkeeper.ledger import FileIO, ManagedLedgerFactory
+
+
+@pytest.fixture
+async def factory(tmp_path: Path) -> AsyncIterator[ManagedLedgerFactory]:
+    f = ManagedLedgerFactory(tmp_path / "data")
+    yield f
+    await f.close()
+
+
+class FaultyIO(FileIO):
+    """Real file I/O with switchable faults (fault injection at the file layer, not a mock)."""
+
+    def __init__(self) -> None:
+        self.disk_full = False  # pwrite fails with ENOSPC (after writing ``partial_bytes``)
+        self.partial_bytes = 0
+        self.truncate_fails = False
+        self.metadata_fails = False  # write_file_atomically fails with ENOSPC
+        self.unlink_fails = False
+        self.writes_failed = 0
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        if self.disk_full:
+            self.writes_failed += 1
+            if self.partial_bytes and len(data) > self.partial_bytes:
+                written = super().pwrite(fd, memoryview(data)[: self.partial_bytes], offset)
+                self.partial_bytes = 0
+                return written
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().pwrite(fd, data, offset)
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.truncate_fails:
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+    def unlink(self, path: Path) -> None:
+        if self.unlink_fails:
+            raise OSError(errno.EIO, "Input/output error")
+        super().unlink(path)
+
+    def write_file_atomically(self, path: Path, data: bytes) -> None:
+        if self.metadata_fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write_file_atomically(path, data)
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Wait until ``condition()`` holds, failing after ``timeout`` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.005)
