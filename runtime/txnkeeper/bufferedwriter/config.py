@@ -15,6 +15,9 @@ from txnkeeper.bufferedwriter.codec import BATCH_HEADER_SIZE, MIN_FRAMED_RECORD_
 
 # A batch must at least hold its header and one framed (empty) record.
 MIN_MAX_SIZE_BYTES = BATCH_HEADER_SIZE + MIN_FRAMED_RECORD_SIZE
+# A batch can reach about twice maxSize (it flushes after the record that crosses the limit); this bound
+# keeps every batch well inside the ledger's 64 MiB entry limit.
+MAX_MAX_SIZE_BYTES = 16 * 1024 * 1024
 
 # TxnBufferedWriterStat field (Pulsar's name) -> our field.
 _STAT_FIELDS = {
@@ -48,10 +51,13 @@ class BatchedWriteConfig:
                 f"batchedWrite.maxRecords must be an integer >= 1, got {self.max_records!r}"
                 " (1 writes every record as its own entry)"
             )
-        if not _is_int(self.max_size_bytes) or self.max_size_bytes < MIN_MAX_SIZE_BYTES:
+        if (
+            not _is_int(self.max_size_bytes)
+            or not MIN_MAX_SIZE_BYTES <= self.max_size_bytes <= MAX_MAX_SIZE_BYTES
+        ):
             raise InvalidBatchedWriteConfigError(
-                f"batchedWrite.maxSizeBytes must be an integer >= {MIN_MAX_SIZE_BYTES} (the batch header"
-                f" plus one record header), got {self.max_size_bytes!r}"
+                f"batchedWrite.maxSizeBytes must be an integer from {MIN_MAX_SIZE_BYTES} (the batch header"
+                f" plus one record header) to {MAX_MAX_SIZE_BYTES} (16 MiB), got {self.max_size_bytes!r}"
             )
         delay = self.max_delay_millis
         if (

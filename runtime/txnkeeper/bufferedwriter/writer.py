@@ -162,11 +162,24 @@ class BufferedWriter(Generic[R]):
         return fut
 
     async def configure(self, config: BatchedWriteConfig) -> None:
-        """Change settings while running; turning batching off flushes the pending batch first."""
+        """Change settings while running; turning batching off flushes the pending batch first.
+
+        When batching is turned off this returns only once every batched entry already handed to the
+        ledger is durable or failed: "disabled" then means no batched entry can appear any more, which
+        is what the downgrade procedure's rollover relies on.
+        """
         if not isinstance(config, BatchedWriteConfig):
             raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
         self._check_open()
+        was_batching = self._batching
         self._apply(config)
+        if was_batching and not self._batching:
+            if self._waiters:
+                self._flush(FlushTrigger.FORCED)
+            batched_in_flight = set(self._in_flight)
+            if batched_in_flight:
+                await asyncio.wait(batched_in_flight)
+            return
         if not self._waiters:
             return
         if not self._batching:

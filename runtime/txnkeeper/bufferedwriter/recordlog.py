@@ -1,0 +1,324 @@
+"""A log of records on one managed ledger: written through a buffered writer, recovered by replay,
+deleted record by record through one cursor.
+
+Both stores (transaction log, pending-ack log) are this plus their record semantics, so everything
+format-related lives here once: the format-level rule (a level-1 runtime refuses a live batched entry
+and cannot enable batching), replay of mixed batched/unbatched entries that skips records deleted at
+batch-index level, batch-index-level deletes (PIP-160's ack set with every bit set but the index), the
+live-entry census the downgrade verifier trusts, and LastBatchedLedger rollovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from txnkeeper.bufferedwriter.codec import EntryDecodeError, RecordCodec, is_batched
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics
+from txnkeeper.bufferedwriter.writer import BufferedWriter, WritePosition, WriterState
+from txnkeeper.ledger import (
+    LedgerError,
+    ManagedCursor,
+    ManagedLedger,
+    ManagedLedgerConfig,
+    ManagedLedgerFactory,
+    Position,
+)
+from txnkeeper.release import BATCHED_LEVEL, UNBATCHED_LEVEL
+
+R = TypeVar("R", bound=Message)
+
+log = logging.getLogger(__name__)
+
+# Entries read per ledger call during replay and census: large enough to amortize, small in memory.
+_READ_CHUNK = 512
+MAX_LISTED_BATCHED_POSITIONS = 20
+
+
+class FormatLevelError(RuntimeError):
+    """A level-1 (unbatched-only) runtime met a live batched entry: it must not open this store."""
+
+    def __init__(self, store: str, ledger_id: int, entry_id: int, format_level: int) -> None:
+        super().__init__(
+            f"store {store!r} holds a live batched entry at ledger {ledger_id} entry {entry_id}, but this"
+            f" runtime runs at format level {format_level}, which reads unbatched entries only; run a"
+            " release of format level 2 (2.x) until the batched entries are invalidated (disable batching,"
+            " roll the ledger over, wait until the oldest live ledger passes the last batched one)"
+        )
+        self.store = store
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+
+
+class BatchedWriteNotAllowedError(ValueError):
+    """Batching was requested on a runtime whose format level cannot read batched entries."""
+
+
+class ReplayError(RuntimeError):
+    """A live entry of the log could not be decoded; the store refuses to open rather than skip it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRecord(Generic[R]):
+    """A record that replay found live (not deleted), and where it is."""
+
+    position: WritePosition
+    record: R
+
+
+@dataclass(slots=True)
+class LiveEntryFormats:
+    """Census of live entries by format (the admin API's liveEntries / liveBatchedPositions)."""
+
+    batched: int = 0
+    unbatched: int = 0
+    batched_positions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "liveEntries": {"batched": self.batched, "unbatched": self.unbatched},
+            "liveBatchedPositions": list(self.batched_positions),
+        }
+
+
+def check_format_level(format_level: int) -> None:
+    if format_level not in (UNBATCHED_LEVEL, BATCHED_LEVEL):
+        raise ValueError(
+            f"format level {format_level!r} is unknown; use {UNBATCHED_LEVEL} (1.x) or {BATCHED_LEVEL} (2.x)"
+        )
+
+
+def check_batching_allowed(store: str, format_level: int, config: BatchedWriteConfig) -> None:
+    if config.enabled and format_level < BATCHED_LEVEL:
+        raise BatchedWriteNotAllowedError(
+            f"cannot enable batched writes on store {store!r}: this runtime runs at format level"
+            f" {format_level}, which writes unbatched entries only; upgrade every pod to a 2.x release"
+            " first, then enable batching"
+        )
+
+
+class RecordLog(Generic[R]):
+    """One managed ledger of ``R`` records, its buffered writer and its deletion cursor."""
+
+    def __init__(
+        self,
+        store: str,
+        ledger: ManagedLedger,
+        cursor: ManagedCursor,
+        codec: RecordCodec[R],
+        *,
+        config: BatchedWriteConfig,
+        format_level: int,
+        metrics: BufferedWriterMetrics | None,
+    ) -> None:
+        self.store = store
+        self.format_level = format_level
+        self._ledger = ledger
+        self._cursor = cursor
+        self._codec = codec
+        self._metrics = metrics
+        self.writer: BufferedWriter[R] = BufferedWriter(ledger, codec, config, metrics)
+        self._trimmer: asyncio.Task[None] | None = None
+        self._trim_wanted = False
+
+    @classmethod
+    async def open(
+        cls,
+        factory: ManagedLedgerFactory,
+        ledger_name: str,
+        cursor_name: str,
+        codec: RecordCodec[R],
+        *,
+        config: BatchedWriteConfig,
+        format_level: int,
+        metrics: BufferedWriterMetrics | None = None,
+        ledger_config: ManagedLedgerConfig | None = None,
+    ) -> RecordLog[R]:
+        """Open (or create) the ledger and cursor; check the settings against the format level."""
+        check_format_level(format_level)
+        if not isinstance(config, BatchedWriteConfig):
+            raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
+        check_batching_allowed(ledger_name, format_level, config)
+        ledger = await factory.open(ledger_name, ledger_config)
+        try:
+            cursor = await ledger.open_cursor(cursor_name)
+        except BaseException:
+            await ledger.close()
+            raise
+        return cls(
+            ledger_name, ledger, cursor, codec, config=config, format_level=format_level, metrics=metrics
+        )
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    async def replay(self) -> list[LiveRecord[R]]:
+        """Every live record in log order; at format level 1 a live batched entry is refused."""
+        live: list[LiveRecord[R]] = []
+        cursor = self._cursor
+        async for position, data in self._entries_after_mark_delete():
+            if cursor.is_deleted(position):
+                continue
+            if is_batched(data) and self.format_level < BATCHED_LEVEL:
+                raise FormatLevelError(self.store, position.ledger_id, position.entry_id, self.format_level)
+            try:
+                decoded = self._codec.decode_entry(data)
+            except EntryDecodeError as exc:
+                raise ReplayError(f"store {self.store!r}: entry {position} cannot be read: {exc}") from exc
+            lid, eid = position.ledger_id, position.entry_id
+            if not decoded.batched:
+                live.append(LiveRecord(WritePosition(lid, eid, 0, 0), decoded.records[0]))
+                continue
+            size = len(decoded.records)
+            for index, record in enumerate(decoded.records):
+                if not cursor.is_batch_index_deleted(position, index):
+                    live.append(LiveRecord(WritePosition(lid, eid, size, index), record))
+        return live
+
+    async def live_entry_formats(self) -> LiveEntryFormats:
+        """Count live entries (not deleted at entry level, some batch index left) by format, from disk."""
+        census = LiveEntryFormats()
+        async for position, data in self._entries_after_mark_delete():
+            if self._cursor.is_deleted(position):
+                continue
+            if is_batched(data):
+                census.batched += 1
+                if len(census.batched_positions) < MAX_LISTED_BATCHED_POSITIONS:
+                    census.batched_positions.append(f"{position.ledger_id}:{position.entry_id}")
+            else:
+                census.unbatched += 1
+        return census
+
+    async def _entries_after_mark_delete(self) -> AsyncIterator[tuple[Position, bytes]]:
+        """Yield (position, data) of every durable entry after the cursor's mark-delete position."""
+        ids = self._ledger.ledger_ids()
+        if not ids:
+            return
+        md = self._cursor.mark_delete_position()
+        if md is None or md.ledger_id < ids[0]:
+            start = Position(ids[0], 0)
+        else:
+            start = Position(md.ledger_id, md.entry_id + 1)
+        last = self._ledger.last_confirmed_entry()
+        if last is None:
+            return
+        while start <= last:
+            if start.ledger_id not in ids:
+                following = [i for i in ids if i > start.ledger_id]
+                if not following:
+                    return
+                start = Position(following[0], 0)
+                continue
+            entries = await self._ledger.read_entries(start, _READ_CHUNK)
+            if not entries:
+                following = [i for i in ids if i > start.ledger_id]
+                if not following:
+                    return
+                start = Position(following[0], 0)
+                continue
+            for entry in entries:
+                yield entry.position, entry.data
+            tail = entries[-1].position
+            start = Position(tail.ledger_id, tail.entry_id + 1)
+
+    # -- writing and deleting -----------------------------------------------------------------------
+
+    async def delete(self, positions: Iterable[WritePosition]) -> None:
+        """Delete records: plain entries whole, batched ones by batch index (the entry goes with its last)."""
+        plain: list[Position] = []
+        batched: dict[Position, tuple[int, list[int]]] = {}
+        for wp in positions:
+            position = Position(wp.ledger_id, wp.entry_id)
+            if wp.batch_size == 0:
+                plain.append(position)
+            else:
+                batched.setdefault(position, (wp.batch_size, []))[1].append(wp.batch_index)
+        before = self._cursor.mark_delete_position()
+        ops = [self._cursor.delete_batch_indexes(p, size, idx) for p, (size, idx) in batched.items()]
+        if plain:
+            ops.append(self._cursor.delete(plain))
+        if ops:
+            await asyncio.gather(*ops)
+        if self._cursor.mark_delete_position() != before:
+            self._request_trim()
+
+    def _request_trim(self) -> None:
+        # Ledgers become trimmable only when the mark-delete position moves; one trimmer at a time,
+        # re-run if more deletes arrived while it worked, so the last delete is never left untrimmed.
+        self._trim_wanted = True
+        if self._trimmer is None or self._trimmer.done():
+            self._trimmer = asyncio.get_running_loop().create_task(self._trim_while_wanted())
+
+    async def _trim_while_wanted(self) -> None:
+        while self._trim_wanted:
+            self._trim_wanted = False
+            try:
+                await self._ledger.trim()
+            except LedgerError as exc:
+                log.warning("store %s: trimming failed (%s); retried on the next delete", self.store, exc)
+                return
+
+    async def configure(self, config: BatchedWriteConfig) -> None:
+        """Apply new settings to the writer (refused at format level 1 if batching is asked for)."""
+        if not isinstance(config, BatchedWriteConfig):
+            raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
+        check_batching_allowed(self.store, self.format_level, config)
+        await self.writer.configure(config)
+
+    async def rollover(self) -> int:
+        """Flush, roll the ledger over, trim; return the largest ledger id before the rollover."""
+        await self.writer.flush()
+        ids = self._ledger.ledger_ids()
+        last_batched = max([*ids, self._ledger.current_ledger_id()])
+        await self._ledger.rollover()
+        await self.trim()
+        return last_batched
+
+    async def trim(self) -> list[int]:
+        """Delete ledgers wholly behind the cursor now."""
+        return await self._ledger.trim()
+
+    # -- inspection ---------------------------------------------------------------------------------
+
+    @property
+    def ledger_name(self) -> str:
+        return self._ledger.name
+
+    @property
+    def config(self) -> BatchedWriteConfig:
+        return self.writer.config
+
+    def ledger_ids(self) -> list[int]:
+        return self._ledger.ledger_ids()
+
+    def current_ledger_id(self) -> int:
+        return self._ledger.current_ledger_id()
+
+    def batched_write_stat(self) -> dict[str, Any]:
+        return self.writer.config.to_stat()
+
+    def internal_stats(self) -> dict[str, Any]:
+        return {
+            "managedLedgerName": self._ledger.name,
+            "managedLedgerInternalStats": self._ledger.internal_stats(),
+        }
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def close(self, *, flush: bool = True) -> None:
+        """Close writer then ledger; ``flush=False`` fails buffered records (what a crash loses)."""
+        try:
+            if flush and self.writer.state is WriterState.OPEN:
+                await self.writer.flush()
+            await self.writer.close()
+            if self._trimmer is not None and not self._trimmer.done():
+                await asyncio.wait({self._trimmer})
+        finally:
+            if self._metrics is not None:
+                self._metrics.unregister()
+            await self._ledger.close()

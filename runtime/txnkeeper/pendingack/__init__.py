@@ -1,0 +1,27 @@
+"""Pending-ack store (layer 3): one per subscription.
+
+Its log is the managed ledger ``{topic}-{subscription}__transaction_pending_ack``.
+"""
+
+from txnkeeper.bufferedwriter.recordlog import (
+    BatchedWriteNotAllowedError,
+    FormatLevelError,
+    LiveEntryFormats,
+    ReplayError,
+)
+from txnkeeper.pendingack.store import CURSOR_NAME, PendingAckState, PendingAckStore, pending_ack_log_name
+from txnkeeper.txnlog.txnid import TxnID
+from txnkeeper.txnlog.txnstore import StoreClosedError
+
+__all__ = [
+    "CURSOR_NAME",
+    "BatchedWriteNotAllowedError",
+    "FormatLevelError",
+    "LiveEntryFormats",
+    "PendingAckState",
+    "PendingAckStore",
+    "ReplayError",
+    "StoreClosedError",
+    "TxnID",
+    "pending_ack_log_name",
+]

@@ -1,0 +1,32 @@
+"""Transaction log store (layer 3): one per coordinator, on ``__transaction_log_{coordinatorId}``."""
+
+from txnkeeper.bufferedwriter.recordlog import (
+    BatchedWriteNotAllowedError,
+    FormatLevelError,
+    LiveEntryFormats,
+    ReplayError,
+)
+from txnkeeper.txnlog.store import (
+    CURSOR_NAME,
+    TransactionLogStore,
+    TxnLogRecord,
+    TxnLogState,
+    transaction_log_name,
+)
+from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
+from txnkeeper.txnlog.txnstore import StoreClosedError
+
+__all__ = [
+    "CURSOR_NAME",
+    "BatchedWriteNotAllowedError",
+    "FormatLevelError",
+    "LiveEntryFormats",
+    "ReplayError",
+    "StoreClosedError",
+    "TransactionLogStore",
+    "TxnID",
+    "TxnIdLike",
+    "TxnLogRecord",
+    "TxnLogState",
+    "transaction_log_name",
+]

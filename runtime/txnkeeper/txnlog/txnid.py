@@ -1,0 +1,42 @@
+"""The transaction id as the stores key records by it: (most = coordinator id, least = sequence).
+
+It lives in layer 3 because both stores group records by it and the coordinator (layer 4) hands it
+down; ``txnkeeper.coordinator.txnid.TxnID`` has the same fields and text form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+_TEXT = re.compile(r"^\(?\s*(\d+)\s*,\s*(\d+)\s*\)?$")
+
+
+class TxnIdLike(Protocol):
+    """Anything carrying a transaction id's two halves (so callers may pass their own TxnID class)."""
+
+    @property
+    def most(self) -> int: ...
+
+    @property
+    def least(self) -> int: ...
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class TxnID:
+    """Pulsar's TxnID: (mostSigBits, leastSigBits), printed ``(most,least)``."""
+
+    most: int
+    least: int
+
+    def __str__(self) -> str:
+        return f"({self.most},{self.least})"
+
+    @classmethod
+    def parse(cls, text: str) -> TxnID:
+        """Parse ``(most,least)`` or ``most,least``."""
+        match = _TEXT.match(text.strip())
+        if match is None:
+            raise ValueError(f"transaction id {text!r} is not (most,least)")
+        return cls(int(match[1]), int(match[2]))
