@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 # Modules that contribute subcommands; each has `register(subparsers) -> None` and sets `func` on its parser.
-_COMMAND_MODULES: tuple[str, ...] = ("txnkeeper.verifier.cli",)
+_COMMAND_MODULES: tuple[str, ...] = ("txnkeeper.verifier.cli", "txnkeeper.server.serve", "txnkeeper.admin.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

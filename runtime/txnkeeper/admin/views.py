@@ -1,0 +1,62 @@
+"""What the admin API reads and changes on a pod, as protocols the pod runtime implements.
+
+Why: the HTTP layer only translates requests and shapes documents; the pod runtime owns the stores.
+Keeping the seam explicit lets the API be served by any role (coordinator or store pod).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+
+
+class FormatLevelRefusal(Exception):
+    """Enabling batched writes was asked of a level-1 release (HTTP 409)."""
+
+
+class StoreView(Protocol):
+    """One store on the pod: a coordinator's transaction log or a subscription's pending-ack log."""
+
+    @property
+    def kind(self) -> str: ...  # "txnlog" | "pendingack"
+
+    @property
+    def name(self) -> str: ...  # managed-ledger name
+
+    def ref(self) -> dict[str, Any]: ...  # StoreRef of contracts §5
+
+    def batched_write_stat(self) -> dict[str, Any]: ...
+
+    def internal_stats(self) -> dict[str, Any]: ...
+
+    async def rollover(self) -> int: ...  # returns lastBatchedLedger (largest id before the rollover)
+
+    async def ledger_report(self) -> dict[str, Any]: ...  # one entry of GET /admin/v1/stores/ledgers
+
+
+class PodView(Protocol):
+    """The pod as the admin API sees it."""
+
+    pod_name: str
+    role: str
+    release: str
+    format_level: int
+
+    def readiness(self) -> str | None: ...  # None when ready, else the reason
+
+    def stores(self) -> list[StoreView]: ...
+
+    def coordinator_array(self) -> list[dict[str, Any]]: ...
+
+    def subscription_array(self) -> list[dict[str, Any]]: ...
+
+    def batch_log_configs(self) -> tuple[BatchedWriteConfig, BatchedWriteConfig]: ...  # (txnlog, pendingack)
+
+    async def set_batch_log(self, txnlog: BatchedWriteConfig, pending_ack: BatchedWriteConfig) -> None: ...
+
+    def coordinator_log(self, coordinator_id: int) -> StoreView | None: ...
+
+    def pending_ack_log(self, topic: str, subscription: str) -> StoreView | None: ...
+
+    def metrics_text(self) -> bytes: ...

@@ -1,0 +1,132 @@
+"""Settings of one runtime process: command line, ``TXNKEEPER_*`` environment and ``--config`` file.
+
+Why one module: the operator sets env, the local fleet passes flags and a config file carries the CR's
+batchedWrite block; all three meet here, are validated once, and produce one ``ServeConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
+
+ROLES = ("coordinator", "store")
+
+# CR batchedWrite keys -> BatchedWriteConfig fields
+_CR_KEYS = {
+    "enabled": "enabled",
+    "maxRecords": "max_records",
+    "maxSizeBytes": "max_size_bytes",
+    "maxDelayMillis": "max_delay_millis",
+}
+
+
+class ConfigError(ValueError):
+    """A setting of the runtime process is missing or wrong (the message names it)."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    role: str
+    data_dir: Path
+    release: str
+    listen: str
+    admin_listen: str
+    pod_name: str
+    coordinator_ids: tuple[int, ...] = (0,)
+    admin_token: str | None = None
+    txnlog_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
+    pending_ack_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
+    ports_file: Path | None = None
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(f"TXNKEEPER_{name}")
+    return value if value not in (None, "") else default
+
+
+def default_pod_name() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def coordinator_ids(count: int | None, ids: str | None) -> tuple[int, ...]:
+    if ids:
+        try:
+            parsed = tuple(int(x) for x in ids.split(",") if x.strip())
+        except ValueError as exc:
+            raise ConfigError(f"--coordinator-ids must be comma-separated integers, got {ids!r}") from exc
+        if not parsed or any(i < 0 for i in parsed) or len(set(parsed)) != len(parsed):
+            raise ConfigError(f"--coordinator-ids must be distinct integers >= 0, got {ids!r}")
+        return parsed
+    n = 1 if count is None else count
+    if n < 1:
+        raise ConfigError(f"--coordinators must be >= 1, got {n}")
+    return tuple(range(n))
+
+
+def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:
+    """(transaction log, pending ack) settings from a config file.
+
+    Accepted shapes: the CR's batchedWrite block (``{"enabled": true, "maxRecords": 512, ...}``, for
+    both logs), ``{"batchedWrite": {...}}``, or per log ``{"coordinator": {...}, "pendingAck": {...}}``
+    where each may use CR keys or Pulsar's TxnBufferedWriterStat keys.
+    """
+    if path is None:
+        return BatchedWriteConfig(), BatchedWriteConfig()
+    data = _load(path)
+    if "batchedWrite" in data:
+        data = _object(data["batchedWrite"], f"{path}: batchedWrite")
+    try:
+        if "coordinator" in data or "pendingAck" in data:
+            unknown = sorted(set(data) - {"coordinator", "pendingAck"})
+            if unknown:
+                raise ConfigError(f"{path}: unknown key(s) {unknown}")
+            return (
+                _one(_object(data.get("coordinator", {}), f"{path}: coordinator"), path),
+                _one(_object(data.get("pendingAck", {}), f"{path}: pendingAck"), path),
+            )
+        both = _one(data, path)
+        return both, both
+    except InvalidBatchedWriteConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _one(block: dict[str, Any], path: Path) -> BatchedWriteConfig:
+    if any(k in block for k in _CR_KEYS):
+        unknown = sorted(set(block) - set(_CR_KEYS))
+        if unknown:
+            raise ConfigError(f"{path}: unknown batchedWrite key(s) {unknown}; known: {sorted(_CR_KEYS)}")
+        return BatchedWriteConfig(**{_CR_KEYS[k]: v for k, v in block.items()})
+    return BatchedWriteConfig.from_stat(block)
+
+
+def _object(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be an object")
+    return value
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        data: object = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            import yaml
+        except ImportError as exc:
+            raise ConfigError(f"config file {path} is not JSON (and PyYAML is not installed)") from exc
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is neither JSON nor YAML: {exc}") from exc
+    if data is None:
+        return {}
+    return _object(data, f"config file {path}")

@@ -1,0 +1,243 @@
+"""Routes protocol commands to the coordinators and the topic service hosted on this pod.
+
+Handlers that can answer at once do so synchronously; the rest return a coroutine (the server runs
+it and replies when it completes). A pod answers only its role's commands: a store command sent to a
+coordinator pod (or the reverse) gets NOT_SERVED_HERE.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.errors import BadRequestError, NotServedHereError, UnavailableError
+from txnkeeper.protocol.server import HandlerResult, Session, require
+from txnkeeper.topic.service import TopicService
+from txnkeeper.topic.subscription import Subscription
+
+
+def _success() -> api.Command:
+    # a fresh command each time: the server stamps the request id into it
+    return api.Command(success=api.Success())
+
+
+MAX_PERMITS = 100_000
+
+
+def _txn(txn: api.TxnId) -> TxnID:
+    return TxnID(txn.most, txn.least)
+
+
+class ConsumerEndpoint:
+    """A consumer as a subscription sees it: pushes messages over its session."""
+
+    __slots__ = ("_session", "consumer_id", "subscription", "topic")
+
+    def __init__(self, session: Session, consumer_id: int, topic: str, subscription: Subscription) -> None:
+        self._session = session
+        self.consumer_id = consumer_id
+        self.topic = topic
+        self.subscription = subscription
+
+    @property
+    def connected(self) -> bool:
+        return self._session.is_open
+
+    def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
+        message = api.Message(
+            consumer_id=self.consumer_id,
+            message_id=api.MessageIdData(ledger_id=position.ledger_id, entry_id=position.entry_id),
+            payload=payload,
+            key=key,
+            redelivery_count=redelivery_count,
+            topic=self.topic,
+        )
+        self._session.push(api.Command(message=message))
+
+
+class PodHandler:
+    """The ``CommandHandler`` of a pod (either role)."""
+
+    def __init__(self, coordinators: dict[int, TransactionCoordinator], topics: TopicService | None) -> None:
+        self._coordinators = coordinators
+        self._coordinator_cycle = itertools.cycle(sorted(coordinators)) if coordinators else None
+        self._topics = topics
+        self._consumers: dict[int, dict[int, ConsumerEndpoint]] = {}
+        coordinator_routes: dict[str, Callable[[Session, api.Command], HandlerResult]] = {
+            "new_txn": self._new_txn,
+            "add_partition": self._add_partition,
+            "add_subscription": self._add_subscription,
+            "end_txn": self._end_txn,
+            "get_txn_status": self._get_txn_status,
+        }
+        store_routes: dict[str, Callable[[Session, api.Command], HandlerResult]] = {
+            "produce": self._produce,
+            "subscribe": self._subscribe,
+            "flow": self._flow,
+            "close_consumer": self._close_consumer,
+            "redeliver": self._redeliver,
+            "ack": self._ack,
+            "end_txn_on_partition": self._end_on_partition,
+            "end_txn_on_subscription": self._end_on_subscription,
+        }
+        self._routes = {**coordinator_routes, **store_routes}
+        self._role_of = {name: "coordinator" for name in coordinator_routes} | {
+            name: "store" for name in store_routes
+        }
+
+    # --- CommandHandler ----------------------------------------------------------------------------
+    def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult:
+        route = self._routes.get(body_name)
+        if route is None:
+            raise BadRequestError(f"'{body_name}' is not a request a server accepts")
+        return route(session, command)
+
+    def session_closed(self, session: Session) -> None:
+        for endpoint in self._consumers.pop(session.session_id, {}).values():
+            endpoint.subscription.remove_consumer(endpoint.consumer_id)
+
+    # --- coordinator role --------------------------------------------------------------------------
+    def _coordinator(self, most: int) -> TransactionCoordinator:
+        coordinator = self._coordinators.get(most)
+        if coordinator is None:
+            if not self._coordinators:
+                raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
+            raise NotServedHereError(f"coordinator {most} is not hosted on this pod")
+        return coordinator
+
+    def _new_txn(self, session: Session, command: api.Command) -> HandlerResult:
+        if self._coordinator_cycle is None:
+            raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
+        coordinator = self._coordinators[next(self._coordinator_cycle)]
+        return self._new_txn_async(coordinator, command.new_txn.timeout_ms)
+
+    async def _new_txn_async(self, coordinator: TransactionCoordinator, timeout_ms: int) -> api.Command:
+        txn_id = await coordinator.new_txn(timeout_ms)
+        return api.Command(
+            new_txn_response=api.NewTxnResponse(txn_id=api.TxnId(most=txn_id.most, least=txn_id.least))
+        )
+
+    def _add_partition(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.add_partition
+        coordinator = self._coordinator(body.txn_id.most)
+        return self._ok(coordinator.add_partitions(_txn(body.txn_id), list(body.topics), body.store_address))
+
+    def _add_subscription(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.add_subscription
+        coordinator = self._coordinator(body.txn_id.most)
+        subs = [(s.topic, s.subscription) for s in body.subscriptions]
+        return self._ok(coordinator.add_subscriptions(_txn(body.txn_id), subs, body.store_address))
+
+    def _end_txn(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.end_txn
+        coordinator = self._coordinator(body.txn_id.most)
+        return self._ok(coordinator.end_txn(_txn(body.txn_id), body.action == api.COMMIT))
+
+    def _get_txn_status(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.get_txn_status
+        status = self._coordinator(body.txn_id.most).status_of(_txn(body.txn_id))
+        return api.Command(txn_status=api.TxnStatusResponse(status=status))
+
+    # --- store role --------------------------------------------------------------------------------
+    def _store(self) -> TopicService:
+        if self._topics is None:
+            raise NotServedHereError("this pod serves no topics (role coordinator)")
+        if not self._topics.recovered:
+            raise UnavailableError("store is still recovering")
+        return self._topics
+
+    def _produce(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.produce
+        topics = self._store()
+        txn = _txn(body.txn_id) if body.HasField("txn_id") else None
+        return self._produce_async(topics, body.topic, body.payload, body.key, txn)
+
+    @staticmethod
+    async def _produce_async(
+        topics: TopicService, topic: str, payload: bytes, key: str, txn: TxnID | None
+    ) -> api.Command:
+        position = await topics.publish(topic, payload, key, txn)
+        return api.Command(
+            produce_receipt=api.ProduceReceipt(
+                message_id=api.MessageIdData(ledger_id=position.ledger_id, entry_id=position.entry_id)
+            )
+        )
+
+    def _subscribe(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.subscribe
+        topics = self._store()
+        require(0 < body.permits <= MAX_PERMITS, f"subscribe permits must be in 1..{MAX_PERMITS}")
+        consumers = self._consumers.setdefault(session.session_id, {})
+        require(
+            body.consumer_id not in consumers,
+            f"consumer id {body.consumer_id} already in use on this connection",
+        )
+        return self._subscribe_async(session, topics, body)
+
+    async def _subscribe_async(
+        self, session: Session, topics: TopicService, body: api.Subscribe
+    ) -> api.Command:
+        topic, consumer_id = body.topic, body.consumer_id
+        subscription = await topics.subscription(topic, body.subscription)
+        if not session.is_open:
+            return _success()
+        endpoint = ConsumerEndpoint(session, consumer_id, topic, subscription)
+        subscription.add_consumer(endpoint, body.permits)
+        self._consumers.setdefault(session.session_id, {})[consumer_id] = endpoint
+        return _success()
+
+    def _endpoint(self, session: Session, consumer_id: int) -> ConsumerEndpoint:
+        endpoint = self._consumers.get(session.session_id, {}).get(consumer_id)
+        if endpoint is None:
+            raise BadRequestError(f"consumer {consumer_id} is not subscribed on this connection")
+        return endpoint
+
+    def _flow(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.flow
+        endpoint = self._consumers.get(session.session_id, {}).get(body.consumer_id)
+        if endpoint is not None:
+            endpoint.subscription.flow(body.consumer_id, min(body.permits, MAX_PERMITS))
+        return None
+
+    def _close_consumer(self, session: Session, command: api.Command) -> HandlerResult:
+        consumer_id = command.close_consumer.consumer_id
+        endpoint = self._consumers.get(session.session_id, {}).pop(consumer_id, None)
+        if endpoint is not None:
+            endpoint.subscription.remove_consumer(consumer_id)
+        return _success()
+
+    def _redeliver(self, session: Session, command: api.Command) -> HandlerResult:
+        endpoint = self._endpoint(session, command.redeliver.consumer_id)
+        endpoint.subscription.redeliver_unacknowledged(endpoint.consumer_id)
+        return _success()
+
+    def _ack(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.ack
+        endpoint = self._endpoint(session, body.consumer_id)
+        require(len(body.message_ids) > 0, "ack names no message")
+        positions = [Position(m.ledger_id, m.entry_id) for m in body.message_ids]
+        txn = _txn(body.txn_id) if body.HasField("txn_id") else None
+        return self._ok(endpoint.subscription.ack(positions, body.ack_type == api.CUMULATIVE, txn))
+
+    def _end_on_partition(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.end_txn_on_partition
+        topics = self._store()
+        return self._ok(topics.end_txn_on_partition(body.topic, _txn(body.txn_id), body.action == api.COMMIT))
+
+    def _end_on_subscription(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.end_txn_on_subscription
+        topics = self._store()
+        commit = body.action == api.COMMIT
+        return self._ok(
+            topics.end_txn_on_subscription(body.topic, body.subscription, _txn(body.txn_id), commit)
+        )
+
+    @staticmethod
+    async def _ok(work: Coroutine[Any, Any, None]) -> api.Command:
+        await work
+        return _success()

@@ -1,0 +1,290 @@
+"""The runtime of one pod: opens its stores, recovers its services, serves the protocol and admin API.
+
+Start order matters for readiness: the admin API comes up first (``/health`` answers, ``/ready`` says
+why not yet), then every store is opened and replayed and the services recover, then the client port
+listens; only then is the pod ready. Close runs the other way and flushes every writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from txnkeeper.admin.app import build_admin_app
+from txnkeeper.admin.views import FormatLevelRefusal, StoreView
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.coordinator.recovery import highest_sequence, recovered_transactions
+from txnkeeper.coordinator.routes import RouteTable
+from txnkeeper.coordinator.sequence import SequenceAllocator
+from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.pendingack import PendingAckStore
+from txnkeeper.protocol.rpc import split_address
+from txnkeeper.protocol.server import ProtocolServer
+from txnkeeper.release import BATCHED_LEVEL, format_level
+from txnkeeper.server.config import ServeConfig
+from txnkeeper.server.handler import PodHandler
+from txnkeeper.server.peers import StorePeers
+from txnkeeper.server.store_views import PendingAckView, TxnLogView
+from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
+from txnkeeper.topic.service import TopicLedger, TopicService
+from txnkeeper.txnlog import TransactionLogStore
+
+log = logging.getLogger(__name__)
+
+
+class PodRuntime:
+    """Everything one ``txnkeeper serve`` process runs (implements the admin API's ``PodView``)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.pod_name = config.pod_name
+        self.role = config.role
+        self.release = config.release
+        self.format_level = format_level(config.release)
+        self._txnlog_batch = config.txnlog_batch
+        self._pending_ack_batch = config.pending_ack_batch
+        if self.format_level < BATCHED_LEVEL:
+            # A level-1 release cannot write batched entries: start with batching off, whatever was asked.
+            if self._txnlog_batch.enabled or self._pending_ack_batch.enabled:
+                log.warning("release %s is format level 1: batched writes stay disabled", config.release)
+            self._txnlog_batch = BatchedWriteConfig(**{**self._txnlog_batch.__dict__, "enabled": False})
+            self._pending_ack_batch = BatchedWriteConfig(
+                **{**self._pending_ack_batch.__dict__, "enabled": False}
+            )
+        self._factory: ManagedLedgerFactory | None = None
+        self._txn_logs: dict[int, TransactionLogStore] = {}
+        self.coordinators: dict[int, TransactionCoordinator] = {}
+        self.topics: TopicService | None = None
+        self._peers = StorePeers()
+        self._protocol: ProtocolServer | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self._admin_site: web.TCPSite | None = None
+        self._not_ready = "starting"
+        self._collector: _PodCollector | None = None
+        self.client_address = ""
+        self.admin_address = ""
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._start_admin()
+        try:
+            self._not_ready = "recovering stores"
+            data = self.config.data_dir
+            data.mkdir(parents=True, exist_ok=True)
+            self._factory = ManagedLedgerFactory(data / "ledgers")
+            if self.role == "coordinator":
+                await self._start_coordinators(data / "coordinator")
+            else:
+                await self._start_store(data / "store")
+            handler = PodHandler(self.coordinators, self.topics)
+            self._protocol = ProtocolServer(handler)
+            host, port = split_address(self.config.listen)
+            await self._protocol.start(host, port)
+            self.client_address = f"{host}:{self._protocol.port}"
+            self._collector = _PodCollector(self)
+            REGISTRY.register(self._collector)
+            self._write_ports_file()
+            self._not_ready = ""
+        except BaseException as exc:
+            self._not_ready = f"start failed: {exc}"
+            raise
+
+    async def _start_admin(self) -> None:
+        app = build_admin_app(self, self.config.admin_token)
+        self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._admin_runner.setup()
+        host, port = split_address(self.config.admin_listen)
+        self._admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
+        await self._admin_site.start()
+        server = self._admin_site._server
+        assert isinstance(server, asyncio.Server)
+        self.admin_address = f"{host}:{server.sockets[0].getsockname()[1]}"
+
+    async def _start_coordinators(self, state_dir: Path) -> None:
+        assert self._factory is not None
+        routes = RouteTable(state_dir / "routes.json")
+        routes.load()
+        for coordinator_id in self.config.coordinator_ids:
+            store = await TransactionLogStore.open(
+                self._factory, coordinator_id, self._txnlog_batch, self.format_level
+            )
+            self._txn_logs[coordinator_id] = store
+            replayed = await store.replay()
+            sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
+            sequence.load(highest_sequence(replayed, coordinator_id))
+            coordinator = TransactionCoordinator(coordinator_id, store, sequence, routes, self._peers)
+            coordinator.recover(recovered_transactions(replayed))
+            self.coordinators[coordinator_id] = coordinator
+
+    async def _start_store(self, state_dir: Path) -> None:
+        factory = self._factory
+        assert factory is not None
+
+        async def open_ledger(topic: str) -> TopicLedger:
+            return await factory.open(topic)
+
+        async def open_pending_ack(topic: str, subscription: str) -> PendingAckLogAdapter:
+            store = await PendingAckStore.open(
+                factory, topic, subscription, self._pending_ack_batch, self.format_level
+            )
+            return PendingAckLogAdapter(store)
+
+        self.topics = TopicService(state_dir / "subscriptions.json", open_ledger, open_pending_ack)
+        await self.topics.recover()
+
+    def _write_ports_file(self) -> None:
+        path = self.config.ports_file
+        if path is None:
+            return
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"listen": self.client_address, "admin": self.admin_address}))
+        tmp.replace(path)
+
+    async def close(self) -> None:
+        """Graceful: stop taking requests, stop services, flush and close every store."""
+        self._not_ready = "shutting down"
+        if self._collector is not None:
+            REGISTRY.unregister(self._collector)
+            self._collector = None
+        if self._protocol is not None:
+            await self._protocol.close()
+        for coordinator in self.coordinators.values():
+            await coordinator.close()
+        await self._peers.close()
+        if self.topics is not None:
+            await self.topics.close()
+        for store in self._txn_logs.values():
+            await store.close()
+        if self._factory is not None:
+            await self._factory.close()
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+
+    # --- PodView -----------------------------------------------------------------------------------
+    def readiness(self) -> str | None:
+        if self._not_ready:
+            return self._not_ready
+        if self._protocol is None or not self._protocol.listening:
+            return "client port is not listening"
+        return None
+
+    def stores(self) -> list[StoreView]:
+        views: list[StoreView] = [TxnLogView(s) for _, s in sorted(self._txn_logs.items())]
+        views += [PendingAckView(a.store) for _, a in sorted(self._pending_ack_adapters().items())]
+        return views
+
+    def _pending_ack_adapters(self) -> dict[tuple[str, str], PendingAckLogAdapter]:
+        if self.topics is None:
+            return {}
+        return {
+            k: v for k, v in self.topics.pending_ack_handles().items() if isinstance(v, PendingAckLogAdapter)
+        }
+
+    def coordinator_array(self) -> list[dict[str, Any]]:
+        result = []
+        for coordinator_id, store in sorted(self._txn_logs.items()):
+            coordinator = self.coordinators.get(coordinator_id)
+            result.append(
+                {
+                    "coordinatorId": coordinator_id,
+                    "state": coordinator.state if coordinator else "None",
+                    "leastSigBits": coordinator.least_sig_bits if coordinator else 0,
+                    "ongoingTxnSize": coordinator.ongoing_count if coordinator else 0,
+                    "transactionLogBatchedWriteStat": store.batched_write_stat(),
+                }
+            )
+        return result
+
+    def subscription_array(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "topic": topic,
+                "subscription": sub,
+                "transactionPendingAckBatchedWriteStat": a.store.batched_write_stat(),
+            }
+            for (topic, sub), a in sorted(self._pending_ack_adapters().items())
+        ]
+
+    def batch_log_configs(self) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:
+        return self._txnlog_batch, self._pending_ack_batch
+
+    async def set_batch_log(self, txnlog: BatchedWriteConfig, pending_ack: BatchedWriteConfig) -> None:
+        if self.format_level < BATCHED_LEVEL and (txnlog.enabled or pending_ack.enabled):
+            raise FormatLevelRefusal(
+                f"release {self.release} runs at format level {self.format_level}: it cannot write batched"
+                " entries; upgrade this pod to a 2.x release before enabling the batch log"
+            )
+        self._txnlog_batch = txnlog
+        self._pending_ack_batch = pending_ack
+        for store in self._txn_logs.values():
+            await store.configure(txnlog)
+        for adapter in self._pending_ack_adapters().values():
+            await adapter.store.configure(pending_ack)
+
+    def coordinator_log(self, coordinator_id: int) -> StoreView | None:
+        store = self._txn_logs.get(coordinator_id)
+        return TxnLogView(store) if store is not None else None
+
+    def pending_ack_log(self, topic: str, subscription: str) -> StoreView | None:
+        adapter = self._pending_ack_adapters().get((topic, subscription))
+        return PendingAckView(adapter.store) if adapter is not None else None
+
+    def metrics_text(self) -> bytes:
+        return generate_latest(REGISTRY)
+
+
+class _PodCollector(Collector):
+    """txnkeeper's own service metrics, read from the live objects at scrape time."""
+
+    def __init__(self, pod: PodRuntime) -> None:
+        self._pod = pod
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        pod = self._pod
+        if pod.coordinators:
+            ongoing = GaugeMetricFamily(
+                "txnkeeper_coordinator_ongoing_transactions", "Open or ending", labels=["coordinator_id"]
+            )
+            created = CounterMetricFamily(
+                "txnkeeper_coordinator_created_transactions", "Begun", labels=["coordinator_id"]
+            )
+            committed = CounterMetricFamily(
+                "txnkeeper_coordinator_committed_transactions", "Committed", labels=["coordinator_id"]
+            )
+            aborted = CounterMetricFamily(
+                "txnkeeper_coordinator_aborted_transactions", "Aborted", labels=["coordinator_id"]
+            )
+            timed_out = CounterMetricFamily(
+                "txnkeeper_coordinator_timed_out_transactions",
+                "Aborted by timeout",
+                labels=["coordinator_id"],
+            )
+            for cid, c in pod.coordinators.items():
+                label = [str(cid)]
+                ongoing.add_metric(label, c.ongoing_count)
+                created.add_metric(label, c.created_count)
+                committed.add_metric(label, c.committed_count)
+                aborted.add_metric(label, c.aborted_count)
+                timed_out.add_metric(label, c.timed_out_count)
+            yield from (ongoing, created, committed, aborted, timed_out)
+        if pod.topics is not None:
+            published = CounterMetricFamily(
+                "txnkeeper_topic_published_messages", "Messages written", labels=["topic"]
+            )
+            open_txns = GaugeMetricFamily(
+                "txnkeeper_topic_ongoing_transactions", "Unresolved txns", labels=["topic"]
+            )
+            for topic, partition in pod.topics.partitions().items():
+                published.add_metric([topic], partition.published_count)
+                open_txns.add_metric([topic], partition.buffer.ongoing)
+            yield from (published, open_txns)

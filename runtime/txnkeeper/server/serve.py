@@ -1,0 +1,140 @@
+"""``txnkeeper serve``: run one pod's runtime until SIGTERM (contracts §6).
+
+Every flag has a ``TXNKEEPER_*`` environment equivalent (the operator's StatefulSet sets env); the
+flag wins when both are given. SIGTERM/SIGINT close gracefully: writers flush, ledgers close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from txnkeeper import __version__
+from txnkeeper.admin.auth import load_admin_token
+from txnkeeper.release import UnknownReleaseError, format_level
+from txnkeeper.server.config import (
+    ROLES,
+    ConfigError,
+    ServeConfig,
+    batch_configs,
+    coordinator_ids,
+    default_pod_name,
+    env,
+)
+
+log = logging.getLogger("txnkeeper.serve")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run a coordinator or store pod runtime",
+        description="Run one pod: transaction coordinators (role coordinator) or topics, subscriptions and "
+        "their pending-ack stores (role store). Flags default to TXNKEEPER_<FLAG> environment variables.",
+    )
+    parser.add_argument("--role", choices=ROLES, default=env("ROLE"))
+    parser.add_argument("--data-dir", type=Path, default=env("DATA_DIR"))
+    parser.add_argument(
+        "--release", default=env("RELEASE", __version__ if __version__ != "0.0.0" else "2.0.0")
+    )
+    parser.add_argument("--listen", default=env("LISTEN", "0.0.0.0:6650"), help="client protocol host:port")
+    parser.add_argument(
+        "--admin-listen", default=env("ADMIN_LISTEN", "0.0.0.0:8080"), help="admin API host:port"
+    )
+    parser.add_argument("--pod-name", default=env("POD_NAME"))
+    parser.add_argument("--coordinators", type=int, default=_int_env("COORDINATORS"))
+    parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"))
+    parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
+    parser.add_argument(
+        "--config", type=Path, default=_path_env("CONFIG"), help="JSON/YAML batchedWrite settings"
+    )
+    parser.add_argument(
+        "--ports-file",
+        type=Path,
+        default=_path_env("PORTS_FILE"),
+        help="write {listen, admin} bound addresses here once ready (useful with port 0)",
+    )
+    parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    parser.set_defaults(func=run)
+
+
+def _int_env(name: str) -> int | None:
+    value = env(name)
+    return int(value) if value is not None else None
+
+
+def _path_env(name: str) -> Path | None:
+    value = env(name)
+    return Path(value) if value is not None else None
+
+
+def build_config(ns: argparse.Namespace) -> ServeConfig:
+    if ns.role is None:
+        raise ConfigError("--role (or TXNKEEPER_ROLE) is required: coordinator or store")
+    if ns.data_dir is None:
+        raise ConfigError("--data-dir (or TXNKEEPER_DATA_DIR) is required")
+    try:
+        format_level(ns.release)
+    except UnknownReleaseError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        token = load_admin_token(ns.admin_token_file)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    txnlog_batch, pending_ack_batch = batch_configs(ns.config)
+    return ServeConfig(
+        role=ns.role,
+        data_dir=ns.data_dir,
+        release=ns.release,
+        listen=ns.listen,
+        admin_listen=ns.admin_listen,
+        pod_name=ns.pod_name or default_pod_name(),
+        coordinator_ids=coordinator_ids(ns.coordinators, ns.coordinator_ids),
+        admin_token=token,
+        txnlog_batch=txnlog_batch,
+        pending_ack_batch=pending_ack_batch,
+        ports_file=ns.ports_file,
+    )
+
+
+def run(ns: argparse.Namespace) -> int:
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = build_config(ns)
+    except ConfigError as exc:
+        print(f"txnkeeper serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: ServeConfig) -> int:
+    from txnkeeper.server.pod import PodRuntime
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    pod = PodRuntime(config)
+    try:
+        await pod.start()
+    except Exception as exc:
+        log.error("pod %s failed to start: %s", config.pod_name, exc)
+        await pod.close()
+        return 1
+    log.info(
+        "pod %s (%s, release %s, format level %d) ready: client %s, admin %s",
+        config.pod_name,
+        config.role,
+        config.release,
+        pod.format_level,
+        pod.client_address,
+        pod.admin_address,
+    )
+    await stop.wait()
+    log.info("pod %s closing", config.pod_name)
+    await pod.close()
+    return 0

@@ -1,0 +1,130 @@
+"""One topic partition: a managed ledger of messages and transaction markers, its transaction buffer
+and its subscriptions.
+
+Writes are acknowledged only once durable (the ledger group-commits them). A transaction ends on the
+partition by a marker entry, written once (idempotent), so a restart replays the outcome; messages
+for a transaction that already ended here are refused, which fences zombie producers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Entry, Position
+from txnkeeper.protocol.errors import InvalidTxnStatusError
+from txnkeeper.topic.records import decode, encode_data, encode_marker
+from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.txnbuffer import TransactionBuffer
+
+REPLAY_BATCH = 1000
+
+
+class PartitionLedger(Protocol):
+    """The managed-ledger operations a partition uses (contracts §1)."""
+
+    name: str
+
+    async def add_entry(self, data: bytes) -> Position: ...
+
+    async def read_entries(self, start: Position, max_entries: int) -> list[Entry]: ...
+
+    def ledger_ids(self) -> list[int]: ...
+
+    def last_confirmed_entry(self) -> Position | None: ...
+
+
+class Partition:
+    """A partition and everything that reads from it."""
+
+    def __init__(self, topic: str, ledger: PartitionLedger) -> None:
+        self.topic = topic
+        self.ledger = ledger
+        self.buffer = TransactionBuffer()
+        self.subscriptions: dict[str, Subscription] = {}
+        self._ending: dict[TxnID, asyncio.Future[None]] = {}
+        self.published_count = 0
+
+    async def recover(self) -> None:
+        """Rebuild the transaction buffer from the live entries (markers say how each txn ended)."""
+        after: Position | None = None
+        while True:
+            entries = await self.read_after(after, REPLAY_BATCH)
+            if not entries:
+                return
+            for position, data in entries:
+                record = decode(data, f"{self.topic}@{position}")
+                if record.txn_id is not None:
+                    if record.is_marker:
+                        self.buffer.ended(record.txn_id, record.commit)
+                    else:
+                        self.buffer.message_written(record.txn_id)
+                after = position
+
+    async def read_after(self, position: Position | None, max_entries: int) -> list[tuple[Position, bytes]]:
+        """Up to ``max_entries`` durable entries after ``position`` (None: from the oldest live entry)."""
+        if position is None:
+            ledgers = self.ledger.ledger_ids()
+            if not ledgers:
+                return []
+            start = Position(ledgers[0], 0)
+        else:
+            start = Position(position.ledger_id, position.entry_id + 1)
+        last = self.ledger.last_confirmed_entry()
+        if last is None or start > last:
+            return []
+        entries = await self.ledger.read_entries(start, max_entries)
+        return [(e.position, e.data) for e in entries]
+
+    async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
+        if txn_id is not None:
+            if not self.buffer.accepts_message(txn_id):
+                raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
+            self.buffer.message_written(txn_id)
+        position = await self.ledger.add_entry(encode_data(payload, key, txn_id, int(time.time() * 1000)))
+        self.published_count += 1
+        if txn_id is None:
+            self._notify()
+        return position
+
+    async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
+        """Write the transaction's marker (once) and let its messages be dispatched or dropped."""
+        if self.buffer.is_ended(txn_id):
+            committed = self.buffer.outcome(txn_id).value == "committed"
+            if committed != commit:
+                raise InvalidTxnStatusError(
+                    f"transaction {txn_id} already ended the other way on {self.topic}"
+                )
+            return
+        in_progress = self._ending.get(txn_id)
+        if in_progress is not None:
+            await asyncio.shield(in_progress)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending[txn_id] = done
+        self.buffer.begin_end(txn_id)
+        try:
+            await self.ledger.add_entry(encode_marker(txn_id, commit))
+        except BaseException as exc:
+            self.buffer.cancel_end(txn_id)
+            done.set_exception(exc)
+            done.exception()
+            raise
+        finally:
+            del self._ending[txn_id]
+        self.buffer.ended(txn_id, commit)
+        done.set_result(None)
+        self._notify()
+
+    def attach(self, subscription: Subscription) -> None:
+        self.subscriptions[subscription.name] = subscription
+
+    def _notify(self) -> None:
+        for subscription in self.subscriptions.values():
+            subscription.notify()
+
+    def subscription_names(self) -> Iterable[str]:
+        return self.subscriptions.keys()

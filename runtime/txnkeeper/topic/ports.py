@@ -1,0 +1,62 @@
+"""What a subscription needs from the layer below (its pending-ack log) and from the edge (consumers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+
+
+class Consumer(Protocol):
+    """A connected consumer of a subscription; ``deliver`` pushes one message to it."""
+
+    @property
+    def consumer_id(self) -> int: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None: ...
+
+
+class Cursor(Protocol):
+    """The managed-ledger cursor operations a subscription uses (contracts §1 ``ManagedCursor``)."""
+
+    def mark_delete_position(self) -> Position | None: ...
+
+    def is_deleted(self, position: Position) -> bool: ...
+
+    async def mark_delete(self, position: Position) -> None: ...
+
+    async def delete(self, positions: Iterable[Position]) -> None: ...
+
+
+class PartitionReader(Protocol):
+    """What a subscription reads from its partition (implemented by ``Partition``)."""
+
+    async def read_after(
+        self, position: Position | None, max_entries: int
+    ) -> list[tuple[Position, bytes]]: ...
+
+
+class PendingAckLog(Protocol):
+    """The subscription's pending-ack store (PendingAckMetadataEntry records)."""
+
+    async def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> None: ...
+
+    async def log_end(self, txn_id: TxnID, commit: bool) -> None: ...
+
+    async def delete_txn(self, txn_id: TxnID) -> None: ...
+
+
+@dataclass(slots=True)
+class RecoveredPendingAck:
+    """A transaction's acks as the pending-ack replay left them; ``ended``: None, True=commit, False=abort."""
+
+    txn_id: TxnID
+    individual: list[Position] = field(default_factory=list)
+    cumulative: Position | None = None
+    ended: bool | None = None

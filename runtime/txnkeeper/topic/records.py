@@ -1,0 +1,64 @@
+"""What a partition's managed ledger holds: data records and transaction markers (PartitionEntry).
+
+A marker is written when a transaction ends on the partition, so a replay after a crash knows the
+outcome from the ledger itself: a transaction whose marker is durable is wholly resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRecord:
+    """One partition entry: a message (``is_marker`` False) or a transaction marker."""
+
+    is_marker: bool
+    txn_id: TxnID | None
+    payload: bytes = b""
+    key: str = ""
+    commit: bool = False  # markers only
+
+
+def encode_data(payload: bytes, key: str, txn_id: TxnID | None, publish_time_ms: int) -> bytes:
+    record = api.DataRecord(payload=payload, key=key, publish_time_ms=publish_time_ms)
+    if txn_id is not None:
+        record.txn_id.most = txn_id.most
+        record.txn_id.least = txn_id.least
+    return api.PartitionEntry(data=record).SerializeToString()
+
+
+def encode_marker(txn_id: TxnID, commit: bool) -> bytes:
+    marker = api.TxnMarker(txn_id=api.TxnId(most=txn_id.most, least=txn_id.least))
+    marker.action = api.COMMIT if commit else api.ABORT
+    return api.PartitionEntry(marker=marker).SerializeToString()
+
+
+class CorruptRecordError(ValueError):
+    """A partition entry is not a PartitionEntry (names the position)."""
+
+
+def decode(data: bytes, where: str) -> DecodedRecord:
+    entry = api.PartitionEntry()
+    try:
+        entry.ParseFromString(data)
+    except Exception as exc:
+        raise CorruptRecordError(f"entry {where} is not a partition record: {exc}") from exc
+    kind = entry.WhichOneof("body")
+    if kind == "data":
+        data_record = entry.data
+        txn = (
+            TxnID(data_record.txn_id.most, data_record.txn_id.least)
+            if data_record.HasField("txn_id")
+            else None
+        )
+        return DecodedRecord(False, txn, data_record.payload, data_record.key)
+    if kind == "marker":
+        marker = entry.marker
+        return DecodedRecord(
+            True, TxnID(marker.txn_id.most, marker.txn_id.least), commit=marker.action == api.COMMIT
+        )
+    raise CorruptRecordError(f"entry {where} holds neither a message nor a marker")

@@ -1,0 +1,183 @@
+"""The store role's topic service: opens partitions and subscriptions on demand and after a restart.
+
+Partitions and subscriptions are created on first use; a small durable registry (topic -> its
+subscriptions) lets a restarted pod reopen every subscription's cursor and pending-ack store before it
+reports ready, so pending acks are known before any consumer can be served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol, TypeVar, cast
+
+from txnkeeper.coordinator.sequence import write_atomically
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.protocol.errors import BadRequestError, NotServedHereError
+from txnkeeper.topic.partition import Partition, PartitionLedger
+from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
+from txnkeeper.topic.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+PENDING_ACK_SUFFIX = "__transaction_pending_ack"
+MAX_NAME = 512
+T = TypeVar("T")
+
+
+class TopicLedger(PartitionLedger, Protocol):
+    async def open_cursor(self, name: str) -> Cursor: ...
+
+
+class PendingAckHandle(PendingAckLog, Protocol):
+    """A subscription's opened pending-ack store as the topic service uses it."""
+
+    async def recovered(self) -> list[RecoveredPendingAck]: ...
+
+    async def close(self) -> None: ...
+
+
+LedgerOpener = Callable[[str], Awaitable[TopicLedger]]
+PendingAckOpener = Callable[[str, str], Awaitable[PendingAckHandle]]
+
+
+def validate_name(kind: str, name: str) -> None:
+    if not name or len(name) > MAX_NAME or any(ord(c) < 32 for c in name):
+        raise BadRequestError(f"{kind} name {name!r} must be 1..{MAX_NAME} printable characters")
+    if name.endswith(PENDING_ACK_SUFFIX):
+        raise BadRequestError(f"{kind} name {name!r} may not end with {PENDING_ACK_SUFFIX}")
+
+
+class TopicService:
+    """All partitions and subscriptions of one store pod."""
+
+    def __init__(
+        self, registry_path: Path, open_ledger: LedgerOpener, open_pending_ack: PendingAckOpener
+    ) -> None:
+        self._registry_path = registry_path
+        self._open_ledger = open_ledger
+        self._open_pending_ack = open_pending_ack
+        self._partitions: dict[str, Partition] = {}
+        self._ledgers: dict[str, TopicLedger] = {}
+        self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        self._pending_acks: dict[tuple[str, str], PendingAckHandle] = {}
+        self._opening: dict[object, asyncio.Future[object]] = {}
+        self._registry: dict[str, list[str]] = {}
+        self._registry_lock = asyncio.Lock()
+        self.recovered = False
+
+    async def recover(self) -> None:
+        if self._registry_path.exists():
+            data = json.loads(self._registry_path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"subscription registry {self._registry_path} is not a JSON object")
+            self._registry = {str(t): [str(s) for s in subs] for t, subs in data.items()}
+        for topic, subs in self._registry.items():
+            await self.partition(topic)
+            for sub in subs:
+                await self.subscription(topic, sub)
+        self.recovered = True
+
+    async def close(self) -> None:
+        for subscription in self._subscriptions.values():
+            await subscription.close()
+        for handle in self._pending_acks.values():
+            await handle.close()
+
+    # --- lookup/creation ---------------------------------------------------------------------------
+    async def partition(self, topic: str) -> Partition:
+        existing = self._partitions.get(topic)
+        if existing is not None:
+            return existing
+        validate_name("topic", topic)
+        return await self._single_flight(("p", topic), lambda: self._create_partition(topic))
+
+    async def subscription(self, topic: str, name: str) -> Subscription:
+        existing = self._subscriptions.get((topic, name))
+        if existing is not None:
+            return existing
+        validate_name("subscription", name)
+        return await self._single_flight(("s", topic, name), lambda: self._create_subscription(topic, name))
+
+    def existing_subscription(self, topic: str, name: str) -> Subscription | None:
+        return self._subscriptions.get((topic, name))
+
+    def partitions(self) -> dict[str, Partition]:
+        return self._partitions
+
+    def pending_ack_handles(self) -> dict[tuple[str, str], PendingAckHandle]:
+        return self._pending_acks
+
+    async def _single_flight(self, key: object, make: Callable[[], Awaitable[T]]) -> T:
+        opening = self._opening.get(key)
+        if opening is not None:
+            return cast(T, await asyncio.shield(opening))
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._opening[key] = future
+        try:
+            value = await make()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._opening[key]
+        future.set_result(value)
+        return value
+
+    async def _create_partition(self, topic: str) -> Partition:
+        ledger = await self._open_ledger(topic)
+        self._ledgers[topic] = ledger
+        partition = Partition(topic, ledger)
+        await partition.recover()
+        self._partitions[topic] = partition
+        return partition
+
+    async def _create_subscription(self, topic: str, name: str) -> Subscription:
+        partition = await self.partition(topic)
+        await self._register(topic, name)
+        cursor = await self._ledgers[topic].open_cursor(name)
+        handle = await self._open_pending_ack(topic, name)
+        subscription = Subscription(
+            topic, name, reader=partition, cursor=cursor, buffer=partition.buffer, pending_log=handle
+        )
+        await subscription.recover(await handle.recovered())
+        self._pending_acks[(topic, name)] = handle
+        self._subscriptions[(topic, name)] = subscription
+        partition.attach(subscription)
+        subscription.start()
+        return subscription
+
+    async def _register(self, topic: str, name: str) -> None:
+        if name in self._registry.get(topic, []):
+            return
+        async with self._registry_lock:
+            updated = {t: list(s) for t, s in self._registry.items()}
+            subs = updated.setdefault(topic, [])
+            if name not in subs:
+                subs.append(name)
+                await asyncio.to_thread(
+                    write_atomically, self._registry_path, json.dumps(updated, sort_keys=True)
+                )
+            self._registry = updated
+
+    # --- operations ----------------------------------------------------------------------------------
+    async def publish(self, topic: str, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
+        partition = await self.partition(topic)
+        return await partition.publish(payload, key, txn_id)
+
+    async def end_txn_on_partition(self, topic: str, txn_id: TxnID, commit: bool) -> None:
+        partition = await self.partition(topic)
+        await partition.end_txn(txn_id, commit)
+
+    async def end_txn_on_subscription(self, topic: str, name: str, txn_id: TxnID, commit: bool) -> None:
+        subscription = await self.subscription(topic, name)
+        await subscription.end_txn(txn_id, commit)
+
+    def require_recovered(self) -> None:
+        if not self.recovered:
+            raise NotServedHereError("store is still recovering")

@@ -1,0 +1,343 @@
+"""A subscription: a durable cursor on a partition, shared consumers, plain and transactional acks.
+
+Dispatch runs in one task per subscription, woken when something may have become deliverable (a
+write, a transaction end, permits, a redelivery). It reads entries in order from the read position,
+skips markers and aborted messages (acknowledging them so the cursor can advance), stops at the first
+message of an unresolved transaction (the transaction buffer's order rule), and never hands out a
+message that is deleted or pending in a transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.protocol.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
+from txnkeeper.topic.pending_acks import PendingAcks
+from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
+from txnkeeper.topic.records import decode
+from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 256
+ENDED_MEMORY = 100_000
+
+
+@dataclass(slots=True)
+class _Unacked:
+    consumer_id: int
+    payload: bytes
+    key: str
+
+
+class Subscription:
+    """One named subscription of one partition."""
+
+    def __init__(
+        self,
+        topic: str,
+        name: str,
+        *,
+        reader: PartitionReader,
+        cursor: Cursor,
+        buffer: TransactionBuffer,
+        pending_log: PendingAckLog,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self._reader = reader
+        self._cursor = cursor
+        self._buffer = buffer
+        self._pending_log = pending_log
+        self._pending = PendingAcks()
+        self._consumers: OrderedDict[int, Consumer] = OrderedDict()
+        self._permits: dict[int, int] = {}
+        self._unacked: dict[Position, _Unacked] = {}
+        self._redeliver: dict[Position, tuple[bytes, str]] = {}
+        self._redelivery_counts: dict[Position, int] = {}
+        self._read_after: Position | None = cursor.mark_delete_position()
+        self._ending: dict[TxnID, asyncio.Future[None]] = {}
+        self._ended: OrderedDict[TxnID, bool] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.delivered_count = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def recover(self, recovered: list[RecoveredPendingAck]) -> None:
+        """Re-adopt pending acks; finish the ends the log shows decided but maybe not applied."""
+        for txn in recovered:
+            if txn.ended is None:
+                if txn.individual:
+                    self._pending.reserve(txn.txn_id, txn.individual, cumulative=False)
+                if txn.cumulative is not None:
+                    self._pending.reserve(txn.txn_id, [txn.cumulative], cumulative=True)
+                continue
+            if txn.ended:
+                await self._apply_commit(txn.individual, txn.cumulative)
+            self._remember_ended(txn.txn_id, txn.ended)
+            await self._pending_log.delete_txn(txn.txn_id)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._dispatch_forever())
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    # --- consumers ---------------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer, permits: int) -> None:
+        if consumer.consumer_id in self._consumers:
+            raise ConsumerBusyError(f"consumer id {consumer.consumer_id} already subscribed to {self.name}")
+        self._consumers[consumer.consumer_id] = consumer
+        self._permits[consumer.consumer_id] = permits
+        self._wake.set()
+
+    def remove_consumer(self, consumer_id: int) -> None:
+        """The consumer left: its unacknowledged messages go to the others."""
+        if self._consumers.pop(consumer_id, None) is None:
+            return
+        self._permits.pop(consumer_id, None)
+        self._redeliver_where(lambda u: u.consumer_id == consumer_id)
+
+    def flow(self, consumer_id: int, permits: int) -> None:
+        if consumer_id in self._permits:
+            self._permits[consumer_id] += permits
+            self._wake.set()
+
+    def redeliver_unacknowledged(self, consumer_id: int) -> None:
+        self._redeliver_where(lambda u: u.consumer_id == consumer_id)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self._consumers)
+
+    # --- acks --------------------------------------------------------------------------------------
+    async def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> None:
+        if cumulative and len(positions) != 1:
+            raise TxnConflictError("a cumulative ack names exactly one message")
+        if txn_id is None:
+            await self._plain_ack(positions, cumulative)
+        else:
+            await self._txn_ack(txn_id, positions, cumulative)
+
+    async def _plain_ack(self, positions: list[Position], cumulative: bool) -> None:
+        conflict = self._pending.conflict_for_plain(positions, cumulative)
+        if conflict is not None:
+            raise TxnConflictError(conflict)
+        if cumulative:
+            (position,) = positions
+            await self._cursor_mark_delete(position)
+            for done in [p for p in self._unacked if p <= position]:
+                self._forget(done)
+        else:
+            await self._cursor_delete(positions)
+            for position in positions:
+                self._forget(position)
+
+    async def _txn_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> None:
+        if txn_id in self._ended or txn_id in self._ending:
+            raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}/{self.name}")
+        for position in positions:
+            if not cumulative and self._cursor.is_deleted(position):
+                raise TxnConflictError(f"message {position} is already acknowledged on {self.name}")
+        new = self._pending.reserve(txn_id, positions, cumulative)
+        if not new:
+            return
+        try:
+            await self._pending_log.log_ack(txn_id, new, cumulative)
+        except BaseException:
+            self._pending.unreserve(txn_id, new, cumulative)
+            raise
+        if not cumulative:
+            for position in new:
+                self._unacked.pop(position, None)
+                self._redeliver.pop(position, None)
+
+    # --- transaction end ---------------------------------------------------------------------------
+    async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
+        """Apply (commit) or drop (abort) the transaction's acks; idempotent."""
+        ended = self._ended.get(txn_id)
+        if ended is not None:
+            if ended != commit:
+                raise InvalidTxnStatusError(
+                    f"transaction {txn_id} already ended the other way on {self.name}"
+                )
+            return
+        in_progress = self._ending.get(txn_id)
+        if in_progress is not None:
+            await asyncio.shield(in_progress)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending[txn_id] = done
+        try:
+            acks = self._pending.txn_acks(txn_id)
+            if acks is not None:
+                await self._pending_log.log_end(txn_id, commit)
+                if commit:
+                    await self._apply_commit(sorted(acks.individual), acks.cumulative)
+                self._pending.release(txn_id)
+                if not commit:
+                    for position in acks.individual:
+                        self._unacked.pop(position, None)
+                        self._schedule_redelivery(position)
+                    self._wake.set()
+                await self._pending_log.delete_txn(txn_id)
+            self._remember_ended(txn_id, commit)
+            done.set_result(None)
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()
+            raise
+        finally:
+            del self._ending[txn_id]
+
+    async def _apply_commit(self, individual: list[Position], cumulative: Position | None) -> None:
+        if individual:
+            await self._cursor_delete(individual)
+            for position in individual:
+                self._forget(position)
+        if cumulative is not None:
+            await self._cursor_mark_delete(cumulative)
+            for done in [p for p in self._unacked if p <= cumulative]:
+                self._forget(done)
+
+    # --- stats ---------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        return {
+            "consumers": len(self._consumers),
+            "unackedMessages": len(self._unacked),
+            "pendingAckTxns": self._pending.txn_count,
+            "pendingAckMessages": self._pending.position_count,
+            "markDeletePosition": str(self._cursor.mark_delete_position()),
+            "readPosition": str(self._read_after),
+        }
+
+    # --- dispatch ----------------------------------------------------------------------------------
+    async def _dispatch_forever(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                while self._has_permits() and await self._dispatch_once():
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "dispatch on %s/%s failed; will retry on the next change", self.topic, self.name
+                )
+                await asyncio.sleep(0.1)
+                self._wake.set()
+
+    def _has_permits(self) -> bool:
+        return any(p > 0 for p in self._permits.values())
+
+    async def _dispatch_once(self) -> bool:
+        """Deliver what can be delivered now; True if another pass may deliver more."""
+        if self._redeliver:
+            for position in sorted(self._redeliver):
+                if not self._has_permits():
+                    return False
+                payload, key = self._redeliver.pop(position)
+                if self._deliverable(position):
+                    self._deliver(position, payload, key)
+        budget = min(READ_BATCH, sum(p for p in self._permits.values() if p > 0))
+        if budget <= 0:
+            return False
+        entries = await self._reader.read_after(self._read_after, budget)
+        if not entries:
+            return False
+        auto_ack: list[Position] = []
+        progressed = False
+        for position, data in entries:
+            record = decode(data, f"{self.topic}@{position}")
+            if record.is_marker:
+                auto_ack.append(position)
+            elif record.txn_id is not None:
+                outcome = self._buffer.outcome(record.txn_id)
+                if outcome is TxnOutcome.OPEN:
+                    break
+                if outcome is TxnOutcome.ABORTED:
+                    auto_ack.append(position)
+                elif self._deliverable(position):
+                    if not self._has_permits():
+                        break
+                    self._deliver(position, record.payload, record.key)
+            elif self._deliverable(position):
+                if not self._has_permits():
+                    break
+                self._deliver(position, record.payload, record.key)
+            self._read_after = position
+            progressed = True
+        if auto_ack:
+            await self._cursor_delete(auto_ack)
+        return progressed
+
+    def _deliverable(self, position: Position) -> bool:
+        return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)
+
+    def _deliver(self, position: Position, payload: bytes, key: str) -> None:
+        for consumer_id, consumer in list(self._consumers.items()):
+            if self._permits.get(consumer_id, 0) > 0 and consumer.connected:
+                self._permits[consumer_id] -= 1
+                # round robin: the chosen consumer goes to the back
+                self._consumers.move_to_end(consumer_id)
+                self._unacked[position] = _Unacked(consumer_id, payload, key)
+                consumer.deliver(position, payload, key, self._redelivery_counts.get(position, 0))
+                self.delivered_count += 1
+                return
+        self._redeliver[position] = (payload, key)
+
+    def _schedule_redelivery(self, position: Position) -> None:
+        unacked = self._unacked.pop(position, None)
+        if unacked is not None:
+            self._redeliver[position] = (unacked.payload, unacked.key)
+            self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
+            return
+        # Not cached (e.g. after a restart): re-read by rewinding the read position.
+        self._rewind_to(position)
+
+    def _rewind_to(self, position: Position) -> None:
+        previous = Position(position.ledger_id, position.entry_id - 1)
+        if self._read_after is None or previous < self._read_after:
+            self._read_after = previous
+        self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
+
+    def _redeliver_where(self, predicate: Callable[[_Unacked], bool]) -> None:
+        for position in [p for p, u in self._unacked.items() if predicate(u)]:
+            unacked = self._unacked.pop(position)
+            self._redeliver[position] = (unacked.payload, unacked.key)
+            self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
+        self._wake.set()
+
+    def _forget(self, position: Position) -> None:
+        self._unacked.pop(position, None)
+        self._redeliver.pop(position, None)
+        self._redelivery_counts.pop(position, None)
+
+    def _remember_ended(self, txn_id: TxnID, commit: bool) -> None:
+        self._ended[txn_id] = commit
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    async def _cursor_delete(self, positions: list[Position]) -> None:
+        await self._cursor.delete(positions)
+
+    async def _cursor_mark_delete(self, position: Position) -> None:
+        current = self._cursor.mark_delete_position()
+        if current is not None and position <= current:
+            return
+        await self._cursor.mark_delete(position)

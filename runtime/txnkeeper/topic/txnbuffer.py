@@ -1,0 +1,70 @@
+"""The transaction buffer of one partition: which transactions' messages may be dispatched.
+
+Rules (Pulsar's): a message of an open transaction is never dispatched, and neither is anything after
+it in the partition until that transaction resolves (per-partition order); committed transactions'
+messages are dispatched at their original positions; aborted ones never. Pure state, no I/O: the
+partition feeds it what it writes and replays.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from enum import Enum
+
+from txnkeeper.coordinator.txnid import TxnID
+
+ENDED_MEMORY = 1_000_000
+
+
+class TxnOutcome(Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class TransactionBuffer:
+    """Outcome of every transaction that wrote to this partition (bounded memory of ended ones)."""
+
+    def __init__(self) -> None:
+        self._open: set[TxnID] = set()
+        self._ended: OrderedDict[TxnID, bool] = OrderedDict()  # txn -> committed?
+        self._ending: set[TxnID] = set()
+
+    def outcome(self, txn_id: TxnID) -> TxnOutcome:
+        committed = self._ended.get(txn_id)
+        if committed is None:
+            return TxnOutcome.OPEN
+        return TxnOutcome.COMMITTED if committed else TxnOutcome.ABORTED
+
+    def accepts_message(self, txn_id: TxnID) -> bool:
+        """A transaction that ended (or is ending) here takes no more messages (zombie producers)."""
+        return txn_id not in self._ended and txn_id not in self._ending
+
+    def message_written(self, txn_id: TxnID) -> None:
+        if txn_id not in self._ended:
+            self._open.add(txn_id)
+
+    def is_ended(self, txn_id: TxnID) -> bool:
+        return txn_id in self._ended
+
+    def begin_end(self, txn_id: TxnID) -> None:
+        self._ending.add(txn_id)
+
+    def cancel_end(self, txn_id: TxnID) -> None:
+        self._ending.discard(txn_id)
+
+    def ended(self, txn_id: TxnID, committed: bool) -> None:
+        self._ending.discard(txn_id)
+        self._open.discard(txn_id)
+        self._ended[txn_id] = committed
+        self._ended.move_to_end(txn_id)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    @property
+    def ongoing(self) -> int:
+        return len(self._open)
+
+    @property
+    def ended_count(self) -> int:
+        return len(self._ended)
