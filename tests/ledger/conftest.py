@@ -57,10 +57,10 @@ class FaultyIO(FileIO):
         super().write_file_atomically(path, data)
 
 
-async def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Wait until ``condition()`` holds, failing after ``timeout`` seconds (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
+async def wait_for(condition: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
+    """Wait until ``condition()`` holds, failing after ``within`` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.005)

@@ -104,7 +104,9 @@ async def test_bad_input_is_refused_with_a_clear_error(factory: ManagedLedgerFac
         Position.parse("12")
 
 
-@pytest.mark.parametrize("name", ["persistent://t/ns/a", ".", "..", "a b/%c", "ünïcode", "__transaction_log_0"])
+@pytest.mark.parametrize(
+    "name", ["persistent://t/ns/a", ".", "..", "a b/%c", "ünïcode", "__transaction_log_0"]
+)
 def test_names_round_trip_to_one_safe_path_component(name: str) -> None:
     encoded = encode_name(name)
     assert "/" not in encoded and encoded not in (".", "..")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,18 @@ async def test_cursor_state_survives_reopen(tmp_path: Path) -> None:
     cursor = await ml.open_cursor("persistent://t/ns/topic-sub")
     assert cursor.stats() == before
     assert cursor.mark_delete_position() == ps[1]
-    assert [cursor.is_deleted(p) for p in ps] == [True, True, False, False, True, True, False, False, True, False]
+    assert [cursor.is_deleted(p) for p in ps] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
     assert cursor.is_batch_index_deleted(ps[3], 2) and cursor.is_batch_index_deleted(ps[3], 7)
     assert not cursor.is_batch_index_deleted(ps[3], 3)
     assert cursor.ack_set(ps[6]) == [0b1010]
@@ -115,7 +127,7 @@ def test_range_set_matches_a_plain_set(ids: list[int], cut: int) -> None:
     assert all(i in ranges for i in ids)
     assert sum(1 for i in range(-2, 205) if i in ranges) == len(set(ids))
     merged = list(ranges.ranges())
-    assert all(a_end + 1 < b_start for (_, a_end), (b_start, _) in zip(merged, merged[1:], strict=False))
+    assert all(a_end + 1 < b_start for (_, a_end), (b_start, _) in itertools.pairwise(merged))
     ranges.remove_through(cut)
     assert {i for i in range(-2, 205) if i in ranges} == {i for i in ids if i > cut}
 

@@ -96,6 +96,7 @@ class ManagedLedger:
         self._reads_done = asyncio.Event()
         self._reads_done.set()
         self._trim_lock = asyncio.Lock()
+        self._meta_lock = asyncio.Lock()
         self._cursor_lock = asyncio.Lock()
         self._closed_event = asyncio.Event()
         self.torn_tails_cut = recovered.torn_tails
@@ -205,8 +206,8 @@ class ManagedLedger:
     async def _complete_rollover(self, old: LedgerFile, new: LedgerFile) -> int:
         """Runs in the writer's order: every append to ``old`` has completed (or failed) by now."""
         loop = asyncio.get_running_loop()
-        try:
-            meta = self._meta.copy()
+
+        def add_ledger(meta: ManagedLedgerMetadata) -> None:
             for info in meta.ledgers:
                 if not info.closed:
                     self._close_info(info)
@@ -214,13 +215,12 @@ class ManagedLedger:
                 LedgerInfo(new.ledger_id, file_bytes=FILE_HEADER.size, created_at=time.time())
             )
             meta.next_ledger_id = self._next_ledger_id
+
+        try:
             try:
-                await loop.run_in_executor(
-                    self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
-                )
+                await self._update_meta(add_ledger)
             except OSError as exc:
                 raise self._rollover_failed(new, "could not record it in the metadata", exc) from exc
-            self._set_meta(meta)
             self._files[new.ledger_id] = new
             try:
                 await loop.run_in_executor(self._executor, new.create)
@@ -366,9 +366,20 @@ class ManagedLedger:
                 return Position(ledger_id, entries - 1)
         return None
 
-    def _set_meta(self, meta: ManagedLedgerMetadata) -> None:
-        self._meta = meta
-        self._ids = [i.ledger_id for i in meta.ledgers]
+    async def _update_meta(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
+        """Apply ``change`` to a copy of the metadata, write it atomically, then adopt it.
+
+        Serialised: rollover (in the writer's order) and trim (from callers) both change the metadata,
+        and each must start from the other's result, or a ledger would vanish from it.
+        """
+        async with self._meta_lock:
+            meta = self._meta.copy()
+            change(meta)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
+            )
+            self._meta = meta
+            self._ids = [i.ledger_id for i in meta.ledgers]
 
     # --- cursors and trimming ------------------------------------------------------------------------
 
@@ -405,36 +416,42 @@ class ManagedLedger:
         if self._state in (_State.CLOSING, _State.CLOSED):
             self._raise_not_writable()
         async with self._trim_lock:
-            if not self._cursors:
+            if not self._consumed_ledgers(self._meta):
                 return []
-            bound: float = float("inf")
-            for cursor in self._cursors.values():
-                first = cursor.first_undeleted_position()
-                if first is not None:
-                    bound = min(bound, first.ledger_id)
-            victims = [i.ledger_id for i in self._meta.ledgers if i.closed and i.ledger_id < bound]
-            if not victims:
-                return []
-            meta = self._meta.copy()
-            meta.ledgers = [i for i in meta.ledgers if i.ledger_id not in victims]
-            loop = asyncio.get_running_loop()
+            victims: list[int] = []
+
+            def drop_consumed(meta: ManagedLedgerMetadata) -> None:
+                # decided again here, under the metadata lock: a rollover may have closed a ledger since
+                victims.extend(self._consumed_ledgers(meta))
+                meta.ledgers = [i for i in meta.ledgers if i.ledger_id not in victims]
+
             try:
-                await loop.run_in_executor(
-                    self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
-                )
+                await self._update_meta(drop_consumed)
             except OSError as exc:
                 raise LedgerWriteError(
                     f"trimming ledgers {victims} of managed ledger {self.name!r} failed: could not write "
                     f"the metadata: {exc}; nothing was deleted, retry later"
                 ) from exc
-            self._set_meta(meta)
+            if not victims:
+                return []
             paths = []
             for ledger_id in victims:
                 ledger = self._files.pop(ledger_id)
                 ledger.retire()
                 paths.append(ledger.path)
-            await loop.run_in_executor(self._executor, self._unlink_all, paths)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._unlink_all, paths)
             return victims
+
+    def _consumed_ledgers(self, meta: ManagedLedgerMetadata) -> list[int]:
+        """Closed ledgers before every cursor's first undeleted entry (none without cursors)."""
+        if not self._cursors:
+            return []
+        bound: float = float("inf")
+        for cursor in self._cursors.values():
+            first = cursor.first_undeleted_position()
+            if first is not None:
+                bound = min(bound, first.ledger_id)
+        return [i.ledger_id for i in meta.ledgers if i.closed and i.ledger_id < bound]
 
     def _unlink_all(self, paths: list[Path]) -> None:
         # The metadata no longer lists these ledgers; a file left behind is removed on the next open.

@@ -1,0 +1,143 @@
+"""Torn tails are cut on open; corruption anywhere else is a clear error naming ledger, entry, offset."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from txnkeeper.ledger import CorruptEntryError, ManagedLedgerConfig, ManagedLedgerFactory, Position
+from txnkeeper.ledger.entry_format import FILE_HEADER, RECORD_HEADER_SIZE, record_header
+from txnkeeper.ledger.ledger_file import ledger_file_name
+
+NAME = "log"
+SIZES = [10, 20, 30, 40, 50]
+
+
+async def write_ledgers(root: Path, ledgers: int = 1) -> list[Position]:
+    """Write ``ledgers`` ledgers of SIZES entries each, close cleanly; the last stays the open one."""
+    factory = ManagedLedgerFactory(root)
+    ml = await factory.open(NAME)
+    positions = []
+    for n in range(ledgers):
+        if n:
+            await ml.rollover()
+        positions += [await ml.add_entry(bytes([i]) * size) for i, size in enumerate(SIZES)]
+    await factory.close()
+    return positions
+
+
+def ledger_path(root: Path, ledger_id: int) -> Path:
+    return root / NAME / "ledgers" / ledger_file_name(ledger_id)
+
+
+def record_offset(index: int) -> int:
+    return FILE_HEADER.size + sum(RECORD_HEADER_SIZE + s for s in SIZES[:index])
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+async def reopen_entries(root: Path) -> tuple[list[bytes], list[str]]:
+    factory = ManagedLedgerFactory(root)
+    try:
+        ml = await factory.open(NAME)
+        entries = await ml.read_entries(Position(0, 0), 100)
+        return [e.data for e in entries], ml.torn_tails_cut
+    finally:
+        await factory.close()
+
+
+TORN_TAILS = {
+    "incomplete header": record_header(5, b"y" * 60)[:11],
+    "body cut short": record_header(5, b"y" * 60) + b"y" * 25,
+    "zero-filled tail": bytes(4096),
+}
+
+
+@pytest.mark.parametrize("tail", list(TORN_TAILS), ids=list(TORN_TAILS))
+async def test_torn_tail_of_the_open_ledger_is_cut(tmp_path: Path, tail: str) -> None:
+    positions = await write_ledgers(tmp_path)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    intact = path.stat().st_size
+    with path.open("ab") as f:
+        f.write(TORN_TAILS[tail])
+    data, cut = await reopen_entries(tmp_path)
+    assert data == [bytes([i]) * s for i, s in enumerate(SIZES)]
+    assert len(cut) == 1 and f"ledger {positions[0].ledger_id}" in cut[0]
+    assert path.stat().st_size == intact  # cut back to the last whole record
+
+
+async def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)
+    flip_byte(ledger_path(tmp_path, positions[0].ledger_id), record_offset(4) + RECORD_HEADER_SIZE + 3)
+    data, cut = await reopen_entries(tmp_path)
+    assert data == [bytes([i]) * s for i, s in enumerate(SIZES[:4])]
+    assert "bad data checksum" in cut[0]
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        (RECORD_HEADER_SIZE + 5, "bad data checksum"),
+        (1, "bad record header checksum"),
+        (5, "header checksum"),
+    ],
+    ids=["data byte", "length byte", "entry id byte"],
+)
+async def test_corruption_before_the_tail_is_an_error(tmp_path: Path, where: int, reason: str) -> None:
+    positions = await write_ledgers(tmp_path)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    flip_byte(path, record_offset(2) + where)
+    with pytest.raises(CorruptEntryError, match=reason) as info:
+        await reopen_entries(tmp_path)
+    err = info.value
+    assert (err.ledger_id, err.entry_id, err.offset, err.path) == (
+        positions[0].ledger_id,
+        2,
+        record_offset(2),
+        path,
+    )
+    assert f"ledger {positions[0].ledger_id}" in str(err) and f"offset {record_offset(2)}" in str(err)
+    assert str(path) in str(err)
+
+
+async def test_closed_ledger_is_checked_strictly(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path, ledgers=2)
+    closed = ledger_path(tmp_path, positions[0].ledger_id)
+    os.truncate(closed, record_offset(4) + 7)  # a "torn tail" in a closed ledger is data loss
+    with pytest.raises(CorruptEntryError, match=f"ledger {positions[0].ledger_id}"):
+        await reopen_entries(tmp_path)
+
+
+async def test_missing_closed_ledger_file_is_an_error(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path, ledgers=2)
+    ledger_path(tmp_path, positions[0].ledger_id).unlink()
+    with pytest.raises(CorruptEntryError, match="file missing"):
+        await reopen_entries(tmp_path)
+
+
+async def test_corruption_after_open_is_caught_on_read(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME, ManagedLedgerConfig())
+    ps = [await ml.add_entry(bytes([i]) * s) for i, s in enumerate(SIZES)]
+    flip_byte(ledger_path(tmp_path, ps[0].ledger_id), record_offset(1) + RECORD_HEADER_SIZE)
+    with pytest.raises(CorruptEntryError, match="entry 1 in ledger"):
+        await ml.read_entry(ps[1])
+    with pytest.raises(CorruptEntryError):
+        await ml.read_entries(ps[0], 5)
+    assert await ml.read_entry(ps[2]) == b"\x02" * 30
+    await factory.close()
+
+
+async def test_bad_file_header_is_an_error(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path, ledgers=2)
+    flip_byte(ledger_path(tmp_path, positions[0].ledger_id), 0)
+    with pytest.raises(CorruptEntryError, match="bad magic"):
+        await reopen_entries(tmp_path)
