@@ -230,6 +230,12 @@ class ManagedLedger:
                 old.close_for_writes()
             self._last_created = time.time()
             return new.ledger_id
+        except LedgerWriteError:
+            raise
+        except Exception as exc:  # never let appends queued for ``new`` write to a file that is not there
+            error = LedgerWriteError(f"rollover of managed ledger {self.name!r} failed unexpectedly: {exc!r}")
+            new.broken = error
+            raise error from exc
         finally:
             self._rollovers_in_flight -= 1
 
