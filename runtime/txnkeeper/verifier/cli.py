@@ -61,6 +61,10 @@ class OutputTarget:
         path = text.removeprefix("file:")
         if not path:
             raise VerifierInputError("--output file:PATH needs a path")
+        parent = Path(path).resolve().parent
+        if not parent.is_dir():
+            # Fail before the Spark job, not after it.
+            raise VerifierInputError(f"--output {text}: directory {parent} does not exist")
         return cls("file", path)
 
 

@@ -53,8 +53,9 @@ def store_entry(
     positions: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One store in the shape of contracts §5."""
+    last = ledgers[-1] if ledgers else 0
     live_positions = (
-        list(positions) if positions is not None else [f"{ledgers[-1]}:{i}" for i in range(min(batched, 20))]
+        list(positions) if positions is not None else [f"{last}:{i}" for i in range(min(batched, 20))]
     )
     return {
         "name": name,
