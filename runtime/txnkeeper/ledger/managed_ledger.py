@@ -139,7 +139,7 @@ class ManagedLedger:
 
     # --- appends ------------------------------------------------------------------------------------
 
-    async def add_entry(self, data: bytes) -> Position:
+    async def add_entry(self, data: bytes | bytearray | memoryview) -> Position:
         """Append ``data``; resolves with its position once it is durable (fsync'd)."""
         if self._state is not _State.OPEN:
             self._raise_not_writable()
