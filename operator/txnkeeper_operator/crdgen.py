@@ -232,6 +232,13 @@ def _spec(kind: str) -> Schema:
         ]
         rules.append(
             _rule(
+                "self.replicas == oldSelf.replicas",
+                "spec.replicas of a TransactionCoordinator is immutable: coordinator c lives on the volume "
+                "of pod c mod replicas; create a new TransactionCoordinator to change it",
+            )
+        )
+        rules.append(
+            _rule(
                 "self.coordinators >= self.replicas",
                 "spec.coordinators must be at least spec.replicas so every pod serves a coordinator",
             )

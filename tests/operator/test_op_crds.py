@@ -185,3 +185,9 @@ def test_storage_and_coordinators_are_immutable() -> None:
     assert any("storage is immutable" in e for e in errors)
     errors = cel_errors(TC, {"version": "2.0.0", "coordinators": 32}, {"version": "2.0.0"})
     assert any("coordinators is immutable" in e for e in errors)
+
+
+def test_coordinator_replicas_are_immutable_but_stores_scale() -> None:
+    errors = cel_errors(TC, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
+    assert any("replicas of a TransactionCoordinator is immutable" in e for e in errors)
+    assert cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []

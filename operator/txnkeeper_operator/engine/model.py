@@ -90,6 +90,8 @@ class VerifierReport:
     markers: Mapping[str, int]
     safe: bool
     stores: tuple[StoreVerdict, ...] = ()
+    # The takenAt of the markers document the run was given, when the verifier reports it.
+    markers_taken_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +191,10 @@ class RolloverStores:
 
 @dataclass(frozen=True, slots=True)
 class RunVerifier:
-    """Run the invalidation verifier against these rollover markers."""
+    """Run the invalidation verifier against these rollover markers (taken at ``taken_at``)."""
 
     markers: Mapping[str, int]
+    taken_at: datetime
     reason: str
 
 

@@ -103,8 +103,13 @@ def report_from_json(doc: Any) -> VerifierReport:
         )
     except (KeyError, TypeError, ValueError) as err:
         raise MalformedReportError(f"malformed VerifierReport: {err}") from err
+    taken_raw = doc.get("markersTakenAt")
+    try:
+        taken = parse_time(taken_raw) if isinstance(taken_raw, str) else None
+    except ValueError as err:
+        raise MalformedReportError(f"malformed markersTakenAt: {err}") from err
     # An overall "safe" contradicted by a store verdict is not believed.
-    return VerifierReport(generated, markers, safe and all(v.safe for v in verdicts), verdicts)
+    return VerifierReport(generated, markers, safe and all(v.safe for v in verdicts), verdicts, taken)
 
 
 def report_to_json(report: VerifierReport) -> dict[str, Any]:
@@ -113,6 +118,7 @@ def report_to_json(report: VerifierReport) -> dict[str, Any]:
         "kind": "VerifierReport",
         "generatedAt": format_time(report.generated_at),
         "markers": dict(report.markers),
+        **({"markersTakenAt": format_time(report.markers_taken_at)} if report.markers_taken_at else {}),
         "safe": report.safe,
         "stores": [
             {"pod": v.pod, "store": v.store, "safe": v.safe, "reason": v.reason} for v in report.stores

@@ -306,7 +306,8 @@ class _Planner:
     def _run_verifier(self, progress: DowngradeProgress, markers: dict[str, int], reason: str) -> Decision:
         progress = replace(progress, verifier_requested_at=self.observed.now)
         self.progress = replace(self.progress, downgrade=progress)
-        return self._act(RunVerifier(markers, reason), Phase.VERIFYING_DOWNGRADE)
+        taken_at = progress.markers_complete_at or self.observed.now
+        return self._act(RunVerifier(markers, taken_at, reason), Phase.VERIFYING_DOWNGRADE)
 
     def _downgrade_roll(self, template: Template) -> Decision:
         desired = self.desired
@@ -392,6 +393,8 @@ class _Planner:
 def _is_fresh(report: VerifierReport, progress: DowngradeProgress, markers: dict[str, int]) -> bool:
     """A report counts only if it was computed after the markers, against exactly these markers."""
     if progress.markers_complete_at is None or report.generated_at < progress.markers_complete_at:
+        return False
+    if report.markers_taken_at is not None and report.markers_taken_at != progress.markers_complete_at:
         return False
     return all(report.markers.get(store) == ledger for store, ledger in markers.items())
 

@@ -78,6 +78,7 @@ class SimCluster:
     paused: bool = False
     verifier_running: bool = False
     verifier_markers: dict[str, int] = field(default_factory=dict)
+    verifier_taken_at: datetime | None = None
     verifier_done_at: datetime | None = None
     report: VerifierReport | None = None
     verifier_seconds: int = 3
@@ -171,6 +172,7 @@ class SimCluster:
         elif isinstance(action, RunVerifier):
             self.verifier_running = True
             self.verifier_markers = dict(action.markers)
+            self.verifier_taken_at = action.taken_at
             self.verifier_done_at = self.now + timedelta(seconds=self.verifier_seconds)
             self.log.append("verify")
         return progress
@@ -201,7 +203,11 @@ class SimCluster:
                 reason = "all batched data invalidated" if safe else f"live batched entries in ledgers {live}"
                 verdicts.append(StoreVerdict(pod.name, store, safe, reason))
         self.report = VerifierReport(
-            self.now, dict(self.verifier_markers), all(v.safe for v in verdicts), tuple(verdicts)
+            self.now,
+            dict(self.verifier_markers),
+            all(v.safe for v in verdicts),
+            tuple(verdicts),
+            self.verifier_taken_at,
         )
         self.verifier_running = False
 

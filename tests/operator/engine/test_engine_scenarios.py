@@ -264,6 +264,24 @@ def test_report_against_other_markers_is_not_accepted() -> None:
     assert not isinstance(d.action, RestartPod)
 
 
+def test_report_against_markers_taken_at_another_time_is_not_accepted() -> None:
+    sim = installed("2.0.0", ON)
+    sim.run(desired("1.0.0"), until=phase_is(Phase.VERIFYING_DOWNGRADE))
+    progress = sim.progress()
+    assert progress.downgrade is not None and progress.downgrade.markers_complete_at is not None
+    markers = progress.downgrade.flat_markers()
+    other_round = progress.downgrade.markers_complete_at - timedelta(seconds=30)
+    report = VerifierReport(sim.now + timedelta(seconds=1), markers, True, (), other_round)
+    obs = sim.observe()
+    obs = Observed(
+        obs.template, obs.pods, sim.now + timedelta(seconds=2), replace(obs.verifier, report=report)
+    )
+    assert not isinstance(decide(desired("1.0.0"), obs, progress, CONFIG).action, RestartPod)
+    matching = replace(report, markers_taken_at=progress.downgrade.markers_complete_at)
+    obs = replace(obs, verifier=replace(obs.verifier, report=matching))
+    assert decide(desired("1.0.0"), obs, progress, CONFIG).condition("DowngradeSafe").status == "True"
+
+
 def test_batching_reenabled_during_gate_invalidates_markers() -> None:
     sim = installed("2.0.0", ON)
     sim.pods[1].pinned = True

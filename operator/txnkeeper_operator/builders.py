@@ -1,0 +1,405 @@
+"""Kubernetes manifests the operator owns, built as plain dicts by pure functions.
+
+Pure so they can be validated offline (kubernetes-validate, tests) and applied with server-side apply.
+The StatefulSet uses updateStrategy OnDelete: a template change restarts nothing by itself; the rollout
+engine decides which pod restarts when. The template also carries the start-up batch settings as an
+annotation, so what a recreated pod would start with is read back from one object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from txnkeeper_operator import naming
+from txnkeeper_operator.engine import BatchSettings, Template
+from txnkeeper_operator.resource import Resource, batch_from_block, batch_to_block
+from txnkeeper_operator.settings import OperatorSettings
+
+Manifest = dict[str, Any]
+
+RUN_AS = 10001
+_RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+_RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _meta(cr: Resource, name: str, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": cr.namespace,
+        "labels": {**naming.labels(cr.kind, cr.name), **(extra_labels or {})},
+        "ownerReferences": [cr.owner_reference()],
+    }
+
+
+def startup_config(batch: BatchSettings) -> str:
+    """The --config file (contracts §6) a pod starts with."""
+    return json.dumps({"batchedWrite": batch_to_block(batch)}, sort_keys=True)
+
+
+def config_map(cr: Resource, batch: BatchSettings) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cr, naming.config_map(cr.name)),
+        "data": {"config.json": startup_config(batch)},
+    }
+
+
+def token_secret(cr: Resource, token: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cr, naming.token_secret(cr.name)),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def service_account(cr: Resource) -> Manifest:
+    # The runtime never calls the Kubernetes API: no token is mounted.
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(cr, cr.name),
+        "automountServiceAccountToken": False,
+    }
+
+
+def headless_service(cr: Resource) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(cr, cr.name),
+        "spec": {
+            "clusterIP": "None",
+            # Peers and the verifier must reach a pod that is starting or failing readiness too.
+            "publishNotReadyAddresses": True,
+            "selector": naming.selector_labels(cr.kind, cr.name),
+            "ports": [
+                {"name": "client", "port": naming.CLIENT_PORT, "targetPort": "client"},
+                {"name": "admin", "port": naming.ADMIN_PORT, "targetPort": "admin"},
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(cr: Resource) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(cr, cr.name),
+        "spec": {
+            "maxUnavailable": int(cr.spec.get("maxUnavailable", 1)),
+            "selector": {"matchLabels": naming.selector_labels(cr.kind, cr.name)},
+        },
+    }
+
+
+def _args(cr: Resource, version: str) -> list[str]:
+    args = [
+        "serve",
+        "--role",
+        cr.kind.role,
+        "--data-dir",
+        naming.DATA_DIR,
+        "--release",
+        version,
+        "--listen",
+        f"$(POD_IP):{naming.CLIENT_PORT}",
+        "--admin-listen",
+        f"$(POD_IP):{naming.ADMIN_PORT}",
+        "--pod-name",
+        "$(POD_NAME)",
+        "--admin-token-file",
+        naming.TOKEN_FILE,
+        "--config",
+        naming.CONFIG_FILE,
+    ]
+    if cr.kind is naming.TRANSACTION_COORDINATOR:
+        args += ["--coordinators", str(cr.coordinators), "--coordinator-ids", "auto"]
+        args += ["--replicas", str(cr.replicas)]
+    return args
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _resources(cr: Resource) -> dict[str, Any]:
+    section = cr.section("resources")
+    return {k: dict(section[k]) for k in ("requests", "limits") if section.get(k)}
+
+
+def statefulset(cr: Resource, template: Template, settings: OperatorSettings) -> Manifest:
+    storage = cr.section("storage")
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": str(storage.get("size", "1Gi"))}},
+    }
+    if storage.get("storageClassName"):
+        claim_spec["storageClassName"] = storage["storageClassName"]
+    selector = naming.selector_labels(cr.kind, cr.name)
+    container = {
+        "name": "txnkeeper",
+        "image": str(cr.spec.get("image") or settings.image),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["txnkeeper"],
+        "args": _args(cr, template.version),
+        "env": [
+            _field_env("POD_IP", "status.podIP"),
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "TXNKEEPER_RELEASE", "value": template.version},
+        ],
+        "ports": [
+            {"name": "client", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
+            {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": "admin"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "admin"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": _resources(cr),
+        "securityContext": _RESTRICTED_CONTAINER,
+        "volumeMounts": [
+            {"name": "data", "mountPath": naming.DATA_DIR},
+            {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+            {"name": "admin-token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(cr, cr.name),
+        "spec": {
+            "serviceName": cr.name,
+            "replicas": cr.replicas,
+            # Pods start together; the operator alone sequences restarts (OnDelete).
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            # Ledgers outlive the resource: deleting it (or scaling down) keeps the PVCs.
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {
+                    "labels": {**naming.labels(cr.kind, cr.name), naming.VERSION_LABEL: template.version},
+                    "annotations": {naming.STARTUP_BATCH_ANNOTATION: startup_config(template.batch)},
+                },
+                "spec": {
+                    "serviceAccountName": cr.name,
+                    "automountServiceAccountToken": False,
+                    "securityContext": _RESTRICTED_POD,
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": naming.config_map(cr.name)}},
+                        {
+                            "name": "admin-token",
+                            "secret": {"secretName": naming.token_secret(cr.name), "defaultMode": 0o440},
+                        },
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "data", "labels": selector},
+                    "spec": claim_spec,
+                }
+            ],
+        },
+    }
+
+
+def template_of(statefulset_obj: Mapping[str, Any] | None) -> Template | None:
+    """Read back what a recreated pod would start with (None: no StatefulSet yet)."""
+    if not statefulset_obj:
+        return None
+    meta = statefulset_obj["spec"]["template"]["metadata"]
+    version = (meta.get("labels") or {}).get(naming.VERSION_LABEL)
+    if not version:
+        return None
+    raw = (meta.get("annotations") or {}).get(naming.STARTUP_BATCH_ANNOTATION, "{}")
+    block = json.loads(raw).get("batchedWrite", {})
+    return Template(version=str(version), batch=batch_from_block(block))
+
+
+# ---- the verifier: RBAC, markers, on-demand Job and periodic CronJob ----------------------------------
+
+
+def verifier_service_account(cr: Resource) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(cr, naming.verifier(cr.name)),
+    }
+
+
+def verifier_role(cr: Resource) -> Manifest:
+    # Exactly what the job does: find the pods, read the markers, write the report.
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(cr, naming.verifier(cr.name)),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [naming.markers_config_map(cr.name), naming.report_config_map(cr.name)],
+                "verbs": ["get", "update", "patch"],
+            },
+        ],
+    }
+
+
+def verifier_role_binding(cr: Resource) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(cr, naming.verifier(cr.name)),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": naming.verifier(cr.name),
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": naming.verifier(cr.name), "namespace": cr.namespace}],
+    }
+
+
+def markers_config_map(cr: Resource, markers: Mapping[str, int], taken_at: str) -> Manifest:
+    doc = {"takenAt": taken_at, "stores": dict(sorted(markers.items()))}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cr, naming.markers_config_map(cr.name)),
+        "data": {naming.MARKERS_KEY: json.dumps(doc, sort_keys=True)},
+    }
+
+
+def report_config_map(cr: Resource) -> Manifest:
+    """Pre-created (owned, so it goes with the resource); the Job fills in report.json."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cr, naming.report_config_map(cr.name)),
+    }
+
+
+def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
+    section = cr.section("verifier")
+    return {
+        "serviceAccountName": naming.verifier(cr.name),
+        "restartPolicy": "Never",
+        "securityContext": _RESTRICTED_POD,
+        "containers": [
+            {
+                "name": "verifier",
+                "image": settings.verifier_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["txnkeeper"],
+                "args": [
+                    "verify-invalidation",
+                    "--selector",
+                    naming.selector_string(cr.kind, cr.name),
+                    "--namespace",
+                    cr.namespace,
+                    "--admin-port",
+                    str(naming.ADMIN_PORT),
+                    "--markers-configmap",
+                    naming.markers_config_map(cr.name),
+                    "--output",
+                    f"configmap:{naming.report_config_map(cr.name)}",
+                    "--master",
+                    str(section.get("sparkMaster") or "local[*]"),
+                ],
+                # Spark writes scratch files and its ivy cache under HOME and the local dirs.
+                "env": [
+                    {"name": "HOME", "value": "/tmp"},
+                    {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
+                ],
+                "securityContext": _RESTRICTED_CONTAINER,
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+    }
+
+
+def _job_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
+    return {
+        "backoffLimit": 1,
+        "activeDeadlineSeconds": 900,
+        "ttlSecondsAfterFinished": 3600,
+        "template": {
+            "metadata": {"labels": {**naming.labels(cr.kind, cr.name), naming.VERIFIER_OF_LABEL: cr.name}},
+            "spec": _verifier_pod_spec(cr, settings),
+        },
+    }
+
+
+def verifier_cron_job(cr: Resource, settings: OperatorSettings) -> Manifest:
+    schedule = str(cr.section("verifier").get("schedule") or "")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": _meta(cr, naming.verifier(cr.name)),
+        "spec": {
+            # Without a schedule the CronJob only serves as the template of on-demand runs.
+            "schedule": schedule or "@hourly",
+            "suspend": not schedule,
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 2,
+            "failedJobsHistoryLimit": 2,
+            "jobTemplate": {
+                "metadata": {"labels": {naming.VERIFIER_OF_LABEL: cr.name}},
+                "spec": _job_spec(cr, settings),
+            },
+        },
+    }
+
+
+def verifier_job(cr: Resource, settings: OperatorSettings, stamp: int) -> Manifest:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(cr, naming.verifier_job(cr.name, stamp), {naming.VERIFIER_OF_LABEL: cr.name}),
+        "spec": _job_spec(cr, settings),
+    }
+
+
+def children(cr: Resource, settings: OperatorSettings) -> list[Manifest]:
+    """Everything that exists independently of the rollout (the StatefulSet and its ConfigMap are
+    written only by the engine's ApplyTemplate; the token Secret only once)."""
+    return [
+        service_account(cr),
+        headless_service(cr),
+        pod_disruption_budget(cr),
+        verifier_service_account(cr),
+        verifier_role(cr),
+        verifier_role_binding(cr),
+        verifier_cron_job(cr, settings),
+    ]

@@ -1,0 +1,108 @@
+"""Names, labels and annotations of everything the operator owns, in one place.
+
+The handlers, the resource builders, the verifier Job and the tests must agree on these exactly (a pod
+found by the wrong selector is a pod the rollout never waits for), so none of them spells one itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GROUP = "txnkeeper.io"
+API_VERSION = "v1"
+FIELD_MANAGER = "txnkeeper-operator"
+
+PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
+VERSION_LABEL = "txnkeeper.io/version"
+STARTUP_BATCH_ANNOTATION = "txnkeeper.io/startup-batch"
+VERIFIER_OF_LABEL = "txnkeeper.io/verifier-of"
+
+CLIENT_PORT = 6650
+ADMIN_PORT = 8080
+DATA_DIR = "/data"
+CONFIG_DIR = "/etc/txnkeeper/config"
+CONFIG_FILE = f"{CONFIG_DIR}/config.json"
+TOKEN_DIR = "/etc/txnkeeper/token"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+MARKERS_KEY = "markers.json"
+REPORT_KEY = "report.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One of the two custom resources and what differs between them."""
+
+    kind: str
+    plural: str
+    short: str
+    role: str  # the runtime's --role
+    stat_key: str  # admin API body key: which log the batchedWrite block governs
+    array_key: str  # admin API array of per-store stats
+    array_stat_key: str  # field of an array entry holding its TxnBufferedWriterStat
+
+
+TRANSACTION_COORDINATOR = Kind(
+    "TransactionCoordinator",
+    "transactioncoordinators",
+    "tc",
+    "coordinator",
+    "coordinator",
+    "coordinatorArray",
+    "transactionLogBatchedWriteStat",
+)
+PENDING_ACK_STORE = Kind(
+    "PendingAckStore",
+    "pendingackstores",
+    "pas",
+    "store",
+    "pendingAck",
+    "subscriptionArray",
+    "transactionPendingAckBatchedWriteStat",
+)
+KINDS = (TRANSACTION_COORDINATOR, PENDING_ACK_STORE)
+
+
+def selector_labels(kind: Kind, name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "txnkeeper",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": kind.role,
+    }
+
+
+def labels(kind: Kind, name: str) -> dict[str, str]:
+    return {**selector_labels(kind, name), "app.kubernetes.io/managed-by": FIELD_MANAGER}
+
+
+def selector_string(kind: Kind, name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(kind, name).items())
+
+
+def config_map(name: str) -> str:
+    return f"{name}-config"
+
+
+def token_secret(name: str) -> str:
+    return f"{name}-admin-token"
+
+
+def verifier(name: str) -> str:
+    """ServiceAccount, Role, RoleBinding and CronJob of the verifier."""
+    return f"{name}-verifier"
+
+
+def markers_config_map(name: str) -> str:
+    return f"{name}-verifier-markers"
+
+
+def report_config_map(name: str) -> str:
+    """contracts §7: where the verifier Job writes its report."""
+    return f"{name}-verifier-report"
+
+
+def verifier_job(name: str, stamp: int) -> str:
+    return f"{name}-verify-{stamp}"
+
+
+def pod_ordinal(pod_name: str) -> int:
+    return int(pod_name.rsplit("-", 1)[1])

@@ -1,0 +1,104 @@
+"""Translate Kubernetes objects and admin-API answers into the engine's `Observed` (pure functions).
+
+Readiness, versions and batch-log state are read from what the cluster and the pods say right now,
+never from what the operator remembers doing: that is what makes a restarted operator resume correctly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from txnkeeper_operator import naming
+from txnkeeper_operator.admin_client import PodBatchLog
+from txnkeeper_operator.engine import PodState, VerifierReport, VerifierState
+from txnkeeper_operator.engine.persist import MalformedReportError, report_from_json
+
+Obj = Mapping[str, Any]
+
+
+def pod_ready(pod: Obj) -> bool:
+    """Ready and not on its way out (a terminating pod is never waited on as if it were serving)."""
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def pod_version(pod: Obj) -> str | None:
+    return (pod.get("metadata", {}).get("labels") or {}).get(naming.VERSION_LABEL)
+
+
+def pod_ip(pod: Obj) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return str(ip) if ip else None
+
+
+def admin_base(ip: str) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{naming.ADMIN_PORT}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """One pod with what its admin API said (None: not asked or no answer)."""
+
+    obj: Obj
+    batch_log: PodBatchLog | None = None
+    info: Mapping[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.obj["metadata"].get("uid", ""))
+
+    def state(self) -> PodState | None:
+        version = pod_version(self.obj)
+        if version is None:
+            return None  # not a pod this operator created
+        ready = pod_ready(self.obj)
+        batch = self.batch_log.effective() if (ready and self.batch_log is not None) else None
+        return PodState(naming.pod_ordinal(self.name), self.name, version, ready, batch)
+
+
+def verifier_running(jobs: Sequence[Obj]) -> bool:
+    """Any verifier Job that has neither completed nor failed."""
+    for job in jobs:
+        conditions = (job.get("status") or {}).get("conditions") or []
+        finished = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+        )
+        if not finished and not job.get("metadata", {}).get("deletionTimestamp"):
+            return True
+    return False
+
+
+def read_report(config_map: Obj | None) -> tuple[VerifierReport | None, str | None]:
+    """The report in the report ConfigMap, or why there is none usable."""
+    if not config_map:
+        return None, None
+    raw = (config_map.get("data") or {}).get(naming.REPORT_KEY)
+    if not raw:
+        return None, None
+    try:
+        return report_from_json(json.loads(raw)), None
+    except (ValueError, MalformedReportError) as err:
+        return None, f"unusable verifier report: {err}"
+
+
+def verifier_state(jobs: Sequence[Obj], report_config_map: Obj | None) -> tuple[VerifierState, str | None]:
+    report, problem = read_report(report_config_map)
+    return VerifierState(running=verifier_running(jobs), report=report), problem
+
+
+def creation_stamp(now: datetime) -> int:
+    return int(now.timestamp())

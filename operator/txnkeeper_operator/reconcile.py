@@ -1,0 +1,233 @@
+"""One reconciliation of one resource: observe, decide, persist (write-ahead), act, publish status.
+
+This is the only place that joins the pure engine to the world. The order matters for restarts: the
+engine's progress is written to the status before the action runs, and an action's result (rollover
+markers) is folded in and written right after, so an operator killed at any point resumes from a
+status that is never ahead of reality in a way that could unlock the downgrade gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import secrets
+from base64 import b64decode
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from txnkeeper_operator import builders, naming
+from txnkeeper_operator.admin_client import AdminClient, AdminError
+from txnkeeper_operator.engine import (
+    Action,
+    ApplyTemplate,
+    ConfigureBatchLog,
+    Decision,
+    EngineConfig,
+    Observed,
+    Phase,
+    Progress,
+    RestartPod,
+    RolloverStores,
+    RunVerifier,
+    Template,
+    decide,
+    record_rollover,
+)
+from txnkeeper_operator.engine.persist import format_time, progress_from_status, progress_to_status
+from txnkeeper_operator.kube import KubeApi
+from txnkeeper_operator.observe import PodView, admin_base, creation_stamp, pod_ip, pod_ready, verifier_state
+from txnkeeper_operator.resource import Resource
+from txnkeeper_operator.settings import OperatorSettings
+from txnkeeper_operator.status import build_status
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class EventSink(Protocol):
+    def emit(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
+
+
+@dataclass
+class Context:
+    kube: KubeApi
+    admin: AdminClient
+    settings: OperatorSettings
+    events: EventSink
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+def describe(action: Action) -> str:
+    """One line for Events, status.lastAction and the local fleet's display."""
+    match action:
+        case ApplyTemplate(version=v, batch=b):
+            return f"template -> {v}, pods start with batch log {'on' if b.enabled else 'off'}"
+        case RestartPod(pod=p, from_version=f, to_version=t):
+            return f"restart {p}: {f} -> {t}"
+        case ConfigureBatchLog(pod=p, batch=b):
+            return f"batch log {'on' if b.enabled else 'off'} on {p}"
+        case RolloverStores(pod=p):
+            return f"roll over every store of {p}"
+        case RunVerifier(markers=m):
+            return f"run the verifier over {len(m)} store(s)"
+    raise AssertionError(action)
+
+
+def engine_config(cr: Resource) -> EngineConfig:
+    retry = int(cr.section("verifier").get("retrySeconds", 30))
+    return EngineConfig(verifier_retry=timedelta(seconds=retry))
+
+
+async def _token(ctx: Context, cr: Resource) -> str:
+    await ctx.kube.create_if_absent(builders.token_secret(cr, secrets.token_urlsafe(32)))
+    secret = await ctx.kube.get("Secret", cr.namespace, naming.token_secret(cr.name))
+    if secret is None:
+        raise AdminError(f"admin token Secret {naming.token_secret(cr.name)} vanished")
+    data = secret.get("data") or {}
+    if "token" in data:
+        return b64decode(data["token"]).decode().strip()
+    return str((secret.get("stringData") or {}).get("token", "")).strip()
+
+
+async def _observe_pod(ctx: Context, cr: Resource, pod: Mapping[str, Any]) -> PodView:
+    ip = pod_ip(pod)
+    if not pod_ready(pod) or ip is None:
+        return PodView(pod)
+    base = admin_base(ip)
+    try:
+        batch_log, info = await asyncio.gather(ctx.admin.batch_log(base, cr.kind), ctx.admin.info(base))
+    except AdminError as err:
+        return PodView(pod, error=str(err))
+    return PodView(pod, batch_log=batch_log, info=info)
+
+
+async def ensure_children(ctx: Context, cr: Resource) -> str:
+    """Everything that exists regardless of the rollout; returns the admin token."""
+    for manifest in builders.children(cr, ctx.settings):
+        await ctx.kube.apply(manifest)
+    await ctx.kube.create_if_absent(builders.markers_config_map(cr, {}, format_time(EPOCH)))
+    await ctx.kube.create_if_absent(builders.report_config_map(cr))
+    return await _token(ctx, cr)
+
+
+async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision:
+    cr = Resource.from_body(body)
+    # A snapshot: the status is rewritten below and the events compare against what was there before.
+    status: Mapping[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+    now = ctx.clock()
+    token = await ensure_children(ctx, cr)
+
+    statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
+    template = builders.template_of(statefulset)
+    if template is not None and not cr.paused:
+        # Keep replicas, image, resources in step; version and start-up batch only move by ApplyTemplate.
+        await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings))
+    pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
+    views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
+    jobs = await ctx.kube.list_jobs(cr.namespace, f"{naming.VERIFIER_OF_LABEL}={cr.name}")
+    report_cm = await ctx.kube.get("ConfigMap", cr.namespace, naming.report_config_map(cr.name))
+    verifier, report_problem = verifier_state(jobs, report_cm)
+    states = tuple(s for s in (v.state() for v in views) if s is not None)
+    observed = Observed(template, states, now, verifier, cr.paused)
+
+    progress = progress_from_status(status.get("downgrade"))
+    decision = decide(cr.desired(), observed, progress, engine_config(cr))
+    persisted = progress_to_status(decision.progress)
+    if persisted != status.get("downgrade"):
+        await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, {"downgrade": persisted})
+
+    final_progress = decision.progress
+    last_action: str | None = None
+    if decision.action is not None:
+        last_action = describe(decision.action)
+        try:
+            final_progress = await _execute(
+                ctx,
+                cr,
+                body=body,
+                action=decision.action,
+                views=views,
+                token=token,
+                progress=final_progress,
+                now=now,
+            )
+            ctx.events.emit(body, "Normal", type(decision.action).__name__, decision.action.reason)
+        except AdminError as err:
+            last_action = f"failed: {last_action}: {err}"
+            ctx.events.emit(body, "Warning", "ActionFailed", last_action)
+    final = replace_progress(decision, final_progress)
+    new_status = build_status(
+        cr,
+        final,
+        pods=views,
+        previous=status,
+        now=now,
+        report=verifier.report,
+        last_action=last_action,
+    )
+    await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
+    _phase_events(ctx, body, status, final, report_problem)
+    return final
+
+
+def replace_progress(decision: Decision, progress: Progress) -> Decision:
+    return replace(decision, progress=progress)
+
+
+def _phase_events(
+    ctx: Context, body: Mapping[str, Any], status: Mapping[str, Any], decision: Decision, problem: str | None
+) -> None:
+    if problem is not None:
+        ctx.events.emit(body, "Warning", "VerifierReportUnusable", problem)
+    previous = status.get("phase")
+    if previous == str(decision.phase) and status.get("phaseReason") == decision.reason:
+        return
+    if decision.phase == Phase.DOWNGRADE_BLOCKED:
+        if previous != str(decision.phase):
+            ctx.events.emit(body, "Warning", "DowngradeBlocked", decision.reason)
+    elif previous != str(decision.phase):
+        ctx.events.emit(body, "Normal", str(decision.phase), decision.reason)
+
+
+async def _execute(
+    ctx: Context,
+    cr: Resource,
+    *,
+    body: Mapping[str, Any],
+    action: Action,
+    views: list[PodView],
+    token: str,
+    progress: Progress,
+    now: datetime,
+) -> Progress:
+    by_name = {v.name: v for v in views}
+    match action:
+        case ApplyTemplate(version=version, batch=batch):
+            # ConfigMap first: a pod created from the new template must never read the old settings.
+            await ctx.kube.apply(builders.config_map(cr, batch))
+            await ctx.kube.apply(builders.statefulset(cr, Template(version, batch), ctx.settings))
+        case RestartPod(pod=pod):
+            await ctx.kube.delete_pod(cr.namespace, pod, by_name[pod].uid)
+        case ConfigureBatchLog(pod=pod, batch=batch):
+            await ctx.admin.set_batch_log(_base(by_name[pod]), cr.kind, batch, token)
+        case RolloverStores(pod=pod):
+            markers = await ctx.admin.rollover(_base(by_name[pod]), token)
+            progress = record_rollover(progress, pod, markers)
+            # Persist the markers at once: they are the only record of this rollover.
+            await ctx.kube.patch_status(
+                cr.kind.plural, cr.namespace, cr.name, {"downgrade": progress_to_status(progress)}
+            )
+            listed = ", ".join(f"{s}={lid}" for s, lid in sorted(markers.items())) or "no stores"
+            ctx.events.emit(body, "Normal", "LastBatchedLedger", f"{pod}: {listed}")
+        case RunVerifier(markers=markers, taken_at=taken_at):
+            await ctx.kube.apply(builders.markers_config_map(cr, markers, format_time(taken_at)))
+            await ctx.kube.create_if_absent(builders.verifier_job(cr, ctx.settings, creation_stamp(now)))
+    return progress
+
+
+def _base(view: PodView) -> str:
+    ip = pod_ip(view.obj)
+    if ip is None:
+        raise AdminError(f"{view.name} has no pod IP")
+    return admin_base(ip)

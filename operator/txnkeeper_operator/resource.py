@@ -1,0 +1,115 @@
+"""A custom resource as the operator reads it: the spec with its defaults, and the engine's view of it.
+
+The API server applies the CRD's defaults, but the operator must not misbehave on an object stored
+before a default existed, so every read goes through here with the same defaults as crds/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from txnkeeper_operator.engine import BatchSettings, Desired
+from txnkeeper_operator.naming import KINDS, PAUSE_ANNOTATION, Kind
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    kind: Kind
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+    annotations: Mapping[str, str]
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Resource:
+        kind = next(k for k in KINDS if k.kind == body["kind"])
+        meta = body["metadata"]
+        return cls(
+            kind=kind,
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            generation=int(meta.get("generation") or 0),
+            spec=body.get("spec") or {},
+            annotations=meta.get("annotations") or {},
+        )
+
+    @property
+    def replicas(self) -> int:
+        return int(self.spec.get("replicas", 3))
+
+    @property
+    def version(self) -> str:
+        return str(self.spec["version"])
+
+    @property
+    def coordinators(self) -> int:
+        return int(self.spec.get("coordinators", 16))
+
+    @property
+    def paused(self) -> bool:
+        return str(self.annotations.get(PAUSE_ANNOTATION, "")).lower() == "true"
+
+    @property
+    def batch(self) -> BatchSettings:
+        return batch_from_block(self.spec.get("batchedWrite") or {})
+
+    def section(self, key: str) -> Mapping[str, Any]:
+        value = self.spec.get(key) or {}
+        return value if isinstance(value, Mapping) else {}
+
+    def desired(self) -> Desired:
+        return Desired(self.version, self.replicas, self.batch)
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "txnkeeper.io/v1",
+            "kind": self.kind.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def batch_from_block(block: Mapping[str, Any]) -> BatchSettings:
+    """The CR's batchedWrite block (also the --config file's) -> BatchSettings."""
+    default = BatchSettings()
+    return BatchSettings(
+        enabled=bool(block.get("enabled", default.enabled)),
+        max_records=int(block.get("maxRecords", default.max_records)),
+        max_size_bytes=int(block.get("maxSizeBytes", default.max_size_bytes)),
+        max_delay_millis=int(block.get("maxDelayMillis", default.max_delay_millis)),
+    )
+
+
+def batch_to_block(batch: BatchSettings) -> dict[str, Any]:
+    return {
+        "enabled": batch.enabled,
+        "maxRecords": batch.max_records,
+        "maxSizeBytes": batch.max_size_bytes,
+        "maxDelayMillis": batch.max_delay_millis,
+    }
+
+
+def batch_to_stat(batch: BatchSettings) -> dict[str, Any]:
+    """BatchSettings -> Pulsar's TxnBufferedWriterStat (the admin API's shape)."""
+    return {
+        "batchEnabled": batch.enabled,
+        "batchedWriteMaxRecords": batch.max_records,
+        "batchedWriteMaxSize": batch.max_size_bytes,
+        "batchedWriteMaxDelayInMillis": batch.max_delay_millis,
+    }
+
+
+def batch_from_stat(stat: Mapping[str, Any]) -> BatchSettings:
+    return BatchSettings(
+        enabled=bool(stat["batchEnabled"]),
+        max_records=int(stat["batchedWriteMaxRecords"]),
+        max_size_bytes=int(stat["batchedWriteMaxSize"]),
+        max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
+    )

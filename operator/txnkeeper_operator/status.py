@@ -1,0 +1,122 @@
+"""Build the resource's status from a decision and what was observed (pure).
+
+Conditions follow the Kubernetes API conventions: keyed by type, lastTransitionTime only moves when
+the status flips, observedGeneration on each. The per-pod arrays are PIP-160's coordinatorArray /
+subscriptionArray, tagged with the pod that serves each entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from txnkeeper_operator import naming
+from txnkeeper_operator.engine import Decision, VerifierReport
+from txnkeeper_operator.engine.persist import format_time, progress_to_status
+from txnkeeper_operator.observe import PodView
+from txnkeeper_operator.resource import Resource
+
+MAX_REPORTED_VERDICTS = 50
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]], decision: Decision, generation: int, now: datetime
+) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in previous}
+    out = []
+    for cond in decision.conditions:
+        old = before.get(cond.type)
+        changed = old is None or old.get("status") != str(cond.status)
+        out.append(
+            {
+                "type": cond.type,
+                "status": str(cond.status),
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastTransitionTime": format_time(now) if changed else old["lastTransitionTime"],  # type: ignore[index]
+                "observedGeneration": generation,
+            }
+        )
+    return out
+
+
+def _pod_entry(view: PodView) -> dict[str, Any]:
+    state = view.state()
+    entry: dict[str, Any] = {"name": view.name}
+    if state is None:
+        return entry
+    entry["version"] = state.version
+    entry["ready"] = state.ready
+    if view.info is not None:
+        entry["release"] = str(view.info.get("release", ""))
+        entry["formatLevel"] = int(view.info.get("formatLevel", 0))
+    if state.batch is None:
+        entry["batchLog"] = "Unknown"
+    else:
+        entry["batchLog"] = "Enabled" if state.batch.enabled else "Disabled"
+    return entry
+
+
+def _arrays(cr: Resource, pods: Sequence[PodView]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for view in pods:
+        if view.batch_log is None:
+            continue
+        rows.extend({"pod": view.name, **dict(entry)} for entry in view.batch_log.array)
+    return rows
+
+
+def _versions(pods: Sequence[PodView]) -> str:
+    versions = sorted({s.version for s in (p.state() for p in pods) if s is not None})
+    return ",".join(versions)
+
+
+def _batch_log(pods: Sequence[PodView]) -> str:
+    states = [s for s in (p.state() for p in pods) if s is not None]
+    enabled = [s for s in states if s.batch is not None and s.batch.enabled]
+    if states and len(enabled) == len(states):
+        return "Enabled"
+    return "Partial" if enabled else "Disabled"
+
+
+def report_status(report: VerifierReport) -> dict[str, Any]:
+    blocking = [v for v in report.stores if not v.safe][:MAX_REPORTED_VERDICTS]
+    return {
+        "generatedAt": format_time(report.generated_at),
+        "safe": report.safe,
+        "stores": [{"pod": v.pod, "store": v.store, "safe": v.safe, "reason": v.reason} for v in blocking],
+    }
+
+
+def build_status(
+    cr: Resource,
+    decision: Decision,
+    *,
+    pods: Sequence[PodView],
+    previous: Mapping[str, Any],
+    now: datetime,
+    report: VerifierReport | None,
+    last_action: str | None,
+) -> dict[str, Any]:
+    """The full status to merge-patch (None values clear stale fields)."""
+    ours = [p for p in pods if p.state() is not None]
+    status: dict[str, Any] = {
+        "observedGeneration": cr.generation,
+        "phase": str(decision.phase),
+        "phaseReason": decision.reason,
+        "conditions": merge_conditions(previous.get("conditions") or [], decision, cr.generation, now),
+        "replicas": len(ours),
+        "readyReplicas": sum(1 for p in ours if (s := p.state()) is not None and s.ready),
+        "selector": naming.selector_string(cr.kind, cr.name),
+        "currentVersion": _versions(ours),
+        "batchLog": _batch_log(ours),
+        "pods": [_pod_entry(p) for p in sorted(ours, key=lambda p: p.name)],
+        cr.kind.array_key: _arrays(cr, sorted(ours, key=lambda p: p.name)),
+        "downgrade": progress_to_status(decision.progress),
+    }
+    if report is not None:
+        status["lastVerifierReport"] = report_status(report)
+    if last_action is not None:
+        status["lastAction"] = {"action": last_action, "time": format_time(now)}
+    return status

@@ -1,0 +1,152 @@
+"""One runtime process of the local fleet: `txnkeeper serve` started, awaited, stopped, never leaked.
+
+The local fleet plays the role of a StatefulSet's pods: a member has a stable name and data directory
+(its "PV"), is (re)started at a release with a start-up config file, and is reached through its admin
+API. Ports are chosen by the OS (port 0) and read back from --ports-file, so fleets never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+class ProcessStartError(RuntimeError):
+    """The runtime process exited or never became ready; carries the tail of its log."""
+
+
+@dataclass
+class RuntimeProcess:
+    name: str
+    role: str
+    data_dir: Path
+    work_dir: Path
+    release: str
+    token_file: Path
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    client_address: str | None = None
+    admin_address: str | None = None
+
+    @property
+    def config_file(self) -> Path:
+        return self.work_dir / f"{self.name}.config.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / f"{self.name}.log"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.work_dir / f"{self.name}.ports.json"
+
+    @property
+    def admin_url(self) -> str:
+        if self.admin_address is None:
+            raise ProcessStartError(f"{self.name} is not running")
+        return f"http://{self.admin_address}"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "txnkeeper.cli",
+            "serve",
+            "--role",
+            self.role,
+            "--data-dir",
+            str(self.data_dir),
+            "--release",
+            self.release,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--pod-name",
+            self.name,
+            "--admin-token-file",
+            str(self.token_file),
+            "--config",
+            str(self.config_file),
+            "--ports-file",
+            str(self.ports_file),
+            "--log-level",
+            "WARNING",
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        if self.running():
+            raise ProcessStartError(f"{self.name} is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.ports_file.unlink(missing_ok=True)
+        self.client_address = self.admin_address = None
+        log = self.log_file.open("ab")
+        try:
+            # Own session: the fleet can always signal the whole process group, and a Ctrl-C on the
+            # demo's terminal reaches the demo first, which then stops its members in order.
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            log.close()
+
+    async def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:  # noqa: ASYNC109
+        """Until the process has written its ports file (it does so once ready), or fail with its log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise ProcessStartError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            if self.ports_file.exists():
+                ports = json.loads(self.ports_file.read_text())
+                self.client_address, self.admin_address = ports["listen"], ports["admin"]
+                return
+            await asyncio.sleep(0.05)
+        raise ProcessStartError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:  # noqa: ASYNC109
+        """SIGTERM (graceful close of every store), SIGKILL if it does not exit in time."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, timeout)
+        if proc.poll() is None:
+            self.kill()
+        self.proc = None
+        self.client_address = self.admin_address = None
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (crash tests and the last-resort cleanup)."""
+        if self.proc is None:
+            return
+        self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)

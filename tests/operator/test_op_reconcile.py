@@ -1,0 +1,325 @@
+"""reconcile() end to end against an in-memory API server and in-memory pods.
+
+Unit-level: the objects, the StatefulSet controller and the pods' admin APIs are small fakes, so the
+orchestration (children, write-ahead progress, actions, status, Events, the verifier Job and report
+ConfigMaps) can be checked step by step. The real API server is the e2e suite's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from txnkeeper_operator import naming
+from txnkeeper_operator.admin_client import AdminError, PodBatchLog
+from txnkeeper_operator.engine import BatchSettings, Phase
+from txnkeeper_operator.engine.persist import format_time
+from txnkeeper_operator.naming import Kind
+from txnkeeper_operator.reconcile import Context, reconcile
+from txnkeeper_operator.resource import batch_to_stat
+from txnkeeper_operator.settings import OperatorSettings
+
+Obj = dict[str, Any]
+
+
+def _merge(target: Obj, patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = json.loads(json.dumps(value))
+
+
+class FakeKube:
+    """Objects by (kind, namespace, name) plus a StatefulSet controller that makes pods Ready."""
+
+    def __init__(self, cr: Obj) -> None:
+        self.cr = cr
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.deleted: list[str] = []
+        self.status_writes: list[Mapping[str, Any]] = []
+        self._uid = 0
+
+    async def apply(self, manifest: Mapping[str, Any]) -> None:
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        self.objects[key] = json.loads(json.dumps(manifest))
+
+    async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        if key in self.objects:
+            return False
+        obj = json.loads(json.dumps(manifest))
+        if manifest["kind"] == "Secret":
+            obj["data"] = {
+                k: __import__("base64").b64encode(v.encode()).decode()
+                for k, v in obj.pop("stringData").items()
+            }
+        self.objects[key] = obj
+        return True
+
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        return self.objects.get((kind, namespace, name))
+
+    async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
+        wanted = dict(part.split("=") for part in selector.split(","))
+        return [
+            o
+            for (k, ns, _), o in sorted(self.objects.items())
+            if k == "Pod" and ns == namespace and wanted.items() <= o["metadata"]["labels"].items()
+        ]
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[Obj]:
+        key, value = selector.split("=")
+        return [
+            o
+            for (k, ns, _), o in self.objects.items()
+            if k == "Job" and ns == namespace and o["metadata"]["labels"].get(key) == value
+        ]
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        pod = self.objects.get(("Pod", namespace, name))
+        assert pod is not None and pod["metadata"]["uid"] == uid
+        del self.objects[("Pod", namespace, name)]
+        self.deleted.append(name)
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.status_writes.append(json.loads(json.dumps(status)))
+        _merge(self.cr.setdefault("status", {}), status)
+
+    def run_statefulset_controller(self) -> None:
+        sts = self.objects.get(("StatefulSet", "ns", "txn"))
+        if sts is None:
+            return
+        template = sts["spec"]["template"]
+        for ordinal in range(sts["spec"]["replicas"]):
+            if ("Pod", "ns", f"txn-{ordinal}") not in self.objects:
+                self._uid += 1
+                self.objects[("Pod", "ns", f"txn-{ordinal}")] = {
+                    "metadata": {
+                        "name": f"txn-{ordinal}",
+                        "uid": f"pod-uid-{self._uid}",
+                        "labels": dict(template["metadata"]["labels"]),
+                        "annotations": dict(template["metadata"]["annotations"]),
+                    },
+                    "status": {
+                        "podIP": f"10.0.0.{ordinal}",
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    },
+                }
+
+
+class FakePods:
+    """The pods' admin APIs: each pod starts with its template's batch settings and release."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.batch: dict[str, BatchSettings] = {}
+        self.uid_seen: dict[str, str] = {}
+        self.ledger: dict[str, int] = {}
+        self.calls: list[str] = []
+
+    def _pod(self, base: str) -> Obj:
+        ordinal = int(base.split("//")[1].split(":", maxsplit=1)[0].rsplit(".", 1)[1])
+        pod = self.kube.objects[("Pod", "ns", f"txn-{ordinal}")]
+        name = pod["metadata"]["name"]
+        if self.uid_seen.get(name) != pod["metadata"]["uid"]:  # a new process: start-up settings
+            self.uid_seen[name] = pod["metadata"]["uid"]
+            block = json.loads(pod["metadata"]["annotations"][naming.STARTUP_BATCH_ANNOTATION])[
+                "batchedWrite"
+            ]
+            self.batch[name] = BatchSettings(
+                block["enabled"], block["maxRecords"], block["maxSizeBytes"], block["maxDelayMillis"]
+            )
+        return pod
+
+    async def batch_log(self, base: str, kind: Kind) -> PodBatchLog:
+        name = self._pod(base)["metadata"]["name"]
+        entry = {
+            "coordinatorId": int(name[-1]),
+            "state": "Ready",
+            kind.array_stat_key: batch_to_stat(self.batch[name]),
+        }
+        return PodBatchLog(self.batch[name], (self.batch[name],), (entry,))
+
+    async def info(self, base: str) -> dict[str, Any]:
+        pod = self._pod(base)
+        release = pod["metadata"]["labels"][naming.VERSION_LABEL]
+        return {"pod": pod["metadata"]["name"], "release": release, "formatLevel": int(release[0])}
+
+    async def set_batch_log(self, base: str, kind: Kind, batch: BatchSettings, token: str) -> None:
+        pod = self._pod(base)
+        assert token and len(token) > 20
+        if batch.enabled and pod["metadata"]["labels"][naming.VERSION_LABEL].startswith("1."):
+            raise AdminError("HTTP 409")
+        self.batch[pod["metadata"]["name"]] = batch
+        self.calls.append(f"batch {pod['metadata']['name']} {batch.enabled}")
+
+    async def rollover(self, base: str, token: str) -> dict[str, int]:
+        name = self._pod(base)["metadata"]["name"]
+        self.ledger[name] = self.ledger.get(name, 3) + 1
+        self.calls.append(f"rollover {name}")
+        return {f"__transaction_log_{name[-1]}": self.ledger[name] - 1}
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def emit(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self.seen.append((type_, reason, message))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 21, 22, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(seconds=1)
+        return self.now
+
+
+def _cr(version: str, enabled: bool = False) -> Obj:
+    return {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "TransactionCoordinator",
+        "metadata": {"name": "txn", "namespace": "ns", "uid": "cr-uid", "generation": 1, "annotations": {}},
+        "spec": {
+            "version": version,
+            "replicas": 3,
+            "coordinators": 3,
+            "batchedWrite": {
+                "enabled": enabled,
+                "maxRecords": 512,
+                "maxSizeBytes": 4194304,
+                "maxDelayMillis": 1,
+            },
+            "verifier": {"retrySeconds": 5},
+        },
+    }
+
+
+@pytest.fixture
+def world() -> tuple[FakeKube, FakePods, Events, Context]:
+    kube = FakeKube(_cr("1.0.0"))
+    pods = FakePods(kube)
+    events = Events()
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=events, clock=Clock())  # type: ignore[arg-type]
+    return kube, pods, events, ctx
+
+
+async def _until(kube: FakeKube, ctx: Context, phase: Phase, verifier: Any = None, limit: int = 60) -> Phase:
+    for _ in range(limit):
+        kube.run_statefulset_controller()
+        if verifier is not None:
+            verifier()
+        decision = await reconcile(kube.cr, ctx)
+        if decision.phase == phase and decision.action is None:
+            return decision.phase
+    raise AssertionError(f"never reached {phase}; status: {kube.cr.get('status', {}).get('phaseReason')}")
+
+
+async def test_install_creates_children_and_reports_status(world: Any) -> None:
+    kube, _pods, events, ctx = world
+    await _until(kube, ctx, Phase.READY)
+    kinds = {k for k, _, _ in kube.objects}
+    assert {"StatefulSet", "ConfigMap", "Secret", "Service", "ServiceAccount", "PodDisruptionBudget"} <= kinds
+    assert {"Role", "RoleBinding", "CronJob"} <= kinds
+    status = kube.cr["status"]
+    assert (
+        status["phase"] == "Ready"
+        and status["currentVersion"] == "1.0.0"
+        and status["batchLog"] == "Disabled"
+    )
+    assert status["replicas"] == 3 and status["readyReplicas"] == 3
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["observedGeneration"] == 1
+    assert [p["name"] for p in status["pods"]] == ["txn-0", "txn-1", "txn-2"]
+    assert {r["pod"] for r in status["coordinatorArray"]} == {"txn-0", "txn-1", "txn-2"}
+    assert ("Normal", "ApplyTemplate", "create pods at 1.0.0") in events.seen
+
+
+async def test_upgrade_then_verified_downgrade(world: Any) -> None:
+    kube, pods, events, ctx = world
+    await _until(kube, ctx, Phase.READY)
+    kube.cr["spec"] = _cr("2.0.0", enabled=True)["spec"]
+    await _until(kube, ctx, Phase.READY)
+    assert kube.deleted == ["txn-2", "txn-1", "txn-0"]
+    assert pods.calls == ["batch txn-2 True", "batch txn-1 True", "batch txn-0 True"]
+    assert kube.cr["status"]["batchLog"] == "Enabled"
+    assert {c["type"]: c["status"] for c in kube.cr["status"]["conditions"]}["BatchLogEnabled"] == "True"
+
+    # Downgrade: the verifier first says "not yet", then "safe".
+    kube.cr["spec"] = _cr("1.0.0")["spec"]
+    verdict = {"safe": False}
+
+    def verifier() -> None:
+        for (kind, _ns, _name), job in list(kube.objects.items()):
+            if kind != "Job" or job.get("status"):
+                continue
+            markers_cm = kube.objects[("ConfigMap", "ns", "txn-verifier-markers")]
+            markers = json.loads(markers_cm["data"][naming.MARKERS_KEY])
+            report = {
+                "apiVersion": "txnkeeper.io/v1",
+                "kind": "VerifierReport",
+                "generatedAt": format_time(ctx.clock.now + timedelta(seconds=1)),  # type: ignore[attr-defined]
+                "markersTakenAt": markers["takenAt"],
+                "markers": markers["stores"],
+                "safe": verdict["safe"],
+                "stores": [
+                    {
+                        "pod": "txn-1",
+                        "store": s,
+                        "safe": verdict["safe"],
+                        "reason": "oldest live ledger 3 <= 4",
+                    }
+                    for s in markers["stores"]
+                ],
+            }
+            kube.objects[("ConfigMap", "ns", "txn-verifier-report")]["data"] = {
+                naming.REPORT_KEY: json.dumps(report)
+            }
+            job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+
+    await _until(kube, ctx, Phase.DOWNGRADE_BLOCKED, verifier)
+    status = kube.cr["status"]
+    assert "held since" in status["phaseReason"] and "txn-1/__transaction_log_" in status["phaseReason"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["DowngradeSafe"] == "False"
+    assert [s["lastBatchedLedger"] for r in status["downgrade"]["rolledOver"] for s in r["stores"]] == [
+        3,
+        3,
+        3,
+    ]
+    assert any(e[:2] == ("Warning", "DowngradeBlocked") for e in events.seen)
+    sts = kube.objects[("StatefulSet", "ns", "txn")]
+    assert sts["spec"]["template"]["metadata"]["labels"][naming.VERSION_LABEL] == "2.0.0"
+    assert kube.deleted == ["txn-2", "txn-1", "txn-0"]  # nothing restarted while held
+
+    verdict["safe"] = True
+    await _until(kube, ctx, Phase.READY, verifier)
+    assert kube.deleted[3:] == ["txn-2", "txn-1", "txn-0"]
+    status = kube.cr["status"]
+    assert status["currentVersion"] == "1.0.0" and "downgrade" not in status
+    assert status["lastVerifierReport"]["safe"] is True
+    # Write-ahead: the markers were in the status before the verifier was ever started.
+    first_verify = next(
+        i for i, w in enumerate(kube.status_writes) if "verifierRequestedAt" in (w.get("downgrade") or {})
+    )
+    assert any("rolledOver" in (w.get("downgrade") or {}) for w in kube.status_writes[:first_verify])
+
+
+async def test_pause_annotation_freezes_everything(world: Any) -> None:
+    kube, _pods, _events, ctx = world
+    await _until(kube, ctx, Phase.READY)
+    kube.cr["metadata"]["annotations"][naming.PAUSE_ANNOTATION] = "true"
+    kube.cr["spec"] = _cr("2.0.0", enabled=True)["spec"]
+    await _until(kube, ctx, Phase.PAUSED)
+    assert kube.deleted == []
+    sts = kube.objects[("StatefulSet", "ns", "txn")]
+    assert sts["spec"]["template"]["metadata"]["labels"][naming.VERSION_LABEL] == "1.0.0"
+    assert {c["type"]: c["status"] for c in kube.cr["status"]["conditions"]}["Paused"] == "True"
