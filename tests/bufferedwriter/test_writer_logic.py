@@ -93,15 +93,35 @@ async def test_max_size_flushes_when_queued_bytes_reach_it() -> None:
     assert records_of(log) == [(True, [0, 1, 2])]
 
 
-async def test_max_delay_flushes_a_partial_batch() -> None:
+async def test_max_delay_flushes_a_partial_batch_at_the_next_tick() -> None:
     log = MemLog()
     w = writer(log, enabled=True, max_records=100, max_delay_millis=2)
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    pos = await asyncio.wait_for(w.write(rec(7)), timeout=5)
-    assert loop.time() - started >= 0.0015, "flushed before the delay although no other trigger applied"
-    assert pos == WritePosition(1, 0, 1, 0)
+    fut = w.submit(rec(7))
+    queued_at = loop.time()
+    deadline = w.flush_deadline
+    assert deadline is not None and queued_at < deadline <= queued_at + 0.002, "waits at most maxDelay"
+    await asyncio.sleep(0)
+    assert log.appends_started == 0, "nothing but the timer may flush a single record"
+    assert await asyncio.wait_for(fut, timeout=5) == WritePosition(1, 0, 1, 0)
     assert records_of(log) == [(True, [7])]
+    assert w.flush_deadline is None, "an idle writer keeps no timer"
+
+
+async def test_ticks_follow_one_grid_like_pulsars_periodic_timer() -> None:
+    log = MemLog()
+    w = writer(log, enabled=True, max_records=100, max_delay_millis=20)
+    await w.write(rec(1))
+    first = w.flush_deadline
+    assert first is None
+    fut = w.submit(rec(2))
+    tick = w.flush_deadline
+    assert tick is not None
+    # The new tick lies on the grid started by the first record: a whole number of delays later.
+    assert w._epoch is not None
+    periods = (tick - w._epoch) / 0.020
+    assert abs(periods - round(periods)) < 1e-6 and round(periods) >= 1
+    await fut
 
 
 async def test_timer_never_piles_up() -> None:

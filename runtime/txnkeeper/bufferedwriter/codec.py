@@ -64,18 +64,22 @@ def _varint(value: int) -> bytes:
 
 
 # Frame prefixes (tag + varint length) for every length a typical record has, built once.
-_PREFIX_CACHE_LIMIT = 1 << 14
-_FRAME_PREFIX: tuple[bytes, ...] = tuple(
-    bytes((_RECORD_TAG,)) + _varint(n) for n in range(_PREFIX_CACHE_LIMIT)
+FRAME_PREFIX_CACHE_LIMIT = 1 << 14
+FRAME_PREFIXES: tuple[bytes, ...] = tuple(
+    bytes((_RECORD_TAG,)) + _varint(n) for n in range(FRAME_PREFIX_CACHE_LIMIT)
 )
+
+
+def frame_prefix(size: int) -> bytes:
+    """Tag 0x0A and the varint length that precede a record of ``size`` bytes inside a batch."""
+    if size < FRAME_PREFIX_CACHE_LIMIT:
+        return FRAME_PREFIXES[size]
+    return bytes((_RECORD_TAG,)) + _varint(size)
 
 
 def frame_record(serialized: bytes) -> bytes:
     """Return ``serialized`` as protobuf encodes it inside a batch: tag 0x0A, varint length, bytes."""
-    n = len(serialized)
-    if n < _PREFIX_CACHE_LIMIT:
-        return _FRAME_PREFIX[n] + serialized
-    return bytes((_RECORD_TAG,)) + _varint(n) + serialized
+    return frame_prefix(len(serialized)) + serialized
 
 
 def framed_size(serialized_size: int) -> int:

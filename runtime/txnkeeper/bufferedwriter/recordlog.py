@@ -124,6 +124,8 @@ class RecordLog(Generic[R]):
         self._codec = codec
         self._metrics = metrics
         self.writer: BufferedWriter[R] = BufferedWriter(ledger, codec, config, metrics)
+        self._delete_queue: list[tuple[list[WritePosition], asyncio.Future[None]]] = []
+        self._deleter: asyncio.Task[None] | None = None
         self._trimmer: asyncio.Task[None] | None = None
         self._trim_wanted = False
 
@@ -229,23 +231,46 @@ class RecordLog(Generic[R]):
     # -- writing and deleting -----------------------------------------------------------------------
 
     async def delete(self, positions: Iterable[WritePosition]) -> None:
-        """Delete records: plain entries whole, batched ones by batch index (the entry goes with its last)."""
-        plain: list[Position] = []
-        batched: dict[Position, tuple[int, list[int]]] = {}
-        for wp in positions:
-            position = Position(wp.ledger_id, wp.entry_id)
-            if wp.batch_size == 0:
-                plain.append(position)
-            else:
-                batched.setdefault(position, (wp.batch_size, []))[1].append(wp.batch_index)
-        before = self._cursor.mark_delete_position()
-        ops = [self._cursor.delete_batch_indexes(p, size, idx) for p, (size, idx) in batched.items()]
-        if plain:
-            ops.append(self._cursor.delete(plain))
-        if ops:
-            await asyncio.gather(*ops)
-        if self._cursor.mark_delete_position() != before:
-            self._request_trim()
+        """Delete records: plain entries whole, batched ones by batch index (the entry goes with its last).
+
+        Deletes from concurrent callers are merged into rounds, one cursor call per entry per round:
+        when thousands of transactions end at once their records share a few batched entries, and
+        the cursor persists its whole state per call.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._delete_queue.append((list(positions), done))
+        if self._deleter is None or self._deleter.done():
+            self._deleter = loop.create_task(self._delete_rounds())
+        await asyncio.shield(done)
+
+    async def _delete_rounds(self) -> None:
+        while self._delete_queue:
+            round_, self._delete_queue = self._delete_queue, []
+            plain: list[Position] = []
+            batched: dict[Position, tuple[int, set[int]]] = {}
+            for positions, _ in round_:
+                for wp in positions:
+                    position = Position(wp.ledger_id, wp.entry_id)
+                    if wp.batch_size == 0:
+                        plain.append(position)
+                    else:
+                        batched.setdefault(position, (wp.batch_size, set()))[1].add(wp.batch_index)
+            before = self._cursor.mark_delete_position()
+            ops = [self._cursor.delete_batch_indexes(p, size, idx) for p, (size, idx) in batched.items()]
+            if plain:
+                ops.append(self._cursor.delete(plain))
+            results = await asyncio.gather(*ops, return_exceptions=True)
+            error = next((r for r in results if isinstance(r, BaseException)), None)
+            for _, done in round_:
+                if done.done():
+                    continue
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+            if self._cursor.mark_delete_position() != before:
+                self._request_trim()
 
     def _request_trim(self) -> None:
         # Ledgers become trimmable only when the mark-delete position moves; one trimmer at a time,
@@ -316,7 +341,9 @@ class RecordLog(Generic[R]):
             if flush and self.writer.state is WriterState.OPEN:
                 await self.writer.flush()
             await self.writer.close()
-            if self._trimmer is not None and not self._trimmer.done():
+            if self._deleter is not None and not self._deleter.done():
+                await asyncio.wait({self._deleter})
+            if self._trimmer is not None and not self._trimmer.done():  # a last round may have started one
                 await asyncio.wait({self._trimmer})
         finally:
             if self._metrics is not None:

@@ -1,35 +1,38 @@
 """The PIP-160 buffered writer: many small log records, few durable ledger entries.
 
 Records queue in memory and leave as one batched entry when the queue reaches maxRecords (checked
-first), when its bytes reach maxSize, or when its oldest record has waited maxDelay. A record of at
+first), when its bytes reach maxSize, or at the next tick of a timer running every maxDelay. A record of at
 least maxSize bytes flushes the queue and is then written alone as a plain entry; with batching off
 (or maxRecords <= 1) every record is a plain entry. Every caller learns where its record landed.
 
 Why it is shaped like this: the record path is the throughput limit, so a record costs one
 serialization, one list append and one future; batches go to the ledger as tasks started in flush
 order (entry order equals flush order), and the next batch fills while the previous one is being
-fsync'd, which feeds the ledger's group commit. At most one timer is ever armed: when it fires early
-for a batch that started later, it re-arms for that batch's deadline instead of piling up.
+fsync'd, which feeds the ledger's group commit. At most one timer is ever armed (see _arm_timer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
-from txnkeeper.bufferedwriter.codec import BATCH_HEADER, RecordCodec, frame_record
+from txnkeeper.bufferedwriter.codec import (
+    BATCH_HEADER,
+    FRAME_PREFIX_CACHE_LIMIT,
+    FRAME_PREFIXES,
+    RecordCodec,
+    frame_prefix,
+)
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics, FlushTrigger
 
 R = TypeVar("R", bound=Message)
-
-# A timer that fires this close to its batch's deadline flushes rather than re-arming for a sliver.
-_TIMER_SLACK_S = 50e-6
 
 
 class LedgerPosition(Protocol):
@@ -89,6 +92,7 @@ class BufferedWriter(Generic[R]):
             raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
         self._ledger = ledger
         self._codec = codec
+        self._serialize = codec.serialize
         self._metrics = metrics
         self._state = WriterState.OPEN
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -96,6 +100,7 @@ class BufferedWriter(Generic[R]):
         self._waiters: list[asyncio.Future[WritePosition]] = []
         self._pending_bytes = 0
         self._oldest_at = 0.0
+        self._epoch: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Future[LedgerPosition]] = set()
         self._closed = asyncio.Event()
@@ -119,6 +124,11 @@ class BufferedWriter(Generic[R]):
         return len(self._waiters)
 
     @property
+    def flush_deadline(self) -> float | None:
+        """Loop time of the next timer tick while records wait (``None`` when nothing waits on it)."""
+        return self._timer.when() if self._timer is not None else None
+
+    @property
     def in_flight_entries(self) -> int:
         """Entries handed to the ledger and not yet durable (or failed)."""
         return len(self._in_flight)
@@ -128,13 +138,18 @@ class BufferedWriter(Generic[R]):
         return await self.submit(record)
 
     def submit(self, record: R) -> asyncio.Future[WritePosition]:
-        """Queue one record now and return the future of its position (``write`` without a coroutine)."""
-        self._check_open()
-        return self.submit_serialized(self._codec.serialize(record))
+        """Queue one record now and return the future of its position (``write`` without a coroutine).
+
+        Cancelling the returned future does not unwrite the record; it only drops the position.
+        """
+        if self._state is not WriterState.OPEN:
+            self._check_open()
+        return self.submit_serialized(self._serialize(record))
 
     def submit_serialized(self, data: bytes) -> asyncio.Future[WritePosition]:
         """Queue a record the caller already serialized with this writer's codec."""
-        self._check_open()
+        if self._state is not WriterState.OPEN:
+            self._check_open()
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -149,16 +164,19 @@ class BufferedWriter(Generic[R]):
         fut: asyncio.Future[WritePosition] = loop.create_future()
         waiters = self._waiters
         waiters.append(fut)
-        self._framed.append(frame_record(data))
+        # Prefix and body go in separately: the batch join copies them once, so no per-record concat.
+        framed = self._framed
+        framed.append(FRAME_PREFIXES[size] if size < FRAME_PREFIX_CACHE_LIMIT else frame_prefix(size))
+        framed.append(data)
         self._pending_bytes += size
         if len(waiters) >= self._max_records:
             self._flush(FlushTrigger.MAX_RECORDS)
         elif self._pending_bytes >= self._max_size:
             self._flush(FlushTrigger.MAX_SIZE)
         elif len(waiters) == 1:
-            self._oldest_at = loop.time()
+            self._oldest_at = now = loop.time()
             if self._timer is None:
-                self._timer = loop.call_at(self._oldest_at + self._delay_s, self._on_timer)
+                self._arm_timer(loop, now)
         return fut
 
     async def configure(self, config: BatchedWriteConfig) -> None:
@@ -189,11 +207,12 @@ class BufferedWriter(Generic[R]):
         elif self._pending_bytes >= self._max_size:
             self._flush(FlushTrigger.MAX_SIZE)
         else:
-            # The deadline of the pending batch follows the new delay.
+            # The pending batch follows the new delay, on a tick grid that starts now.
             if self._timer is not None:
                 self._timer.cancel()
             assert self._loop is not None  # records are pending, so a loop was seen
-            self._timer = self._loop.call_at(self._oldest_at + self._delay_s, self._on_timer)
+            self._epoch = now = self._loop.time()
+            self._arm_timer(self._loop, now)
 
     async def flush(self) -> None:
         """Hand the pending batch to the ledger now and wait until every entry so far has settled.
@@ -246,17 +265,20 @@ class BufferedWriter(Generic[R]):
                 " reopen the store to write again"
             )
 
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        # Pulsar's timer ticks every maxDelay and flushes whatever is queued. Ticking while idle would
+        # wake every writer 1000 times a second for nothing, so the timer is armed only while records
+        # wait, for the next tick of the same grid: flushes happen exactly when Pulsar's would.
+        delay = self._delay_s
+        if self._epoch is None:
+            self._epoch = now
+        when = now if delay <= 0 else self._epoch + (math.floor((now - self._epoch) / delay) + 1) * delay
+        self._timer = loop.call_at(when, self._on_timer)
+
     def _on_timer(self) -> None:
         self._timer = None
-        if not self._waiters or self._state is not WriterState.OPEN:
-            return
-        assert self._loop is not None
-        due = self._oldest_at + self._delay_s
-        if self._loop.time() + _TIMER_SLACK_S >= due:
+        if self._waiters and self._state is WriterState.OPEN:
             self._flush(FlushTrigger.MAX_DELAY)
-        else:
-            # Armed for a batch that was flushed by another trigger; this batch is younger.
-            self._timer = self._loop.call_at(due, self._on_timer)
 
     def _flush(self, trigger: FlushTrigger) -> None:
         waiters, framed, size = self._waiters, self._framed, self._pending_bytes

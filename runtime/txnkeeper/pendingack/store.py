@@ -21,7 +21,7 @@ from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 from txnkeeper.release import BATCHED_LEVEL
 from txnkeeper.txnlog.txnid import TxnID
-from txnkeeper.txnlog.txnstore import TxnKey, TxnRecordStore
+from txnkeeper.txnlog.txnstore import TxnRecordStore
 
 # Pulsar's MLPendingAckStore cursor name.
 CURSOR_NAME = "__pending_ack_state"
@@ -103,12 +103,8 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
             raise
         return store
 
-    def _txn_key(self, record: pa.PendingAckMetadataEntry) -> TxnKey:
-        return (record.txnid_most_bits, record.txnid_least_bits)
-
-    async def append(self, record: pa.PendingAckMetadataEntry) -> WritePosition:
-        """Write one record; it must name its operation and transaction."""
-        if not isinstance(record, pa.PendingAckMetadataEntry):
+    def _check_record(self, record: pa.PendingAckMetadataEntry) -> None:
+        if type(record) is not pa.PendingAckMetadataEntry:
             raise TypeError(
                 f"the pending-ack log stores PendingAckMetadataEntry records, not {type(record).__name__}"
             )
@@ -121,7 +117,6 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
                 "a PendingAckMetadataEntry needs pending_ack_op, txnid_most_bits and txnid_least_bits;"
                 f" got {record!r}"
             )
-        return await super().append(record)
 
     def _fold(
         self,

@@ -21,7 +21,7 @@ from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.release import BATCHED_LEVEL
 from txnkeeper.txnlog.txnid import TxnID
-from txnkeeper.txnlog.txnstore import TxnKey, TxnRecordStore
+from txnkeeper.txnlog.txnstore import TxnRecordStore
 
 # Pulsar's MLTransactionLogImpl cursor name.
 CURSOR_NAME = "transaction.subscription"
@@ -108,12 +108,8 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
             raise
         return store
 
-    def _txn_key(self, record: tm.TransactionMetadataEntry) -> TxnKey:
-        return (record.txnid_most_bits, record.txnid_least_bits)
-
-    async def append(self, record: tm.TransactionMetadataEntry) -> WritePosition:
-        """Write one record; it must carry its transaction id and belong to this coordinator."""
-        if not isinstance(record, tm.TransactionMetadataEntry):
+    def _check_record(self, record: tm.TransactionMetadataEntry) -> None:
+        if type(record) is not tm.TransactionMetadataEntry:
             raise TypeError(
                 f"the transaction log stores TransactionMetadataEntry records, not {type(record).__name__}"
             )
@@ -123,7 +119,6 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
                 f" does not belong to coordinator {self.coordinator_id}:"
                 " txnid_most_bits must be the coordinator id"
             )
-        return await super().append(record)
 
     def _fold(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -21,6 +22,9 @@ from txnkeeper.bufferedwriter.writer import WritePosition, WriterState
 from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
+
+# Both logs' records carry the transaction id under these names (their field numbers differ).
+_txn_key = attrgetter("txnid_most_bits", "txnid_least_bits")
 S = TypeVar("S")
 
 TxnKey = tuple[int, int]
@@ -35,17 +39,16 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     def __init__(self, log: RecordLog[R]) -> None:
         self._log = log
-        self._positions: dict[TxnKey, list[WritePosition]] = {}
-        self._in_flight: dict[TxnKey, int] = {}
-        self._settled: dict[TxnKey, asyncio.Future[None]] = {}
+        self._replayed: dict[TxnKey, list[WritePosition]] = {}
+        self._written: dict[TxnKey, list[asyncio.Future[WritePosition]]] = {}
         self._recovered: dict[TxnID, S] = {}
         self._closed = False
 
     # -- record semantics supplied by each store ----------------------------------------------------
 
     @abstractmethod
-    def _txn_key(self, record: R) -> TxnKey:
-        """The (most, least) transaction id of a record; raises ValueError for an unusable record."""
+    def _check_record(self, record: R) -> None:
+        """Refuse (TypeError/ValueError, saying what to fix) a record this store must not write."""
 
     @abstractmethod
     def _fold(self, state: S | None, txn_id: TxnID, position: WritePosition, record: R) -> S:
@@ -56,9 +59,9 @@ class TxnRecordStore(ABC, Generic[R, S]):
     async def _recover(self) -> None:
         states: dict[TxnID, S] = {}
         for live in await self._log.replay():
-            key = self._txn_key(live.record)
+            key: TxnKey = _txn_key(live.record)
             txn_id = TxnID(*key)
-            self._positions.setdefault(key, []).append(live.position)
+            self._replayed.setdefault(key, []).append(live.position)
             states[txn_id] = self._fold(states.get(txn_id), txn_id, live.position, live.record)
         self._recovered = states
 
@@ -77,55 +80,54 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     async def append(self, record: R) -> WritePosition:
         """Write one record of a transaction; resolves once it is durable."""
-        self._check_open()
-        key = self._txn_key(record)
+        if self._closed:
+            self._check_open()
+        self._check_record(record)
         future = self._log.writer.submit(record)
-        in_flight = self._in_flight
-        in_flight[key] = in_flight.get(key, 0) + 1
-        try:
-            position = await future
-            positions = self._positions.get(key)
-            if positions is None:
-                self._positions[key] = [position]
-            else:
-                positions.append(position)
-            return position
-        finally:
-            left = in_flight[key] - 1
-            if left:
-                in_flight[key] = left
-            else:
-                del in_flight[key]
-                settled = self._settled.pop(key, None)
-                if settled is not None and not settled.done():
-                    settled.set_result(None)
+        # The future is kept (not the position after the await): delete_txn can then wait for records
+        # still in flight, and the record path does no work after it resumes.
+        key: TxnKey = _txn_key(record)
+        written = self._written.get(key)
+        if written is None:
+            self._written[key] = [future]
+        else:
+            written.append(future)
+        return await future
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
         self._check_open()
         key = (txn_id.most, txn_id.least)
-        while key in self._in_flight:
-            settled = self._settled.get(key)
-            if settled is None:
-                settled = self._settled[key] = asyncio.get_running_loop().create_future()
-            await asyncio.shield(settled)
-        positions = self._positions.pop(key, None)
+        positions = self._replayed.pop(key, [])
+        written = self._written.pop(key, None)
+        if written:
+            unsettled = [f for f in written if not f.done()]
+            if unsettled:
+                await asyncio.wait(unsettled)
+            # A failed record is not in the log; a cancelled one lost its position (found again by
+            # replay after a restart, when its transaction is deleted again).
+            positions.extend(f.result() for f in written if not f.cancelled() and f.exception() is None)
         self._recovered.pop(TxnID(*key), None)
         if positions:
             try:
                 await self._log.delete(positions)
             except BaseException:
                 # Keep them so a retry (the coordinator retries ends) deletes them after all.
-                self._positions.setdefault(key, []).extend(positions)
+                self._replayed.setdefault(key, []).extend(positions)
                 raise
 
     def txn_positions(self, txn_id: TxnIdLike) -> list[WritePosition]:
-        """Durable positions of a transaction's records not yet deleted."""
-        return list(self._positions.get((txn_id.most, txn_id.least), ()))
+        """Durable positions of a transaction's records not yet deleted (in-flight ones excluded)."""
+        key = (txn_id.most, txn_id.least)
+        positions = list(self._replayed.get(key, ()))
+        for f in self._written.get(key, ()):
+            if f.done() and not f.cancelled() and f.exception() is None:
+                positions.append(f.result())
+        return positions
 
     def txn_count(self) -> int:
-        """Transactions with records still live in this store."""
-        return len(self._positions)
+        """Transactions with records still live (or in flight) in this store."""
+        return len(self._replayed.keys() | self._written.keys())
 
     # -- settings and inspection --------------------------------------------------------------------
 

@@ -1,0 +1,253 @@
+"""Benchmark: transaction-log records/s with PIP-160 batching vs without, on the durable managed ledger.
+
+For each writer count (1, 16, 256, 1024 by default), N coroutines each append transaction-log records
+(NEW, ADD_PARTITION, ADD_SUBSCRIPTION, UPDATE, UPDATE: a transaction's life; with --with-deletes also
+delete_txn in the background as the coordinator does) to a TransactionLogStore on a fresh data
+directory, as fast as their own acknowledgements allow, for a fixed time. The same run
+measures the unbatched baseline (batching disabled, the ledger's group commit still on) so the ratio is
+fair on a noisy machine. fsyncs are counted through the ledger's FileIO seam.
+
+Prints one JSON document. Figures depend on the machine and its load; compare ratios, not absolutes.
+
+    .venv/bin/python bench/txnlog_batching.py [--writers 1,16,256,1024] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from txnkeeper.bufferedwriter import BatchedWriteConfig
+from txnkeeper.ledger import FileIO, ManagedLedgerFactory
+from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
+from txnkeeper.txnlog import TransactionLogStore, TxnID
+
+Op = tm.TransactionMetadataEntry.TransactionMetadataOp
+COORDINATOR = 0
+
+
+class CountingIO(FileIO):
+    """The real file layer, counting the syncs the ledger issues."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+
+    def sync_data(self, fd: int) -> None:
+        self.syncs += 1
+        super().sync_data(fd)
+
+    def sync(self, fd: int) -> None:
+        self.syncs += 1
+        super().sync(fd)
+
+
+def txn_life(seq: int) -> list[tm.TransactionMetadataEntry]:
+    """The five records of one transaction, as a coordinator writes them."""
+    base = {"txnid_most_bits": COORDINATOR, "txnid_least_bits": seq}
+    now = 1_700_000_000_000 + seq
+    return [
+        tm.TransactionMetadataEntry(
+            metadata_op=Op.NEW,
+            timeout_ms=60_000,
+            start_time=now,
+            last_modification_time=now,
+            max_local_txn_id=seq,
+            owner="bench-client",
+            **base,
+        ),
+        tm.TransactionMetadataEntry(
+            metadata_op=Op.ADD_PARTITION,
+            partitions=[f"persistent://public/default/orders-partition-{seq % 16}"],
+            last_modification_time=now + 1,
+            **base,
+        ),
+        tm.TransactionMetadataEntry(
+            metadata_op=Op.ADD_SUBSCRIPTION,
+            subscriptions=[
+                tm.Subscription(topic="persistent://public/default/orders", subscription="billing")
+            ],
+            last_modification_time=now + 2,
+            **base,
+        ),
+        tm.TransactionMetadataEntry(
+            metadata_op=Op.UPDATE,
+            expected_status=tm.OPEN,
+            new_status=tm.COMMITTING,
+            last_modification_time=now + 3,
+            **base,
+        ),
+        tm.TransactionMetadataEntry(
+            metadata_op=Op.UPDATE,
+            expected_status=tm.COMMITTING,
+            new_status=tm.COMMITTED,
+            last_modification_time=now + 4,
+            **base,
+        ),
+    ]
+
+
+@dataclass
+class Result:
+    mode: str
+    writers: int
+    records: int
+    seconds: float
+    entries: int
+    fsyncs: int
+    latencies: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def pct(p: float) -> float:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else 0.0
+
+        return {
+            "mode": self.mode,
+            "writers": self.writers,
+            "records": self.records,
+            "recordsPerSecond": round(self.records / self.seconds),
+            "entriesWritten": self.entries,
+            "recordsPerEntry": round(self.records / self.entries, 1) if self.entries else 0.0,
+            "fsyncs": self.fsyncs,
+            "recordsPerFsync": round(self.records / self.fsyncs, 1) if self.fsyncs else 0.0,
+            "latencyMs": {"p50": pct(0.50), "p99": pct(0.99), "mean": round(statistics.fmean(lat) * 1000, 3)},
+        }
+
+
+async def run_one(
+    mode: str, writers: int, seconds: float, warmup: float, config: BatchedWriteConfig, *, delete: bool
+) -> Result:
+    with tempfile.TemporaryDirectory(prefix="txnlog-bench-") as tmp:
+        io = CountingIO()
+        factory = ManagedLedgerFactory(Path(tmp), io=io)
+        store = await TransactionLogStore.open(factory, COORDINATOR, config)
+        lives = [txn_life(seq) for seq in range(writers)]
+        measuring = False
+        stop = False
+        latencies: list[float] = []
+        counted = 0
+        clock = time.perf_counter
+
+        seqs = iter(range(writers, 1 << 62))
+        deletes: set[asyncio.Task[None]] = set()
+
+        async def writer(records: list[tm.TransactionMetadataEntry]) -> None:
+            # One transaction after another; when it ends its records are deleted in the background,
+            # as the coordinator does after answering the client.
+            nonlocal counted
+            append = store.append
+            seq = records[0].txnid_least_bits
+            while not stop:
+                for record in records:
+                    record.txnid_least_bits = seq  # serialized at append, so reuse is safe
+                    t0 = clock()
+                    await append(record)
+                    if measuring:
+                        latencies.append(clock() - t0)
+                        counted += 1
+                if delete:
+                    task = asyncio.create_task(store.delete_txn(TxnID(COORDINATOR, seq)))
+                    deletes.add(task)
+                    task.add_done_callback(deletes.discard)
+                seq = next(seqs)
+
+        tasks = [asyncio.create_task(writer(life)) for life in lives]
+        await asyncio.sleep(warmup)
+        entries0 = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"]
+        syncs0 = io.syncs
+        measuring = True
+        started = clock()
+        await asyncio.sleep(seconds)
+        measuring = False
+        elapsed = clock() - started
+        entries = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"] - entries0
+        syncs = io.syncs - syncs0
+        stop = True
+        await asyncio.gather(*tasks)
+        await asyncio.gather(*deletes)
+        await store.close()
+        await factory.close()
+        return Result(mode, writers, counted, elapsed, entries, syncs, latencies)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    modes = {
+        "batched": BatchedWriteConfig(enabled=True, max_delay_millis=args.max_delay_ms),
+        "unbatched": BatchedWriteConfig(enabled=False),
+    }
+    runs: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    for writers in args.writers:
+        pair: dict[str, dict[str, Any]] = {}
+        for mode in args.modes:
+            gc.collect()
+            result = await run_one(
+                mode, writers, args.seconds, args.warmup, modes[mode], delete=args.with_deletes
+            )
+            pair[mode] = result.to_json()
+            runs.append(pair[mode])
+            print(json.dumps(pair[mode]), file=sys.stderr)
+        if "batched" in pair and "unbatched" in pair:
+            b, u = pair["batched"], pair["unbatched"]
+            summary.append(
+                {
+                    "writers": writers,
+                    "batchedRecordsPerSecond": b["recordsPerSecond"],
+                    "unbatchedRecordsPerSecond": u["recordsPerSecond"],
+                    "speedup": round(b["recordsPerSecond"] / max(u["recordsPerSecond"], 1), 1),
+                    "batchedRecordsPerEntry": b["recordsPerEntry"],
+                    "batchedP99Ms": b["latencyMs"]["p99"],
+                }
+            )
+    return {
+        "benchmark": "txnlog_batching",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
+        "settings": {
+            "seconds": args.seconds,
+            "warmupSeconds": args.warmup,
+            "maxDelayMillis": args.max_delay_ms,
+            "maxRecords": 512,
+            "ledger": "fsync + group commit",
+            "deleteEndedTxns": args.with_deletes,
+        },
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--writers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 256, 1024]
+    )
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=["batched", "unbatched"])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--max-delay-ms", type=float, default=1.0)
+    parser.add_argument(
+        "--with-deletes",
+        action="store_true",
+        help="also delete each ended transaction's records (cursor load)",
+    )
+    args = parser.parse_args()
+    for mode in args.modes:
+        if mode not in ("batched", "unbatched"):
+            parser.error(f"unknown mode {mode!r}: use batched,unbatched")
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
