@@ -12,7 +12,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 # Modules that contribute subcommands; each has `register(subparsers) -> None` and sets `func` on its parser.
-_COMMAND_MODULES: tuple[str, ...] = ("txnkeeper.verifier.cli", "txnkeeper.server.serve", "txnkeeper.admin.cli")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "txnkeeper.verifier.cli",
+    "txnkeeper.server.serve",
+    "txnkeeper.admin.cli",
+    "txnkeeper.inspect_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
