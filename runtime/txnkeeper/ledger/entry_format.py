@@ -8,6 +8,9 @@ data, so a flipped length, id or data byte is always caught.
 A torn tail is what an interrupted append leaves at the end of the file: an incomplete header, a body
 running past the end, a bad data CRC on the very last record, or a zero-filled remainder. Only the
 ledger that was being written may have one, and it is cut. Any other failure is a CorruptEntryError.
+A process crash (SIGKILL) only ever leaves a prefix of the last write. A power loss could in principle
+persist a later page of the last, unacknowledged group but not an earlier one; that shows up as a bad
+record followed by good ones and is reported as corruption (safe, but it needs a human).
 """
 
 from __future__ import annotations

@@ -137,10 +137,8 @@ class LedgerFile:
 
     def read(self, first: int, count: int) -> list[bytes]:
         """Read and verify confirmed entries [first, first+count). Blocking; see begin_read."""
-        if self.retired:
+        if self.retired or self._read_fd < 0:
             raise NoSuchEntryError(f"ledger {self.ledger_id} was trimmed")
-        if self._read_fd < 0:
-            self._read_fd = self.io.open(self.path, os.O_RDONLY)
         start = self.offsets[first]
         last = first + count
         end = self.offsets[last] if last < self.entries else self.file_bytes
@@ -150,7 +148,12 @@ class LedgerFile:
         )
 
     def begin_read(self) -> None:
-        """Pin the read fd while a read runs on a thread (trim closes it only after)."""
+        """Pin the read fd while a read runs on a thread (trim closes it only after).
+
+        Called on the event loop, so the fd is opened exactly once (opening an existing file is quick).
+        """
+        if self._read_fd < 0 and not self.retired:
+            self._read_fd = self.io.open(self.path, os.O_RDONLY)
         self._readers += 1
 
     def end_read(self) -> None:
