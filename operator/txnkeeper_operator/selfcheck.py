@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     custom = client.CustomObjectsApi()
     for kind in KINDS:
         try:
-            items = custom.list_namespaced_custom_object(GROUP, API_VERSION, args.namespace, kind.plural)
+            items: Any = custom.list_namespaced_custom_object(GROUP, API_VERSION, args.namespace, kind.plural)
             print(f"{kind.kind}: {len(items.get('items', []))} in {args.namespace}")
         except client.ApiException as err:
             failures.append(f"list {kind.plural}.{GROUP}: HTTP {err.status} {err.reason}")
