@@ -16,6 +16,7 @@ import pytest
 
 from txnkeeper import cli as txnkeeper_cli
 from txnkeeper.verifier import RolloverMarkers, report_is_fresh
+from txnkeeper.verifier.job import DRIVER_JAVA_OPTIONS
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
 
 from .fake_kube import FakeKubeApi
@@ -230,6 +231,8 @@ def test_runs_under_spark_submit(two_pods: list[str], tmp_path: Path) -> None:
             "local[1]",
             "--conf",
             "spark.ui.enabled=false",
+            "--driver-java-options",
+            DRIVER_JAVA_OPTIONS,
             str(MAIN_FILE),
             *(f"--endpoint={url}" for url in two_pods),
             "--markers",

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 APP_NAME = "txnkeeper-verify-invalidation"
 DEFAULT_MASTER = "local[*]"
+# The job lives seconds, so the JVM's start matters more than peak JIT: C1 only and the serial GC halve
+# session start on a busy 2-core machine (measured 18-23 s -> 8-11 s at load 8). Applied only when this
+# process launches the JVM itself (not under spark-submit, whose flags already started it).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Partitions per core: enough to keep every core busy while some pods are slow to answer.
 PARTITIONS_PER_CORE = 2
 
@@ -81,6 +85,8 @@ def spark_session(master: str | None = None) -> SparkSession:
     builder = SparkSession.builder.appName(APP_NAME)
     if master is not None:
         builder = builder.master(master)
+    if not launched_by_spark_submit():
+        builder = builder.config("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
