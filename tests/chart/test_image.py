@@ -1,0 +1,110 @@
+"""The Dockerfile, checked without a Docker engine: what it copies exists and is not ignored, every
+command the chart and the operator run is an entry point the image installs, it runs as non-root, and
+Java lands only in the verifier target."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from txnkeeper.cli import build_parser
+from txnkeeper_operator import builders
+from txnkeeper_operator.engine import BatchSettings, Template
+from txnkeeper_operator.resource import Resource
+from txnkeeper_operator.settings import OperatorSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def _stages() -> dict[str, str]:
+    """Stage name -> its instructions (continuation lines joined)."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    stages: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        match = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
+        if match:
+            name = match.group(1)
+            stages[name] = ""
+        elif name is not None and line.strip() and not line.lstrip().startswith("#"):
+            stages[name] += line.strip() + "\n"
+    return stages
+
+
+def _ignored(path: str) -> bool:
+    patterns = [
+        p.strip()
+        for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+    return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in patterns)
+
+
+def test_stages_and_default_target() -> None:
+    stages = _stages()
+    assert list(stages)[-1] == "runtime", "the default build (no --target) must be the runtime image"
+    assert {"build", "build-verifier", "base", "verifier", "runtime"} <= set(stages)
+
+
+def test_copied_sources_exist_and_are_in_the_build_context() -> None:
+    sources = []
+    for line in _stages()["build"].splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            sources += line.split()[1:-1]
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert not _ignored(source), f"{source} is excluded by .dockerignore"
+    assert _ignored(".venv") and _ignored(".git") and _ignored("tests")
+
+
+def test_final_images_run_as_non_root() -> None:
+    for stage in ("verifier", "runtime"):
+        users = re.findall(r"^USER\s+(\S+)", _stages()[stage], re.MULTILINE)
+        assert users and users[-1].split(":")[0] == "10001", stage
+
+
+def test_java_only_where_spark_needs_it() -> None:
+    stages = _stages()
+    assert "jre" in stages["verifier"] and "spark" in stages["build-verifier"]
+    for stage in ("build", "base", "runtime"):
+        assert "jre" not in stages[stage] and "jdk" not in stages[stage]
+        assert "spark" not in stages[stage].replace("SPARK_LOCAL_DIRS", "")
+
+
+def test_every_command_the_cluster_runs_is_installed_by_the_image(capsys: pytest.CaptureFixture[str]) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    cr = Resource.from_body(
+        {
+            "kind": "TransactionCoordinator",
+            "metadata": {"name": "x", "namespace": "n", "uid": "u"},
+            "spec": {"version": "2.0.0"},
+        }
+    )
+    settings = OperatorSettings()
+    sts = builders.statefulset(cr, Template("2.0.0", BatchSettings()), settings)
+    job = builders.verifier_job(cr, settings, 1)
+    runtime = sts["spec"]["template"]["spec"]["containers"][0]
+    verifier = job["spec"]["template"]["spec"]["containers"][0]
+    assert runtime["command"][0] in scripts and verifier["command"][0] in scripts
+    for subcommand in (runtime["args"][0], verifier["args"][0]):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args([subcommand, "--help"])
+        assert exited.value.code == 0, f"`txnkeeper {subcommand}` is not a subcommand"
+    deployment = (ROOT / "helm/txnkeeper/templates/deployment.yaml").read_text()
+    (command,) = re.findall(r'command: \["([^"]+)"\]', deployment)
+    assert command in scripts
+    assert scripts["txnkeeper-operator"] == "txnkeeper_operator.main:main"
+
+
+def test_values_point_at_both_images() -> None:
+    values = yaml.safe_load((ROOT / "helm/txnkeeper/values.yaml").read_text())
+    assert values["image"]["repository"] != values["verifierImage"]["repository"]
+    assert OperatorSettings().verifier_image.startswith(values["verifierImage"]["repository"])
+    assert OperatorSettings().image.startswith(values["image"]["repository"])
