@@ -33,7 +33,7 @@ from .errors import LedgerClosedError, LedgerWriteError, NoSuchEntryError
 from .fileio import FileIO
 from .ledger_file import GroupWriteFailed, LedgerFile
 from .lock import release_directory_lock
-from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
+from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, MetadataStore
 from .names import encode_name
 from .position import Entry, Position
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
@@ -76,14 +76,12 @@ class ManagedLedger:
         self._executor = executor
         self._on_close = on_close
         self._lock_fd = recovered.lock_fd
-        self._meta_path = directory / METADATA_FILE
         self._ledgers_dir = directory / LEDGERS_DIR
         self._cursors_dir = directory / CURSORS_DIR
-        self._meta = recovered.meta
-        self._ids = [i.ledger_id for i in self._meta.ledgers]
+        self._store = MetadataStore(directory / METADATA_FILE, recovered.meta, io, executor)
         self._files = recovered.files
         self._cur = recovered.current
-        self._next_ledger_id = self._meta.next_ledger_id
+        self._next_ledger_id = recovered.meta.next_ledger_id
         self._last_created = time.time()
         self._max_entries = config.max_entries_per_ledger
         self._max_bytes = config.max_size_per_ledger_bytes
@@ -96,7 +94,6 @@ class ManagedLedger:
         self._reads_done = asyncio.Event()
         self._reads_done.set()
         self._trim_lock = asyncio.Lock()
-        self._meta_lock = asyncio.Lock()
         self._cursor_lock = asyncio.Lock()
         self._closed_event = asyncio.Event()
         self.torn_tails_cut = recovered.torn_tails
@@ -218,7 +215,7 @@ class ManagedLedger:
 
         try:
             try:
-                await self._update_meta(add_ledger)
+                await self._store.update(add_ledger)
             except OSError as exc:
                 raise self._rollover_failed(new, "could not record it in the metadata", exc) from exc
             self._files[new.ledger_id] = new
@@ -300,7 +297,7 @@ class ManagedLedger:
             raise ValueError(f"max_entries must be >= 1 (got {max_entries})")
         plan: list[tuple[LedgerFile, int, int]] = []
         remaining = max_entries
-        for ledger_id in self._ids[bisect_left(self._ids, start.ledger_id) :]:
+        for ledger_id in self._store.ids[bisect_left(self._store.ids, start.ledger_id) :]:
             ledger = self._files[ledger_id]
             first = max(start.entry_id, 0) if ledger_id == start.ledger_id else 0
             count = min(ledger.entries - first, remaining)
@@ -323,8 +320,8 @@ class ManagedLedger:
         ledger = self._files.get(position.ledger_id)
         if ledger is None or not 0 <= position.entry_id < ledger.entries:
             raise NoSuchEntryError(
-                f"no entry at {position} in managed ledger {self.name!r} (live ledgers {self._ids}, last "
-                f"confirmed entry {self.last_confirmed_entry()}); it was never written or was trimmed"
+                f"no entry at {position} in managed ledger {self.name!r} (live ledgers {self._store.ids}, "
+                f"last confirmed entry {self.last_confirmed_entry()}); it was never written or was trimmed"
             )
         chunks = await self._read([(ledger, position.entry_id, 1)])
         return chunks[0][0]
@@ -354,7 +351,7 @@ class ManagedLedger:
 
     def ledger_ids(self) -> list[int]:
         """Live (not trimmed) ledgers, ascending, including the current one."""
-        return list(self._ids)
+        return list(self._store.ids)
 
     def confirmed_entries(self, ledger_id: int) -> int:
         ledger = self._files.get(ledger_id)
@@ -366,26 +363,11 @@ class ManagedLedger:
 
     def last_confirmed_entry(self) -> Position | None:
         """The newest durable entry still live (None if no live ledger holds an entry)."""
-        for ledger_id in reversed(self._ids):
+        for ledger_id in reversed(self._store.ids):
             entries = self._files[ledger_id].entries
             if entries:
                 return Position(ledger_id, entries - 1)
         return None
-
-    async def _update_meta(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
-        """Apply ``change`` to a copy of the metadata, write it atomically, then adopt it.
-
-        Serialised: rollover (in the writer's order) and trim (from callers) both change the metadata,
-        and each must start from the other's result, or a ledger would vanish from it.
-        """
-        async with self._meta_lock:
-            meta = self._meta.copy()
-            change(meta)
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._io.write_file_atomically, self._meta_path, meta.encode()
-            )
-            self._meta = meta
-            self._ids = [i.ledger_id for i in meta.ledgers]
 
     # --- cursors and trimming ------------------------------------------------------------------------
 
@@ -398,7 +380,7 @@ class ManagedLedger:
             if cursor is not None:
                 return cursor
             path = self._cursors_dir / f"{encode_name(name, 'cursor')}.json"
-            state = CursorState(Position(self._ids[0], -1))
+            state = CursorState(Position(self._store.ids[0], -1))
             cursor = ManagedCursor(name, path, state=state, layout=self, io=self._io, executor=self._executor)
             try:
                 await asyncio.get_running_loop().run_in_executor(self._executor, cursor.persist_blocking)
@@ -422,7 +404,7 @@ class ManagedLedger:
         if self._state in (_State.CLOSING, _State.CLOSED):
             self._raise_not_writable()
         async with self._trim_lock:
-            if not self._consumed_ledgers(self._meta):
+            if not self._consumed_ledgers(self._store.meta):
                 return []
             victims: list[int] = []
 
@@ -432,7 +414,7 @@ class ManagedLedger:
                 meta.ledgers = [i for i in meta.ledgers if i.ledger_id not in victims]
 
             try:
-                await self._update_meta(drop_consumed)
+                await self._store.update(drop_consumed)
             except OSError as exc:
                 raise LedgerWriteError(
                     f"trimming ledgers {victims} of managed ledger {self.name!r} failed: could not write "
@@ -479,7 +461,9 @@ class ManagedLedger:
             state = "CreatingLedger"
         return internal_stats(
             entries_added=self._entries_added,
-            ledgers=[LedgerStat(i, self._files[i].entries, self._files[i].data_bytes) for i in self._ids],
+            ledgers=[
+                LedgerStat(i, self._files[i].entries, self._files[i].data_bytes) for i in self._store.ids
+            ],
             current=LedgerStat(cur.ledger_id, cur.entries, cur.data_bytes),
             last_confirmed=self.last_confirmed_entry(),
             state=state,

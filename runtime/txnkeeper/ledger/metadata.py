@@ -7,12 +7,16 @@ and crashes.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import CorruptMetadataError
+from .fileio import FileIO
 
 METADATA_FILE = "meta.json"
 METADATA_VERSION = 1
@@ -97,3 +101,30 @@ class ManagedLedgerMetadata:
         if any(not i.closed for i in meta.ledgers[:-1]):
             raise CorruptMetadataError(path, "a ledger other than the last one is still marked open")
         return meta
+
+
+class MetadataStore:
+    """The live metadata of one open managed ledger and the only way to change it.
+
+    Changes are serialised: rollover (in the writer's order) and trim (from callers) both change the
+    metadata, and each must start from the other's result, or a ledger would vanish from it.
+    """
+
+    def __init__(self, path: Path, meta: ManagedLedgerMetadata, io: FileIO, executor: Executor) -> None:
+        self.path = path
+        self.meta = meta
+        self.ids = [i.ledger_id for i in meta.ledgers]  # live ledger ids, ascending
+        self._io = io
+        self._executor = executor
+        self._lock = asyncio.Lock()
+
+    async def update(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
+        """Apply ``change`` to a copy, write it atomically, then adopt it (OSError: nothing changed)."""
+        async with self._lock:
+            meta = self.meta.copy()
+            change(meta)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._io.write_file_atomically, self.path, meta.encode()
+            )
+            self.meta = meta
+            self.ids = [i.ledger_id for i in meta.ledgers]
