@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from txnkeeper.ledger import CorruptEntryError, ManagedLedgerConfig, ManagedLedgerFactory, Position
+from txnkeeper.ledger import (
+    CorruptEntryError,
+    CorruptMetadataError,
+    ManagedLedgerConfig,
+    ManagedLedgerFactory,
+    Position,
+)
 from txnkeeper.ledger.entry_format import FILE_HEADER, RECORD_HEADER_SIZE, record_header
 from txnkeeper.ledger.ledger_file import ledger_file_name
 
@@ -140,4 +146,31 @@ async def test_bad_file_header_is_an_error(tmp_path: Path) -> None:
     positions = await write_ledgers(tmp_path, ledgers=2)
     flip_byte(ledger_path(tmp_path, positions[0].ledger_id), 0)
     with pytest.raises(CorruptEntryError, match="bad magic"):
+        await reopen_entries(tmp_path)
+
+
+async def test_unreadable_metadata_is_a_clear_error(tmp_path: Path) -> None:
+    await write_ledgers(tmp_path)
+    meta = tmp_path / NAME / "meta.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    with pytest.raises(CorruptMetadataError, match=r"meta\.json"):
+        await reopen_entries(tmp_path)
+
+
+async def test_ledger_file_unknown_to_the_metadata_is_an_error(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)
+    stray = ledger_path(tmp_path, positions[0].ledger_id + 100)
+    stray.write_bytes(b"")
+    with pytest.raises(CorruptMetadataError, match="older copy"):
+        await reopen_entries(tmp_path)
+    assert stray.exists()  # never deleted: it could hold acknowledged data
+
+
+async def test_corrupt_cursor_file_is_a_clear_error(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    await ml.open_cursor("sub")
+    await factory.close()
+    (tmp_path / NAME / "cursors" / "sub.json").write_text('{"version": 1, "name": "sub"}')
+    with pytest.raises(CorruptMetadataError, match=r"sub\.json"):
         await reopen_entries(tmp_path)
