@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -21,8 +22,11 @@ NAME = "log"
 SIZES = [10, 20, 30, 40, 50]
 
 
-async def write_ledgers(root: Path, ledgers: int = 1) -> list[Position]:
-    """Write ``ledgers`` ledgers of SIZES entries each, close cleanly; the last stays the open one."""
+async def write_ledgers(root: Path, ledgers: int = 1, *, crashed: bool = True) -> list[Position]:
+    """Write ``ledgers`` ledgers of SIZES entries each and close.
+
+    ``crashed``: then mark the last ledger open again in the metadata, the state a crash leaves.
+    """
     factory = ManagedLedgerFactory(root)
     ml = await factory.open(NAME)
     positions = []
@@ -31,6 +35,12 @@ async def write_ledgers(root: Path, ledgers: int = 1) -> list[Position]:
             await ml.rollover()
         positions += [await ml.add_entry(bytes([i]) * size) for i, size in enumerate(SIZES)]
     await factory.close()
+    if crashed:
+        meta_path = root / NAME / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        assert meta["ledgers"][-1]["closed"] is True  # a clean close records it closed
+        meta["ledgers"][-1]["closed"] = False
+        meta_path.write_text(json.dumps(meta))
     return positions
 
 
@@ -86,6 +96,13 @@ async def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path: Path) ->
     data, cut = await reopen_entries(tmp_path)
     assert data == [bytes([i]) * s for i, s in enumerate(SIZES[:4])]
     assert "bad data checksum" in cut[0]
+
+
+async def test_after_a_clean_close_a_damaged_tail_is_corruption(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path, crashed=False)
+    flip_byte(ledger_path(tmp_path, positions[0].ledger_id), record_offset(4) + RECORD_HEADER_SIZE + 3)
+    with pytest.raises(CorruptEntryError, match="entry 4 in ledger"):
+        await reopen_entries(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -472,20 +472,43 @@ class ManagedLedger:
             cursors={name: cursor.stats() for name, cursor in sorted(self._cursors.items())},
         )
 
+    async def _close_current_ledger(self) -> None:
+        # Recorded as closed, the ledger is checked strictly on the next open: after a clean shutdown
+        # a damaged tail is corruption, not a torn write. An empty one stays open, to be reused.
+        cur = self._cur
+        if cur.entries == 0 or cur.broken is not None or cur.ledger_id not in self._store.ids:
+            return
+
+        def close_open(meta: ManagedLedgerMetadata) -> None:
+            for info in meta.ledgers:
+                if not info.closed:
+                    self._close_info(info)
+
+        try:
+            await self._store.update(close_open)
+        except OSError as exc:  # still safe: the next open recovers it as the open ledger
+            log.warning(
+                "managed ledger %s: could not record ledger %d as closed: %s", self.name, cur.ledger_id, exc
+            )
+
     @property
     def state(self) -> str:
         return self._state.value
 
     async def close(self) -> None:
-        """Finish queued appends (they complete normally), persist cursors, release the directory."""
+        """Finish queued appends (they complete normally), close the current ledger in the metadata,
+        persist cursors, release the directory."""
         if self._state is _State.CLOSED:
             return
         if self._state is _State.CLOSING:
             await self._closed_event.wait()
             return
+        failed = self._state is _State.FAILED
         self._state = _State.CLOSING
         try:
             await self._writer.drain()
+            if not failed:
+                await self._close_current_ledger()
             if self._age_timer is not None:
                 self._age_timer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
