@@ -102,6 +102,8 @@ async def test_bad_input_is_refused_with_a_clear_error(factory: ManagedLedgerFac
         ManagedLedgerConfig(max_ledger_age_seconds=0)
     with pytest.raises(ValueError, match="ledgerId:entryId"):
         Position.parse("12")
+    with pytest.raises(TypeError, match="Position"):
+        await ml.read_entries((1, 0), 10)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

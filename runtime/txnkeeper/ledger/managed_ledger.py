@@ -55,6 +55,14 @@ def _consume_exception(future: asyncio.Future[Any]) -> None:
         future.exception()  # an automatic rollover's failure is reported to the appends behind it
 
 
+def _check_position(position: object) -> None:
+    if not isinstance(position, Position):
+        raise TypeError(
+            f"expected a txnkeeper.ledger.Position, got {type(position).__name__} {position!r}; "
+            "use Position(ledger_id, entry_id) or Position.parse('ledgerId:entryId')"
+        )
+
+
 class ManagedLedger:
     """See docs/contracts.md section 1. Create through ManagedLedgerFactory.open()."""
 
@@ -293,6 +301,7 @@ class ManagedLedger:
         """Up to ``max_entries`` durable entries from ``start`` on (crossing ledgers; trimmed or
         empty ledgers are skipped). Empty when nothing exists at or after ``start``."""
         self._check_readable()
+        _check_position(start)
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1 (got {max_entries})")
         plan: list[tuple[LedgerFile, int, int]] = []
@@ -317,6 +326,7 @@ class ManagedLedger:
 
     async def read_entry(self, position: Position) -> bytes:
         self._check_readable()
+        _check_position(position)
         ledger = self._files.get(position.ledger_id)
         if ledger is None or not 0 <= position.entry_id < ledger.entries:
             raise NoSuchEntryError(
