@@ -35,6 +35,9 @@ class RuntimeProcess:
     release: str
     token_file: Path
     extra_args: list[str] = field(default_factory=list)
+    # Port 0: the OS picks (read back from the ports file); the fleet pins ports that must survive restarts.
+    listen: str = "127.0.0.1:0"
+    admin_listen: str = "127.0.0.1:0"
     proc: subprocess.Popen[bytes] | None = None
     client_address: str | None = None
     admin_address: str | None = None
@@ -73,9 +76,9 @@ class RuntimeProcess:
             "--release",
             self.release,
             "--listen",
-            "127.0.0.1:0",
+            self.listen,
             "--admin-listen",
-            "127.0.0.1:0",
+            self.admin_listen,
             "--pod-name",
             self.name,
             "--admin-token-file",

@@ -1,0 +1,294 @@
+"""A group of local runtime processes driven by the operator's rollout engine, like one custom resource.
+
+`MemberGroup` is to the local fleet what reconcile.py is to the cluster: it translates processes into
+the engine's `Observed`, persists the engine's progress (to a state file, write-ahead), and carries out
+the one action the engine returns: restart a member at a version, toggle its batch log, roll its
+ledgers over, or run the real verifier (`txnkeeper verify-invalidation`, Spark local mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from txnkeeper.fleet.admin import FleetAdmin, FleetAdminError
+from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper_operator.engine import (
+    Action,
+    ApplyTemplate,
+    BatchSettings,
+    ConfigureBatchLog,
+    Decision,
+    Desired,
+    EngineConfig,
+    Observed,
+    PodState,
+    Progress,
+    RestartPod,
+    RolloverStores,
+    RunVerifier,
+    Template,
+    VerifierReport,
+    VerifierState,
+    decide,
+    record_rollover,
+)
+from txnkeeper_operator.engine.persist import (
+    MalformedReportError,
+    format_time,
+    progress_from_status,
+    progress_to_status,
+    report_from_json,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What differs between a coordinator group and a store group (mirrors the operator's Kind)."""
+
+    name: str  # --role
+    stat_key: str
+    array_key: str
+    entry_key: str
+    metrics_prefix: str
+
+
+COORDINATOR = Role(
+    "coordinator", "coordinator", "coordinatorArray", "transactionLogBatchedWriteStat", "pulsar_txn_tc"
+)
+STORE = Role(
+    "store",
+    "pendingAck",
+    "subscriptionArray",
+    "transactionPendingAckBatchedWriteStat",
+    "pulsar_txn_pending_ack_store",
+)
+
+
+def free_port() -> int:
+    """A port for a member to keep across restarts (clients and coordinators hold its address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class MemberGroup:
+    name: str
+    role: Role
+    work_dir: Path
+    token_file: Path
+    admin: FleetAdmin
+    replicas: int
+    coordinators: int = 0
+    engine_config: EngineConfig = field(default_factory=EngineConfig)
+    spark_master: str = "local[2]"
+    template: Template | None = None
+    members: list[RuntimeProcess] = field(default_factory=list)
+    verifier_proc: subprocess.Popen[bytes] | None = None
+    last_report: VerifierReport | None = None
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def state_file(self) -> Path:
+        return self.work_dir / f"{self.name}.progress.json"
+
+    @property
+    def report_file(self) -> Path:
+        return self.work_dir / f"{self.name}.verifier-report.json"
+
+    # ---- persisted progress (what the operator keeps in status.downgrade) ---------------------------
+
+    def load_progress(self) -> Progress:
+        if not self.state_file.exists():
+            return Progress()
+        return progress_from_status(json.loads(self.state_file.read_text()))
+
+    def save_progress(self, progress: Progress) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(progress_to_status(progress)))
+        tmp.replace(self.state_file)
+
+    # ---- members ------------------------------------------------------------------------------------
+
+    def _member(self, ordinal: int) -> RuntimeProcess:
+        while len(self.members) <= ordinal:
+            index = len(self.members)
+            extra: list[str] = []
+            if self.role is COORDINATOR:
+                ids = [c for c in range(self.coordinators) if c % self.replicas == index]
+                extra += ["--coordinators", str(self.coordinators)]
+                extra += ["--coordinator-ids", ",".join(map(str, ids))]
+            self.members.append(
+                RuntimeProcess(
+                    name=f"{self.name}-{index}",
+                    role=self.role.name,
+                    data_dir=self.work_dir / "data" / f"{self.name}-{index}",
+                    work_dir=self.work_dir,
+                    release="",
+                    token_file=self.token_file,
+                    extra_args=extra,
+                    listen=f"127.0.0.1:{free_port()}",
+                    admin_listen=f"127.0.0.1:{free_port()}",
+                )
+            )
+        return self.members[ordinal]
+
+    def _start(self, member: RuntimeProcess) -> None:
+        assert self.template is not None
+        member.release = self.template.version
+        block = {
+            "enabled": self.template.batch.enabled,
+            "maxRecords": self.template.batch.max_records,
+            "maxSizeBytes": self.template.batch.max_size_bytes,
+            "maxDelayMillis": self.template.batch.max_delay_millis,
+        }
+        member.config_file.write_text(json.dumps({"batchedWrite": block}))
+        member.start()
+
+    def client_addresses(self) -> list[str]:
+        return [m.listen for m in self.members]
+
+    @staticmethod
+    def admin_base(member: RuntimeProcess) -> str:
+        return f"http://{member.admin_listen}"
+
+    # ---- observe -------------------------------------------------------------------------------------
+
+    async def _observe_member(self, ordinal: int, member: RuntimeProcess) -> PodState:
+        base = self.admin_base(member)
+        if not member.running() or not member.ports_file.exists() or not await self.admin.ready(base):
+            return PodState(ordinal, member.name, member.release, False, None)
+        try:
+            batch = await self.admin.batch_settings(
+                base, self.role.stat_key, self.role.array_key, self.role.entry_key
+            )
+        except FleetAdminError:
+            return PodState(ordinal, member.name, member.release, True, None)
+        return PodState(ordinal, member.name, member.release, True, batch)
+
+    def _verifier_state(self) -> VerifierState:
+        running = self.verifier_proc is not None and self.verifier_proc.poll() is None
+        if not running and self.report_file.exists():
+            try:
+                self.last_report = report_from_json(json.loads(self.report_file.read_text()))
+            except (ValueError, MalformedReportError):
+                self.last_report = None
+        return VerifierState(running=running, report=self.last_report)
+
+    async def observe(self, now: datetime) -> Observed:
+        pods = await asyncio.gather(
+            *(self._observe_member(i, m) for i, m in enumerate(self.members) if m.release)
+        )
+        return Observed(self.template, tuple(pods), now, self._verifier_state())
+
+    # ---- one reconcile step --------------------------------------------------------------------------
+
+    async def step(self, desired: Desired) -> Decision:
+        now = datetime.now(UTC)
+        observed = await self.observe(now)
+        decision = decide(desired, observed, self.load_progress(), self.engine_config)
+        self.save_progress(decision.progress)  # write-ahead, as the operator does
+        if decision.action is not None:
+            progress = await self._execute(decision.action, desired, decision.progress)
+            self.save_progress(progress)
+            self.history.append(describe(decision.action))
+        return decision
+
+    async def _execute(self, action: Action, desired: Desired, progress: Progress) -> Progress:
+        match action:
+            case ApplyTemplate(version=version, batch=batch):
+                self.template = Template(version, batch)
+                for ordinal in range(desired.replicas):
+                    member = self._member(ordinal)
+                    if not member.running():
+                        self._start(member)  # the StatefulSet creating missing pods
+            case RestartPod(ordinal=ordinal):
+                member = self.members[ordinal]
+                await member.stop()
+                self._start(member)
+            case ConfigureBatchLog(ordinal=ordinal, batch=batch):
+                await self.admin.set_batch(self.admin_base(self.members[ordinal]), self.role.stat_key, batch)
+            case RolloverStores(ordinal=ordinal, pod=pod):
+                markers = await self.admin.rollover(self.admin_base(self.members[ordinal]))
+                progress = record_rollover(progress, pod, markers)
+            case RunVerifier(markers=markers, taken_at=taken_at):
+                self._run_verifier(markers, taken_at)
+        return progress
+
+    def _run_verifier(self, markers: dict[str, int] | Any, taken_at: datetime) -> None:
+        self.report_file.unlink(missing_ok=True)
+        self.last_report = None
+        doc = {"takenAt": format_time(taken_at), "stores": dict(markers)}
+        endpoints = [f"--endpoint={m.name}={self.admin_base(m)}" for m in self.members]
+        log = (self.work_dir / f"{self.name}.verifier.log").open("ab")
+        try:
+            self.verifier_proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "txnkeeper.cli",
+                    "verify-invalidation",
+                    *endpoints,
+                    "--markers-json",
+                    json.dumps(doc),
+                    "--output",
+                    str(self.report_file),
+                    "--master",
+                    self.spark_master,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    # ---- teardown ------------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(m.stop() for m in self.members))
+        proc = self.verifier_proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.wait, 15)
+
+    def kill_all(self) -> None:
+        """Last resort (an exception or Ctrl-C): nothing this group started survives."""
+        for member in self.members:
+            member.kill()
+        proc = self.verifier_proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def describe(action: Action) -> str:
+    match action:
+        case ApplyTemplate(version=v, batch=b):
+            return f"template -> {v}, start with batch log {'on' if b.enabled else 'off'}"
+        case RestartPod(pod=p, from_version=f, to_version=t):
+            return f"restart {p}: {f} -> {t}"
+        case ConfigureBatchLog(pod=p, batch=b):
+            return f"batch log {'on' if b.enabled else 'off'} on {p}"
+        case RolloverStores(pod=p):
+            return f"roll over the ledgers of {p}"
+        case RunVerifier(markers=m):
+            return f"run the Spark verifier over {len(m)} store(s)"
+    raise AssertionError(action)
+
+
+def batch_off() -> BatchSettings:
+    return BatchSettings()
