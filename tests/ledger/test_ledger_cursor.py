@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
@@ -141,3 +142,18 @@ def test_ack_set_words_round_trip(batch_size: int, deleted: set[int]) -> None:
     assert not words or words[-1] != 0  # BitSet.toLongArray drops trailing zero words
     assert words_to_mask(words, batch_size) == mask
     assert words_to_mask([w & ((1 << 64) - 1) for w in words], batch_size) == mask  # unsigned accepted
+
+
+async def test_close_waits_for_every_accepted_cursor_change(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open("log")
+    ps = [await ml.add_entry(b"x") for _ in range(40)]
+    cursor = await ml.open_cursor("c")
+    changes = [asyncio.ensure_future(cursor.delete([p])) for p in ps[1::2]]
+    await asyncio.sleep(0)  # let every change be accepted (applied in memory, waiting for its write)
+    await factory.close()
+    assert all(c.done() and c.exception() is None for c in changes)
+    factory = ManagedLedgerFactory(tmp_path)
+    cursor = await (await factory.open("log")).open_cursor("c")
+    assert [cursor.is_deleted(p) for p in ps] == [i % 2 == 1 for i in range(40)]
+    await factory.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
@@ -27,6 +28,7 @@ from .position import Position
 from .rangeset import EntryRangeSet
 
 CURSOR_FILE_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 class LedgerLayout(Protocol):
@@ -295,8 +297,12 @@ class ManagedCursor:
         self._io.write_file_atomically(self._path, self._state.encode(self.name))
 
     async def close(self) -> None:
-        async with self._lock:  # let an in-flight write finish
-            self._closed = True
+        """Refuse new changes and wait until every accepted one is on disk (or its write failed)."""
+        self._closed = True
+        try:
+            await self._persist(changed=False)
+        except LedgerWriteError as exc:
+            log.warning("%s", exc)
 
     def _check_open(self) -> None:
         if self._closed:
