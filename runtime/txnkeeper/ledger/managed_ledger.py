@@ -523,7 +523,7 @@ class ManagedLedger:
                 self._age_timer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._age_timer
-            async with self._trim_lock:
+            async with self._cursor_lock, self._trim_lock:  # no cursor creation or trim half done
                 for cursor in self._cursors.values():
                     await cursor.close()
             await self._reads_done.wait()
