@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-from dataclasses import dataclass
 from functools import partial
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from google.protobuf.message import Message
+from google.protobuf.message import EncodeError, Message
 
 from txnkeeper.bufferedwriter.codec import (
     BATCH_HEADER,
@@ -51,9 +50,12 @@ class EntryLog(Protocol):
     async def add_entry(self, data: bytes) -> LedgerPosition: ...
 
 
-@dataclass(frozen=True, slots=True)
-class WritePosition:
-    """Where a record landed: its entry, and its place in the batch (0/0 for a plain entry)."""
+class WritePosition(NamedTuple):
+    """Where a record landed: its entry, and its place in the batch (0/0 for a plain entry).
+
+    A named tuple rather than a dataclass: one is built per record on the hot path, and a tuple is
+    built several times faster. It is immutable, ordered by (ledger, entry, size, index), hashable.
+    """
 
     ledger_id: int
     entry_id: int
@@ -93,10 +95,12 @@ class BufferedWriter(Generic[R]):
         self._ledger = ledger
         self._codec = codec
         self._serialize = codec.serialize
+        self._record_type = codec.record_type
         self._metrics = metrics
         self._state = WriterState.OPEN
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._framed: list[bytes] = []
+        # Starts with the batch header so a flush is one join, one copy.
+        self._framed: list[bytes] = [BATCH_HEADER]
         self._waiters: list[asyncio.Future[WritePosition]] = []
         self._pending_bytes = 0
         self._oldest_at = 0.0
@@ -144,7 +148,14 @@ class BufferedWriter(Generic[R]):
         """
         if self._state is not WriterState.OPEN:
             self._check_open()
-        return self.submit_serialized(self._serialize(record))
+        if type(record) is self._record_type:
+            try:
+                data = record.SerializeToString()
+            except EncodeError:
+                data = self._serialize(record)  # raises the explanatory error
+        else:
+            data = self._serialize(record)  # checks the type
+        return self.submit_serialized(data)
 
     def submit_serialized(self, data: bytes) -> asyncio.Future[WritePosition]:
         """Queue a record the caller already serialized with this writer's codec."""
@@ -235,7 +246,7 @@ class BufferedWriter(Generic[R]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        waiters, self._waiters, self._framed, self._pending_bytes = self._waiters, [], [], 0
+        waiters, self._waiters, self._framed, self._pending_bytes = self._waiters, [], [BATCH_HEADER], 0
         if waiters:
             error = BufferedWriterClosedError(
                 f"buffered writer closed before {len(waiters)} buffered record(s) were flushed;"
@@ -282,14 +293,12 @@ class BufferedWriter(Generic[R]):
 
     def _flush(self, trigger: FlushTrigger) -> None:
         waiters, framed, size = self._waiters, self._framed, self._pending_bytes
-        self._waiters, self._framed, self._pending_bytes = [], [], 0
+        self._waiters, self._framed, self._pending_bytes = [], [BATCH_HEADER], 0
         loop = self._loop
         assert loop is not None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
-        task: asyncio.Future[LedgerPosition] = loop.create_task(
-            self._ledger.add_entry(BATCH_HEADER + b"".join(framed))
-        )
+        task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(b"".join(framed)))
         self._in_flight.add(task)
         task.add_done_callback(partial(self._on_batch_written, waiters))
 

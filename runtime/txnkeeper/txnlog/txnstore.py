@@ -39,6 +39,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     def __init__(self, log: RecordLog[R]) -> None:
         self._log = log
+        self._submit = log.writer.submit
         self._replayed: dict[TxnKey, list[WritePosition]] = {}
         self._written: dict[TxnKey, list[asyncio.Future[WritePosition]]] = {}
         self._recovered: dict[TxnID, S] = {}
@@ -83,7 +84,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
         if self._closed:
             self._check_open()
         self._check_record(record)
-        future = self._log.writer.submit(record)
+        future = self._submit(record)
         # The future is kept (not the position after the await): delete_txn can then wait for records
         # still in flight, and the record path does no work after it resumes.
         key: TxnKey = _txn_key(record)
