@@ -4,8 +4,9 @@ For each writer count (1, 16, 256, 1024 by default), N coroutines each append tr
 (NEW, ADD_PARTITION, ADD_SUBSCRIPTION, UPDATE, UPDATE: a transaction's life; with --with-deletes also
 delete_txn in the background as the coordinator does) to a TransactionLogStore on a fresh data
 directory, as fast as their own acknowledgements allow, for a fixed time. The same run
-measures the unbatched baseline (batching disabled, the ledger's group commit still on) so the ratio is
-fair on a noisy machine. fsyncs are counted through the ledger's FileIO seam.
+measures two unbatched baselines (batching disabled with the ledger's group commit still on, and with
+one fsync per entry) so the ratios are fair on a noisy machine. fsyncs are counted through the ledger's
+FileIO seam.
 
 Prints one JSON document. Figures depend on the machine and its load; compare ratios, not absolutes.
 
@@ -24,12 +25,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from txnkeeper.bufferedwriter import BatchedWriteConfig
-from txnkeeper.ledger import FileIO, ManagedLedgerFactory
+from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.txnlog import TransactionLogStore, TxnID
 
@@ -54,9 +56,8 @@ class CountingIO(FileIO):
 
 def txn_life(seq: int) -> list[tm.TransactionMetadataEntry]:
     """The five records of one transaction, as a coordinator writes them."""
-    base = {"txnid_most_bits": COORDINATOR, "txnid_least_bits": seq}
     now = 1_700_000_000_000 + seq
-    return [
+    records = [
         tm.TransactionMetadataEntry(
             metadata_op=Op.NEW,
             timeout_ms=60_000,
@@ -64,13 +65,11 @@ def txn_life(seq: int) -> list[tm.TransactionMetadataEntry]:
             last_modification_time=now,
             max_local_txn_id=seq,
             owner="bench-client",
-            **base,
         ),
         tm.TransactionMetadataEntry(
             metadata_op=Op.ADD_PARTITION,
             partitions=[f"persistent://public/default/orders-partition-{seq % 16}"],
             last_modification_time=now + 1,
-            **base,
         ),
         tm.TransactionMetadataEntry(
             metadata_op=Op.ADD_SUBSCRIPTION,
@@ -78,23 +77,24 @@ def txn_life(seq: int) -> list[tm.TransactionMetadataEntry]:
                 tm.Subscription(topic="persistent://public/default/orders", subscription="billing")
             ],
             last_modification_time=now + 2,
-            **base,
         ),
         tm.TransactionMetadataEntry(
             metadata_op=Op.UPDATE,
             expected_status=tm.OPEN,
             new_status=tm.COMMITTING,
             last_modification_time=now + 3,
-            **base,
         ),
         tm.TransactionMetadataEntry(
             metadata_op=Op.UPDATE,
             expected_status=tm.COMMITTING,
             new_status=tm.COMMITTED,
             last_modification_time=now + 4,
-            **base,
         ),
     ]
+    for record in records:
+        record.txnid_most_bits = COORDINATOR
+        record.txnid_least_bits = seq
+    return records
 
 
 @dataclass
@@ -106,6 +106,8 @@ class Result:
     entries: int
     fsyncs: int
     latencies: list[float]
+    cpu_seconds: float
+    loadavg: float
 
     def to_json(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -123,16 +125,25 @@ class Result:
             "fsyncs": self.fsyncs,
             "recordsPerFsync": round(self.records / self.fsyncs, 1) if self.fsyncs else 0.0,
             "latencyMs": {"p50": pct(0.50), "p99": pct(0.99), "mean": round(statistics.fmean(lat) * 1000, 3)},
+            # CPU this process spent per record (all threads): less sensitive to other load than rates.
+            "cpuMicrosPerRecord": round(self.cpu_seconds / self.records * 1e6, 2) if self.records else 0.0,
+            "loadavg1m": round(self.loadavg, 2),
         }
 
 
+@dataclass(frozen=True)
+class Mode:
+    writer: BatchedWriteConfig
+    ledger: ManagedLedgerConfig
+
+
 async def run_one(
-    mode: str, writers: int, seconds: float, warmup: float, config: BatchedWriteConfig, *, delete: bool
+    mode: str, setup: Mode, writers: int, seconds: float, warmup: float, *, delete: bool
 ) -> Result:
     with tempfile.TemporaryDirectory(prefix="txnlog-bench-") as tmp:
         io = CountingIO()
         factory = ManagedLedgerFactory(Path(tmp), io=io)
-        store = await TransactionLogStore.open(factory, COORDINATOR, config)
+        store = await TransactionLogStore.open(factory, COORDINATOR, setup.writer, ledger_config=setup.ledger)
         lives = [txn_life(seq) for seq in range(writers)]
         measuring = False
         stop = False
@@ -168,10 +179,10 @@ async def run_one(
         entries0 = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"]
         syncs0 = io.syncs
         measuring = True
-        started = clock()
+        started, cpu_started = clock(), time.process_time()
         await asyncio.sleep(seconds)
         measuring = False
-        elapsed = clock() - started
+        elapsed, cpu = clock() - started, time.process_time() - cpu_started
         entries = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"] - entries0
         syncs = io.syncs - syncs0
         stop = True
@@ -179,38 +190,58 @@ async def run_one(
         await asyncio.gather(*deletes)
         await store.close()
         await factory.close()
-        return Result(mode, writers, counted, elapsed, entries, syncs, latencies)
+        return Result(mode, writers, counted, elapsed, entries, syncs, latencies, cpu, os.getloadavg()[0])
+
+
+def batched_mode(delay_ms: float) -> Mode:
+    return Mode(BatchedWriteConfig(enabled=True, max_delay_millis=delay_ms), ManagedLedgerConfig())
+
+
+def unbatched_mode(_delay_ms: float) -> Mode:
+    # Same ledger (group commit merges concurrent entries into one fsync): the fair baseline.
+    return Mode(BatchedWriteConfig(enabled=False), ManagedLedgerConfig())
+
+
+def unbatched_fsync_each_mode(_delay_ms: float) -> Mode:
+    # One write + fsync per entry, as a log without group commit would do.
+    return Mode(BatchedWriteConfig(enabled=False), ManagedLedgerConfig(group_commit=False))
+
+
+MODES: dict[str, Callable[[float], Mode]] = {
+    "batched": batched_mode,
+    "unbatched": unbatched_mode,
+    "unbatched-fsync-each": unbatched_fsync_each_mode,
+}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    modes = {
-        "batched": BatchedWriteConfig(enabled=True, max_delay_millis=args.max_delay_ms),
-        "unbatched": BatchedWriteConfig(enabled=False),
-    }
     runs: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     for writers in args.writers:
-        pair: dict[str, dict[str, Any]] = {}
+        by_mode: dict[str, dict[str, Any]] = {}
         for mode in args.modes:
             gc.collect()
-            result = await run_one(
-                mode, writers, args.seconds, args.warmup, modes[mode], delete=args.with_deletes
-            )
-            pair[mode] = result.to_json()
-            runs.append(pair[mode])
-            print(json.dumps(pair[mode]), file=sys.stderr)
-        if "batched" in pair and "unbatched" in pair:
-            b, u = pair["batched"], pair["unbatched"]
-            summary.append(
-                {
-                    "writers": writers,
-                    "batchedRecordsPerSecond": b["recordsPerSecond"],
-                    "unbatchedRecordsPerSecond": u["recordsPerSecond"],
-                    "speedup": round(b["recordsPerSecond"] / max(u["recordsPerSecond"], 1), 1),
-                    "batchedRecordsPerEntry": b["recordsPerEntry"],
-                    "batchedP99Ms": b["latencyMs"]["p99"],
-                }
-            )
+            setup = MODES[mode](args.max_delay_ms)
+            result = await run_one(mode, setup, writers, args.seconds, args.warmup, delete=args.with_deletes)
+            by_mode[mode] = result.to_json()
+            runs.append(by_mode[mode])
+            print(json.dumps(by_mode[mode]), file=sys.stderr)
+        b = by_mode.get("batched")
+        if b is None:
+            continue
+        row: dict[str, Any] = {
+            "writers": writers,
+            "batchedRecordsPerSecond": b["recordsPerSecond"],
+            "batchedRecordsPerEntry": b["recordsPerEntry"],
+            "batchedP99Ms": b["latencyMs"]["p99"],
+        }
+        for base in ("unbatched", "unbatched-fsync-each"):
+            if base in by_mode:
+                rate = by_mode[base]["recordsPerSecond"]
+                camel = "".join(w.title() for w in base.split("-"))
+                row[f"{camel[0].lower()}{camel[1:]}RecordsPerSecond"] = rate
+                row[f"speedupVs{camel}"] = round(b["recordsPerSecond"] / max(rate, 1), 1)
+        summary.append(row)
     return {
         "benchmark": "txnlog_batching",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
@@ -219,7 +250,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "warmupSeconds": args.warmup,
             "maxDelayMillis": args.max_delay_ms,
             "maxRecords": 512,
-            "ledger": "fsync + group commit",
+            "ledger": "fsync; group commit except in unbatched-fsync-each",
             "deleteEndedTxns": args.with_deletes,
         },
         "runs": runs,
@@ -232,7 +263,9 @@ def main() -> int:
     parser.add_argument(
         "--writers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 256, 1024]
     )
-    parser.add_argument("--modes", type=lambda s: s.split(","), default=["batched", "unbatched"])
+    parser.add_argument(
+        "--modes", type=lambda s: s.split(","), default=["batched", "unbatched", "unbatched-fsync-each"]
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--max-delay-ms", type=float, default=1.0)
@@ -243,8 +276,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     for mode in args.modes:
-        if mode not in ("batched", "unbatched"):
-            parser.error(f"unknown mode {mode!r}: use batched,unbatched")
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r}: use some of {','.join(MODES)}")
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
     return 0
 
