@@ -100,7 +100,7 @@ class LedgerFile:
         """Write one group at ``offset`` and make it durable. Blocking.
 
         On failure the partial write is cut back to ``offset`` so nothing unacknowledged survives;
-        if even that fails, the LedgerWriteError says so (``cut_failed``) and the ledger must be
+        if even that fails, GroupWriteFailed carries ``cut_failure`` and the ledger must be
         reopened, which cuts it as a torn tail.
         """
         data = b"".join(buffers)

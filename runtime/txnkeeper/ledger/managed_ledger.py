@@ -186,7 +186,7 @@ class ManagedLedger:
 
     def _raise_not_writable(self) -> None:
         if self._state is _State.FAILED and self._failure is not None:
-            raise self._failure
+            raise LedgerWriteError(str(self._failure))
         raise LedgerClosedError(f"managed ledger {self.name!r} is {self._state.name.lower()}; reopen it")
 
     # --- rollover -------------------------------------------------------------------------------------
