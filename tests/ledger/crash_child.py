@@ -2,7 +2,9 @@
 
 Usage: crash_child.py ROOT FIRST_SEQ SEED. Lines on stdout (each one os.write, so a line is either
 fully in the pipe or not at all): "R" once open, "A seq ledger entry" after each acknowledged append,
-"M ledger entry" after a durable mark-delete, "T id,id" after a trim. It runs until SIGKILLed.
+"M ledger entry" after a durable mark-delete, "D ledger entry" after a durable individual delete,
+"B ledger entry index" after a durable batch-index delete (batches of 8), "T id,id" after a trim.
+It runs until SIGKILLed.
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ async def main(root: Path, first_seq: int, seed: int) -> None:
             behind = sorted(acked[:-30])
             del acked[: len(behind)]
             if rng.random() < 0.5:
-                await cursor.delete(rng.sample(behind, k=min(5, len(behind))))
+                picked = rng.sample(behind, k=min(5, len(behind)))
+                await cursor.delete(picked)
+                for p in picked:
+                    report(f"D {p.ledger_id} {p.entry_id}")
+            for p in rng.sample(behind[len(behind) // 2 :], k=2):
+                index = rng.randrange(8)
+                await cursor.delete_batch_indexes(p, 8, [index])
+                report(f"B {p.ledger_id} {p.entry_id} {index}")
             target = behind[len(behind) // 2]
             await cursor.mark_delete(target)
             report(f"M {target.ledger_id} {target.entry_id}")

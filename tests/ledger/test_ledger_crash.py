@@ -30,10 +30,13 @@ SEQ_STRIDE = 10_000_000
 class History:
     acked: dict[int, Position] = field(default_factory=dict)  # seq -> position, over every run
     mark_delete: Position | None = None  # the newest mark-delete the child reported durable
+    deleted: set[Position] = field(default_factory=set)  # individual deletes reported durable
+    batch_deleted: dict[Position, set[int]] = field(default_factory=dict)  # batch indexes reported durable
     highest_seen: Position | None = None  # the newest entry present at the last verification
     run_positions: list[Position] = field(default_factory=list)  # acknowledged in the current run
     ledgers: set[int] = field(default_factory=set)
     trims: int = 0
+    batch_checks: int = 0
     torn_tails: int = 0
 
 
@@ -52,7 +55,7 @@ def run_child(root: Path, run: int, rng: random.Random) -> list[bytes]:
         if mode < 0.1:
             time.sleep(rng.uniform(0.0, 0.3))  # a random kill moment in start-up or recovery
         else:
-            target = 0 if mode < 0.3 else rng.randint(1, 300)
+            target = 0 if mode < 0.3 else rng.randint(1, 200)
             acks = 0
             deadline = time.monotonic() + 30
             while True:
@@ -82,6 +85,11 @@ def record(lines: list[bytes], history: History) -> None:
             history.ledgers.add(ledger)
         elif kind == "M":
             history.mark_delete = Position(int(fields[0]), int(fields[1]))
+        elif kind == "D":
+            history.deleted.add(Position(int(fields[0]), int(fields[1])))
+        elif kind == "B":
+            position = Position(int(fields[0]), int(fields[1]))
+            history.batch_deleted.setdefault(position, set()).add(int(fields[2]))
         elif kind == "T" and fields:
             history.trims += 1
 
@@ -99,6 +107,10 @@ async def verify(root: Path, history: History, run: int) -> None:
         assert md is not None
         if history.mark_delete is not None:
             assert md >= history.mark_delete, f"cursor went back from {history.mark_delete} to {md}"
+        assert all(cursor.is_deleted(p) for p in history.deleted), "a durable delete was lost"
+        for position, indexes in history.batch_deleted.items():
+            history.batch_checks += 1
+            assert all(cursor.is_batch_index_deleted(position, i) for i in indexes), f"{position} lost acks"
         entries = await ml.read_entries(Position(0, 0), 1_000_000)
         present: dict[Position, bytes] = {e.position: e.data for e in entries}
         seen_seqs: set[int] = set()
@@ -123,6 +135,8 @@ async def verify(root: Path, history: History, run: int) -> None:
         # forget what was trimmed: it can never come back and the check stays cheap
         live = set(ml.ledger_ids())
         history.acked = {s: p for s, p in history.acked.items() if p.ledger_id in live}
+        history.deleted = {p for p in history.deleted if p.ledger_id in live}
+        history.batch_deleted = {p: i for p, i in history.batch_deleted.items() if p.ledger_id in live}
         assert ml.ledger_ids() == sorted(ml.ledger_ids())
     finally:
         await factory.close()
@@ -142,3 +156,4 @@ async def test_sigkill_never_loses_an_acknowledged_entry(tmp_path: Path) -> None
     assert total_acked > KILLS * 50, "too few appends acknowledged for the test to mean anything"
     assert len(history.ledgers) > KILLS, "the runs did not cross ledger rollovers"
     assert history.trims > KILLS // 5, "too few trims happened between kills"
+    assert history.batch_checks > KILLS, "too few batch-index deletes were checked after a kill"
