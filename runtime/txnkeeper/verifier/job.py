@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from txnkeeper.verifier.decide import finalize, judge_document, judge_failure
 from txnkeeper.verifier.fetch import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, fetch_all
@@ -25,6 +27,7 @@ from txnkeeper.verifier.model import (
     VerifierInfraError,
     VerifierInputError,
 )
+from txnkeeper.verifier.shipping import executor_code_zip
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -112,6 +115,15 @@ def _partition_count(spark: SparkSession, pods: int) -> int:
     return max(1, min(pods, int(spark.sparkContext.defaultParallelism) * PARTITIONS_PER_CORE))
 
 
+def _ship_executor_code(context: Any) -> None:
+    """Remote executors get the fetch-and-judge modules with the job (see `shipping`)."""
+    directory = Path(tempfile.mkdtemp(prefix="txnkeeper-verifier-"))
+    try:
+        context.addPyFile(str(executor_code_zip(directory)))
+    except Exception as exc:
+        raise VerifierInfraError(f"cannot ship the verifier code to the executors: {exc}") from exc
+
+
 def collect_on_spark(
     spark: SparkSession,
     endpoints: Sequence[PodEndpoint],
@@ -120,6 +132,8 @@ def collect_on_spark(
 ) -> list[PodResult]:
     """Run `check_pods` over the endpoints on Spark's executors; returns every pod's result."""
     context = spark.sparkContext
+    if not str(context.master).startswith("local"):
+        _ship_executor_code(context)
     shared_markers = context.broadcast(dict(markers))
     try:
 

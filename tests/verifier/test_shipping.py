@@ -1,0 +1,36 @@
+"""The zip shipped to remote executors is enough on its own: fetch and judge with only the stdlib."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from txnkeeper.verifier.shipping import executor_code_zip
+from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
+
+PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from txnkeeper.verifier.job import FetchSettings, check_pods
+from txnkeeper.verifier.model import PodEndpoint
+assert sys.modules["txnkeeper"].__file__.startswith(sys.argv[1]), sys.modules["txnkeeper"].__file__
+endpoint = PodEndpoint("tc-0", sys.argv[2])
+[(outcome, verdicts)] = check_pods([endpoint], {"log0": 7}, FetchSettings(timeout_s=5))
+print(json.dumps([outcome.ok, [v.safe for v in verdicts], [v.reason for v in verdicts]]))
+"""
+
+
+def test_executor_zip_runs_without_site_packages(pods: SyntheticPods, tmp_path: Path) -> None:
+    endpoint = pods.add_pod("tc-0", PodAnswer.document(pod_document("tc-0", [store_entry("log0", [8])])))
+    archive = executor_code_zip(tmp_path)
+    # -S: no site-packages at all, so neither the installed txnkeeper nor aiohttp/pyspark can help.
+    completed = subprocess.run(
+        [sys.executable, "-S", "-c", PROBE, str(archive), str(endpoint.url)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    ok, safe, reasons = json.loads(completed.stdout)
+    assert ok is True and safe == [True]
+    assert reasons == ["oldest ledger 8 > LastBatchedLedger 7; no live batched entries"]
