@@ -278,7 +278,6 @@ class TransactionCoordinator:
         ending, final = ending_status(commit)
         try:
             await self._fan_out(meta, commit)
-            await self._write_update(meta, ending, final)
         except BaseException as exc:
             # The decision stays logged; a restart (recover) resumes it.
             self._ending.pop(meta.txn_id, None)
@@ -286,6 +285,9 @@ class TransactionCoordinator:
                 done.set_exception(UnavailableError(f"end of {meta.txn_id} interrupted: {exc}"))
                 done.exception()
             raise
+        # Every participant applied the end: the outcome is final, so the caller hears it now; the
+        # COMMITTED/ABORTED record and the deletion follow off the reply path (a crash before them
+        # replays the txn as COMMITTING/ABORTING and re-delivers the end, which stores ignore).
         meta.status = final
         self._txns.pop(meta.txn_id, None)
         self._ending.pop(meta.txn_id, None)
@@ -295,7 +297,19 @@ class TransactionCoordinator:
         else:
             self.aborted_count += 1
         done.set_result(None)
-        self._spawn(self._delete_records(meta.txn_id))
+        self._spawn(self._seal(meta, ending, final))
+
+    async def _seal(self, meta: TxnMeta, ending: TxnStatus, final: TxnStatus) -> None:
+        try:
+            await self._write_update(meta, ending, final)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "coordinator %d: logging %s of %s failed", self.coordinator_id, final.name, meta.txn_id
+            )
+            return
+        await self._delete_records(meta.txn_id)
 
     async def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> None:
         now = self._clock()

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
@@ -66,6 +67,7 @@ class Subscription:
         self._ended: OrderedDict[TxnID, bool] = OrderedDict()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._closed = False
         self.delivered_count = 0
 
@@ -90,6 +92,8 @@ class Subscription:
 
     async def close(self) -> None:
         self._closed = True
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -168,7 +172,11 @@ class Subscription:
 
     # --- transaction end ---------------------------------------------------------------------------
     async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
-        """Apply (commit) or drop (abort) the transaction's acks; idempotent."""
+        """Apply (commit) or drop (abort) the transaction's acks; idempotent.
+
+        Returns once the COMMIT/ABORT record is durable: from then on a replay applies the outcome,
+        so the cursor update and the deletion of the records happen off the reply path.
+        """
         ended = self._ended.get(txn_id)
         if ended is not None:
             if ended != commit:
@@ -187,14 +195,14 @@ class Subscription:
             if acks is not None:
                 await self._pending_log.log_end(txn_id, commit)
                 if commit:
-                    await self._apply_commit(sorted(acks.individual), acks.cumulative)
-                self._pending.release(txn_id)
-                if not commit:
+                    self._spawn(self._settle_commit(txn_id, sorted(acks.individual), acks.cumulative))
+                else:
+                    self._pending.release(txn_id)
                     for position in acks.individual:
                         self._unacked.pop(position, None)
                         self._schedule_redelivery(position)
                     self._wake.set()
-                await self._pending_log.delete_txn(txn_id)
+                    self._spawn(self._pending_log.delete_txn(txn_id))
             self._remember_ended(txn_id, commit)
             done.set_result(None)
         except BaseException as exc:
@@ -203,6 +211,28 @@ class Subscription:
             raise
         finally:
             del self._ending[txn_id]
+
+    async def _settle_commit(
+        self, txn_id: TxnID, individual: list[Position], cumulative: Position | None
+    ) -> None:
+        # The positions stay pending (never dispatched, never ackable by others) until the cursor has
+        # them deleted, so there is no instant where a committed ack is neither pending nor applied.
+        try:
+            await self._apply_commit(individual, cumulative)
+        finally:
+            self._pending.release(txn_id)
+        await self._pending_log.delete_txn(txn_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Recorded durably already (COMMIT/ABORT); a replay after restart applies it again.
+            log.error("settling a transaction on %s/%s failed: %s", self.topic, self.name, task.exception())
 
     async def _apply_commit(self, individual: list[Position], cumulative: Position | None) -> None:
         if individual:

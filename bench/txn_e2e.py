@@ -1,0 +1,179 @@
+"""End-to-end transaction throughput over loopback: (begin, produce 1, ack 1, commit) per transaction.
+
+Starts one coordinator pod and one store pod (real ``txnkeeper serve`` processes, fsync on), pre-fills
+an input topic, then runs N concurrent workers, each looping: begin, receive one input message,
+produce one output message in the transaction, ack the input in the transaction, commit. Measured at
+1, 16 and 256 concurrent transactions with the PIP-160 batch log on and off (toggled through the admin
+API on both pods, in the same run). Prints JSON: transactions/s and p50/p99 commit latency.
+
+    .venv/bin/python bench/txn_e2e.py [--seconds 5] [--levels 1,16,256]
+
+Numbers on a shared 2-core machine are noisy; compare on/off within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from txnkeeper.client import Client, Consumer, Producer
+
+TOKEN = "bench-token"
+IN_TOPIC = "persistent://bench/ns/in"
+OUT_TOPIC = "persistent://bench/ns/out"
+
+
+def start_pod(root: Path, name: str, role: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    (root / name).mkdir(parents=True)
+    ports = root / name / "ports.json"
+    (root / "token").write_text(TOKEN)
+    cmd = [
+        sys.executable,
+        "-m",
+        "txnkeeper.cli",
+        "serve",
+        "--role",
+        role,
+        "--data-dir",
+        str(root / name / "data"),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--pod-name",
+        name,
+        "--ports-file",
+        str(ports),
+        "--admin-token-file",
+        str(root / "token"),
+        "--log-level",
+        "WARNING",
+    ]
+    log = open(root / name / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: {(root / name / 'serve.log').read_text()}")
+        if ports.exists():
+            return proc, json.loads(ports.read_text())
+        time.sleep(0.05)
+    raise TimeoutError(f"{name} did not start")
+
+
+def set_batching(admin: str, enabled: bool) -> None:
+    body = json.dumps(
+        {"coordinator": {"batchEnabled": enabled}, "pendingAck": {"batchEnabled": enabled}}
+    ).encode()
+    request = urllib.request.Request(f"http://{admin}/admin/v1/batch-log", data=body, method="POST")
+    request.add_header("Authorization", f"Bearer {TOKEN}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
+async def prefill(producer: Producer, count: int) -> None:
+    window = 2000
+    for start in range(0, count, window):
+        await asyncio.gather(*(producer.send(b"input") for _ in range(min(window, count - start))))
+
+
+async def run_level(
+    client: Client, consumer: Consumer, producer: Producer, workers: int, seconds: float
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            txn = await client.new_transaction(timeout_ms=60_000)
+            message = await consumer.receive(timeout=30)
+            await producer.send(b"output", txn=txn)
+            await consumer.acknowledge(message, txn=txn)
+            started = time.perf_counter()
+            await txn.commit()
+            latencies.append(time.perf_counter() - started)
+            done += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    elapsed = time.perf_counter() - began
+    latencies.sort()
+    return {
+        "concurrency": workers,
+        "transactions": done,
+        "seconds": round(elapsed, 3),
+        "txn_per_s": round(done / elapsed, 1),
+        "commit_p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "commit_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 3),
+    }
+
+
+async def bench(levels: list[int], seconds: float, root: Path) -> dict[str, Any]:
+    tc, tc_ports = start_pod(root, "tc-0", "coordinator")
+    store, store_ports = start_pod(root, "pas-0", "store")
+    try:
+        async with Client(coordinators=[tc_ports["listen"]], stores=[store_ports["listen"]]) as client:
+            producer_out = await client.create_producer(OUT_TOPIC)
+            results: dict[str, list[dict[str, Any]]] = {"batching_on": [], "batching_off": []}
+            for mode in ("batching_off", "batching_on"):
+                set_batching(tc_ports["admin"], mode == "batching_on")
+                set_batching(store_ports["admin"], mode == "batching_on")
+                for workers in levels:
+                    # a fresh input topic per level, with more input than any plausible rate consumes
+                    topic = f"{IN_TOPIC}-{mode}-{workers}"
+                    producer_in = await client.create_producer(topic)
+                    await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
+                    consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
+                    results[mode].append(await run_level(client, consumer, producer_out, workers, seconds))
+                    await consumer.close()
+                    print(json.dumps({"mode": mode, **results[mode][-1]}), file=sys.stderr)
+            best_on = max(r["txn_per_s"] for r in results["batching_on"])
+            best_off = max(r["txn_per_s"] for r in results["batching_off"])
+            return {
+                "benchmark": "txn_e2e",
+                "operation": "begin + produce 1 + ack 1 + commit",
+                "transport": "loopback TCP, 1 coordinator pod + 1 store pod, fsync on",
+                "cpus": os.cpu_count(),
+                "seconds_per_level": seconds,
+                **results,
+                "best_txn_per_s": {"batching_on": best_on, "batching_off": best_off},
+                "speedup_on_vs_off": round(best_on / best_off, 2) if best_off else None,
+                "note": "shared machine; figures are noisy",
+            }
+    finally:
+        for proc in (tc, store):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (tc, store):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--levels", default="1,16,256")
+    ns = parser.parse_args()
+    levels = [int(x) for x in ns.levels.split(",")]
+    with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:
+        result = asyncio.run(bench(levels, ns.seconds, Path(tmp)))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The asyncio client library (Pulsar-like): Client, Producer, Consumer, Transaction, MessageId."""
+
+from txnkeeper.client.client import Client
+from txnkeeper.client.consumer import Consumer
+from txnkeeper.client.errors import ClientClosedError, TransactionFailedError
+from txnkeeper.client.message import Message, MessageId
+from txnkeeper.client.producer import Producer
+from txnkeeper.client.transaction import Transaction
+from txnkeeper.protocol.errors import (
+    InvalidTxnStatusError,
+    ServiceError,
+    TxnConflictError,
+    TxnNotFoundError,
+)
+
+__all__ = [
+    "Client",
+    "ClientClosedError",
+    "Consumer",
+    "InvalidTxnStatusError",
+    "Message",
+    "MessageId",
+    "Producer",
+    "ServiceError",
+    "Transaction",
+    "TransactionFailedError",
+    "TxnConflictError",
+    "TxnNotFoundError",
+]

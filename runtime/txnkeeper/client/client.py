@@ -1,0 +1,98 @@
+"""The client: entry point of the asyncio client library (Pulsar-like API).
+
+Topics are placed on store pods by a stable hash of the topic name over the ``stores`` list, so every
+client with the same list finds the same store; transactions are begun round-robin on ``coordinators``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+from txnkeeper.client.connections import ConnectionPool
+from txnkeeper.client.consumer import Consumer
+from txnkeeper.client.producer import Producer
+from txnkeeper.client.transaction import Transaction
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.rpc import RpcConnection, split_address
+
+DEFAULT_TXN_TIMEOUT_MS = 60_000
+
+
+class Client:
+    """``Client(coordinators=[...], stores=[...])``; close it with ``await client.close()``."""
+
+    def __init__(self, *, coordinators: list[str], stores: list[str]) -> None:
+        if not coordinators and not stores:
+            raise ValueError("a client needs at least one coordinator or store address")
+        for address in [*coordinators, *stores]:
+            split_address(address)
+        self._coordinators = list(coordinators)
+        self._stores = list(stores)
+        self._coordinator_cycle = itertools.cycle(self._coordinators) if coordinators else None
+        self.connections = ConnectionPool()
+        self._consumers: dict[int, Consumer] = {}
+        self._consumer_ids = itertools.count(1)
+        for address in self._stores:
+            self.connections.on_push(address, self._on_push)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def store_for(self, topic: str) -> str:
+        """The store pod that serves ``topic``."""
+        if not self._stores:
+            raise ValueError("this client was given no store addresses")
+        return self._stores[zlib.crc32(topic.encode()) % len(self._stores)]
+
+    async def create_producer(self, topic: str) -> Producer:
+        producer = Producer(self, topic, self.store_for(topic))
+        await self.connections.get(producer.store_address)
+        return producer
+
+    async def subscribe(self, topic: str, subscription: str, *, receiver_queue_size: int = 1000) -> Consumer:
+        consumer = Consumer(
+            self,
+            topic,
+            subscription,
+            store_address=self.store_for(topic),
+            consumer_id=next(self._consumer_ids),
+            queue_size=receiver_queue_size,
+        )
+        self._consumers[consumer.consumer_id] = consumer
+        try:
+            await consumer.subscribe()
+        except BaseException:
+            del self._consumers[consumer.consumer_id]
+            raise
+        return consumer
+
+    async def new_transaction(self, timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS) -> Transaction:
+        if self._coordinator_cycle is None:
+            raise ValueError("this client was given no coordinator addresses")
+        address = next(self._coordinator_cycle)
+        response = await self.connections.request(
+            address, api.Command(new_txn=api.NewTxn(timeout_ms=timeout_ms))
+        )
+        txn = response.new_txn_response.txn_id
+        return Transaction(self, TxnID(txn.most, txn.least), address)
+
+    async def transaction_status(self, txn: Transaction) -> str:
+        body = api.GetTxnStatus(txn_id=api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least))
+        response = await self.connections.request(txn._coordinator, api.Command(get_txn_status=body))
+        return response.txn_status.status
+
+    def _on_push(self, conn: RpcConnection, command: api.Command) -> None:
+        if command.HasField("message"):
+            consumer = self._consumers.get(command.message.consumer_id)
+            if consumer is not None:
+                consumer._on_message(conn, command.message)
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers.values()):
+            await consumer.close()
+        await self.connections.close()

@@ -1,0 +1,61 @@
+"""The client's connections: one pipelined connection per server address, reopened after a loss."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.rpc import RpcConnection, connect
+
+
+class ConnectionPool:
+    """address -> live connection; pushes (consumer messages) go to the handler of that address."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, RpcConnection] = {}
+        self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
+        self._push_handlers: dict[str, Callable[[RpcConnection, api.Command], None]] = {}
+        self._closed = False
+
+    def on_push(self, address: str, handler: Callable[[RpcConnection, api.Command], None]) -> None:
+        self._push_handlers[address] = handler
+
+    async def get(self, address: str) -> RpcConnection:
+        conn = self._connections.get(address)
+        if conn is not None and conn.is_open:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[RpcConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            holder: list[RpcConnection] = []
+
+            def push(command: api.Command) -> None:
+                handler = self._push_handlers.get(address)
+                if handler is not None and holder:
+                    handler(holder[0], command)
+
+            conn = await connect(address, push)
+            holder.append(conn)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._connecting[address]
+        self._connections[address] = conn
+        future.set_result(conn)
+        return conn
+
+    async def request(self, address: str, command: api.Command) -> api.Command:
+        conn = await self.get(address)
+        return await conn.request(command)
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()

@@ -1,0 +1,178 @@
+"""A consumer of one subscription (shared): messages are pushed by the store within granted permits.
+
+The consumer grants ``receiver_queue_size`` permits and tops them up as the application receives. If
+its connection is lost it resubscribes with backoff, dropping its local queue (the store redelivers
+everything that was not acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from txnkeeper.client.errors import ClientClosedError
+from txnkeeper.client.message import Message, MessageId
+from txnkeeper.client.transaction import Transaction
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.errors import ServiceError
+from txnkeeper.protocol.rpc import RpcConnection
+
+if TYPE_CHECKING:
+    from txnkeeper.client.client import Client
+
+log = logging.getLogger(__name__)
+
+RESUBSCRIBE_BACKOFF = (0.05, 1.0)
+
+
+class Consumer:
+    def __init__(
+        self,
+        client: Client,
+        topic: str,
+        subscription: str,
+        *,
+        store_address: str,
+        consumer_id: int,
+        queue_size: int,
+    ) -> None:
+        if queue_size < 1:
+            raise ValueError(f"receiver_queue_size must be >= 1, got {queue_size}")
+        self._client = client
+        self.topic = topic
+        self.subscription = subscription
+        self.store_address = store_address
+        self.consumer_id = consumer_id
+        self._queue_size = queue_size
+        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._conn: RpcConnection | None = None
+        self._consumed_since_flow = 0
+        self._closed = False
+        self._resubscriber: asyncio.Task[None] | None = None
+
+    async def subscribe(self) -> None:
+        conn = await self._client.connections.get(self.store_address)
+        await conn.request(
+            api.Command(
+                subscribe=api.Subscribe(
+                    topic=self.topic,
+                    subscription=self.subscription,
+                    consumer_id=self.consumer_id,
+                    permits=self._queue_size,
+                )
+            )
+        )
+        self._conn = conn
+        self._consumed_since_flow = 0
+        conn.closed.add_done_callback(lambda _: self._connection_lost(conn))
+
+    def _connection_lost(self, conn: RpcConnection) -> None:
+        if self._closed or conn is not self._conn:
+            return
+        self._conn = None
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._resubscriber = asyncio.get_running_loop().create_task(self._resubscribe())
+
+    async def _resubscribe(self) -> None:
+        delay = RESUBSCRIBE_BACKOFF[0]
+        while not self._closed:
+            try:
+                await self.subscribe()
+                return
+            except ServiceError as exc:
+                log.info("resubscribing %s/%s failed (%s); retrying", self.topic, self.subscription, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESUBSCRIBE_BACKOFF[1])
+
+    def _on_message(self, conn: RpcConnection, message: api.Message) -> None:
+        if conn is not self._conn:
+            return
+        self._queue.put_nowait(
+            Message(
+                MessageId.from_pb(message.message_id),
+                message.payload,
+                message.key,
+                message.topic or self.topic,
+                message.redelivery_count,
+            )
+        )
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; raises TimeoutError after ``timeout`` seconds without one."""
+        if self._closed:
+            raise ClientClosedError(f"consumer {self.subscription} of {self.topic} is closed")
+        if timeout is None:
+            message = await self._queue.get()
+        else:
+            message = await asyncio.wait_for(self._queue.get(), timeout)
+        self._consumed_since_flow += 1
+        if self._consumed_since_flow >= max(1, self._queue_size // 2) and self._conn is not None:
+            self._conn.notify(
+                api.Command(flow=api.Flow(consumer_id=self.consumer_id, permits=self._consumed_since_flow))
+            )
+            self._consumed_since_flow = 0
+        return message
+
+    async def acknowledge(self, message: Message | MessageId, *, txn: Transaction | None = None) -> None:
+        await self._ack([_id(message)], cumulative=False, txn=txn)
+
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
+        await self._ack([_id(message)], cumulative=True, txn=txn)
+
+    async def _ack(self, ids: list[MessageId], cumulative: bool, txn: Transaction | None) -> None:
+        body = api.Ack(consumer_id=self.consumer_id, message_ids=[i.to_pb() for i in ids])
+        body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
+        if txn is None:
+            await self._request_ack(body)
+            return
+        txn.op_started()
+        failure: BaseException | None = None
+        try:
+            await txn.register_subscription(self.topic, self.subscription, self.store_address)
+            body.txn_id.most = txn.txn_id.most
+            body.txn_id.least = txn.txn_id.least
+            await self._request_ack(body)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            txn.op_finished(failure)
+
+    async def _request_ack(self, body: api.Ack) -> None:
+        conn = self._conn
+        if conn is None or not conn.is_open:
+            raise ServiceError(
+                f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
+            )
+        await conn.request(api.Command(ack=body))
+
+    async def redeliver_unacknowledged_messages(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        await conn.request(api.Command(redeliver=api.RedeliverUnacknowledged(consumer_id=self.consumer_id)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._resubscriber is not None:
+            self._resubscriber.cancel()
+        conn = self._conn
+        self._conn = None
+        if conn is not None and conn.is_open:
+            with contextlib.suppress(ServiceError):
+                await conn.request(
+                    api.Command(close_consumer=api.CloseConsumer(consumer_id=self.consumer_id))
+                )
+
+
+def _id(message: Message | MessageId) -> MessageId:
+    return message.message_id if isinstance(message, Message) else message

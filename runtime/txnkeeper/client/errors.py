@@ -1,0 +1,13 @@
+"""Client-side errors (the server's errors arrive as ``txnkeeper.protocol.errors.ServiceError``)."""
+
+from __future__ import annotations
+
+from txnkeeper.protocol.errors import ServiceError
+
+
+class TransactionFailedError(ServiceError):
+    """An operation inside the transaction failed, so the client aborted it instead of committing."""
+
+
+class ClientClosedError(ServiceError):
+    """The client, producer or consumer was closed."""

@@ -1,0 +1,31 @@
+"""Fixtures starting real runtime processes; every process is stopped by a finalizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runtime_pods import ServePod
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[Callable[..., ServePod]]:
+    started: list[ServePod] = []
+
+    def make(name: str, role: str, **kwargs: Any) -> ServePod:
+        pod = ServePod(tmp_path, name, role, **kwargs)
+        started.append(pod)
+        return pod.start()
+
+    yield make
+    for pod in started:
+        pod.stop()
+
+
+@pytest.fixture
+def cluster(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod]:
+    """One coordinator pod and one store pod, batching on."""
+    batch = {"enabled": True, "maxRecords": 512, "maxSizeBytes": 4194304, "maxDelayMillis": 1}
+    return pods("tc-0", "coordinator", config=batch), pods("pas-0", "store", config=batch)

@@ -1,0 +1,152 @@
+"""Real ``txnkeeper serve`` processes for integration tests: start, wait ready, kill, restart.
+
+Ports are ephemeral (port 0, reported through --ports-file); readiness is awaited by polling the
+admin API's /ready with a deadline, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+TOKEN = "test-admin-token"
+READY_TIMEOUT = 30.0
+
+
+class ServePod:
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        role: str,
+        *,
+        release: str = "2.0.0",
+        config: dict[str, Any] | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.name = name
+        self.role = role
+        self.release = release
+        self.data_dir = workdir / name / "data"
+        self.ports_file = workdir / name / "ports.json"
+        self.log_path = workdir / name / "serve.log"
+        self.token_file = workdir / "token"
+        self.config_path: Path | None = None
+        if config is not None:
+            self.config_path = workdir / name / "config.json"
+            self.config_path.parent.mkdir(parents=True, exist_ok=True)
+            self.config_path.write_text(json.dumps(config))
+        self.extra = extra or []
+        self.process: subprocess.Popen[bytes] | None = None
+        self.listen = ""
+        self.admin = ""
+        self._fixed_listen: str | None = None
+
+    def start(self, *, wait: bool = True) -> ServePod:
+        self.token_file.write_text(TOKEN)
+        self.ports_file.parent.mkdir(parents=True, exist_ok=True)
+        self.ports_file.unlink(missing_ok=True)
+        # Keep the client port stable across restarts (clients and coordinators remember it).
+        listen = self._fixed_listen or "127.0.0.1:0"
+        cmd = [
+            sys.executable,
+            "-m",
+            "txnkeeper.cli",
+            "serve",
+            "--role",
+            self.role,
+            "--data-dir",
+            str(self.data_dir),
+            "--release",
+            self.release,
+            "--listen",
+            listen,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--pod-name",
+            self.name,
+            "--ports-file",
+            str(self.ports_file),
+            "--admin-token-file",
+            str(self.token_file),
+            *(["--config", str(self.config_path)] if self.config_path else []),
+            *self.extra,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TXNKEEPER_")}
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pod {self.name} exited with {self.process.returncode}:\n{self.log()}")
+            if self.ports_file.exists():
+                ports = json.loads(self.ports_file.read_text())
+                self.listen, self.admin = ports["listen"], ports["admin"]
+                self._fixed_listen = self.listen
+                try:
+                    with urllib.request.urlopen(f"http://{self.admin}/ready", timeout=2) as response:
+                        if response.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError(f"pod {self.name} not ready within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def admin_url(self) -> str:
+        return f"http://{self.admin}"
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+    def restart(self) -> ServePod:
+        self.kill()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        status = exc.code
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw.decode()
