@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,7 +30,13 @@ class FaultyIO(FileIO):
         self.truncate_fails = False
         self.metadata_fails = False  # write_file_atomically fails with ENOSPC
         self.unlink_fails = False
+        self.ledger_create_fails = False  # creating a new ledger file fails with ENOSPC
         self.writes_failed = 0
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        if self.ledger_create_fails and path.suffix == ".ledger" and flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().open(path, flags, mode)
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if self.disk_full:

@@ -191,3 +191,17 @@ async def test_corrupt_cursor_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / NAME / "cursors" / "sub.json").write_text('{"version": 1, "name": "sub"}')
     with pytest.raises(CorruptMetadataError, match=r"sub\.json"):
         await reopen_entries(tmp_path)
+
+
+async def test_crash_while_creating_a_ledger_file_is_repaired(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    ledger_id = ml.current_ledger_id()
+    await factory.close()  # the empty ledger stays the open one
+    os.truncate(ledger_path(tmp_path, ledger_id), 7)  # its header was cut short by a crash
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    assert ml.current_ledger_id() == ledger_id
+    assert "incomplete file header" in ml.torn_tails_cut[0]
+    assert await ml.add_entry(b"x") == Position(ledger_id, 0)
+    await factory.close()

@@ -86,3 +86,22 @@ async def test_cursor_write_failure_is_reported_and_retried(tmp_path: Path) -> N
     ml = await factory.open("log")
     assert (await ml.open_cursor("c")).mark_delete_position() == ps[1]
     await factory.close()
+
+
+async def test_failed_ledger_creation_is_recovered_by_the_next_append(tmp_path: Path) -> None:
+    io = FaultyIO()
+    factory = ManagedLedgerFactory(tmp_path, io=io)
+    ml = await factory.open("log")
+    acked = await ml.add_entry(b"before")
+    io.ledger_create_fails = True
+    with pytest.raises(LedgerWriteError, match="could not create its file"):
+        await ml.rollover()
+    io.ledger_create_fails = False
+    after = await ml.add_entry(b"after")
+    assert after.ledger_id > acked.ledger_id + 1  # the half-created ledger is skipped, its id not reused
+    await factory.close()
+
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open("log")
+    assert [e.data for e in await ml.read_entries(Position(0, 0), 10)] == [b"before", b"after"]
+    await factory.close()
