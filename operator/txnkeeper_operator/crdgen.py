@@ -91,7 +91,9 @@ def _batched_write(what: str) -> Schema:
                 maximum=10000,
             ),
         },
-        default={},
+        # A complete default: the API server checks a default against the CEL rules as it is written,
+        # without filling in the nested defaults first.
+        default={"enabled": False, "maxRecords": 512, "maxSizeBytes": 4194304, "maxDelayMillis": 1},
         **{
             "x-kubernetes-validations": [
                 _rule(
@@ -115,7 +117,7 @@ def _storage() -> Schema:
                 "string", "Storage class of the volumes; empty uses the cluster default.", maxLength=253
             ),
         },
-        default={},
+        default={"size": "1Gi"},
         **{
             "x-kubernetes-validations": [
                 _rule(
@@ -166,7 +168,7 @@ def _verifier() -> Schema:
                 maximum=86400,
             ),
         },
-        default={},
+        default={"schedule": "", "sparkMaster": "local[*]", "retrySeconds": 30},
     )
 
 

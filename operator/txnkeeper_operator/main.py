@@ -29,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import txnkeeper_operator.handlers  # noqa: F401  (registers the handlers)
 
+    if not args.verbose:
+        # Kopf logs every timer tick at INFO; the operator's own Events and status say what happened.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
     namespaces = list(args.namespace) or list(OperatorSettings.from_env().namespaces)
     asyncio.run(
         kopf.operator(

@@ -191,3 +191,13 @@ def test_coordinator_replicas_are_immutable_but_stores_scale() -> None:
     errors = cel_errors(TC, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
     assert any("replicas of a TransactionCoordinator is immutable" in e for e in errors)
     assert cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []
+
+
+def test_defaults_satisfy_their_own_rules_as_written() -> None:
+    """The API server checks a default against CEL without filling nested defaults (found on a real one)."""
+    env = celpy.Environment()
+    for name in (TC, PAS):
+        for _path, sub, rule in _rules(_schema(name, "spec")):
+            if "default" in sub and "oldSelf" not in rule["rule"]:
+                activation = {"self": celpy.json_to_cel(sub["default"])}
+                assert env.program(env.compile(rule["rule"])).evaluate(activation), rule["message"]

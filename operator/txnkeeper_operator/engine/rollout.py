@@ -385,7 +385,7 @@ class _Planner:
             "Paused",
             t if phase == Phase.PAUSED else f,
             "Annotated" if phase == Phase.PAUSED else "NotPaused",
-            reason if phase == Phase.PAUSED else f"remove {PAUSE_ANNOTATION} to pause",
+            reason if phase == Phase.PAUSED else f"annotate {PAUSE_ANNOTATION}=true to pause",
         )
         return (ready, progressing, batch_cond, safe, paused)
 
