@@ -77,17 +77,17 @@ _INTERVAL = OperatorSettings.from_env().reconcile_seconds
 
 
 def _register(plural: str) -> None:
-    @kopf.on.resume(GROUP, API_VERSION, plural)
-    @kopf.on.create(GROUP, API_VERSION, plural)
-    @kopf.on.update(GROUP, API_VERSION, plural)
+    @kopf.on.resume(GROUP, API_VERSION, plural, id="reconcile")
+    @kopf.on.create(GROUP, API_VERSION, plural, id="reconcile")
+    @kopf.on.update(GROUP, API_VERSION, plural, id="reconcile")
     async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo)
 
-    @kopf.timer(GROUP, API_VERSION, plural, interval=_INTERVAL, sharp=False)
+    @kopf.timer(GROUP, API_VERSION, plural, interval=_INTERVAL, sharp=False, id="reconcile-timer")
     async def tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo)
 
-    @kopf.on.delete(GROUP, API_VERSION, plural, optional=True)
+    @kopf.on.delete(GROUP, API_VERSION, plural, optional=True, id="forget")
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo["locks"].pop(str(body["metadata"]["uid"]), None)
 
