@@ -303,3 +303,39 @@ async def test_metrics_count_records_entries_and_delay() -> None:
     assert delay_le_5ms == 1
     metrics.unregister()
     assert registry.get_sample_value(f"{p}_records_written_total", labels) is None
+
+
+async def test_sinks_receive_every_outcome_even_for_cancelled_callers() -> None:
+    log = MemLog()
+    w = writer(log, enabled=True, max_records=2, max_delay_millis=NEVER_MS)
+    sink: list[WritePosition | None] = []
+    first = w.submit(rec(1), sink)
+    first.cancel()
+    await w.submit(rec(2), sink)
+    assert sink == [WritePosition(1, 0, 2, 0), WritePosition(1, 0, 2, 1)]
+    log.fail_next.append(OSError("disk gone"))
+    failed = [w.submit(rec(3), sink), w.submit(rec(4), sink)]
+    await asyncio.gather(*failed, return_exceptions=True)
+    assert sink[2:] == [None, None]
+    await w.configure(BatchedWriteConfig(enabled=False))
+    await w.submit(rec(5), sink)
+    assert sink[4] == WritePosition(1, 1, 0, 0)
+    await w.configure(BatchedWriteConfig(enabled=True, max_records=10, max_delay_millis=NEVER_MS))
+    buffered = w.submit(rec(6), sink)
+    await w.close()
+    with pytest.raises(BufferedWriterClosedError):
+        await buffered
+    assert sink[5] is None
+
+
+async def test_wait_for_progress_returns_when_an_entry_settles() -> None:
+    log = MemLog()
+    w = writer(log, enabled=True, max_records=10, max_delay_millis=NEVER_MS)
+    await asyncio.wait_for(w.wait_for_progress(), timeout=1)  # nothing pending: at once
+    fut = w.submit(rec(1))
+    progress = asyncio.ensure_future(w.wait_for_progress())
+    await asyncio.sleep(0)
+    assert not progress.done()
+    await w.flush()
+    await asyncio.wait_for(progress, timeout=5)
+    assert fut.done()

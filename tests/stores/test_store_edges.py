@@ -46,7 +46,9 @@ async def test_graceful_close_writes_buffered_records(factory: ManagedLedgerFact
     await store.close()
 
 
-async def test_cancelled_caller_does_not_unwrite_its_record(factory: ManagedLedgerFactory) -> None:
+async def test_cancelled_caller_does_not_unwrite_its_record_and_it_is_still_deleted(
+    factory: ManagedLedgerFactory,
+) -> None:
     store = await TransactionLogStore.open(factory, 0, SLOW)
     cancelled = asyncio.ensure_future(store.append(new_txn(0, 1)))
     kept = asyncio.ensure_future(store.append(new_txn(0, 2)))
@@ -56,9 +58,22 @@ async def test_cancelled_caller_does_not_unwrite_its_record(factory: ManagedLedg
     assert isinstance(await kept, WritePosition)
     with pytest.raises(asyncio.CancelledError):
         await cancelled
+    assert len(store.txn_positions(TxnID(0, 1))) == 1, "the store knows where the record landed"
     await store.close()
     store = await TransactionLogStore.open(factory, 0)
     assert sorted(await store.replay()) == [TxnID(0, 1), TxnID(0, 2)], "the record was written all the same"
+    await store.close()
+
+
+async def test_a_cancelled_records_position_is_deleted_with_its_txn(factory: ManagedLedgerFactory) -> None:
+    store = await TransactionLogStore.open(factory, 0, BatchedWriteConfig(enabled=True, max_delay_millis=20))
+    cancelled = asyncio.ensure_future(store.append(new_txn(0, 1)))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await store.delete_txn(TxnID(0, 1))  # waits for the record to settle, then deletes it
+    await store.close()
+    store = await TransactionLogStore.open(factory, 0)
+    assert await store.replay() == {}
     await store.close()
 
 

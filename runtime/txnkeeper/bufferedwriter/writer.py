@@ -68,6 +68,10 @@ class WritePosition(NamedTuple):
         return self.batch_size > 0
 
 
+# Where a record's position (or None for a failed record) is appended when its entry settles.
+PositionSink = list[WritePosition | None]
+
+
 class WriterState(enum.Enum):
     """Lifecycle of a writer (Pulsar's OPEN -> CLOSING -> CLOSED)."""
 
@@ -102,6 +106,8 @@ class BufferedWriter(Generic[R]):
         # Starts with the batch header so a flush is one join, one copy.
         self._framed: list[bytes] = [BATCH_HEADER]
         self._waiters: list[asyncio.Future[WritePosition]] = []
+        self._sinks: list[PositionSink | None] = []
+        self._progress: asyncio.Future[None] | None = None
         self._pending_bytes = 0
         self._oldest_at = 0.0
         self._epoch: float | None = None
@@ -141,10 +147,12 @@ class BufferedWriter(Generic[R]):
         """Write one record; resolves once its entry is durable."""
         return await self.submit(record)
 
-    def submit(self, record: R) -> asyncio.Future[WritePosition]:
+    def submit(self, record: R, sink: PositionSink | None = None) -> asyncio.Future[WritePosition]:
         """Queue one record now and return the future of its position (``write`` without a coroutine).
 
-        Cancelling the returned future does not unwrite the record; it only drops the position.
+        ``sink``, if given, receives the record's position (or ``None`` if it failed) when its entry
+        settles, even if the returned future was cancelled: that is how a store learns every position
+        without doing any work per record after the write. Cancelling the future never unwrites it.
         """
         if self._state is not WriterState.OPEN:
             self._check_open()
@@ -155,9 +163,11 @@ class BufferedWriter(Generic[R]):
                 data = self._serialize(record)  # raises the explanatory error
         else:
             data = self._serialize(record)  # checks the type
-        return self.submit_serialized(data)
+        return self.submit_serialized(data, sink)
 
-    def submit_serialized(self, data: bytes) -> asyncio.Future[WritePosition]:
+    def submit_serialized(
+        self, data: bytes, sink: PositionSink | None = None
+    ) -> asyncio.Future[WritePosition]:
         """Queue a record the caller already serialized with this writer's codec."""
         if self._state is not WriterState.OPEN:
             self._check_open()
@@ -165,16 +175,17 @@ class BufferedWriter(Generic[R]):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         if not self._batching:
-            return self._write_plain(loop, data)
+            return self._write_plain(loop, data, sink)
         size = len(data)
         if size >= self._max_size:
             # Pulsar: flush what is pending first so order is kept, then the big record goes alone.
             if self._waiters:
                 self._flush(FlushTrigger.LARGE_DATA)
-            return self._write_plain(loop, data)
+            return self._write_plain(loop, data, sink)
         fut: asyncio.Future[WritePosition] = loop.create_future()
         waiters = self._waiters
         waiters.append(fut)
+        self._sinks.append(sink)
         # Prefix and body go in separately: the batch join copies them once, so no per-record concat.
         framed = self._framed
         framed.append(FRAME_PREFIXES[size] if size < FRAME_PREFIX_CACHE_LIMIT else frame_prefix(size))
@@ -246,19 +257,29 @@ class BufferedWriter(Generic[R]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        waiters, self._waiters, self._framed, self._pending_bytes = self._waiters, [], [BATCH_HEADER], 0
+        waiters, sinks = self._waiters, self._sinks
+        self._waiters, self._sinks, self._framed, self._pending_bytes = [], [], [BATCH_HEADER], 0
         if waiters:
             error = BufferedWriterClosedError(
                 f"buffered writer closed before {len(waiters)} buffered record(s) were flushed;"
                 " they were not written: write them again to a new writer"
             )
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(error)
+            self._settle_failed(waiters, sinks, error)
         while self._in_flight:
             await asyncio.wait(set(self._in_flight))
         self._state = WriterState.CLOSED
         self._closed.set()
+        self._signal_progress()
+
+    async def wait_for_progress(self) -> None:
+        """Return once some buffered or in-flight record settles (at once if there is none)."""
+        if not self._waiters and not self._in_flight:
+            return
+        progress = self._progress
+        if progress is None:
+            assert self._loop is not None  # records exist, so a loop was seen
+            progress = self._progress = self._loop.create_future()
+        await asyncio.shield(progress)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -292,60 +313,90 @@ class BufferedWriter(Generic[R]):
             self._flush(FlushTrigger.MAX_DELAY)
 
     def _flush(self, trigger: FlushTrigger) -> None:
-        waiters, framed, size = self._waiters, self._framed, self._pending_bytes
-        self._waiters, self._framed, self._pending_bytes = [], [BATCH_HEADER], 0
+        waiters, sinks, framed, size = self._waiters, self._sinks, self._framed, self._pending_bytes
+        self._waiters, self._sinks, self._framed, self._pending_bytes = [], [], [BATCH_HEADER], 0
         loop = self._loop
         assert loop is not None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
         task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(b"".join(framed)))
         self._in_flight.add(task)
-        task.add_done_callback(partial(self._on_batch_written, waiters))
+        task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
 
     def _on_batch_written(
-        self, waiters: list[asyncio.Future[WritePosition]], task: asyncio.Future[LedgerPosition]
+        self,
+        waiters: list[asyncio.Future[WritePosition]],
+        sinks: list[PositionSink | None],
+        task: asyncio.Future[LedgerPosition],
     ) -> None:
         self._in_flight.discard(task)
         error = _failure(task)
         if error is not None:
             if self._metrics is not None:
                 self._metrics.on_failed(len(waiters))
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(error)
+            self._settle_failed(waiters, sinks, error)
+            self._signal_progress()
             return
         position = task.result()
         ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
         if self._metrics is not None:
             self._metrics.on_written(size, batched=True)
         for index, waiter in enumerate(waiters):
+            written = WritePosition(ledger_id, entry_id, size, index)
             if not waiter.done():
-                waiter.set_result(WritePosition(ledger_id, entry_id, size, index))
+                waiter.set_result(written)
+            sink = sinks[index]
+            if sink is not None:
+                sink.append(written)
+        self._signal_progress()
 
-    def _write_plain(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[WritePosition]:
+    @staticmethod
+    def _settle_failed(
+        waiters: list[asyncio.Future[WritePosition]], sinks: list[PositionSink | None], error: BaseException
+    ) -> None:
+        for waiter, sink in zip(waiters, sinks, strict=True):
+            if not waiter.done():
+                waiter.set_exception(error)
+            if sink is not None:
+                sink.append(None)
+
+    def _signal_progress(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
+
+    def _write_plain(
+        self, loop: asyncio.AbstractEventLoop, data: bytes, sink: PositionSink | None
+    ) -> asyncio.Future[WritePosition]:
         # The caller gets its own future: cancelling the caller must never cancel a ledger write.
         out: asyncio.Future[WritePosition] = loop.create_future()
         task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(data))
         self._in_flight.add(task)
-        task.add_done_callback(partial(self._on_plain_written, out))
+        task.add_done_callback(partial(self._on_plain_written, out, sink))
         return out
 
     def _on_plain_written(
-        self, out: asyncio.Future[WritePosition], task: asyncio.Future[LedgerPosition]
+        self,
+        out: asyncio.Future[WritePosition],
+        sink: PositionSink | None,
+        task: asyncio.Future[LedgerPosition],
     ) -> None:
         self._in_flight.discard(task)
         error = _failure(task)
         if error is not None:
             if self._metrics is not None:
                 self._metrics.on_failed(1)
+            self._settle_failed([out], [sink], error)
+        else:
+            position = task.result()
+            if self._metrics is not None:
+                self._metrics.on_written(1, batched=False)
+            written = WritePosition(position.ledger_id, position.entry_id, 0, 0)
             if not out.done():
-                out.set_exception(error)
-            return
-        position = task.result()
-        if self._metrics is not None:
-            self._metrics.on_written(1, batched=False)
-        if not out.done():
-            out.set_result(WritePosition(position.ledger_id, position.entry_id, 0, 0))
+                out.set_result(written)
+            if sink is not None:
+                sink.append(written)
+        self._signal_progress()
 
 
 def _failure(task: asyncio.Future[LedgerPosition]) -> BaseException | None:

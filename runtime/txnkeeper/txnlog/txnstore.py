@@ -9,7 +9,6 @@ keep its ledger, and with it every later ledger, alive).
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
@@ -18,7 +17,7 @@ from google.protobuf.message import Message
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.recordlog import LiveEntryFormats, RecordLog
-from txnkeeper.bufferedwriter.writer import WritePosition, WriterState
+from txnkeeper.bufferedwriter.writer import PositionSink, WritePosition, WriterState
 from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
@@ -28,6 +27,16 @@ _txn_key = attrgetter("txnid_most_bits", "txnid_least_bits")
 S = TypeVar("S")
 
 TxnKey = tuple[int, int]
+
+
+class _Written:
+    """A transaction's records written since open: how many were submitted, and their settled results."""
+
+    __slots__ = ("settled", "submitted")
+
+    def __init__(self) -> None:
+        self.submitted = 0
+        self.settled: PositionSink = []
 
 
 class StoreClosedError(RuntimeError):
@@ -41,7 +50,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
         self._log = log
         self._submit = log.writer.submit
         self._replayed: dict[TxnKey, list[WritePosition]] = {}
-        self._written: dict[TxnKey, list[asyncio.Future[WritePosition]]] = {}
+        self._written: dict[TxnKey, _Written] = {}
         self._recovered: dict[TxnID, S] = {}
         self._closed = False
 
@@ -84,15 +93,14 @@ class TxnRecordStore(ABC, Generic[R, S]):
         if self._closed:
             self._check_open()
         self._check_record(record)
-        future = self._submit(record)
-        # The future is kept (not the position after the await): delete_txn can then wait for records
-        # still in flight, and the record path does no work after it resumes.
         key: TxnKey = _txn_key(record)
         written = self._written.get(key)
         if written is None:
-            self._written[key] = [future]
-        else:
-            written.append(future)
+            written = self._written[key] = _Written()
+        # The writer appends the position to written.settled itself when the entry settles, so the
+        # record path does nothing after the await and even a cancelled caller's record is known.
+        future = self._submit(record, written.settled)
+        written.submitted += 1
         return await future
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
@@ -101,13 +109,11 @@ class TxnRecordStore(ABC, Generic[R, S]):
         key = (txn_id.most, txn_id.least)
         positions = self._replayed.pop(key, [])
         written = self._written.pop(key, None)
-        if written:
-            unsettled = [f for f in written if not f.done()]
-            if unsettled:
-                await asyncio.wait(unsettled)
-            # A failed record is not in the log; a cancelled one lost its position (found again by
-            # replay after a restart, when its transaction is deleted again).
-            positions.extend(f.result() for f in written if not f.cancelled() and f.exception() is None)
+        if written is not None:
+            while len(written.settled) < written.submitted:
+                await self._log.writer.wait_for_progress()
+            # None marks a record whose write failed: it is not in the log.
+            positions.extend(p for p in written.settled if p is not None)
         self._recovered.pop(TxnID(*key), None)
         if positions:
             try:
@@ -121,9 +127,9 @@ class TxnRecordStore(ABC, Generic[R, S]):
         """Durable positions of a transaction's records not yet deleted (in-flight ones excluded)."""
         key = (txn_id.most, txn_id.least)
         positions = list(self._replayed.get(key, ()))
-        for f in self._written.get(key, ()):
-            if f.done() and not f.cancelled() and f.exception() is None:
-                positions.append(f.result())
+        written = self._written.get(key)
+        if written is not None:
+            positions.extend(p for p in written.settled if p is not None)
         return positions
 
     def txn_count(self) -> int:
