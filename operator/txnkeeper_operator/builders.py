@@ -355,7 +355,7 @@ def _job_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
         "activeDeadlineSeconds": 900,
         "ttlSecondsAfterFinished": 3600,
         "template": {
-            "metadata": {"labels": {**naming.labels(cr.kind, cr.name), naming.VERIFIER_OF_LABEL: cr.name}},
+            "metadata": {"labels": naming.verifier_labels(cr.name)},
             "spec": _verifier_pod_spec(cr, settings),
         },
     }
@@ -375,7 +375,7 @@ def verifier_cron_job(cr: Resource, settings: OperatorSettings) -> Manifest:
             "successfulJobsHistoryLimit": 2,
             "failedJobsHistoryLimit": 2,
             "jobTemplate": {
-                "metadata": {"labels": {naming.VERIFIER_OF_LABEL: cr.name}},
+                "metadata": {"labels": naming.verifier_labels(cr.name)},
                 "spec": _job_spec(cr, settings),
             },
         },
@@ -386,7 +386,10 @@ def verifier_job(cr: Resource, settings: OperatorSettings, stamp: int) -> Manife
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(cr, naming.verifier_job(cr.name, stamp), {naming.VERIFIER_OF_LABEL: cr.name}),
+        "metadata": {
+            **_meta(cr, naming.verifier_job(cr.name, stamp)),
+            "labels": naming.verifier_labels(cr.name),
+        },
         "spec": _job_spec(cr, settings),
     }
 

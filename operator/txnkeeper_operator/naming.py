@@ -74,6 +74,18 @@ def labels(kind: Kind, name: str) -> dict[str, str]:
     return {**selector_labels(kind, name), "app.kubernetes.io/managed-by": FIELD_MANAGER}
 
 
+def verifier_labels(name: str) -> dict[str, str]:
+    """Verifier Jobs and their pods: a component of their own, so the runtime pods' Service, PDB and
+    the verifier's own pod selector never match them."""
+    return {
+        "app.kubernetes.io/name": "txnkeeper",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "verifier",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        VERIFIER_OF_LABEL: name,
+    }
+
+
 def selector_string(kind: Kind, name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(kind, name).items())
 

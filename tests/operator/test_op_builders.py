@@ -118,6 +118,9 @@ def test_verifier_job_runs_the_verifier_cli_against_this_resource() -> None:
     job = builders.verifier_job(TC, SETTINGS, 42)
     assert job["metadata"]["name"] == "txn-verify-42"
     assert job["metadata"]["labels"][naming.VERIFIER_OF_LABEL] == "txn"
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    runtime_selector = naming.selector_labels(TC.kind, "txn")
+    assert not runtime_selector.items() <= pod_labels.items(), "verifier pods must not look like runtime pods"
     (container,) = job["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     assert args[0] == "verify-invalidation" and container["image"] == "txnkeeper-verifier:test"
