@@ -116,7 +116,8 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision:
     # A snapshot: the status is rewritten below and the events compare against what was there before.
     status: Mapping[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     now = ctx.clock()
-    token = await ensure_children(ctx, cr)
+    # Paused (Strimzi's pause-reconciliation): observe and report, change nothing.
+    token = "" if cr.paused else await ensure_children(ctx, cr)
 
     statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
     template = builders.template_of(statefulset)

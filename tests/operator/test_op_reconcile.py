@@ -318,7 +318,9 @@ async def test_pause_annotation_freezes_everything(world: Any) -> None:
     await _until(kube, ctx, Phase.READY)
     kube.cr["metadata"]["annotations"][naming.PAUSE_ANNOTATION] = "true"
     kube.cr["spec"] = _cr("2.0.0", enabled=True)["spec"]
+    del kube.objects[("Service", "ns", "txn")]
     await _until(kube, ctx, Phase.PAUSED)
+    assert ("Service", "ns", "txn") not in kube.objects  # not even children are touched
     assert kube.deleted == []
     sts = kube.objects[("StatefulSet", "ns", "txn")]
     assert sts["spec"]["template"]["metadata"]["labels"][naming.VERSION_LABEL] == "1.0.0"
