@@ -26,7 +26,6 @@ from txnkeeper.fleet.process import RuntimeProcess
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
-    BatchSettings,
     ConfigureBatchLog,
     Decision,
     Desired,
@@ -289,6 +288,3 @@ def describe(action: Action) -> str:
             return f"run the Spark verifier over {len(m)} store(s)"
     raise AssertionError(action)
 
-
-def batch_off() -> BatchSettings:
-    return BatchSettings()
