@@ -265,7 +265,14 @@ class _Planner:
         now = self.observed.now
         if progress.markers_complete_at is None:
             progress = replace(progress, markers_complete_at=now)
-        markers = progress.flat_markers()
+        # Only the pods in scope: a pod scaled away mid-gate cannot be asked, and would hold the gate forever.
+        in_scope = {p.name for p in self.pods}
+        markers = {
+            store: ledger
+            for pod, stores in progress.markers.items()
+            if pod in in_scope
+            for store, ledger in stores.items()
+        }
         report = self.observed.verifier.report
         fresh = report if report is not None and _is_fresh(report, progress, markers) else None
         if fresh is not None and fresh.safe:

@@ -455,6 +455,17 @@ def test_scale_up_during_the_gate_rolls_over_the_new_pod_too() -> None:
     final_state(sim, "1.0.0", False)
 
 
+def test_scale_down_during_the_gate_does_not_wait_for_the_removed_pod() -> None:
+    sim = installed("2.0.0", ON)
+    sim.pods[2].pinned = True  # the pod being removed never becomes verifiable
+    sim.run(desired("1.0.0"), until=phase_is(Phase.DOWNGRADE_BLOCKED))
+    sim.log.clear()
+    sim.run(desired("1.0.0", replicas=2))
+    assert set(sim.verifier_markers) == {"tc-0/s0", "tc-0/s1", "tc-1/s0", "tc-1/s1"}
+    assert sim.actions()[-2:] == ["restart tc-1 -> 1.0.0", "restart tc-0 -> 1.0.0"]
+    final_state(sim, "1.0.0", False)
+
+
 def test_scale_up_while_batched_starts_the_new_pod_batched() -> None:
     sim = installed("2.0.0", ON)
     sim.run(desired("2.0.0", ON, replicas=4))
