@@ -287,4 +287,3 @@ def describe(action: Action) -> str:
         case RunVerifier(markers=m):
             return f"run the Spark verifier over {len(m)} store(s)"
     raise AssertionError(action)
-
