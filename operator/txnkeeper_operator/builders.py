@@ -353,7 +353,7 @@ def _job_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
     return {
         "backoffLimit": 1,
         "activeDeadlineSeconds": 900,
-        "ttlSecondsAfterFinished": 3600,
+        "ttlSecondsAfterFinished": 600,
         "template": {
             "metadata": {"labels": naming.verifier_labels(cr.name)},
             "spec": _verifier_pod_spec(cr, settings),
