@@ -1,0 +1,336 @@
+"""The cluster itself: a real API server, and a node that runs pods the way the operator needs.
+
+Why these tests exist before any operator test: every operator test relies on them. A StatefulSet pod
+must become Ready through its real readiness probe, get its env and volumes as the API describes them,
+keep its PersistentVolume data across deletion, and die (SIGTERM, then SIGKILL) when deleted.
+They run on kind too, except the ones that look at local processes (marked local_only).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client  # type: ignore[import-untyped]
+
+from e2e.helpers import IMAGE, Cluster, http_get, http_post, pod_ready, process_alive, wait_for
+
+Obj = dict[str, Any]
+SERVER = (Path(__file__).parent / "podapps" / "probe_server.py").read_text()
+local_only = pytest.mark.skipif(
+    __import__("os").environ.get("E2E_CLUSTER", "local") != "local", reason="looks at local processes"
+)
+
+
+def probe_statefulset(name: str, *, grace: int = 10, ignore_sigterm: bool = False) -> Obj:
+    """A one-replica StatefulSet running probe_server.py with every env and volume kind we support."""
+    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": IMAGE,
+                            "command": ["python", "/app/probe_server.py"],
+                            "args": [
+                                "--bind",
+                                "$(POD_IP)",
+                                "--port",
+                                "8000",
+                                "--data",
+                                "/data",
+                                "--ignore-sigterm",
+                                "yes" if ignore_sigterm else "no",
+                                "--expanded",
+                                "$(POD_NAME).$(POD_NAMESPACE)",
+                                "--escaped",
+                                "$$(POD_NAME)",
+                            ],
+                            "env": [
+                                {"name": "POD_IP", **field("status.podIP")},
+                                {"name": "POD_NAME", **field("metadata.name")},
+                                {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+                                {"name": "POD_UID", **field("metadata.uid")},
+                                {"name": "LISTEN", "value": "$(POD_IP):8000"},
+                                {"name": "UNDEFINED_REF", "value": "$(NOT_DEFINED)"},
+                                {
+                                    "name": "GREETING",
+                                    "valueFrom": {
+                                        "configMapKeyRef": {"name": "probe-config", "key": "greeting"}
+                                    },
+                                },
+                                {
+                                    "name": "TOKEN",
+                                    "valueFrom": {"secretKeyRef": {"name": "probe-secret", "key": "token"}},
+                                },
+                            ],
+                            "envFrom": [{"configMapRef": {"name": "probe-config"}, "prefix": "CFG_"}],
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/ready", "port": "http"},
+                                "periodSeconds": 1,
+                                "failureThreshold": 1,
+                            },
+                            "volumeMounts": [
+                                {"name": "app", "mountPath": "/app"},
+                                {"name": "data", "mountPath": "/data"},
+                                {"name": "secret", "mountPath": "/etc/probe-secret", "readOnly": True},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "app", "configMap": {"name": "probe-app"}},
+                        {"name": "secret", "secret": {"secretName": "probe-secret"}},
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "64Mi"}},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def deploy_probe(cluster: Cluster, ns: str, name: str = "probe", **kw: Any) -> Obj:
+    cluster.core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "probe-app"}, "data": {"probe_server.py": SERVER}}
+    )
+    cluster.core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "probe-config"}, "data": {"greeting": "hello", "mode": "e2e"}}
+    )
+    cluster.core.create_namespaced_secret(
+        ns, {"metadata": {"name": "probe-secret"}, "stringData": {"token": "s3cret"}}
+    )
+    cluster.apps.create_namespaced_stateful_set(ns, probe_statefulset(name, **kw))
+    return wait_ready(cluster, ns, f"{name}-0")
+
+
+def wait_ready(cluster: Cluster, ns: str, pod: str, timeout: float = 90.0) -> Obj:
+    def ready() -> Obj | None:
+        p = cluster.pod(ns, pod)
+        return p if pod_ready(p) else None
+
+    return wait_for(
+        ready,
+        f"pod {ns}/{pod} Ready",
+        timeout=timeout,
+        describe=lambda: json.dumps((cluster.pod(ns, pod) or {}).get("status"))[:2000],
+    )
+
+
+def info(cluster: Cluster, ns: str, pod: str) -> Obj:
+    with cluster.endpoint(ns, pod, 8000) as ep:
+        code, body = http_get(f"http://{ep}/info")
+    assert code == 200, body
+    result: Obj = json.loads(body)
+    return result
+
+
+def test_api_server_is_the_pinned_release_with_one_ready_node(cluster: Cluster) -> None:
+    version = client.VersionApi(cluster.api).get_code()
+    assert version.major == "1"
+    if cluster.kind == "local":
+        from e2e.localcluster.config import k8s_version
+
+        assert version.git_version == f"v{k8s_version()}"
+    nodes = cluster.core.list_node().items
+    assert len(nodes) == 1
+    assert any(c.type == "Ready" and c.status == "True" for c in nodes[0].status.conditions)
+
+
+def test_invalid_builtin_object_is_rejected_with_the_field_and_reason(
+    cluster: Cluster, namespace: str
+) -> None:
+    with pytest.raises(client.ApiException) as err:
+        cluster.apps.create_namespaced_stateful_set(
+            namespace,
+            {**probe_statefulset("bad"), "spec": {**probe_statefulset("bad")["spec"], "replicas": -1}},
+        )
+    assert err.value.status == 422
+    assert "spec.replicas" in err.value.body and "greater than or equal to 0" in err.value.body
+
+
+def test_statefulset_pod_runs_with_env_volumes_and_readiness(cluster: Cluster, namespace: str) -> None:
+    pod = deploy_probe(cluster, namespace)
+    ip = pod["status"]["podIP"]
+    got = info(cluster, namespace, "probe-0")
+    env = got["env"]
+    assert env["POD_IP"] == ip and env["POD_NAME"] == "probe-0" and env["POD_NAMESPACE"] == namespace
+    assert env["POD_UID"] == pod["metadata"]["uid"]
+    assert env["LISTEN"] == f"{ip}:8000"  # $(VAR) expanded against earlier env entries
+    assert env["UNDEFINED_REF"] == "$(NOT_DEFINED)"  # undefined references stay as written
+    assert env["GREETING"] == "hello" and env["TOKEN"] == "s3cret"
+    assert env["CFG_greeting"] == "hello" and env["CFG_mode"] == "e2e"
+    argv = got["argv"]
+    assert argv[argv.index("--expanded") + 1] == f"probe-0.{namespace}"
+    assert argv[argv.index("--escaped") + 1] == "$(POD_NAME)"
+    assert argv[argv.index("--bind") + 1] == ip
+    assert got["hostname"] == "probe-0"
+    assert got["files"]["/etc/probe-secret/token"] == "s3cret"
+    # Every pod gets a service-account token (the API's ServiceAccount admission adds the volume).
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert got["files"][f"{sa_dir}/namespace"] == namespace
+    assert got["files"][f"{sa_dir}/token"].count(".") == 2  # a JWT
+    if cluster.kind == "local":
+        addr = ipaddress.ip_address(ip)
+        assert addr in ipaddress.ip_network("127.0.0.0/8") and str(addr) != "127.0.0.1"
+        assert env["PATH"].split(":")[0].endswith("/.venv/bin")
+
+
+def test_readiness_follows_the_process_probe(cluster: Cluster, namespace: str) -> None:
+    deploy_probe(cluster, namespace)
+    with cluster.endpoint(namespace, "probe-0", 8000) as ep:
+        assert http_post(f"http://{ep}/unready")[0] == 200
+        wait_for(lambda: not pod_ready(cluster.pod(namespace, "probe-0")), "probe-0 to become NotReady", 30)
+        assert http_post(f"http://{ep}/ready")[0] == 200
+    wait_ready(cluster, namespace, "probe-0", timeout=30)
+
+
+def test_pvc_data_survives_pod_deletion_and_sigterm_is_delivered(cluster: Cluster, namespace: str) -> None:
+    first = deploy_probe(cluster, namespace)
+    old_uid = first["metadata"]["uid"]
+    old_pid = info(cluster, namespace, "probe-0")["pid"]
+    cluster.core.delete_namespaced_pod("probe-0", namespace)
+    # The StatefulSet controller recreates probe-0 (new UID) once the old pod object is gone.
+    wait_for(
+        lambda: (p := cluster.pod(namespace, "probe-0")) is not None and p["metadata"]["uid"] != old_uid,
+        "probe-0 to be recreated",
+        timeout=60,
+    )
+    new = wait_ready(cluster, namespace, "probe-0")
+    got = info(cluster, namespace, "probe-0")
+    boots = [line.split()[0] for line in got["boots"]]
+    assert boots == [old_uid, new["metadata"]["uid"]]  # the same volume, one boot line per pod
+    assert got["shutdown"] == f"SIGTERM {old_uid}\n"  # the old process got SIGTERM and exited cleanly
+    if cluster.kind == "local":
+        assert not process_alive(old_pid)
+
+
+@local_only
+def test_deleting_a_pod_that_ignores_sigterm_kills_it_after_the_grace_period(
+    cluster: Cluster, namespace: str
+) -> None:
+    pod = deploy_probe(cluster, namespace, grace=2, ignore_sigterm=True)
+    pid = cluster.container_pid(namespace, "probe-0", "server")
+    assert process_alive(pid)
+    cluster.apps.delete_namespaced_stateful_set("probe", namespace)
+    cluster.core.delete_namespaced_pod("probe-0", namespace)
+    wait_for(lambda: cluster.pod(namespace, "probe-0") is None, "probe-0 to be deleted", timeout=60)
+    assert not process_alive(pid)
+    pv_dir = _pv_dir(cluster, namespace)
+    assert (
+        pv_dir / "shutdown.log"
+    ).read_text() == f"SIGTERM {pod['metadata']['uid']}\n"  # ignored, then killed
+
+
+@local_only
+def test_a_killed_container_is_restarted_and_counted(cluster: Cluster, namespace: str) -> None:
+    deploy_probe(cluster, namespace)
+    before = cluster.pod(namespace, "probe-0")
+    assert before is not None
+    pid = cluster.container_pid(namespace, "probe-0", "server")
+    __import__("os").kill(pid, 9)
+
+    def restarted() -> Obj | None:
+        p = cluster.pod(namespace, "probe-0")
+        if not p or not pod_ready(p):
+            return None
+        cs = p["status"]["containerStatuses"][0]
+        return p if cs["restartCount"] == 1 else None
+
+    after = wait_for(restarted, "probe-0 restarted and Ready", timeout=60)
+    cs = after["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]  # same pod, restarted container
+    assert after["status"]["podIP"] == before["status"]["podIP"]
+    assert cluster.container_pid(namespace, "probe-0", "server") != pid
+    assert len(info(cluster, namespace, "probe-0")["boots"]) == 2
+
+
+def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster, namespace: str) -> None:
+    """What the operator Deployment and the verifier Job rely on: a pod's service account token and
+    KUBERNETES_SERVICE_* env work with the kubernetes client's in-cluster configuration, under RBAC."""
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+        },
+    )
+    script = (
+        "from kubernetes import client, config; config.load_incluster_config(); "
+        "import os; ns = open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read(); "
+        "pods = client.CoreV1Api().list_namespaced_pod(ns).items; "
+        "print('pods-listed', [p.metadata.name for p in pods]); "
+        "raise SystemExit(0 if any(p.metadata.name == os.environ['POD_NAME'] for p in pods) else 3)"
+    )
+    cluster.batch.create_namespaced_job(
+        namespace,
+        {
+            "metadata": {"name": "incluster"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "list",
+                                "image": IMAGE,
+                                "command": ["python", "-c", script],
+                                "env": [
+                                    {
+                                        "name": "POD_NAME",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                    }
+                                ],
+                            }
+                        ],
+                    }
+                },
+            },
+        },
+    )
+
+    def finished() -> str | None:
+        job = cluster.batch.read_namespaced_job("incluster", namespace)
+        for c in job.status.conditions or []:
+            if c.type in ("Complete", "Failed") and c.status == "True":
+                return str(c.type)
+        return None
+
+    assert wait_for(finished, "job incluster to finish", timeout=90) == "Complete"
+
+
+def _pv_dir(cluster: Cluster, ns: str) -> Path:
+    pvc = cluster.core.read_namespaced_persistent_volume_claim("data-probe-0", ns)
+    pv = cluster.core.read_persistent_volume(pvc.spec.volume_name)
+    return Path(pv.spec.host_path.path)
