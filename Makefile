@@ -15,6 +15,7 @@ PROTOS := $(wildcard proto/*.proto)
 PYTEST_ARGS ?=
 
 .PHONY: all install proto lint typecheck unit test demo soak bench clean
+.PHONY: cluster-deps k8s-bins cluster-up cluster-down e2e e2e-if-possible
 
 all: test
 
@@ -42,8 +43,36 @@ typecheck: install
 unit: install
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The README's test command: lint, strict typing, every test (soak tests run in their bounded form).
-test: lint typecheck unit
+# The README's test command: lint, strict typing, every test (soak tests run in their bounded form),
+# then the cluster tests on the local control plane when this machine can build it.
+test: lint typecheck unit e2e-if-possible
+
+# --- Cluster tests (e2e/README.md): a local control plane, no Docker needed -----------------------
+# etcd from Debian; kube-apiserver/controller-manager/scheduler/kubectl built from the Go module proxy
+# into $(CACHE_DIR)/k8s (cold: long, see e2e/README.md; warm: a hash check).
+E2E_ARGS ?=
+cluster-deps:
+	bash e2e/scripts/install-etcd.sh
+
+k8s-bins:
+	bash e2e/scripts/build-k8s.sh >/dev/null
+
+cluster-up: install cluster-deps k8s-bins
+	$(BIN)/python -m e2e.localcluster up
+
+cluster-down:
+	@test -x $(BIN)/python && $(BIN)/python -m e2e.localcluster down || true
+
+# The pytest session starts the cluster unless one is already up (then it leaves it running).
+e2e: install cluster-deps k8s-bins helm
+	$(BIN)/pytest e2e $(E2E_ARGS)
+
+e2e-if-possible:
+	@if ! command -v go >/dev/null 2>&1; then \
+	  echo "e2e: SKIPPED: Go is not installed, so Kubernetes cannot be built from the Go module proxy"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "e2e: SKIPPED: the local node runs pods in private mount namespaces, which needs root"; \
+	else $(MAKE) --no-print-directory e2e; fi
 
 # Longer soak/crash runs than CI's bounded ones.
 soak: install

@@ -203,6 +203,8 @@ def process_alive(pid: int) -> bool:
 
 def tool(name: str) -> str:
     """kubectl comes from the pinned Kubernetes build; helm from the chart's build ($CACHE_DIR/bin)."""
+    if os.environ.get(name.upper()):  # the Makefile exports HELM=$(CACHE_DIR)/bin/helm
+        return os.environ[name.upper()]
     for candidate in (k8s_bin_dir() / name, cache_dir() / "bin" / name):
         if candidate.exists():
             return str(candidate)
