@@ -21,6 +21,7 @@ class KubeApi(Protocol):
     async def apply(self, manifest: Mapping[str, Any]) -> None: ...
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool: ...
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None: ...
+    async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None: ...
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]: ...
     async def list_jobs(self, namespace: str, selector: str) -> list[Obj]: ...
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
@@ -112,6 +113,17 @@ class KubernetesClient:
             raise
         result: Obj = self._api.sanitize_for_serialization(obj)
         return result
+
+    async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None:
+        try:
+            raw: object = await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object, GROUP, API_VERSION, namespace, plural, name
+            )
+        except self._client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return raw if isinstance(raw, dict) else None
 
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
         pods = await asyncio.to_thread(self.core.list_namespaced_pod, namespace, label_selector=selector)

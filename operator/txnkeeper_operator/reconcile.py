@@ -111,7 +111,15 @@ async def ensure_children(ctx: Context, cr: Resource) -> str:
     return await _token(ctx, cr)
 
 
-async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision:
+async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
+    # Read the resource afresh: the body a trigger carries may predate this operator's last status
+    # write, and the engine's memory (status.downgrade) must never be read stale.
+    meta = body["metadata"]
+    plural = Resource.from_body(body).kind.plural
+    fresh = await ctx.kube.get_resource(plural, meta["namespace"], meta["name"])
+    if fresh is None:
+        return None  # deleted meanwhile
+    body = fresh
     cr = Resource.from_body(body)
     # A snapshot: the status is rewritten below and the events compare against what was there before.
     status: Mapping[str, Any] = copy.deepcopy(dict(body.get("status") or {}))

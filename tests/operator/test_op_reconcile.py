@@ -63,6 +63,10 @@ class FakeKube:
         self.objects[key] = obj
         return True
 
+    async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None:
+        assert plural == "transactioncoordinators" and name == self.cr["metadata"]["name"]
+        return json.loads(json.dumps(self.cr))  # a copy, like a GET
+
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         return self.objects.get((kind, namespace, name))
 
@@ -214,11 +218,14 @@ def world() -> tuple[FakeKube, FakePods, Events, Context]:
 
 
 async def _until(kube: FakeKube, ctx: Context, phase: Phase, verifier: Any = None, limit: int = 60) -> Phase:
+    stale = json.loads(json.dumps({**kube.cr, "status": {}}))
     for _ in range(limit):
         kube.run_statefulset_controller()
         if verifier is not None:
             verifier()
-        decision = await reconcile(kube.cr, ctx)
+        # A stale body on purpose: reconcile must read the resource afresh.
+        decision = await reconcile(stale, ctx)
+        assert decision is not None
         if decision.phase == phase and decision.action is None:
             return decision.phase
     raise AssertionError(f"never reached {phase}; status: {kube.cr.get('status', {}).get('phaseReason')}")
