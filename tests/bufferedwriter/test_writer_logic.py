@@ -18,6 +18,7 @@ from txnkeeper.bufferedwriter import (
     WritePosition,
     WriterState,
 )
+from txnkeeper.bufferedwriter.writer import FAILED, pack_position, unpack_position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 
 from .memlog import MemLog
@@ -308,24 +309,35 @@ async def test_metrics_count_records_entries_and_delay() -> None:
 async def test_sinks_receive_every_outcome_even_for_cancelled_callers() -> None:
     log = MemLog()
     w = writer(log, enabled=True, max_records=2, max_delay_millis=NEVER_MS)
-    sink: list[WritePosition | None] = []
+    sink: list[int] = []
     first = w.submit(rec(1), sink)
     first.cancel()
     await w.submit(rec(2), sink)
-    assert sink == [WritePosition(1, 0, 2, 0), WritePosition(1, 0, 2, 1)]
+    assert [unpack_position(p) for p in sink] == [WritePosition(1, 0, 2, 0), WritePosition(1, 0, 2, 1)]
     log.fail_next.append(OSError("disk gone"))
     failed = [w.submit(rec(3), sink), w.submit(rec(4), sink)]
     await asyncio.gather(*failed, return_exceptions=True)
-    assert sink[2:] == [None, None]
+    assert sink[2:] == [FAILED, FAILED]
     await w.configure(BatchedWriteConfig(enabled=False))
     await w.submit(rec(5), sink)
-    assert sink[4] == WritePosition(1, 1, 0, 0)
+    assert unpack_position(sink[4]) == WritePosition(1, 1, 0, 0)
     await w.configure(BatchedWriteConfig(enabled=True, max_records=10, max_delay_millis=NEVER_MS))
     buffered = w.submit(rec(6), sink)
     await w.close()
     with pytest.raises(BufferedWriterClosedError):
         await buffered
-    assert sink[5] is None
+    assert sink[5] == FAILED
+
+
+def test_packed_positions_round_trip() -> None:
+    for pos in [
+        WritePosition(0, 0, 0, 0),
+        WritePosition(2**40, 2**32 - 1, 512, 511),
+        WritePosition(7, 3, 0, 0),
+    ]:
+        assert unpack_position(pack_position(*pos)) == pos
+    with pytest.raises(ValueError, match="cannot be packed"):
+        pack_position(1, 2**32, 0, 0)
 
 
 async def test_wait_for_progress_returns_when_an_entry_settles() -> None:

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # Entries read per ledger call during replay and census: large enough to amortize, small in memory.
 _READ_CHUNK = 512
 MAX_LISTED_BATCHED_POSITIONS = 20
+# Minimum time between two cursor-persisting delete rounds (a rate limit, like Pulsar's markDeleteRate).
+DELETE_ROUND_INTERVAL_S = 0.01
 
 
 class FormatLevelError(RuntimeError):
@@ -126,6 +128,7 @@ class RecordLog(Generic[R]):
         self.writer: BufferedWriter[R] = BufferedWriter(ledger, codec, config, metrics)
         self._delete_queue: list[tuple[list[WritePosition], asyncio.Future[None]]] = []
         self._deleter: asyncio.Task[None] | None = None
+        self._last_round = float("-inf")
         self._trimmer: asyncio.Task[None] | None = None
         self._trim_wanted = False
 
@@ -245,7 +248,14 @@ class RecordLog(Generic[R]):
         await asyncio.shield(done)
 
     async def _delete_rounds(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._delete_queue:
+            # Rounds start at most every DELETE_ROUND_INTERVAL_S: the cursor rewrites its whole state
+            # (two fsyncs) per round, so back-to-back rounds would take the disk from the appends.
+            wait = self._last_round + DELETE_ROUND_INTERVAL_S - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._last_round = loop.time()
             round_, self._delete_queue = self._delete_queue, []
             plain: list[Position] = []
             batched: dict[Position, tuple[int, set[int]]] = {}

@@ -68,8 +68,33 @@ class WritePosition(NamedTuple):
         return self.batch_size > 0
 
 
-# Where a record's position (or None for a failed record) is appended when its entry settles.
-PositionSink = list[WritePosition | None]
+# Where a record's outcome is appended when its entry settles: its position packed into one int (see
+# pack_position), or FAILED. Ints, not WritePosition tuples: a store keeps these for every live record,
+# and ints are invisible to the cyclic GC while tuple subclasses stay tracked (full collections of
+# hundreds of thousands of retained positions were the writer's worst latency outliers).
+PositionSink = list[int]
+FAILED = -1
+_FIELD_BITS = 32
+_FIELD_MASK = (1 << _FIELD_BITS) - 1
+
+
+def pack_position(ledger_id: int, entry_id: int, batch_size: int, batch_index: int) -> int:
+    """One int holding a WritePosition (entry id, batch size and index must fit in 32 bits)."""
+    if not (
+        0 <= entry_id <= _FIELD_MASK and 0 <= batch_size <= _FIELD_MASK and 0 <= batch_index <= _FIELD_MASK
+    ):
+        raise ValueError(f"position {ledger_id}:{entry_id} batch {batch_index}/{batch_size} cannot be packed")
+    return (((ledger_id << _FIELD_BITS | entry_id) << _FIELD_BITS | batch_size) << _FIELD_BITS) | batch_index
+
+
+def unpack_position(packed: int) -> WritePosition:
+    """The WritePosition :func:`pack_position` packed."""
+    return WritePosition(
+        packed >> (3 * _FIELD_BITS),
+        (packed >> (2 * _FIELD_BITS)) & _FIELD_MASK,
+        (packed >> _FIELD_BITS) & _FIELD_MASK,
+        packed & _FIELD_MASK,
+    )
 
 
 class WriterState(enum.Enum):
@@ -150,7 +175,7 @@ class BufferedWriter(Generic[R]):
     def submit(self, record: R, sink: PositionSink | None = None) -> asyncio.Future[WritePosition]:
         """Queue one record now and return the future of its position (``write`` without a coroutine).
 
-        ``sink``, if given, receives the record's position (or ``None`` if it failed) when its entry
+        ``sink``, if given, receives the record's packed position (or ``FAILED``) when its entry
         settles, even if the returned future was cancelled: that is how a store learns every position
         without doing any work per record after the write. Cancelling the future never unwrites it.
         """
@@ -341,13 +366,13 @@ class BufferedWriter(Generic[R]):
         ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
         if self._metrics is not None:
             self._metrics.on_written(size, batched=True)
+        packed = pack_position(ledger_id, entry_id, size, 0)
         for index, waiter in enumerate(waiters):
-            written = WritePosition(ledger_id, entry_id, size, index)
             if not waiter.done():
-                waiter.set_result(written)
+                waiter.set_result(WritePosition(ledger_id, entry_id, size, index))
             sink = sinks[index]
             if sink is not None:
-                sink.append(written)
+                sink.append(packed + index)
         self._signal_progress()
 
     @staticmethod
@@ -358,7 +383,7 @@ class BufferedWriter(Generic[R]):
             if not waiter.done():
                 waiter.set_exception(error)
             if sink is not None:
-                sink.append(None)
+                sink.append(FAILED)
 
     def _signal_progress(self) -> None:
         progress, self._progress = self._progress, None
@@ -391,11 +416,10 @@ class BufferedWriter(Generic[R]):
             position = task.result()
             if self._metrics is not None:
                 self._metrics.on_written(1, batched=False)
-            written = WritePosition(position.ledger_id, position.entry_id, 0, 0)
             if not out.done():
-                out.set_result(written)
+                out.set_result(WritePosition(position.ledger_id, position.entry_id, 0, 0))
             if sink is not None:
-                sink.append(written)
+                sink.append(pack_position(position.ledger_id, position.entry_id, 0, 0))
         self._signal_progress()
 
 

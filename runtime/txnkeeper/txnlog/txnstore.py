@@ -17,7 +17,13 @@ from google.protobuf.message import Message
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.recordlog import LiveEntryFormats, RecordLog
-from txnkeeper.bufferedwriter.writer import PositionSink, WritePosition, WriterState
+from txnkeeper.bufferedwriter.writer import (
+    FAILED,
+    PositionSink,
+    WritePosition,
+    WriterState,
+    unpack_position,
+)
 from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
@@ -29,14 +35,9 @@ S = TypeVar("S")
 TxnKey = tuple[int, int]
 
 
-class _Written:
-    """A transaction's records written since open: how many were submitted, and their settled results."""
-
-    __slots__ = ("settled", "submitted")
-
-    def __init__(self) -> None:
-        self.submitted = 0
-        self.settled: PositionSink = []
+# A transaction's records written since open, as one list (one GC-tracked object per transaction):
+# item 0 counts the records submitted; the writer appends each one's packed position (or FAILED).
+_SUBMITTED = 0
 
 
 class StoreClosedError(RuntimeError):
@@ -50,7 +51,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
         self._log = log
         self._submit = log.writer.submit
         self._replayed: dict[TxnKey, list[WritePosition]] = {}
-        self._written: dict[TxnKey, _Written] = {}
+        self._written: dict[TxnKey, PositionSink] = {}
         self._recovered: dict[TxnID, S] = {}
         self._closed = False
 
@@ -96,11 +97,11 @@ class TxnRecordStore(ABC, Generic[R, S]):
         key: TxnKey = _txn_key(record)
         written = self._written.get(key)
         if written is None:
-            written = self._written[key] = _Written()
-        # The writer appends the position to written.settled itself when the entry settles, so the
-        # record path does nothing after the await and even a cancelled caller's record is known.
-        future = self._submit(record, written.settled)
-        written.submitted += 1
+            written = self._written[key] = [0]
+        # The writer appends the position to ``written`` itself when the entry settles, so the record
+        # path does nothing after the await and even a cancelled caller's record is known.
+        future = self._submit(record, written)
+        written[_SUBMITTED] += 1
         return await future
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
@@ -110,10 +111,10 @@ class TxnRecordStore(ABC, Generic[R, S]):
         positions = self._replayed.pop(key, [])
         written = self._written.pop(key, None)
         if written is not None:
-            while len(written.settled) < written.submitted:
+            while len(written) - 1 < written[_SUBMITTED]:
                 await self._log.writer.wait_for_progress()
-            # None marks a record whose write failed: it is not in the log.
-            positions.extend(p for p in written.settled if p is not None)
+            # FAILED marks a record whose write failed: it is not in the log.
+            positions.extend(unpack_position(p) for p in written[1:] if p != FAILED)
         self._recovered.pop(TxnID(*key), None)
         if positions:
             try:
@@ -129,7 +130,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
         positions = list(self._replayed.get(key, ()))
         written = self._written.get(key)
         if written is not None:
-            positions.extend(p for p in written.settled if p is not None)
+            positions.extend(unpack_position(p) for p in written[1:] if p != FAILED)
         return positions
 
     def txn_count(self) -> int:
