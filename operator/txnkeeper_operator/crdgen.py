@@ -307,6 +307,9 @@ def _status(kind: str) -> Schema:
         "operator restart resumes it).",
         {
             "startedAt": time | {"description": "When the downgrade started."},
+            "fromVersion": _p(
+                "string", "The batched-capable release the data was written by (recreation fallback)."
+            ),
             "rolledOver": _arr(
                 "Pods whose stores were rolled over after batching was disabled, with LastBatchedLedger.",
                 _obj(

@@ -115,6 +115,8 @@ class DowngradeProgress:
     operator restart resumes instead of starting over (crate-operator's persisted queue)."""
 
     started_at: datetime
+    # The batched-capable release the data was written by: what a lost StatefulSet is recreated at.
+    from_version: str | None = None
     # pod name -> {store name -> LastBatchedLedger} recorded by that pod's forced rollover.
     markers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     markers_complete_at: datetime | None = None
@@ -127,7 +129,7 @@ class DowngradeProgress:
 
     def invalidated(self) -> DowngradeProgress:
         """Forget every marker and verdict: batched data may have been written after them."""
-        return DowngradeProgress(started_at=self.started_at)
+        return DowngradeProgress(started_at=self.started_at, from_version=self.from_version)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ def progress_to_status(progress: Progress) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {
         "startedAt": format_time(d.started_at),
+        **({"fromVersion": d.from_version} if d.from_version else {}),
         "rolledOver": [
             {
                 "pod": pod,
@@ -73,6 +74,7 @@ def progress_from_status(value: Mapping[str, Any] | None) -> Progress:
     return Progress(
         DowngradeProgress(
             started_at=parse_time(value["startedAt"]),
+            from_version=str(value["fromVersion"]) if value.get("fromVersion") else None,
             markers=markers,
             markers_complete_at=_opt_time(value.get("markersCompleteAt")),
             verifier_requested_at=_opt_time(value.get("verifierRequestedAt")),

@@ -95,11 +95,7 @@ class _Planner:
             )
         template = self.observed.template
         if template is None:
-            startup = self.desired.batch if self.want_batch else self.desired.batch.disabled()
-            return self._act(
-                ApplyTemplate(self.desired.version, startup, f"create pods at {self.desired.version}"),
-                Phase.CREATING,
-            )
+            return self._create_template()
         waiting = self._wait_for_pods(template)
         if waiting is not None:
             return waiting
@@ -109,6 +105,22 @@ class _Planner:
             # The spec moved back to a batched-capable version: the downgrade is cancelled.
             self.progress = replace(self.progress, downgrade=None)
         return self._upgrade_or_toggle(template)
+
+    def _create_template(self) -> Decision:
+        """A missing StatefulSet (first creation, or deleted by hand while pods or volumes remain) is
+        created at a version the data can live with: never below what running pods or an unfinished
+        downgrade say the volumes may hold; the normal rollout then continues from there."""
+        version = self.desired.version
+        batched_pods = [p.version for p in self.pods if format_level(p.version) >= BATCHED_LEVEL]
+        downgrade = self.progress.downgrade
+        if self.target_level < BATCHED_LEVEL:
+            if batched_pods:
+                version = max(batched_pods, key=_version_key)
+            elif downgrade is not None and downgrade.verified_at is None and downgrade.from_version:
+                version = downgrade.from_version
+        fresh = not self.pods and downgrade is None
+        startup = self.desired.batch if self.want_batch and fresh else self.desired.batch.disabled()
+        return self._act(ApplyTemplate(version, startup, f"create pods at {version}"), Phase.CREATING)
 
     # ---- readiness: one pod at a time ---------------------------------------------------------------
 
@@ -209,7 +221,9 @@ class _Planner:
     # ---- downgrade to a level that cannot read batched entries ---------------------------------------
 
     def _downgrade(self, template: Template) -> Decision:
-        progress = self.progress.downgrade or DowngradeProgress(started_at=self.observed.now)
+        progress = self.progress.downgrade or DowngradeProgress(
+            started_at=self.observed.now, from_version=self._highest_batched_version(template)
+        )
         enabled = [p for p in self.pods if p.batch is not None and p.batch.enabled]
         if enabled and (progress.markers or progress.verified_at is not None):
             # Batched data may have been written after the markers: they prove nothing any more.
@@ -218,6 +232,11 @@ class _Planner:
         if progress.verified_at is None:
             return self._downgrade_gate(template, progress, enabled)
         return self._downgrade_roll(template)
+
+    def _highest_batched_version(self, template: Template) -> str | None:
+        versions = [p.version for p in self.pods] + [template.version]
+        capable = [v for v in versions if format_level(v) >= BATCHED_LEVEL]
+        return max(capable, key=_version_key) if capable else None
 
     def _downgrade_gate(
         self, template: Template, progress: DowngradeProgress, enabled: list[PodState]

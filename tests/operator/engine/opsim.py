@@ -87,6 +87,8 @@ class SimCluster:
     reachable: bool = True
     log: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    # Volumes of pods deleted together with their StatefulSet (PVCs are retained).
+    volumes: dict[int, SimPod] = field(default_factory=dict)
 
     # ---- what the operator observes -----------------------------------------------------------------
 
@@ -235,7 +237,23 @@ class SimCluster:
     def _create(self, ordinal: int) -> None:
         assert self.template is not None
         batch = self.template.batch if format_level(self.template.version) >= 2 else OFF
-        self.pods[ordinal] = SimPod(ordinal, f"{self.name}-{ordinal}", self.template.version, batch)
+        pod = SimPod(ordinal, f"{self.name}-{ordinal}", self.template.version, batch)
+        volume = self.volumes.pop(ordinal, None)
+        if volume is not None:  # a retained PVC: the new pod opens the old pod's ledgers
+            pod.batched_ledgers, pod.current_ledger = volume.batched_ledgers, volume.current_ledger
+            pod.pinned, pod.rolled_at = volume.pinned, volume.rolled_at
+            if format_level(pod.version) < pod.needs_level():
+                raise InvariantViolation(f"{pod.name} created at {pod.version} over retained batched data")
+        self.pods[ordinal] = pod
+
+    def delete_statefulset(self, *, orphan: bool) -> None:
+        """kubectl delete sts: with --cascade=orphan the pods keep running; otherwise they go and
+        only their volumes remain."""
+        self.log.append(f"crash statefulset (orphan={orphan})")
+        self.template = None
+        if not orphan:
+            self.volumes.update(self.pods)
+            self.pods.clear()
 
     def _recreate(self, pod: SimPod) -> None:
         assert self.template is not None

@@ -473,6 +473,43 @@ def test_scale_up_while_batched_starts_the_new_pod_batched() -> None:
     final_state(sim, "2.0.0", True)
 
 
+def test_statefulset_deleted_with_orphans_mid_gate_is_recreated_batched_capable() -> None:
+    sim = installed("2.0.0", ON)
+    sim.pods[1].pinned = True
+    sim.run(desired("1.0.0"), until=phase_is(Phase.DOWNGRADE_BLOCKED))
+    sim.delete_statefulset(orphan=True)
+    sim.log.clear()
+    sim.step(desired("1.0.0"))
+    assert sim.actions() == ["template 2.0.0 batch=off"]
+    sim.tick()
+    sim.pods[1].pinned = False
+    sim.run(desired("1.0.0"))
+    final_state(sim, "1.0.0", False)
+
+
+def test_statefulset_and_pods_deleted_mid_gate_come_back_from_the_persisted_version() -> None:
+    sim = installed("2.0.0", ON)
+    sim.pods[0].pinned = True
+    sim.run(desired("1.0.0"), until=phase_is(Phase.DOWNGRADE_BLOCKED))
+    assert sim.persisted is not None and sim.persisted["fromVersion"] == "2.0.0"
+    sim.delete_statefulset(orphan=False)  # only the volumes (and the resource's status) remain
+    sim.log.clear()
+    sim.step(desired("1.0.0"))
+    assert sim.actions() == ["template 2.0.0 batch=off"]
+    sim.tick()
+    sim.pods[0].pinned = False
+    sim.run(desired("1.0.0"))
+    final_state(sim, "1.0.0", False)
+
+
+def test_a_naive_recreation_would_have_been_caught() -> None:
+    sim = installed("2.0.0", ON)
+    sim.delete_statefulset(orphan=False)
+    sim.template = Template("1.0.0", OFF)
+    with pytest.raises(InvariantViolation):
+        sim._statefulset_controller(desired("1.0.0"))
+
+
 # ---- pause ------------------------------------------------------------------------------------------
 
 
