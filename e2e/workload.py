@@ -3,11 +3,22 @@
 Why: the cluster tests' final word is "every acknowledged message and committed transaction is still
 there", across restarts, upgrades and downgrades. This records exactly what the service acknowledged
 (a commit that returned, an abort that returned) so the check compares against facts, not intentions.
+
+It runs in a pod (a Job, shipped in a ConfigMap: it needs only txnkeeper.client and the standard
+library) so that it reaches the pods by their pod IPs on any cluster, and the coordinators reach the
+stores at the same addresses the client used:
+  python workload.py produce --coordinators A,B --stores C,D --topics T1,T2 --txns N [--tag X]
+  python workload.py read --stores C,D --topics T1,T2
+  python workload.py hold --coordinators A --stores C,D --topic T --timeout-ms MS
+Each prints one line `RESULT <json>` at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import sys
 import uuid
 from dataclasses import dataclass, field
 
@@ -100,3 +111,80 @@ async def verify(stores: list[str], record: Record) -> None:
         assert not missing, f"{topic}: {len(missing)} committed messages lost, e.g. {sorted(missing)[:5]}"
         assert not leaked, f"{topic}: {len(leaked)} aborted messages delivered, e.g. {sorted(leaked)[:5]}"
         assert duplicates == 0, f"{topic}: {duplicates} duplicate deliveries"
+
+
+async def ack_in_transactions(
+    coordinators: list[str], stores: list[str], topic: str, expect: list[bytes]
+) -> int:
+    """Receive `expect` on the shared subscription "work" and acknowledge each in a transaction that
+    commits (what makes the pending-ack stores write). Returns how many messages were acknowledged."""
+    wanted = set(expect)
+    acked = 0
+    async with Client(coordinators=coordinators, stores=stores) as client:
+        consumer = await client.subscribe(topic, "work")
+        while wanted:
+            message = await asyncio.wait_for(consumer.receive(), 60.0)
+            txn = await client.new_transaction()
+            await consumer.acknowledge(message, txn=txn)
+            await txn.commit()
+            wanted.discard(message.data)
+            acked += 1
+        await consumer.close()
+    return acked
+
+
+async def hold(coordinators: list[str], stores: list[str], topic: str, timeout_ms: int) -> dict[str, str]:
+    """Open a transaction that writes and acknowledges, then abandon it: it stays open (its log records
+    live) until the coordinator's timeout aborts it."""
+    async with Client(coordinators=coordinators, stores=stores) as client:
+        producer = await client.create_producer(topic)
+        plain = f"hold-plain-{uuid.uuid4().hex[:6]}".encode()
+        await producer.send(plain)
+        consumer = await client.subscribe(topic, "hold")
+        txn = await client.new_transaction(timeout_ms=timeout_ms)
+        payload = f"hold-txn-{uuid.uuid4().hex[:6]}".encode()
+        await producer.send(payload, txn=txn)
+        message = await asyncio.wait_for(consumer.receive(), 60.0)
+        await consumer.acknowledge(message, txn=txn)
+        status = await client.transaction_status(txn)
+        return {"txn": str(txn), "payload": payload.decode(), "status": status}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="txnkeeper e2e workload")
+    parser.add_argument("command", choices=["produce", "read", "hold"])
+    parser.add_argument("--coordinators", default="")
+    parser.add_argument("--stores", required=True)
+    parser.add_argument("--topics", default="")
+    parser.add_argument("--topic", default="")
+    parser.add_argument("--txns", type=int, default=10)
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--timeout-ms", type=int, default=120_000)
+    args = parser.parse_args(argv)
+    coordinators = [a for a in args.coordinators.split(",") if a]
+    stores = [a for a in args.stores.split(",") if a]
+    topics = [t for t in args.topics.split(",") if t]
+    result: object
+    if args.command == "produce":
+        record = asyncio.run(produce(coordinators, stores, topics, txns=args.txns, tag=args.tag))
+        acked = {
+            t: asyncio.run(ack_in_transactions(coordinators, stores, t, m))
+            for t, m in record.committed.items()
+        }
+        result = {
+            "committed": {t: [m.decode() for m in ms] for t, ms in record.committed.items()},
+            "aborted": {t: [m.decode() for m in ms] for t, ms in record.aborted.items()},
+            "committedTxns": record.committed_txns,
+            "abortedTxns": record.aborted_txns,
+            "acked": acked,
+        }
+    elif args.command == "read":
+        result = {t: [m.decode() for m in asyncio.run(read_all(stores, t))] for t in topics}
+    else:
+        result = asyncio.run(hold(coordinators, stores, args.topic, args.timeout_ms))
+    print("RESULT " + json.dumps(result), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

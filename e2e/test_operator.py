@@ -1,0 +1,358 @@
+"""The operator, installed by helm, driving TransactionCoordinators and PendingAckStores end to end.
+
+Why: this is what a user does (helm install, kubectl apply, watch the rollout) and what must never go
+wrong: an upgrade that enables the batch log in the safe order, a downgrade that waits for the Spark
+verifier while batched data lives, an operator killed and a pod deleted mid-rollout, an invalid
+resource refused by the API server, and at the end every acknowledged message still there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client  # type: ignore[import-untyped]
+
+from e2e.helpers import IMAGE, Cluster, http_get, pod_ready, wait_for
+
+Obj = dict[str, Any]
+GROUP, VERSION = "txnkeeper.io", "v1"
+TC, PAS = "transactioncoordinators", "pendingackstores"
+OPERATOR_NS = "txnkeeper-system"
+RELEASE = "txnkeeper"
+CHART = Path(__file__).resolve().parents[1] / "helm" / "txnkeeper"
+WORKLOAD = (Path(__file__).parent / "workload.py").read_text()
+OLD, NEW = "1.0.0", "2.0.0"
+TOPICS = "persistent://public/default/orders,persistent://public/default/payments"
+FIRST_TOPIC = TOPICS.split(",", maxsplit=1)[0]
+
+
+# --- fixtures -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[str]:
+    """The chart installed with the real helm (CRDs, RBAC, operator Deployment); uninstalled after."""
+    repo, _, tag = IMAGE.rpartition(":")
+    cluster.helm(
+        "upgrade", "--install", RELEASE, str(CHART),
+        "--namespace", OPERATOR_NS, "--create-namespace",
+        "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+        "--set", "operator.reconcileSeconds=2",
+        "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    wait_for(lambda: _operator_pod(cluster), "the operator pod Ready", timeout=120)
+    yield OPERATOR_NS
+    cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", check=False)
+
+
+def _operator_pod(cluster: Cluster) -> str | None:
+    for pod in cluster.core.list_namespaced_pod(OPERATOR_NS).items:
+        obj = cluster.api.sanitize_for_serialization(pod)
+        if (
+            pod_ready(obj)
+            and not obj["metadata"].get("deletionTimestamp")
+            and "helm.sh/hook" not in (obj["metadata"].get("annotations") or {})
+        ):
+            return str(obj["metadata"]["name"])
+    return None
+
+
+# --- custom resources -------------------------------------------------------------------------------
+def apply(cluster: Cluster, ns: str, manifest: str) -> None:
+    cluster.kubectl("-n", ns, "apply", "-f", "-", input_text=manifest)
+
+
+def resources(version: str, batched: bool) -> str:
+    return f"""
+apiVersion: txnkeeper.io/v1
+kind: TransactionCoordinator
+metadata: {{name: txn}}
+spec: {{version: "{version}", replicas: 3, coordinators: 3, batchedWrite: {{enabled: {str(batched).lower()}}},
+        storage: {{size: 128Mi}}}}
+---
+apiVersion: txnkeeper.io/v1
+kind: PendingAckStore
+metadata: {{name: acks}}
+spec: {{version: "{version}", replicas: 2, batchedWrite: {{enabled: {str(batched).lower()}}},
+        storage: {{size: 128Mi}}}}
+"""
+
+
+def get_cr(cluster: Cluster, ns: str, plural: str, name: str) -> Obj:
+    obj: Obj = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+    return obj
+
+
+def condition(obj: Obj, type_: str) -> Obj:
+    for c in obj.get("status", {}).get("conditions", []):
+        if c["type"] == type_:
+            return dict(c)
+    return {}
+
+
+def summary(obj: Obj) -> str:
+    st = obj.get("status", {})
+    conds = {
+        c["type"]: f"{c['status']}({c.get('reason')}: {c.get('message')})" for c in st.get("conditions", [])
+    }
+    pods = [(p.get("name"), p.get("version"), p.get("batchLog"), p.get("ready")) for p in st.get("pods", [])]
+    return json.dumps(
+        {"phase": st.get("phase"), "reason": st.get("phaseReason"), "pods": pods, "conditions": conds}
+    )
+
+
+def wait_cr(  # noqa: PLR0917 (reads as a sentence at the call sites)
+    cluster: Cluster,
+    ns: str,
+    plural: str,
+    name: str,
+    pred: Callable[[Obj], bool],
+    what: str,
+    timeout: float = 300,
+) -> Obj:
+    def probe() -> Obj | None:
+        obj = get_cr(cluster, ns, plural, name)
+        return obj if pred(obj) else None
+
+    return wait_for(
+        probe,
+        f"{plural}/{name}: {what}",
+        timeout,
+        interval=0.5,
+        describe=lambda: summary(get_cr(cluster, ns, plural, name)),
+    )
+
+
+def settled_at(version: str, batch_log: str) -> Callable[[Obj], bool]:
+    """Ready, reconciled for the current generation, every pod at `version` with the batch log as said."""
+
+    def pred(obj: Obj) -> bool:
+        st = obj.get("status", {})
+        pods = st.get("pods", [])
+        return (
+            st.get("observedGeneration") == obj["metadata"]["generation"]
+            and st.get("phase") == "Ready"
+            and condition(obj, "Ready").get("status") == "True"
+            and bool(pods)
+            and all(p.get("version") == version and p.get("ready") for p in pods)
+            and st.get("batchLog") == batch_log
+        )
+
+    return pred
+
+
+def pod_versions(obj: Obj) -> list[str]:
+    return [str(p.get("version")) for p in obj.get("status", {}).get("pods", [])]
+
+
+# --- the workload, run in the cluster ------------------------------------------------------------
+def addresses(cluster: Cluster, ns: str, name: str, replicas: int) -> str:
+    out = []
+    for i in range(replicas):
+        pod = cluster.pod(ns, f"{name}-{i}")
+        assert pod is not None and pod_ready(pod), f"{name}-{i} not ready"
+        out.append(f"{pod['status']['podIP']}:6650")
+    return ",".join(out)
+
+
+def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) -> Obj:
+    """Run e2e/workload.py as a Job in `ns` and return its RESULT."""
+    try:
+        cluster.core.create_namespaced_config_map(
+            ns, {"metadata": {"name": "workload"}, "data": {"workload.py": WORKLOAD}}
+        )
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    name = f"workload-{args[0]}-{uuid.uuid4().hex[:5]}"
+    cluster.batch.create_namespaced_job(
+        ns,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "workload",
+                                "image": IMAGE,
+                                "command": ["python", "/workload/workload.py", *args],
+                                "volumeMounts": [{"name": "workload", "mountPath": "/workload"}],
+                            }
+                        ],
+                        "volumes": [{"name": "workload", "configMap": {"name": "workload"}}],
+                    }
+                },
+            },
+        },
+    )
+
+    def finished() -> str | None:
+        job = cluster.batch.read_namespaced_job(name, ns)
+        for c in job.status.conditions or []:
+            if c.type in ("Complete", "Failed") and c.status == "True":
+                return str(c.type)
+        return None
+
+    outcome = wait_for(finished, f"job {name}", timeout)
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+    logs = cluster.pod_logs(ns, pods[0].metadata.name)
+    assert outcome == "Complete", f"workload job {name} failed:\n{logs}"
+    lines = [line for line in logs.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT from {name}:\n{logs}"
+    result: Obj = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
+
+
+def batched_records_written(cluster: Cluster, ns: str, pod: str, prefix: str) -> float:
+    """From the pod's Prometheus metrics: how many records its buffered writers put in batches."""
+    with cluster.endpoint(ns, pod, 8080) as ep:
+        code, text = http_get(f"http://{ep}/metrics")
+    assert code == 200, text
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"{prefix}_bufferedwriter_batch_records_sum(?:{{[^}}]*}})? ([0-9.e+]+)$", line)
+        if m:
+            total += float(m.group(1))
+    return total
+
+
+# --- tests ----------------------------------------------------------------------------------------
+def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str) -> None:
+    crds = {
+        c.metadata.name
+        for c in client.ApiextensionsV1Api(cluster.api).list_custom_resource_definition().items
+    }
+    assert {"transactioncoordinators.txnkeeper.io", "pendingackstores.txnkeeper.io"} <= crds
+    result = cluster.helm("test", RELEASE, "--namespace", OPERATOR_NS, "--timeout", "180s")
+    assert "Phase:" in result.stdout and "Succeeded" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            '{version: "2.0.0", batchedWrite: {enabled: true, maxRecords: 1}}',
+            "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true",
+        ),
+        ('{version: "3.1.0"}', "spec.version must be a known release line (1.x, 2.x)"),
+        ("{replicas: 2}", "spec.version: Required value"),
+    ],
+)
+def test_invalid_resource_is_rejected_by_the_api_server(
+    cluster: Cluster, operator: str, namespace: str, spec: str, message: str
+) -> None:
+    manifest = (
+        f"apiVersion: txnkeeper.io/v1\nkind: TransactionCoordinator\nmetadata: {{name: bad}}\nspec: {spec}\n"
+    )
+    result = cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=manifest, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert "is invalid" in result.stderr
+    assert not cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TC)["items"]
+
+
+@pytest.mark.timeout(1500)
+def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
+    cluster: Cluster, operator: str, namespace: str
+) -> None:
+    ns = namespace
+    # 1. kubectl apply both resources at the old release; they become Ready.
+    apply(cluster, ns, resources(OLD, batched=False))
+    for plural, name in ((TC, "txn"), (PAS, "acks")):
+        wait_cr(cluster, ns, plural, name, settled_at(OLD, "Disabled"), f"Ready at {OLD}", timeout=240)
+
+    # 2. Transactional load through the client (committed and aborted transactions, transactional acks).
+    load1 = run_workload(
+        cluster, ns, "produce", "--coordinators", addresses(cluster, ns, "txn", 3),
+        "--stores", addresses(cluster, ns, "acks", 2), "--topics", TOPICS, "--txns", "8", "--tag", "old",
+    )  # fmt: skip
+    assert load1["committedTxns"] == 6 and load1["abortedTxns"] == 2
+
+    # 3. Upgrade with batching; the operator is killed and a pod deleted mid-rollout.
+    apply(cluster, ns, resources(NEW, batched=True))
+    mid = wait_cr(
+        cluster, ns, TC, "txn",
+        lambda o: NEW in pod_versions(o) and set(pod_versions(o)) != {NEW},
+        "the upgrade under way (some pods new, some old)", timeout=240,
+    )  # fmt: skip
+    assert mid["status"]["batchLog"] == "Disabled", "batch log enabled before every pod was upgraded"
+    old_operator = _operator_pod(cluster)
+    assert old_operator is not None
+    cluster.core.delete_namespaced_pod(old_operator, OPERATOR_NS)
+    wait_for(
+        lambda: (p := _operator_pod(cluster)) is not None and p != old_operator,
+        "a new operator pod Ready",
+        120,
+    )
+    wait_cr(
+        cluster, ns, PAS, "acks",
+        lambda o: o.get("status", {}).get("phase") not in (None, "Ready"), "the PAS rollout under way", 240,
+    )  # fmt: skip
+    victim = cluster.pod(ns, "acks-1")
+    assert victim is not None
+    cluster.core.delete_namespaced_pod("acks-1", ns)
+    for plural, name in ((TC, "txn"), (PAS, "acks")):
+        done = wait_cr(
+            cluster, ns, plural, name, settled_at(NEW, "Enabled"), f"Ready at {NEW}, batching", 420
+        )
+        assert condition(done, "BatchLogEnabled")["status"] == "True", summary(done)
+    tc = get_cr(cluster, ns, TC, "txn")
+    coordinators = tc["status"]["coordinatorArray"]
+    assert len(coordinators) == 3
+    assert all(c["transactionLogBatchedWriteStat"]["batchEnabled"] for c in coordinators), coordinators
+    pas = get_cr(cluster, ns, PAS, "acks")
+    subscriptions = pas["status"]["subscriptionArray"]
+    assert subscriptions, "no pending-ack store reported (the load acknowledged in transactions)"
+    assert all(s["transactionPendingAckBatchedWriteStat"]["batchEnabled"] for s in subscriptions), (
+        subscriptions
+    )
+
+    # 4. Load at the new release: the logs are written in batches now.
+    load2 = run_workload(
+        cluster, ns, "produce", "--coordinators", addresses(cluster, ns, "txn", 3),
+        "--stores", addresses(cluster, ns, "acks", 2), "--topics", TOPICS, "--txns", "8", "--tag", "new",
+    )  # fmt: skip
+    batched = sum(batched_records_written(cluster, ns, f"txn-{i}", "pulsar_txn_tc") for i in range(3))
+    assert batched > 0, "no transaction-log record was written in a batch after the upgrade"
+
+    # 5. Downgrade while a transaction holds batched records: the gate holds, then opens after it ends.
+    held = run_workload(
+        cluster, ns, "hold", "--coordinators", addresses(cluster, ns, "txn", 3),
+        "--stores", addresses(cluster, ns, "acks", 2), "--topic", FIRST_TOPIC, "--timeout-ms", "150000",
+    )  # fmt: skip
+    assert held["status"] == "OPEN"
+    apply(cluster, ns, resources(OLD, batched=False))
+    blocked = wait_cr(
+        cluster, ns, TC, "txn",
+        lambda o: condition(o, "DowngradeSafe").get("status") == "False",
+        "the downgrade held by the verifier (DowngradeSafe=False)", timeout=240,
+    )  # fmt: skip
+    assert set(pod_versions(blocked)) == {NEW}, (
+        f"a pod was downgraded while batched data lived: {summary(blocked)}"
+    )
+    assert blocked["status"]["phase"] == "DowngradeBlocked"
+    assert condition(blocked, "DowngradeSafe")["reason"] == "LiveBatchedData"
+    # The held transaction times out (the coordinator aborts it), its records are deleted, the ledgers
+    # trimmed; the verifier then proves nothing batched is live and the old release rolls out.
+    for plural, name in ((TC, "txn"), (PAS, "acks")):
+        done = wait_cr(cluster, ns, plural, name, settled_at(OLD, "Disabled"), f"downgraded to {OLD}", 600)
+        assert condition(done, "DowngradeSafe")["status"] == "True", summary(done)
+
+    # 6. Every acknowledged message and committed transaction is still there; nothing aborted is.
+    read = run_workload(
+        cluster, ns, "read", "--stores", addresses(cluster, ns, "acks", 2), "--topics", TOPICS
+    )
+    for topic in TOPICS.split(","):
+        seen = read[topic]
+        committed = load1["committed"][topic] + load2["committed"][topic]
+        aborted = load1["aborted"][topic] + load2["aborted"][topic] + [held["payload"]]
+        assert sorted(set(committed) - set(seen)) == [], f"{topic}: committed messages lost"
+        assert sorted(set(aborted) & set(seen)) == [], f"{topic}: aborted messages delivered"
+        assert len(seen) == len(set(seen)), f"{topic}: duplicates"
