@@ -200,9 +200,9 @@ class MemberGroup:
         decision = decide(desired, observed, self.load_progress(), self.engine_config)
         self.save_progress(decision.progress)  # write-ahead, as the operator does
         if decision.action is not None:
+            self.history.append(describe(decision.action))
             progress = await self._execute(decision.action, desired, decision.progress)
             self.save_progress(progress)
-            self.history.append(describe(decision.action))
         return decision
 
     async def _execute(self, action: Action, desired: Desired, progress: Progress) -> Progress:
@@ -222,6 +222,8 @@ class MemberGroup:
             case RolloverStores(ordinal=ordinal, pod=pod):
                 markers = await self.admin.rollover(self.admin_base(self.members[ordinal]))
                 progress = record_rollover(progress, pod, markers)
+                listed = ", ".join(f"{store}={ledger}" for store, ledger in sorted(markers.items()))
+                self.history.append(f"  LastBatchedLedger on {pod}: {listed or 'no stores'}")
             case RunVerifier(markers=markers, taken_at=taken_at):
                 self._run_verifier(markers, taken_at)
         return progress
