@@ -71,8 +71,8 @@ async def materialise(
 ) -> Path:
     """The host directory (or file) that backs `volume`."""
     ns = pod["metadata"]["namespace"]
-    name = volume["name"]
-    target = pod_dir / "volumes" / name
+    name: str = volume["name"]
+    target: Path = pod_dir / "volumes" / name
     if "emptyDir" in volume:
         target.mkdir(parents=True, exist_ok=True)
         return target
