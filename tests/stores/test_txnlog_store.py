@@ -15,6 +15,7 @@ from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.txnlog import (
     BatchedWriteNotAllowedError,
     FormatLevelError,
+    StoreAlreadyOpenError,
     StoreClosedError,
     TransactionLogStore,
     TxnID,
@@ -164,6 +165,34 @@ async def test_level_1_refuses_a_live_batched_entry_naming_store_ledger_and_entr
 async def test_level_1_cannot_be_opened_with_batching(factory: ManagedLedgerFactory) -> None:
     with pytest.raises(BatchedWriteNotAllowedError, match="cannot enable batched writes"):
         await TransactionLogStore.open(factory, 5, BATCH, format_level=1)
+
+
+async def test_one_store_per_log_per_process(factory: ManagedLedgerFactory) -> None:
+    registry = CollectorRegistry()
+    store = await TransactionLogStore.open(factory, 12, registry=registry)
+    with pytest.raises(StoreAlreadyOpenError, match="'__transaction_log_12' is already open"):
+        await TransactionLogStore.open(factory, 12, registry=registry)
+    assert (
+        registry.get_sample_value(
+            "pulsar_txn_tc_bufferedwriter_records_written_total", {"coordinator_id": "12"}
+        )
+        == 0
+    ), "the refused open must not take the open store's metrics away"
+    await store.close()
+    again = await TransactionLogStore.open(factory, 12, registry=registry)
+    await again.close()
+
+
+async def test_refused_open_leaves_no_metrics_behind(factory: ManagedLedgerFactory) -> None:
+    registry = CollectorRegistry()
+    with pytest.raises(BatchedWriteNotAllowedError):
+        await TransactionLogStore.open(factory, 13, BATCH, format_level=1, registry=registry)
+    assert (
+        registry.get_sample_value(
+            "pulsar_txn_tc_bufferedwriter_records_written_total", {"coordinator_id": "13"}
+        )
+        is None
+    )
 
 
 async def test_bad_records_and_closed_store_are_clear_errors(factory: ManagedLedgerFactory) -> None:

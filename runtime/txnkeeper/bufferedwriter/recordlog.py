@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -60,6 +61,14 @@ class FormatLevelError(RuntimeError):
 
 class BatchedWriteNotAllowedError(ValueError):
     """Batching was requested on a runtime whose format level cannot read batched entries."""
+
+
+class StoreAlreadyOpenError(RuntimeError):
+    """A second store was opened on a log this process already has open."""
+
+
+# Logs open per factory (per data directory): one store per log, since each owns the log's writer.
+_open_logs: weakref.WeakKeyDictionary[ManagedLedgerFactory, set[str]] = weakref.WeakKeyDictionary()
 
 
 class ReplayError(RuntimeError):
@@ -131,6 +140,7 @@ class RecordLog(Generic[R]):
         self._last_round = float("-inf")
         self._trimmer: asyncio.Task[None] | None = None
         self._trim_wanted = False
+        self._open_in: set[str] = set()
 
     @classmethod
     async def open(
@@ -142,23 +152,49 @@ class RecordLog(Generic[R]):
         *,
         config: BatchedWriteConfig,
         format_level: int,
-        metrics: BufferedWriterMetrics | None = None,
+        metrics: Callable[[], BufferedWriterMetrics] | None = None,
         ledger_config: ManagedLedgerConfig | None = None,
     ) -> RecordLog[R]:
-        """Open (or create) the ledger and cursor; check the settings against the format level."""
+        """Open (or create) the ledger and cursor; check the settings against the format level.
+
+        ``metrics`` is called for the writer's metrics only once the log is reserved for this store, so
+        a refused open never touches the series of a store that is already open.
+        """
         check_format_level(format_level)
         if not isinstance(config, BatchedWriteConfig):
             raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
         check_batching_allowed(ledger_name, format_level, config)
-        ledger = await factory.open(ledger_name, ledger_config)
+        open_here = _open_logs.setdefault(factory, set())
+        if ledger_name in open_here:
+            raise StoreAlreadyOpenError(
+                f"store {ledger_name!r} is already open in this process: two writers on one log would"
+                " corrupt it; use the open store, or close it before opening it again"
+            )
+        open_here.add(ledger_name)
+        writer_metrics = metrics() if metrics is not None else None
         try:
-            cursor = await ledger.open_cursor(cursor_name)
+            ledger = await factory.open(ledger_name, ledger_config)
+            try:
+                cursor = await ledger.open_cursor(cursor_name)
+            except BaseException:
+                await ledger.close()
+                raise
         except BaseException:
-            await ledger.close()
+            open_here.discard(ledger_name)
+            if writer_metrics is not None:
+                writer_metrics.unregister()
             raise
-        return cls(
-            ledger_name, ledger, cursor, codec, config=config, format_level=format_level, metrics=metrics
+        log = cls(
+            ledger_name,
+            ledger,
+            cursor,
+            codec,
+            config=config,
+            format_level=format_level,
+            metrics=writer_metrics,
         )
+        log._open_in = open_here
+        return log
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -358,4 +394,7 @@ class RecordLog(Generic[R]):
         finally:
             if self._metrics is not None:
                 self._metrics.unregister()
-            await self._ledger.close()
+            try:
+                await self._ledger.close()
+            finally:
+                self._open_in.discard(self.store)

@@ -8,6 +8,7 @@ from txnkeeper.bufferedwriter.recordlog import (
     FormatLevelError,
     LiveEntryFormats,
     ReplayError,
+    StoreAlreadyOpenError,
 )
 from txnkeeper.pendingack.store import CURSOR_NAME, PendingAckState, PendingAckStore, pending_ack_log_name
 from txnkeeper.txnlog.txnid import TxnID
@@ -21,6 +22,7 @@ __all__ = [
     "PendingAckState",
     "PendingAckStore",
     "ReplayError",
+    "StoreAlreadyOpenError",
     "StoreClosedError",
     "TxnID",
     "pending_ack_log_name",

@@ -82,9 +82,7 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
         for what, value in (("topic", topic), ("subscription", subscription)):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-        metrics = BufferedWriterMetrics(
-            PENDING_ACK_PREFIX, {"topic": topic, "subscription": subscription}, registry
-        )
+        labels = {"topic": topic, "subscription": subscription}
         log = await RecordLog.open(
             factory,
             pending_ack_log_name(topic, subscription),
@@ -92,7 +90,7 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
             PENDING_ACK_CODEC,
             config=config if config is not None else BatchedWriteConfig(),
             format_level=format_level,
-            metrics=metrics,
+            metrics=lambda: BufferedWriterMetrics(PENDING_ACK_PREFIX, labels, registry),
             ledger_config=ledger_config,
         )
         store = cls(log, topic, subscription)

@@ -5,6 +5,7 @@ from txnkeeper.bufferedwriter.recordlog import (
     FormatLevelError,
     LiveEntryFormats,
     ReplayError,
+    StoreAlreadyOpenError,
 )
 from txnkeeper.txnlog.store import (
     CURSOR_NAME,
@@ -22,6 +23,7 @@ __all__ = [
     "FormatLevelError",
     "LiveEntryFormats",
     "ReplayError",
+    "StoreAlreadyOpenError",
     "StoreClosedError",
     "TransactionLogStore",
     "TxnID",

@@ -89,7 +89,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
         """
         if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int) or coordinator_id < 0:
             raise ValueError(f"coordinator id must be an integer >= 0, got {coordinator_id!r}")
-        metrics = BufferedWriterMetrics(TXN_LOG_PREFIX, {"coordinator_id": str(coordinator_id)}, registry)
+        labels = {"coordinator_id": str(coordinator_id)}
         log = await RecordLog.open(
             factory,
             transaction_log_name(coordinator_id),
@@ -97,7 +97,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
             TXN_LOG_CODEC,
             config=config if config is not None else BatchedWriteConfig(),
             format_level=format_level,
-            metrics=metrics,
+            metrics=lambda: BufferedWriterMetrics(TXN_LOG_PREFIX, labels, registry),
             ledger_config=ledger_config,
         )
         store = cls(log, coordinator_id)
