@@ -66,20 +66,28 @@ def apply(cluster: Cluster, ns: str, manifest: str) -> None:
     cluster.kubectl("-n", ns, "apply", "-f", "-", input_text=manifest)
 
 
-def resources(version: str, batched: bool) -> str:
+def tc_manifest(version: str, batched: bool) -> str:
     return f"""
 apiVersion: txnkeeper.io/v1
 kind: TransactionCoordinator
 metadata: {{name: txn}}
 spec: {{version: "{version}", replicas: 3, coordinators: 3, batchedWrite: {{enabled: {str(batched).lower()}}},
         storage: {{size: 128Mi}}}}
----
+"""
+
+
+def pas_manifest(version: str, batched: bool) -> str:
+    return f"""
 apiVersion: txnkeeper.io/v1
 kind: PendingAckStore
 metadata: {{name: acks}}
 spec: {{version: "{version}", replicas: 2, batchedWrite: {{enabled: {str(batched).lower()}}},
         storage: {{size: 128Mi}}}}
 """
+
+
+def resources(version: str, batched: bool) -> str:
+    return tc_manifest(version, batched) + "---" + pas_manifest(version, batched)
 
 
 def get_cr(cluster: Cluster, ns: str, plural: str, name: str) -> Obj:
@@ -275,8 +283,9 @@ def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
     )  # fmt: skip
     assert load1["committedTxns"] == 6 and load1["abortedTxns"] == 2
 
-    # 3. Upgrade with batching; the operator is killed and a pod deleted mid-rollout.
-    apply(cluster, ns, resources(NEW, batched=True))
+    # 3. Upgrade with batching: the coordinators first (the operator is killed mid-rollout), then the
+    #    pending-ack stores (one of their pods is deleted mid-rollout).
+    apply(cluster, ns, tc_manifest(NEW, batched=True))
     mid = wait_cr(
         cluster, ns, TC, "txn",
         lambda o: NEW in pod_versions(o) and set(pod_versions(o)) != {NEW},
@@ -291,13 +300,14 @@ def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
         "a new operator pod Ready",
         120,
     )
-    wait_cr(
+    apply(cluster, ns, pas_manifest(NEW, batched=True))
+    mid = wait_cr(
         cluster, ns, PAS, "acks",
-        lambda o: o.get("status", {}).get("phase") not in (None, "Ready"), "the PAS rollout under way", 240,
+        lambda o: NEW in pod_versions(o) and set(pod_versions(o)) != {NEW},
+        "the PAS upgrade under way (one pod new, one old)", timeout=240,
     )  # fmt: skip
-    victim = cluster.pod(ns, "acks-1")
-    assert victim is not None
-    cluster.core.delete_namespaced_pod("acks-1", ns)
+    victim = next(p["name"] for p in mid["status"]["pods"] if p.get("version") == OLD)
+    cluster.core.delete_namespaced_pod(victim, ns)
     for plural, name in ((TC, "txn"), (PAS, "acks")):
         done = wait_cr(
             cluster, ns, plural, name, settled_at(NEW, "Enabled"), f"Ready at {NEW}, batching", 420

@@ -7,6 +7,7 @@ and the kernel's start time of the process, so a recycled pid is never signalled
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,6 +114,8 @@ def stop(pidfile: Path, grace: float = 15.0, group: bool = True) -> bool:
     except WaitTimeout:
         _signal(pid, signal.SIGKILL, group)
         wait_until(lambda: start_time(pid) is None, f"pid {pid} to die", 10, interval=0.05)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap it when it is our child (the pytest fixture started it)
     pidfile.unlink(missing_ok=True)
     return True
 
