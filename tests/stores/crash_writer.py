@@ -40,7 +40,7 @@ async def main(root: Path) -> None:
                 p = await store.append(record)
                 out.write(f"ack {seq} {p.ledger_id} {p.entry_id} {p.batch_size} {p.batch_index}\n")
                 out.flush()
-            if seq % 3 == 0:
+            if seq % 3 == 0:  # test_store_crash.DELETE_EVERY
                 await store.delete_txn(TxnID(0, seq))
                 out.write(f"deleted {seq}\n")
                 out.flush()
