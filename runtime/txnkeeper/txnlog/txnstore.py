@@ -27,13 +27,11 @@ from txnkeeper.bufferedwriter.writer import (
 from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
+S = TypeVar("S")
+TxnKey = tuple[int, int]
 
 # Both logs' records carry the transaction id under these names (their field numbers differ).
 _txn_key = attrgetter("txnid_most_bits", "txnid_least_bits")
-S = TypeVar("S")
-
-TxnKey = tuple[int, int]
-
 
 # A transaction's records written since open, as one list (one GC-tracked object per transaction):
 # item 0 counts the records submitted; the writer appends each one's packed position (or FAILED).
