@@ -26,7 +26,7 @@ from txnkeeper.bufferedwriter.codec import (
     RecordCodec,
     batch_version,
 )
-from txnkeeper.ledger import LedgerError, ManagedLedgerFactory, Position
+from txnkeeper.ledger import LedgerError, LedgerLockedError, ManagedLedgerFactory, Position
 
 KINDS = ("txnlog", "pendingack")
 
@@ -85,8 +85,8 @@ def inspect(ns: argparse.Namespace) -> dict[str, Any]:
             raise InspectError(str(exc)) from None
         if not ns.data_dir.is_dir():
             raise InspectError(f"--data-dir {ns.data_dir} is not a directory")
-        data = asyncio.run(read_stored_entry(ns.data_dir, ns.log, position))
-        report.update({"log": ns.log, "position": str(position)})
+        data, cursors = asyncio.run(read_stored_entry(ns.data_dir, ns.log, position))
+        report.update({"log": ns.log, "position": str(position), "cursors": cursors})
     elif ns.hex is not None:
         cleaned = "".join(ch for ch in ns.hex if ch not in " :\n\t")
         try:
@@ -112,7 +112,10 @@ def infer_kind(log_name: str | None) -> str | None:
     return None
 
 
-async def read_stored_entry(data_dir: Path, log_name: str, position: Position) -> bytes:
+async def read_stored_entry(
+    data_dir: Path, log_name: str, position: Position
+) -> tuple[bytes, dict[str, Any]]:
+    """The entry's bytes, and per cursor whether it (or which of its batch indexes) is deleted."""
     factory = ManagedLedgerFactory(data_dir, io_threads=1)
     try:
         names = factory.list_names()
@@ -122,13 +125,32 @@ async def read_stored_entry(data_dir: Path, log_name: str, position: Position) -
             )
         try:
             ledger = await factory.open(log_name)
-            return await ledger.read_entry(position)
+            data = await ledger.read_entry(position)
+        except LedgerLockedError as exc:
+            raise InspectError(f"{exc}; inspect a copy of the directory, or stop the pod first") from None
         except LedgerError as exc:
-            raise InspectError(
-                f"{exc} (a running runtime holds its data directory: inspect a copy or stop the pod)"
-            ) from None
+            raise InspectError(str(exc)) from None
+        batch_size = count_batch(data)
+        cursors = {
+            name: {
+                "entryDeleted": cursor.is_deleted(position),
+                "deletedBatchIndexes": [
+                    i for i in range(batch_size) if cursor.is_batch_index_deleted(position, i)
+                ],
+            }
+            for name, cursor in sorted(ledger.cursors().items())
+        }
+        return data, cursors
     finally:
         await factory.close()
+
+
+def count_batch(data: bytes) -> int:
+    """Records in a batched entry (0 for an unbatched or unreadable one), to list deleted indexes."""
+    try:
+        return TXN_LOG_CODEC.decode_entry(data).batch_size if batch_version(data) == 1 else 0
+    except EntryDecodeError:
+        return 0
 
 
 def decode_report(data: bytes, codec: RecordCodec[Any]) -> dict[str, Any]:

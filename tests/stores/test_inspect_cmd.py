@@ -13,7 +13,7 @@ from txnkeeper.cli import main
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.pendingack import PendingAckStore
-from txnkeeper.txnlog import TransactionLogStore
+from txnkeeper.txnlog import TransactionLogStore, TxnID
 
 from .helpers import ack, add_subscription, new_txn, update
 
@@ -26,9 +26,10 @@ def write_entries(data_dir: Path) -> tuple[list[WritePosition], WritePosition, W
             await asyncio.gather(
                 store.append(new_txn(2, 1, owner="alice")),
                 store.append(add_subscription(2, 1, "persistent://t/ns/a", "sub")),
-                store.append(update(2, 1, tm.OPEN, tm.COMMITTING)),
+                store.append(update(2, 3, tm.OPEN, tm.ABORTING)),
             )
         )
+        await store.delete_txn(TxnID(2, 3))
         await store.configure(BatchedWriteConfig(enabled=False))
         plain = await store.append(new_txn(2, 2))
         await store.close()
@@ -58,9 +59,12 @@ def test_stored_batched_and_plain_entries(tmp_path: Path, capsys: pytest.Capture
     records = report["records"]
     assert isinstance(records, list)
     assert [r["metadata_op"] for r in records] == ["NEW", "ADD_SUBSCRIPTION", "UPDATE"]
+    assert report["cursors"] == {
+        "transaction.subscription": {"entryDeleted": False, "deletedBatchIndexes": [2]}
+    }, "index 2 (txn (2,3), deleted) shows as deleted"
     assert records[0]["owner"] == "alice" and records[0]["txnId"] == "(2,1)" and records[0]["index"] == 0
     assert records[1]["subscriptions"] == [{"topic": "persistent://t/ns/a", "subscription": "sub"}]
-    assert records[2]["new_status"] == "COMMITTING"
+    assert records[2]["new_status"] == "ABORTING" and records[2]["txnId"] == "(2,3)"
     assert records[0]["start_time"] == 1_700_000_000_001, "64-bit numbers stay JSON numbers"
 
     code, report, _ = run_cli(
@@ -81,6 +85,7 @@ def test_stored_batched_and_plain_entries(tmp_path: Path, capsys: pytest.Capture
         "batchVersion": None,
         "batchSize": 0,
         "records": [report["records"][0]],  # type: ignore[index]
+        "cursors": {"transaction.subscription": {"entryDeleted": False, "deletedBatchIndexes": []}},
     }
 
     log = "persistent://t/ns/a-sub__transaction_pending_ack"
