@@ -310,7 +310,9 @@ class _Planner:
             )
             retry_at = fresh.generated_at + self.config.verifier_retry
             if not verifier.running and now >= retry_at and not self._verifier_pending(progress, fresh):
-                return self._run_verifier(progress, markers, why + "; verifying again")
+                return self._run_verifier(
+                    progress, markers, why + "; verifying again", Phase.DOWNGRADE_BLOCKED
+                )
             return self._decision(None, Phase.DOWNGRADE_BLOCKED, why)
         if verifier.running or self._verifier_pending(progress, None):
             return self._decision(
@@ -329,11 +331,17 @@ class _Planner:
             return False
         return self.observed.now < requested + self.config.verifier_timeout
 
-    def _run_verifier(self, progress: DowngradeProgress, markers: dict[str, int], reason: str) -> Decision:
+    def _run_verifier(
+        self,
+        progress: DowngradeProgress,
+        markers: dict[str, int],
+        reason: str,
+        phase: Phase = Phase.VERIFYING_DOWNGRADE,
+    ) -> Decision:
         progress = replace(progress, verifier_requested_at=self.observed.now)
         self.progress = replace(self.progress, downgrade=progress)
         taken_at = progress.markers_complete_at or self.observed.now
-        return self._act(RunVerifier(markers, taken_at, reason), Phase.VERIFYING_DOWNGRADE)
+        return self._act(RunVerifier(markers, taken_at, reason), phase)
 
     def _downgrade_roll(self, template: Template) -> Decision:
         desired = self.desired

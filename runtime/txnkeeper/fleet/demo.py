@@ -4,7 +4,8 @@ Three coordinator processes and two store processes start at release 1.0.0 (form
 transactional load; the fleet upgrades them to 2.0.0 one at a time with the batch log off, enables
 batching member by member, shows what batching does to the logs, then downgrades back to 1.0.0:
 batching off, every ledger rolled over, the Spark verifier run until it proves no batched entry is
-still live, and only then the old release, which itself refuses to start on live batched data. Every
+still live (a transaction deliberately left open holds the gate until it commits), and only then the
+old release, which itself refuses to start on live batched data. Every
 process is stopped at the end, also on error or Ctrl-C.
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from txnkeeper.client.client import Client
+from txnkeeper.client.transaction import Transaction
 from txnkeeper.fleet.admin import FleetAdmin, FleetAdminError
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
@@ -34,6 +39,7 @@ OLD, NEW = "1.0.0", "2.0.0"
 # PIP-160's defaults except the delay: at this demo's light load a 1 ms window rarely holds two records.
 BATCHED = BatchSettings(enabled=True, max_records=512, max_size_bytes=4 * 1024 * 1024, max_delay_millis=10)
 RECONCILE_PERIOD_S = 0.25
+HELD_TXN_TIMEOUT_MS = 90_000
 
 
 class DemoError(RuntimeError):
@@ -46,8 +52,15 @@ class Fleet:
     display: Display
     load: TransactionalLoad | None = None
 
-    async def drive(self, desired: dict[str, Desired], deadline_s: float, goal: Phase = Phase.READY) -> bool:
-        """Reconcile every group until all reach ``goal`` with nothing left to do, or the deadline."""
+    async def drive(
+        self,
+        desired: dict[str, Desired],
+        deadline_s: float,
+        goal: Phase = Phase.READY,
+        on_step: Callable[[dict[str, Decision]], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Reconcile every group until all reach ``goal`` with nothing left to do, or the deadline;
+        ``on_step`` sees every round's decisions (the demo's scripted user acts through it)."""
         deadline = time.monotonic() + deadline_s
         last: dict[str, Decision] = {}
         while time.monotonic() < deadline:
@@ -63,6 +76,8 @@ class Fleet:
                 self.display.decision(group, decision, seen)
                 states[group.name] = _summary(group, decision)
             self.display.status(self.groups, states, self.load.figures if self.load else None)
+            if on_step is not None:
+                await on_step(last)
             if len(last) == len(self.groups) and all(
                 d.phase == goal and d.action is None for d in last.values()
             ):
@@ -154,7 +169,20 @@ async def _lifecycle(fleet: Fleet, admin: FleetAdmin, load_seconds: float) -> in
     await _figures(fleet.groups, admin, display)
 
     display.stage(f"4/4 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
-    done = await fleet.drive(want(OLD, BatchSettings()), 120)
+    # A transaction left open across the downgrade keeps its batched log records live: the gate must
+    # hold until it ends. The scripted user commits it once the operator says what it is waiting for.
+    held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses())
+    display.line(f"a transaction {held.txn_id} is left open: its batched log records stay live")
+
+    async def release_when_blocked(decisions: dict[str, Decision]) -> None:
+        if held.is_open and any(d.phase == Phase.DOWNGRADE_BLOCKED for d in decisions.values()):
+            display.line(f"the operator holds the downgrade; the user ends {held.txn_id}")
+            display.line(await held.commit())
+
+    try:
+        done = await fleet.drive(want(OLD, BatchSettings()), 150, on_step=release_when_blocked)
+    finally:
+        await held.close()
     display.line(f"load: {fleet.load.figures.summary()}")
     for group in fleet.groups:
         report = group.last_report
@@ -173,6 +201,47 @@ async def _lifecycle(fleet: Fleet, admin: FleetAdmin, load_seconds: float) -> in
         "format level 1 (a level-1 runtime refuses to start on a live batched entry)"
     )
     return 0
+
+
+class HeldTransaction:
+    """One transaction with a message produced in it, kept open until ``commit``."""
+
+    def __init__(self, client: Client, txn: Transaction) -> None:
+        self._client = client
+        self._txn = txn
+        self.is_open = True
+
+    @property
+    def txn_id(self) -> str:
+        return str(self._txn.txn_id)
+
+    @classmethod
+    async def begin(cls, coordinators: list[str], stores: list[str]) -> HeldTransaction:
+        client = Client(coordinators=coordinators, stores=stores)
+        try:
+            producer = await client.create_producer("persistent://public/demo/held")
+            # If the commit below failed, the coordinator's timeout would still end it (and free the gate).
+            txn = await client.new_transaction(timeout_ms=HELD_TXN_TIMEOUT_MS)
+            await producer.send(b"held across the downgrade", txn=txn)
+        except BaseException:
+            await client.close()
+            raise
+        return cls(client, txn)
+
+    async def commit(self) -> str:
+        """Commit; returns what happened (a failure is reported, the coordinator's timeout ends it)."""
+        self.is_open = False
+        try:
+            await self._txn.commit()
+        except Exception as err:
+            return f"commit of {self.txn_id} failed ({type(err).__name__}: {err}); its timeout will end it"
+        return f"committed {self.txn_id}"
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.is_open:
+                await self._txn.abort()
+        await self._client.close()
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from txnkeeper.fleet.group import MemberGroup
 from txnkeeper.fleet.load import LoadFigures
-from txnkeeper_operator.engine import Decision
+from txnkeeper_operator.engine import Decision, Phase
 
 
 class Display:
@@ -46,8 +46,10 @@ class Display:
         if len(group.history) > history_len:
             for action in group.history[history_len:]:
                 self.line(f"{group.name:>3}: {action}")
-        key = (str(decision.phase), decision.reason)
-        if self._last.get(group.name) != key and decision.action is None:
+        key = (str(decision.phase), decision.reason.removesuffix("; verifying again"))
+        # Waits are news; so is a held downgrade even while the engine asks the verifier again.
+        worth_saying = decision.action is None or decision.phase == Phase.DOWNGRADE_BLOCKED
+        if self._last.get(group.name) != key and worth_saying:
             self._last[group.name] = key
             self.line(f"{group.name:>3}: {decision.phase}: {decision.reason}")
 

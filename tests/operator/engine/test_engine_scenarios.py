@@ -223,7 +223,9 @@ def test_downgrade_is_held_while_the_verifier_says_not_yet() -> None:
     assert blocked.condition("DowngradeSafe").status == ConditionStatus.FALSE
     assert sim.persisted is not None and "blockedSince" in sim.persisted
     for _ in range(12):  # stays held, asks the verifier again, never restarts a pod
-        sim.step(desired("1.0.0"))
+        d = sim.step(desired("1.0.0"))
+        assert d.phase == Phase.DOWNGRADE_BLOCKED, d.reason
+        assert d.condition("DowngradeSafe").status == ConditionStatus.FALSE
         sim.tick()
     assert not any(a.startswith(("restart", "template 1")) for a in sim.actions())
     assert sim.actions().count("verify") >= 2
