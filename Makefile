@@ -15,7 +15,7 @@ PROTOS := $(wildcard proto/*.proto)
 PYTEST_ARGS ?=
 
 .PHONY: all install proto lint typecheck unit test demo soak bench clean
-.PHONY: cluster-deps k8s-bins cluster-up cluster-down e2e e2e-if-possible
+.PHONY: cluster-deps k8s-bins cluster-up cluster-down e2e e2e-kind e2e-if-possible
 
 all: test
 
@@ -66,6 +66,12 @@ cluster-down:
 # The pytest session starts the cluster unless one is already up (then it leaves it running).
 e2e: install cluster-deps k8s-bins helm
 	$(BIN)/pytest e2e $(E2E_ARGS)
+
+# The same suite on kind (needs docker and kind; not available on these machines).
+e2e-kind: install helm k8s-bins
+	bash e2e/kind/up.sh
+	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/e2e/.state/kind.kubeconfig $(BIN)/pytest e2e $(E2E_ARGS); \
+	  status=$$?; bash e2e/kind/down.sh; exit $$status
 
 e2e-if-possible:
 	@if ! command -v go >/dev/null 2>&1; then \
