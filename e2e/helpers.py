@@ -29,6 +29,7 @@ T = TypeVar("T")
 # The image pods use: ignored on the local node (commands run from the venv), loaded into kind by
 # e2e/kind/up.sh.
 IMAGE = os.environ.get("E2E_IMAGE", "txnkeeper:e2e")
+VERIFIER_IMAGE = os.environ.get("E2E_VERIFIER_IMAGE", "txnkeeper-verifier:e2e")
 Obj = dict[str, Any]
 
 

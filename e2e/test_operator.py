@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client  # type: ignore[import-untyped]
 
-from e2e.helpers import IMAGE, Cluster, http_get, pod_ready, wait_for
+from e2e.helpers import IMAGE, VERIFIER_IMAGE, Cluster, http_get, pod_ready, wait_for
 
 Obj = dict[str, Any]
 GROUP, VERSION = "txnkeeper.io", "v1"
@@ -37,10 +37,12 @@ FIRST_TOPIC = TOPICS.split(",", maxsplit=1)[0]
 def operator(cluster: Cluster) -> Iterator[str]:
     """The chart installed with the real helm (CRDs, RBAC, operator Deployment); uninstalled after."""
     repo, _, tag = IMAGE.rpartition(":")
+    verifier_repo, _, verifier_tag = VERIFIER_IMAGE.rpartition(":")
     cluster.helm(
         "upgrade", "--install", RELEASE, str(CHART),
         "--namespace", OPERATOR_NS, "--create-namespace",
         "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+        "--set", f"verifierImage.repository={verifier_repo}", "--set", f"verifierImage.tag={verifier_tag}",
         "--set", "operator.reconcileSeconds=2",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
