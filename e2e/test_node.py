@@ -185,6 +185,7 @@ def test_statefulset_pod_runs_with_env_volumes_and_readiness(cluster: Cluster, n
     assert argv[argv.index("--escaped") + 1] == "$(POD_NAME)"
     assert argv[argv.index("--bind") + 1] == ip
     assert got["hostname"] == "probe-0"
+    assert got["hostnameResolvesTo"] == ip  # the pod's /etc/hosts, as the kubelet writes it
     assert got["files"]["/etc/probe-secret/token"] == "s3cret"
     # Every pod gets a service-account token (the API's ServiceAccount admission adds the volume).
     sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -170,7 +170,9 @@ class ContainerRunner:
         argv[0] = resolve_command(argv[0], env)
         volume_paths = await w.volume_paths()
         spec = {
-            "mounts": mounts_for(self.spec, volume_paths, env),
+            # The kubelet-managed /etc/hosts first: the pod's hostname resolves to its pod IP (Spark's
+            # driver, for one, looks its own hostname up).
+            "mounts": [w.etc_hosts(), *mounts_for(self.spec, volume_paths, env)],
             "hostname": w.name[:63],
             "cwd": self.spec.get("workingDir") or str(w.dir / "cwd"),
             "argv": argv,
@@ -490,6 +492,16 @@ class PodWorker:
         self._request_termination()
         for r in [*self.init_runners, *self.runners]:
             await r.kill(min(grace, self.grace_period()))
+
+    def etc_hosts(self) -> Obj:
+        hosts = self.dir / "etc-hosts"
+        lines = ["# Kubernetes-managed hosts file (local node agent).", "127.0.0.1\tlocalhost"]
+        if self.ip:
+            lines.append(f"{self.ip}\t{self.name[:63]}")
+        for alias in self.pod["spec"].get("hostAliases", []):
+            lines.append(f"{alias['ip']}\t{' '.join(alias.get('hostnames', []))}")
+        hosts.write_text("\n".join(lines) + "\n")
+        return {"source": str(hosts), "target": "/etc/hosts", "readOnly": False}
 
     async def volume_paths(self) -> dict[str, Path]:
         paths = {}

@@ -69,6 +69,7 @@ def main() -> None:
                         "env": dict(os.environ),
                         "argv": sys.argv,
                         "hostname": socket.gethostname(),
+                        "hostnameResolvesTo": socket.gethostbyname(socket.gethostname()),
                         "pid": os.getpid(),
                         "cwd": os.getcwd(),
                         "files": files,
