@@ -1,0 +1,325 @@
+"""The operator against a real kube-apiserver (etcd + apiserver only: no nodes, so no pods run).
+
+What only a real API server can prove: the CRDs are accepted (structural schema, CEL compiled, defaults
+checked against the rules), invalid resources are refused with the CRD's own messages, and the
+operator process, running under the chart's least-privilege RBAC, creates every child with server-side
+apply, writes status and posts Events. Full rollouts with running pods are the e2e suite's job.
+
+Skipped, with the reason, when the binaries the e2e Makefile builds (`make k8s-bins`) or etcd are absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("CACHE_DIR", Path.home() / ".cache" / "txnkeeper"))
+APISERVERS = sorted(CACHE.glob("k8s/v*/bin/kube-apiserver"))
+ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+HELM = os.environ.get("HELM") or str(CACHE / "bin" / "helm")
+
+pytestmark = [
+    pytest.mark.skipif(not APISERVERS, reason="no kube-apiserver in $CACHE_DIR/k8s (run `make k8s-bins`)"),
+    pytest.mark.skipif(ETCD is None, reason="etcd is not installed (run `make cluster-deps`)"),
+    pytest.mark.timeout(110),
+]
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float) -> Any:
+    """Poll ``condition`` until it returns something truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as err:  # the API server may still be starting
+            last = err
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An etcd + kube-apiserver of our own; yields the admin kubeconfig path."""
+    if str(ROOT) not in sys.path:  # the e2e helpers are a top-level package of the repository
+        sys.path.insert(0, str(ROOT))
+    pki_mod = pytest.importorskip("e2e.localcluster.pki")
+    layout_mod = pytest.importorskip("e2e.localcluster.config")
+    root = tmp_path_factory.mktemp("apiserver")
+    layout = layout_mod.Layout(root)
+    pki_mod.generate(layout)
+    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    pki_mod.write_kubeconfigs(layout, f"https://127.0.0.1:{api_port}")
+    p = layout.pki
+    procs = []
+    try:
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(ETCD),
+                    "--name=op",
+                    f"--data-dir={root / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                    f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-cluster=op=http://127.0.0.1:{peer_port}",
+                    "--log-level=warn",
+                ],
+                stdout=(root / "etcd.log").open("ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(APISERVERS[-1]),
+                    f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={api_port}",
+                    f"--cert-dir={p}",
+                    f"--tls-cert-file={p / 'apiserver.crt'}",
+                    f"--tls-private-key-file={p / 'apiserver.key'}",
+                    f"--client-ca-file={p / 'ca.crt'}",
+                    f"--service-account-key-file={p / 'sa.pub'}",
+                    f"--service-account-signing-key-file={p / 'sa.key'}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--authorization-mode=RBAC",
+                    "--endpoint-reconciler-type=none",
+                    "--profiling=false",
+                ],
+                stdout=(root / "apiserver.log").open("ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        kubeconfig = layout.admin_kubeconfig
+        api = _client(kubeconfig)
+        from kubernetes import client
+
+        core = client.CoreV1Api(api)
+        # Serving, with its bootstrap done: the system namespaces exist.
+        wait_for(lambda: {"default", "kube-system"} <= {n.metadata.name for n in core.list_namespace().items},
+                 "the API server", 90)  # fmt: skip
+        yield kubeconfig
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def _client(kubeconfig: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def _install_crds(api: Any) -> None:
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(api)
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+
+    def established() -> bool:
+        crds = ext.list_custom_resource_definition().items
+        ours = [c for c in crds if c.spec.group == "txnkeeper.io"]
+        return len(ours) == 2 and all(
+            any(cond.type == "Established" and cond.status == "True" for cond in c.status.conditions or [])
+            for c in ours
+        )
+
+    wait_for(established, "CRDs established", 30)
+
+
+def _cr(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "txnkeeper.io/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Path, tmp_path: Path) -> None:
+    from kubernetes import client
+
+    api = _client(apiserver)
+    _install_crds(api)
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": "demo"}})
+
+    # Refused by the API server with the CRD's own messages.
+    for body, message in [
+        (
+            _cr("PendingAckStore", "b1", {"version": "1.0.0", "batchedWrite": {"enabled": True}}),
+            "needs version 2.x",
+        ),
+        (_cr("PendingAckStore", "b2", {"version": "3.0.0"}), "known release line"),
+        (
+            _cr("TransactionCoordinator", "b3", {"version": "2.0.0", "replicas": 4, "coordinators": 2}),
+            "at least",
+        ),
+    ]:
+        plural = "pendingackstores" if body["kind"] == "PendingAckStore" else "transactioncoordinators"
+        with pytest.raises(client.ApiException) as refused:
+            custom.create_namespaced_custom_object("txnkeeper.io", "v1", "demo", plural, body)
+        assert refused.value.status == 422 and message in refused.value.body
+
+    custom.create_namespaced_custom_object(
+        "txnkeeper.io", "v1", "demo", "transactioncoordinators",
+        _cr("TransactionCoordinator", "txn", {"version": "1.0.0", "replicas": 3, "coordinators": 6}),
+    )  # fmt: skip
+    stored = custom.get_namespaced_custom_object(
+        "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"
+    )
+    assert stored["spec"]["batchedWrite"]["maxRecords"] == 512  # defaulted by the API server
+
+    kubeconfig = _operator_kubeconfig(api, apiserver, tmp_path)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TXNKEEPER_RECONCILE_SECONDS": "1"}
+    log = (tmp_path / "operator.log").open("ab")
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "txnkeeper_operator.main", "--liveness="],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        apps = client.AppsV1Api(api)
+        sts = wait_for(
+            lambda: _get(lambda: apps.read_namespaced_stateful_set("txn", "demo")), "StatefulSet", 40
+        )
+        assert sts.spec.update_strategy.type == "OnDelete"
+        assert sts.spec.template.metadata.labels["txnkeeper.io/version"] == "1.0.0"
+        for read, name in [
+            (core.read_namespaced_service, "txn"),
+            (core.read_namespaced_config_map, "txn-config"),
+            (core.read_namespaced_secret, "txn-admin-token"),
+            (core.read_namespaced_service_account, "txn-verifier"),
+            (client.PolicyV1Api(api).read_namespaced_pod_disruption_budget, "txn"),
+            (client.RbacAuthorizationV1Api(api).read_namespaced_role, "txn-verifier"),
+            (client.BatchV1Api(api).read_namespaced_cron_job, "txn-verifier"),
+        ]:
+            obj = wait_for(lambda read=read, name=name: _get(lambda: read(name, "demo")), name, 20)
+            assert obj.metadata.owner_references[0].name == "txn"
+
+        def status() -> dict[str, Any]:
+            got = custom.get_namespaced_custom_object(
+                "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"
+            )
+            return dict(got.get("status") or {})
+
+        current = wait_for(lambda: status().get("phase") == "Creating" and status(), "status.phase", 20)
+        assert {c["type"] for c in current["conditions"]} == {
+            "Ready", "Progressing", "BatchLogEnabled", "DowngradeSafe", "Paused"
+        }  # fmt: skip
+        events = wait_for(
+            lambda: [e for e in core.list_namespaced_event("demo").items if e.reason == "ApplyTemplate"],
+            "an ApplyTemplate Event",
+            20,
+        )
+        assert events[0].involved_object.name == "txn"
+
+        custom.patch_namespaced_custom_object(
+            "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn",
+            {"metadata": {"annotations": {"txnkeeper.io/pause-reconciliation": "true"}}},
+        )  # fmt: skip
+        wait_for(lambda: status().get("phase") == "Paused", "phase Paused", 20)
+    finally:
+        _stop(operator)
+        log.close()
+    text = (tmp_path / "operator.log").read_text(errors="replace")
+    assert "Forbidden" not in text and "403" not in text, text[-3000:]
+
+
+def _get(read: Callable[[], Any]) -> Any:
+    from kubernetes import client
+
+    try:
+        return read()
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def _operator_kubeconfig(api: Any, admin_kubeconfig: Path, tmp_path: Path) -> Path:
+    """The chart's ServiceAccount and RBAC, applied as rendered; a kubeconfig with its token."""
+    from kubernetes import client, utils
+
+    if not Path(HELM).exists():
+        pytest.skip("helm not built (run `make helm`): the chart's RBAC cannot be rendered")
+    rendered = subprocess.run(
+        [
+            HELM,
+            "template",
+            "t",
+            str(ROOT / "helm/txnkeeper"),
+            "--namespace",
+            "tk",
+            "--kube-version",
+            "1.37.0",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": "tk"}})
+    for doc in yaml.safe_load_all(rendered):
+        if doc and doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            if "helm.sh/hook" in (doc["metadata"].get("annotations") or {}):
+                continue
+            utils.create_from_dict(api, doc, namespace="tk")
+    token = (
+        client.CoreV1Api(api)
+        .create_namespaced_service_account_token(
+            "t-txnkeeper-operator", "tk", {"spec": {"expirationSeconds": 3600}}
+        )
+        .status.token
+    )
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "c", "user": "operator"}}],
+        "current-context": "operator",
+    }
+    path = tmp_path / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
