@@ -210,7 +210,12 @@ class RecordLog(Generic[R]):
             try:
                 decoded = self._codec.decode_entry(data)
             except EntryDecodeError as exc:
-                raise ReplayError(f"store {self.store!r}: entry {position} cannot be read: {exc}") from exc
+                raise ReplayError(
+                    f"store {self.store!r}: entry {position} cannot be read: {exc}; the store refuses to"
+                    " open rather than skip acknowledged data: look at the entry with `txnkeeper inspect"
+                    f" --log {self.store} --position {position}`, then run a release that reads it or"
+                    " restore the data directory"
+                ) from exc
             lid, eid = position.ledger_id, position.entry_id
             if not decoded.batched:
                 live.append(LiveRecord(WritePosition(lid, eid, 0, 0), decoded.records[0]))
