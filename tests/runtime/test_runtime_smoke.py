@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
+import pytest
 from runtime_pods import ServePod
 
 from txnkeeper.client import Client
+
+pytestmark = pytest.mark.timeout(120)
 
 
 async def test_committed_messages_are_delivered_aborted_never(cluster: tuple[ServePod, ServePod]) -> None:
@@ -32,4 +33,3 @@ async def test_committed_messages_are_delivered_aborted_never(cluster: tuple[Ser
         await committed.commit()
         got = [(await consumer.receive(timeout=10)).data for _ in range(2)]
         assert got == [b"txn-commit", b"plain-2"]
-        await asyncio.sleep(0)

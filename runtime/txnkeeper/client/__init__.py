@@ -2,7 +2,7 @@
 
 from txnkeeper.client.client import Client
 from txnkeeper.client.consumer import Consumer
-from txnkeeper.client.errors import ClientClosedError, TransactionFailedError
+from txnkeeper.client.errors import ClientClosedError, OperationTimeoutError, TransactionFailedError
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.transaction import Transaction
@@ -20,6 +20,7 @@ __all__ = [
     "InvalidTxnStatusError",
     "Message",
     "MessageId",
+    "OperationTimeoutError",
     "Producer",
     "ServiceError",
     "Transaction",

@@ -18,12 +18,19 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection, split_address
 
 DEFAULT_TXN_TIMEOUT_MS = 60_000
+DEFAULT_OPERATION_TIMEOUT = 30.0  # seconds, Pulsar's default
 
 
 class Client:
     """``Client(coordinators=[...], stores=[...])``; close it with ``await client.close()``."""
 
-    def __init__(self, *, coordinators: list[str], stores: list[str]) -> None:
+    def __init__(
+        self,
+        *,
+        coordinators: list[str],
+        stores: list[str],
+        operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+    ) -> None:
         if not coordinators and not stores:
             raise ValueError("a client needs at least one coordinator or store address")
         for address in [*coordinators, *stores]:
@@ -31,7 +38,9 @@ class Client:
         self._coordinators = list(coordinators)
         self._stores = list(stores)
         self._coordinator_cycle = itertools.cycle(self._coordinators) if coordinators else None
-        self.connections = ConnectionPool()
+        if operation_timeout <= 0:
+            raise ValueError(f"operation_timeout must be positive, got {operation_timeout}")
+        self.connections = ConnectionPool(operation_timeout)
         self._consumers: dict[int, Consumer] = {}
         self._consumer_ids = itertools.count(1)
         for address in self._stores:

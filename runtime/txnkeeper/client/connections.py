@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from txnkeeper.client.errors import OperationTimeoutError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection, connect
 
@@ -12,7 +13,8 @@ from txnkeeper.protocol.rpc import RpcConnection, connect
 class ConnectionPool:
     """address -> live connection; pushes (consumer messages) go to the handler of that address."""
 
-    def __init__(self) -> None:
+    def __init__(self, operation_timeout: float) -> None:
+        self._operation_timeout = operation_timeout
         self._connections: dict[str, RpcConnection] = {}
         self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
         self._push_handlers: dict[str, Callable[[RpcConnection, api.Command], None]] = {}
@@ -51,8 +53,16 @@ class ConnectionPool:
         return conn
 
     async def request(self, address: str, command: api.Command) -> api.Command:
+        """Send ``command`` to ``address``; ``OperationTimeoutError`` after the operation timeout."""
         conn = await self.get(address)
-        return await conn.request(command)
+        future = conn.request(command)
+        try:
+            return await asyncio.wait_for(future, self._operation_timeout)
+        except TimeoutError as exc:
+            raise OperationTimeoutError(
+                f"no response from {address} within {self._operation_timeout}s"
+                f" to {command.WhichOneof('body')}"
+            ) from exc
 
     async def close(self) -> None:
         self._closed = True

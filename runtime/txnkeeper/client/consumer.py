@@ -54,18 +54,25 @@ class Consumer:
 
     async def subscribe(self) -> None:
         conn = await self._client.connections.get(self.store_address)
-        await conn.request(
-            api.Command(
-                subscribe=api.Subscribe(
-                    topic=self.topic,
-                    subscription=self.subscription,
-                    consumer_id=self.consumer_id,
-                    permits=self._queue_size,
-                )
-            )
-        )
+        # Messages may arrive in the same read as the Subscribe response, before this coroutine
+        # resumes: the consumer must already accept pushes from this connection.
         self._conn = conn
         self._consumed_since_flow = 0
+        try:
+            await conn.request(
+                api.Command(
+                    subscribe=api.Subscribe(
+                        topic=self.topic,
+                        subscription=self.subscription,
+                        consumer_id=self.consumer_id,
+                        permits=self._queue_size,
+                    )
+                )
+            )
+        except BaseException:
+            if self._conn is conn:
+                self._conn = None
+            raise
         conn.closed.add_done_callback(lambda _: self._connection_lost(conn))
 
     def _connection_lost(self, conn: RpcConnection) -> None:

@@ -11,3 +11,7 @@ class TransactionFailedError(ServiceError):
 
 class ClientClosedError(ServiceError):
     """The client, producer or consumer was closed."""
+
+
+class OperationTimeoutError(ServiceError):
+    """A request got no response within the client's operation timeout (its outcome is unknown)."""

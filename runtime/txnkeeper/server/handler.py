@@ -34,13 +34,21 @@ def _txn(txn: api.TxnId) -> TxnID:
 
 
 class ConsumerEndpoint:
-    """A consumer as a subscription sees it: pushes messages over its session."""
+    """A consumer as a subscription sees it: pushes messages over its session.
 
-    __slots__ = ("_session", "consumer_id", "subscription", "topic")
+    ``consumer_id`` is unique in this server (clients pick their ids per connection, so two clients
+    may both say 1); ``client_consumer_id`` is the client's own id, used in the frames it receives.
+    """
 
-    def __init__(self, session: Session, consumer_id: int, topic: str, subscription: Subscription) -> None:
+    __slots__ = ("_session", "client_consumer_id", "consumer_id", "subscription", "topic")
+    _ids = itertools.count(1)
+
+    def __init__(
+        self, session: Session, client_consumer_id: int, topic: str, subscription: Subscription
+    ) -> None:
         self._session = session
-        self.consumer_id = consumer_id
+        self.consumer_id = next(ConsumerEndpoint._ids)
+        self.client_consumer_id = client_consumer_id
         self.topic = topic
         self.subscription = subscription
 
@@ -50,7 +58,7 @@ class ConsumerEndpoint:
 
     def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
         message = api.Message(
-            consumer_id=self.consumer_id,
+            consumer_id=self.client_consumer_id,
             message_id=api.MessageIdData(ledger_id=position.ledger_id, entry_id=position.entry_id),
             payload=payload,
             key=key,
@@ -201,14 +209,14 @@ class PodHandler:
         body = command.flow
         endpoint = self._consumers.get(session.session_id, {}).get(body.consumer_id)
         if endpoint is not None:
-            endpoint.subscription.flow(body.consumer_id, min(body.permits, MAX_PERMITS))
+            endpoint.subscription.flow(endpoint.consumer_id, min(body.permits, MAX_PERMITS))
         return None
 
     def _close_consumer(self, session: Session, command: api.Command) -> HandlerResult:
         consumer_id = command.close_consumer.consumer_id
         endpoint = self._consumers.get(session.session_id, {}).pop(consumer_id, None)
         if endpoint is not None:
-            endpoint.subscription.remove_consumer(consumer_id)
+            endpoint.subscription.remove_consumer(endpoint.consumer_id)
         return _success()
 
     def _redeliver(self, session: Session, command: api.Command) -> HandlerResult:

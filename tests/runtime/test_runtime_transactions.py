@@ -1,0 +1,83 @@
+"""Transaction semantics through real processes: conflicting acks, timeout aborts, fenced zombies."""
+
+from __future__ import annotations
+
+import pytest
+from runtime_pods import ServePod
+from runtime_waits import wait_until
+
+from txnkeeper.client import (
+    Client,
+    InvalidTxnStatusError,
+    ServiceError,
+    TransactionFailedError,
+    TxnConflictError,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+IN = "persistent://t/ns/in"
+OUT = "persistent://t/ns/out"
+
+
+async def test_conflicting_ack_fails_and_its_transaction_aborts(cluster: tuple[ServePod, ServePod]) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        first = await client.subscribe(IN, "shared")
+        second = await client.subscribe(IN, "shared")
+        producer = await client.create_producer(IN)
+        await producer.send(b"m1")
+        message = await first.receive(timeout=10)
+        winner = await client.new_transaction()
+        loser = await client.new_transaction()
+        await first.acknowledge(message, txn=winner)
+        with pytest.raises(TxnConflictError):
+            await second.acknowledge(message.message_id, txn=loser)
+        with pytest.raises(TxnConflictError):
+            await second.acknowledge(message.message_id)  # a plain ack may not take it either
+        with pytest.raises(TransactionFailedError):
+            await loser.commit()
+        assert await client.transaction_status(loser) == "ABORTED"
+        await winner.commit()
+        assert await client.transaction_status(winner) == "COMMITTED"
+        # The committed ack holds: only the next message is delivered, m1 never again.
+        await second.close()
+        await producer.send(b"m2")
+        assert (await first.receive(timeout=10)).data == b"m2"
+
+
+async def test_timeout_aborts_drops_output_and_redelivers_input(cluster: tuple[ServePod, ServePod]) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        consumer = await client.subscribe(IN, "work")
+        reader = await client.subscribe(OUT, "reader")
+        await (await client.create_producer(IN)).send(b"job")
+        out = await client.create_producer(OUT)
+        txn = await client.new_transaction(timeout_ms=400)
+        message = await consumer.receive(timeout=10)
+        await out.send(b"never", txn=txn)
+        await consumer.acknowledge(message, txn=txn)
+
+        async def aborted() -> bool:
+            return await client.transaction_status(txn) == "ABORTED"
+
+        await wait_until(aborted, 15, "the coordinator to abort the timed-out transaction")
+        again = await consumer.receive(timeout=10)
+        assert again.message_id == message.message_id and again.redelivery_count >= 1
+        with pytest.raises((InvalidTxnStatusError, ServiceError)):
+            await txn.commit()
+        await out.send(b"after")
+        assert (await reader.receive(timeout=10)).data == b"after"
+
+
+async def test_zombie_cannot_produce_into_an_ended_transaction(cluster: tuple[ServePod, ServePod]) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        out = await client.create_producer(OUT)
+        txn = await client.new_transaction()
+        await out.send(b"kept", txn=txn)
+        await txn.commit()
+        # The transaction is over: the coordinator refuses to add anything and the store refuses writes.
+        txn.state = "OPEN"  # a zombie that missed the end
+        with pytest.raises(ServiceError):
+            await out.send(b"late", txn=txn)

@@ -1,0 +1,162 @@
+"""Unit tests of pure logic: frame codec, pending-ack conflict rules, coordinator state machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from runtime_waits import wait_until
+
+from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.coordinator.ports import RecoveredTxn
+from txnkeeper.coordinator.routes import RouteTable
+from txnkeeper.coordinator.sequence import SequenceAllocator
+from txnkeeper.coordinator.state import TxnStatus
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.errors import InvalidTxnStatusError, TxnConflictError, TxnNotFoundError
+from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_frame
+from txnkeeper.topic.pending_acks import PendingAcks
+
+
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=20), st.integers(min_value=1, max_value=50))
+def test_frames_survive_any_split(payloads: list[bytes], chunk: int) -> None:
+    commands = [
+        api.Command(request_id=i + 1, produce=api.Produce(topic="t", payload=p))
+        for i, p in enumerate(payloads)
+    ]
+    stream = b"".join(encode_frame(c) for c in commands)
+    decoder = FrameDecoder()
+    decoded: list[api.Command] = []
+    for start in range(0, len(stream), chunk):
+        decoded += decoder.feed(stream[start : start + chunk])
+    assert decoded == commands and decoder.buffered == 0
+
+
+def test_oversized_frame_is_refused_before_it_arrives() -> None:
+    decoder = FrameDecoder(max_frame_size=100)
+    with pytest.raises(FrameError) as info:
+        decoder.feed((101).to_bytes(4, "big"))
+    assert info.value.code == api.FRAME_TOO_LARGE
+
+
+def test_pending_acks_conflicts() -> None:
+    t1, t2 = TxnID(0, 1), TxnID(0, 2)
+    p = [Position(1, i) for i in range(5)]
+    acks = PendingAcks()
+    assert acks.reserve(t1, [p[1], p[2]], cumulative=False) == [p[1], p[2]]
+    assert acks.reserve(t1, [p[1]], cumulative=False) == []  # same txn again: nothing new
+    with pytest.raises(TxnConflictError):
+        acks.reserve(t2, [p[2]], cumulative=False)
+    with pytest.raises(TxnConflictError):
+        acks.reserve(t2, [p[3]], cumulative=True)  # would cover t1's pending p[1], p[2]
+    assert acks.conflict_for_plain([p[1]], cumulative=False) is not None
+    assert acks.conflict_for_plain([p[0]], cumulative=False) is None
+    released = acks.release(t1)
+    assert released.individual == {p[1], p[2]}
+    assert acks.reserve(t2, [p[3]], cumulative=True) == [p[3]]
+    with pytest.raises(TxnConflictError):
+        acks.reserve(t1, [p[0]], cumulative=False)  # covered by t2's cumulative ack
+
+
+class MemoryLog:
+    def __init__(self) -> None:
+        self.records: list[meta_pb.TransactionMetadataEntry] = []
+        self.deleted: list[TxnID] = []
+        self.fail = False
+
+    async def append(self, entry: meta_pb.TransactionMetadataEntry) -> object:
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(entry)
+        return len(self.records)
+
+    async def delete_txn(self, txn_id: TxnID) -> None:
+        self.deleted.append(txn_id)
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, TxnID, bool]] = []
+        self.failures_left = 0
+
+    async def end_on_partition(self, address: str, topic: str, txn_id: TxnID, commit: bool) -> None:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise ConnectionError("store down")
+        self.ends.append((topic, txn_id, commit))
+
+    async def end_on_subscription(
+        self, address: str, topic: str, sub: str, txn_id: TxnID, commit: bool
+    ) -> None:
+        self.ends.append((f"{topic}/{sub}", txn_id, commit))
+
+
+def make_coordinator(
+    tmp_path: Path, clock: list[int]
+) -> tuple[TransactionCoordinator, MemoryLog, RecordingSink]:
+    log, sink = MemoryLog(), RecordingSink()
+    sequence = SequenceAllocator(tmp_path / "seq", block=3)
+    sequence.load()
+    coordinator = TransactionCoordinator(
+        7, log, sequence, RouteTable(tmp_path / "routes.json"), sink, clock=lambda: clock[0]
+    )
+    return coordinator, log, sink
+
+
+async def test_coordinator_commit_logs_every_step_and_is_idempotent(tmp_path: Path) -> None:
+    clock = [1_000]
+    coordinator, log, sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txn = await coordinator.new_txn(5_000)
+    assert txn == TxnID(7, 1)
+    await coordinator.add_partitions(txn, ["t1", "t1"], "s:1")
+    await coordinator.add_subscriptions(txn, [("t0", "sub")], "s:1")
+    sink.failures_left = 1  # the first delivery fails and is retried
+    await coordinator.end_txn(txn, commit=True)
+    await coordinator.end_txn(txn, commit=True)  # a retried commit succeeds
+    with pytest.raises(InvalidTxnStatusError):
+        await coordinator.end_txn(txn, commit=False)
+    await coordinator.close()
+    ops = [(r.metadata_op, r.new_status) for r in log.records]
+    op = meta_pb.TransactionMetadataEntry
+    assert ops[:4] == [
+        (op.NEW, meta_pb.OPEN),
+        (op.ADD_PARTITION, meta_pb.OPEN),
+        (op.ADD_SUBSCRIPTION, meta_pb.OPEN),
+        (op.UPDATE, meta_pb.COMMITTING),
+    ]
+    assert sorted(sink.ends) == [("t0/sub", txn, True), ("t1", txn, True)]
+    assert coordinator.status_of(txn) == "COMMITTED"
+
+
+async def test_coordinator_sequence_is_never_reused_and_timeouts_abort(tmp_path: Path) -> None:
+    clock = [1_000]
+    coordinator, _log, _sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    ids = [await coordinator.new_txn(100) for _ in range(4)]
+    await coordinator.close()
+    again, _, _sink2 = make_coordinator(tmp_path, clock)
+    assert (await again._sequence.next()) > max(t.least for t in ids)
+    again.recover(
+        [
+            RecoveredTxn(TxnID(7, 50), TxnStatus.OPEN, 100, 1_000, 1_000, ["t"]),
+            RecoveredTxn(TxnID(7, 51), TxnStatus.COMMITTING, 100, 1_000, 1_000, ["t"]),
+        ]
+    )
+    await again._routes.learn(["t"], "s:1")
+    clock[0] = 5_000
+
+    async def both_ended() -> bool:
+        return again.status_of(TxnID(7, 50)) == "ABORTED" and again.status_of(TxnID(7, 51)) == "COMMITTED"
+
+    await wait_until(both_ended, 10, "the recovered transactions to end")
+    assert again.status_of(TxnID(7, 50)) == "ABORTED"
+    assert again.status_of(TxnID(7, 51)) == "COMMITTED"
+    with pytest.raises(TxnNotFoundError):
+        await again.end_txn(TxnID(7, 999), commit=True)
+    await again.close()
