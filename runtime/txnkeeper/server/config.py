@@ -54,18 +54,45 @@ def default_pod_name() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
 
-def coordinator_ids(count: int | None, ids: str | None) -> tuple[int, ...]:
+def coordinator_ids(
+    count: int | None, ids: str | None, *, replicas: int | None = None, pod_name: str = ""
+) -> tuple[int, ...]:
+    """The coordinator ids this pod serves.
+
+    ``ids`` is a list (``0,1``) or ``auto``: every c in [0, count) with c mod replicas == the ordinal
+    that ends the pod name (``tc-2`` -> 2), so one StatefulSet template spreads coordinators.
+    Without ``ids``: 0..count-1 (count defaults to 1).
+    """
+    n = 1 if count is None else count
+    if n < 1:
+        raise ConfigError(f"--coordinators must be >= 1, got {n}")
+    if ids is not None and ids.strip() == "auto":
+        if replicas is None or replicas < 1:
+            raise ConfigError("--coordinator-ids auto needs --replicas R (R >= 1)")
+        ordinal_text = pod_name.rpartition("-")[2]
+        if not ordinal_text.isdigit():
+            raise ConfigError(
+                f"--coordinator-ids auto needs a pod name ending in -<ordinal>, got {pod_name!r}"
+            )
+        ordinal = int(ordinal_text)
+        if ordinal >= replicas:
+            raise ConfigError(f"pod ordinal {ordinal} is not below --replicas {replicas}")
+        served = tuple(c for c in range(n) if c % replicas == ordinal)
+        if not served:
+            raise ConfigError(
+                f"pod {pod_name} serves no coordinator: {n} coordinators over {replicas} replicas"
+            )
+        return served
     if ids:
         try:
             parsed = tuple(int(x) for x in ids.split(",") if x.strip())
         except ValueError as exc:
-            raise ConfigError(f"--coordinator-ids must be comma-separated integers, got {ids!r}") from exc
+            raise ConfigError(
+                f"--coordinator-ids must be comma-separated integers or auto, got {ids!r}"
+            ) from exc
         if not parsed or any(i < 0 for i in parsed) or len(set(parsed)) != len(parsed):
             raise ConfigError(f"--coordinator-ids must be distinct integers >= 0, got {ids!r}")
         return parsed
-    n = 1 if count is None else count
-    if n < 1:
-        raise ConfigError(f"--coordinators must be >= 1, got {n}")
     return tuple(range(n))
 
 

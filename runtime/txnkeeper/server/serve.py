@@ -47,7 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--pod-name", default=env("POD_NAME"))
     parser.add_argument("--coordinators", type=int, default=_int_env("COORDINATORS"))
-    parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"))
+    parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"), help="0,1,... or auto")
+    parser.add_argument(
+        "--replicas", type=int, default=_int_env("REPLICAS"), help="pods sharing the coordinators"
+    )
     parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
     parser.add_argument(
         "--config", type=Path, default=_path_env("CONFIG"), help="JSON/YAML batchedWrite settings"
@@ -86,14 +89,17 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     txnlog_batch, pending_ack_batch = batch_configs(ns.config)
+    pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
         data_dir=ns.data_dir,
         release=ns.release,
         listen=ns.listen,
         admin_listen=ns.admin_listen,
-        pod_name=ns.pod_name or default_pod_name(),
-        coordinator_ids=coordinator_ids(ns.coordinators, ns.coordinator_ids),
+        pod_name=pod_name,
+        coordinator_ids=coordinator_ids(
+            ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name
+        ),
         admin_token=token,
         txnlog_batch=txnlog_batch,
         pending_ack_batch=pending_ack_batch,
