@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from txnkeeper.client.errors import OperationTimeoutError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection, connect
 
@@ -54,15 +53,10 @@ class ConnectionPool:
 
     async def request(self, address: str, command: api.Command) -> api.Command:
         """Send ``command`` to ``address``; ``OperationTimeoutError`` after the operation timeout."""
-        conn = await self.get(address)
-        future = conn.request(command)
-        try:
-            return await asyncio.wait_for(future, self._operation_timeout)
-        except TimeoutError as exc:
-            raise OperationTimeoutError(
-                f"no response from {address} within {self._operation_timeout}s"
-                f" to {command.WhichOneof('body')}"
-            ) from exc
+        conn = self._connections.get(address)
+        if conn is None or not conn.is_open:
+            conn = await self.get(address)
+        return await conn.request(command, self._operation_timeout)
 
     async def close(self) -> None:
         self._closed = True

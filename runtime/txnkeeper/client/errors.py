@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from txnkeeper.protocol.errors import ServiceError
+from txnkeeper.protocol.errors import RequestTimeoutError, ServiceError
 
 
 class TransactionFailedError(ServiceError):
@@ -13,5 +13,5 @@ class ClientClosedError(ServiceError):
     """The client, producer or consumer was closed."""
 
 
-class OperationTimeoutError(ServiceError):
-    """A request got no response within the client's operation timeout (its outcome is unknown)."""
+# A request got no response within the client's operation timeout (its outcome is unknown).
+OperationTimeoutError = RequestTimeoutError

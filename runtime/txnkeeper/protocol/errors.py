@@ -62,6 +62,12 @@ class ConnectionClosedError(ServiceError):
     code = api.UNAVAILABLE
 
 
+class RequestTimeoutError(ServiceError):
+    """No response within the caller's timeout; the request's outcome is unknown."""
+
+    code = api.UNAVAILABLE
+
+
 _BY_CODE: dict[int, type[ServiceError]] = {
     cls.code: cls
     for cls in (

@@ -12,8 +12,15 @@ from collections.abc import Callable
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.connection import FrameConnection
-from txnkeeper.protocol.errors import ConnectionClosedError, ServiceError, from_error_frame
+from txnkeeper.protocol.errors import (
+    ConnectionClosedError,
+    RequestTimeoutError,
+    ServiceError,
+    from_error_frame,
+)
 from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
+
+SWEEP_INTERVAL = 0.25
 
 
 class RpcConnection(FrameConnection):
@@ -26,14 +33,19 @@ class RpcConnection(FrameConnection):
     ) -> None:
         super().__init__(max_frame_size)
         self._pending: dict[int, asyncio.Future[api.Command]] = {}
+        # request id -> (deadline, what); checked by one periodic sweep instead of a timer per request
+        self._deadlines: dict[int, tuple[float, str]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
         self._next_request_id = 1
         self._on_push = on_push
         self.address = "?"
         self.lost_reason: str | None = None
 
-    def request(self, command: api.Command) -> asyncio.Future[api.Command]:
-        """Send ``command``; the future resolves to the response command or fails with ServiceError."""
-        future: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+    def request(self, command: api.Command, timeout: float | None = None) -> asyncio.Future[api.Command]:
+        """Send ``command``; the future resolves to the response command or fails with ServiceError
+        (``RequestTimeoutError`` when ``timeout`` seconds pass without a response, to within ~0.25 s)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[api.Command] = loop.create_future()
         if not self.is_open:
             future.set_exception(ConnectionClosedError(f"connection to {self.address} is closed"))
             return future
@@ -41,8 +53,26 @@ class RpcConnection(FrameConnection):
         self._next_request_id += 1
         command.request_id = request_id
         self._pending[request_id] = future
+        if timeout is not None:
+            self._deadlines[request_id] = (loop.time() + timeout, str(command.WhichOneof("body")))
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.send(command)
         return future
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for request_id, (deadline, what) in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[request_id]
+                future = self._pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(
+                        RequestTimeoutError(f"no response from {self.address} to {what} in time")
+                    )
+        if self._deadlines and self.is_open:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
 
     def notify(self, command: api.Command) -> None:
         """Send a command that gets no response (e.g. Flow)."""
@@ -58,6 +88,8 @@ class RpcConnection(FrameConnection):
                 self._on_push(command)
             return
         future = self._pending.pop(request_id, None)
+        if self._deadlines:
+            self._deadlines.pop(request_id, None)
         if future is None or future.done():
             return
         if command.HasField("error"):
@@ -69,6 +101,10 @@ class RpcConnection(FrameConnection):
         reason = self.lost_reason or (str(exc) if exc else "closed")
         pending = self._pending
         self._pending = {}
+        self._deadlines.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for future in pending.values():
             if not future.done():
                 future.set_exception(ConnectionClosedError(f"connection to {self.address} lost: {reason}"))

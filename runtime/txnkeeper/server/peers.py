@@ -45,7 +45,7 @@ class StorePeers:
 
     async def _request(self, address: str, command: api.Command) -> None:
         conn = await self._connection(address)
-        await asyncio.wait_for(conn.request(command), REQUEST_TIMEOUT)
+        await conn.request(command, REQUEST_TIMEOUT)
 
     async def end_on_partition(self, address: str, topic: str, txn_id: TxnID, commit: bool) -> None:
         body = api.EndTxnOnPartition(topic=topic, txn_id=api.TxnId(most=txn_id.most, least=txn_id.least))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 
 REPLAY_BATCH = 1000
+TAIL_CACHE_ENTRIES = 20_000
 
 
 class PartitionLedger(Protocol):
@@ -47,6 +49,8 @@ class Partition:
         self.subscriptions: dict[str, Subscription] = {}
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
         self.published_count = 0
+        # Recently written entries: subscriptions that keep up read the tail from memory, not disk.
+        self._tail: OrderedDict[Position, bytes] = OrderedDict()
 
     async def recover(self) -> None:
         """Rebuild the transaction buffer from the live entries (markers say how each txn ended)."""
@@ -73,6 +77,13 @@ class Partition:
             start = Position(ledgers[0], 0)
         else:
             start = Position(position.ledger_id, position.entry_id + 1)
+        if start in self._tail:
+            cached: list[tuple[Position, bytes]] = []
+            tail = self._tail
+            while start in tail and len(cached) < max_entries:
+                cached.append((start, tail[start]))
+                start = Position(start.ledger_id, start.entry_id + 1)
+            return cached
         last = self.ledger.last_confirmed_entry()
         if last is None or start > last:
             return []
@@ -84,7 +95,9 @@ class Partition:
             if not self.buffer.accepts_message(txn_id):
                 raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
             self.buffer.message_written(txn_id)
-        position = await self.ledger.add_entry(encode_data(payload, key, txn_id, int(time.time() * 1000)))
+        data = encode_data(payload, key, txn_id, int(time.time() * 1000))
+        position = await self.ledger.add_entry(data)
+        self._remember(position, data)
         self.published_count += 1
         if txn_id is None:
             self._notify()
@@ -106,8 +119,9 @@ class Partition:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ending[txn_id] = done
         self.buffer.begin_end(txn_id)
+        marker = encode_marker(txn_id, commit)
         try:
-            await self.ledger.add_entry(encode_marker(txn_id, commit))
+            self._remember(await self.ledger.add_entry(marker), marker)
         except BaseException as exc:
             self.buffer.cancel_end(txn_id)
             done.set_exception(exc)
@@ -118,6 +132,12 @@ class Partition:
         self.buffer.ended(txn_id, commit)
         done.set_result(None)
         self._notify()
+
+    def _remember(self, position: Position, data: bytes) -> None:
+        tail = self._tail
+        tail[position] = data
+        if len(tail) > TAIL_CACHE_ENTRIES:
+            tail.popitem(last=False)
 
     def attach(self, subscription: Subscription) -> None:
         self.subscriptions[subscription.name] = subscription

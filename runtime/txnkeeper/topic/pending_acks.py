@@ -29,6 +29,8 @@ class PendingAcks:
     def __init__(self) -> None:
         self._owner: dict[Position, TxnID] = {}
         self._by_txn: dict[TxnID, TxnAcks] = {}
+        # Transactions holding a cumulative ack: usually none, so the common checks stay O(1).
+        self._cumulative: dict[TxnID, Position] = {}
 
     def txn_acks(self, txn_id: TxnID) -> TxnAcks | None:
         return self._by_txn.get(txn_id)
@@ -39,7 +41,7 @@ class PendingAcks:
     def is_pending(self, position: Position) -> bool:
         if position in self._owner:
             return True
-        return any(a.cumulative is not None and position <= a.cumulative for a in self._by_txn.values())
+        return any(position <= c for c in self._cumulative.values())
 
     def reserve(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> list[Position]:
         """Record the acks of ``txn_id``; raise ``TxnConflictError`` (recording nothing) on a conflict.
@@ -72,6 +74,7 @@ class PendingAcks:
                 acks = self._by_txn[txn_id] = TxnAcks()
             if acks.cumulative is None or acks.cumulative < position:
                 acks.cumulative = position
+                self._cumulative[txn_id] = position
                 return [position]
             return []
         if acks is None:
@@ -89,6 +92,7 @@ class PendingAcks:
             return
         if cumulative:
             acks.cumulative = None
+            self._cumulative.pop(txn_id, None)
         for position in positions:
             acks.individual.discard(position)
             if self._owner.get(position) == txn_id:
@@ -99,6 +103,7 @@ class PendingAcks:
     def release(self, txn_id: TxnID) -> TxnAcks:
         """Forget the transaction's pending acks (it ended); return them."""
         acks = self._by_txn.pop(txn_id, None) or TxnAcks()
+        self._cumulative.pop(txn_id, None)
         for position in acks.individual:
             if self._owner.get(position) == txn_id:
                 del self._owner[position]
