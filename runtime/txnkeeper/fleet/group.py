@@ -229,8 +229,8 @@ class MemberGroup:
         return progress
 
     def _run_verifier(self, markers: dict[str, int] | Any, taken_at: datetime) -> None:
-        self.report_file.unlink(missing_ok=True)
-        self.last_report = None
+        # The previous report stays until the new run replaces it (as the ConfigMap does in-cluster):
+        # a held downgrade keeps saying why while it is verified again.
         doc = {"takenAt": format_time(taken_at), "stores": dict(markers)}
         endpoints = [f"--endpoint={m.name}={self.admin_base(m)}" for m in self.members]
         log = (self.work_dir / f"{self.name}.verifier.log").open("ab")
