@@ -108,3 +108,33 @@ def test_values_point_at_both_images() -> None:
     assert values["image"]["repository"] != values["verifierImage"]["repository"]
     assert OperatorSettings().verifier_image.startswith(values["verifierImage"]["repository"])
     assert OperatorSettings().image.startswith(values["image"]["repository"])
+
+
+@pytest.mark.parametrize("pod", ["x-0", "x-1", "x-2"])
+def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path: Path) -> None:
+    """The pod's exact args (with the kubelet's $(VAR) expansion and the mounted files) make a valid
+    runtime configuration: coordinator ids split by ordinal, start-up batch settings from the ConfigMap."""
+    from txnkeeper.server.serve import build_config
+
+    on = BatchSettings(enabled=True, max_records=64, max_size_bytes=65536, max_delay_millis=3)
+    cr = Resource.from_body(
+        {
+            "kind": "TransactionCoordinator",
+            "metadata": {"name": "x", "namespace": "n", "uid": "u"},
+            "spec": {"version": "2.0.0", "replicas": 3, "coordinators": 7},
+        }
+    )
+    sts = builders.statefulset(cr, Template("2.0.0", on), OperatorSettings())
+    (config_file := tmp_path / "config.json").write_text(builders.config_map(cr, on)["data"]["config.json"])
+    (token_file := tmp_path / "token").write_text("secret")
+    files = {"/data": str(tmp_path / "data"), "/etc/txnkeeper/config/config.json": str(config_file)}
+    files["/etc/txnkeeper/token/token"] = str(token_file)
+    args = [
+        files.get(a, a).replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", pod)
+        for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    ]
+    config = build_config(build_parser().parse_args(args))
+    ordinal = int(pod.rsplit("-", 1)[1])
+    assert config.coordinator_ids == tuple(c for c in range(7) if c % 3 == ordinal)
+    assert config.txnlog_batch.enabled and config.txnlog_batch.max_records == 64
+    assert (config.release, config.pod_name, config.admin_token) == ("2.0.0", pod, "secret")
