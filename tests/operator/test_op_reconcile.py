@@ -311,7 +311,8 @@ async def test_upgrade_then_verified_downgrade(world: Any) -> None:
     await _until(kube, ctx, Phase.READY, verifier)
     assert kube.deleted[3:] == ["txn-2", "txn-1", "txn-0"]
     status = kube.cr["status"]
-    assert status["currentVersion"] == "1.0.0" and "downgrade" not in status
+    assert status["currentVersion"] == "1.0.0" and "verifiedAt" in status["downgrade"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["DowngradeSafe"] == "True"
     assert status["lastVerifierReport"]["safe"] is True
     # Write-ahead: the markers were in the status before the verifier was ever started.
     first_verify = next(

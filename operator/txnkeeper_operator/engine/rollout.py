@@ -101,10 +101,21 @@ class _Planner:
             return waiting
         if self.target_level < self.data_level:
             return self._downgrade(template)
-        if self.progress.downgrade is not None:
+        downgrade = self.progress.downgrade
+        if downgrade is not None and not self._completed(downgrade):
             # The spec moved back to a batched-capable version: the downgrade is cancelled.
             self.progress = replace(self.progress, downgrade=None)
         return self._upgrade_or_toggle(template)
+
+    def _completed(self, downgrade: DowngradeProgress) -> bool:
+        """A verified downgrade whose pods all run the old line is kept as the record of its proof
+        (DowngradeSafe stays True) until the spec returns to a batched-capable line; any new downgrade
+        can only follow such an upgrade, so it always starts from scratch."""
+        return (
+            downgrade.verified_at is not None
+            and downgrade.from_version is not None
+            and self.target_level < format_level(downgrade.from_version)
+        )
 
     def _create_template(self) -> Decision:
         """A missing StatefulSet (first creation, or deleted by hand while pods or volumes remain) is
@@ -405,11 +416,12 @@ class _Planner:
         if downgrade is None:
             safe = Condition("DowngradeSafe", u, "NoDowngrade", "no downgrade in progress")
         elif downgrade.verified_at is not None:
+            done = " (downgrade complete)" if phase == Phase.READY else ""
             safe = Condition(
                 "DowngradeSafe",
                 t,
                 "Verified",
-                f"verifier proved no live batched entry at {_fmt_time(downgrade.verified_at)}",
+                f"verifier proved no live batched entry at {_fmt_time(downgrade.verified_at)}{done}",
             )
         elif phase == Phase.DOWNGRADE_BLOCKED:
             safe = Condition("DowngradeSafe", f, "LiveBatchedData", reason)

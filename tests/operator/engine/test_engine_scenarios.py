@@ -210,9 +210,19 @@ def test_downgrade_disables_rolls_over_verifies_then_rolls_back() -> None:
     sim = installed("2.0.0", ON)
     last = sim.run(desired("1.0.0"))
     assert sim.actions() == [*DISABLE, *ROLLOVERS, "verify", *DOWN_ROLL]
-    assert last.condition("DowngradeSafe").reason == "NoDowngrade"
-    assert any(d.condition("DowngradeSafe").status == ConditionStatus.TRUE for d in sim.decisions)
+    # The proof outlives the roll: DowngradeSafe stays True with the markers it was made against.
+    assert last.condition("DowngradeSafe").status == ConditionStatus.TRUE
+    assert "downgrade complete" in last.condition("DowngradeSafe").message
+    assert sim.persisted is not None and "verifiedAt" in sim.persisted
     final_state(sim, "1.0.0", False)
+    # An upgrade clears the record, so the next downgrade proves everything again from scratch.
+    sim.log.clear()
+    sim.run(desired("2.0.0", ON))
+    assert sim.persisted is None
+    sim.tick()
+    sim.log.clear()
+    sim.run(desired("1.0.0"))
+    assert sim.actions() == [*DISABLE, *ROLLOVERS, "verify", *DOWN_ROLL]
 
 
 def test_downgrade_is_held_while_the_verifier_says_not_yet() -> None:
