@@ -81,3 +81,25 @@ async def test_zombie_cannot_produce_into_an_ended_transaction(cluster: tuple[Se
         txn.state = "OPEN"  # a zombie that missed the end
         with pytest.raises(ServiceError):
             await out.send(b"late", txn=txn)
+
+
+async def test_cumulative_txn_ack_survives_a_store_kill(cluster: tuple[ServePod, ServePod]) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        consumer = await client.subscribe(IN, "cumulative")
+        producer = await client.create_producer(IN)
+        for i in range(5):
+            await producer.send(f"m{i}".encode())
+        received = [await consumer.receive(timeout=10) for _ in range(5)]
+        assert [m.data for m in received] == [f"m{i}".encode() for i in range(5)]
+        txn = await client.new_transaction()
+        await consumer.acknowledge_cumulative(received[2], txn=txn)
+        await consumer.acknowledge(received[4])  # a plain individual ack
+        await txn.commit()
+    store.kill()
+    store.start()
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        consumer = await client.subscribe(IN, "cumulative")
+        assert (await consumer.receive(timeout=15)).data == b"m3"
+        with pytest.raises(TimeoutError):
+            await consumer.receive(timeout=0.5)

@@ -61,6 +61,8 @@ class Subscription:
         self._permits: dict[int, int] = {}
         self._unacked: dict[Position, _Unacked] = {}
         self._redeliver: dict[Position, tuple[bytes, str]] = {}
+        # Messages acknowledged inside a still-open transaction, kept to redeliver them on abort.
+        self._in_txn: dict[Position, tuple[bytes, str]] = {}
         self._redelivery_counts: dict[Position, int] = {}
         self._read_after: Position | None = cursor.mark_delete_position()
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
@@ -167,7 +169,9 @@ class Subscription:
             raise
         if not cumulative:
             for position in new:
-                self._unacked.pop(position, None)
+                unacked = self._unacked.pop(position, None)
+                if unacked is not None:
+                    self._in_txn[position] = (unacked.payload, unacked.key)
                 self._redeliver.pop(position, None)
 
     # --- transaction end ---------------------------------------------------------------------------
@@ -199,7 +203,6 @@ class Subscription:
                 else:
                     self._pending.release(txn_id)
                     for position in acks.individual:
-                        self._unacked.pop(position, None)
                         self._schedule_redelivery(position)
                     self._wake.set()
                     self._spawn(self._pending_log.delete_txn(txn_id))
@@ -302,11 +305,11 @@ class Subscription:
                     break
                 if outcome is TxnOutcome.ABORTED:
                     auto_ack.append(position)
-                elif self._deliverable(position):
+                elif self._fresh(position):
                     if not self._has_permits():
                         break
                     self._deliver(position, record.payload, record.key)
-            elif self._deliverable(position):
+            elif self._fresh(position):
                 if not self._has_permits():
                     break
                 self._deliver(position, record.payload, record.key)
@@ -318,6 +321,12 @@ class Subscription:
 
     def _deliverable(self, position: Position) -> bool:
         return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)
+
+    def _fresh(self, position: Position) -> bool:
+        """Read from the ledger and not already out with a consumer or queued (a rewind re-reads)."""
+        return (
+            position not in self._unacked and position not in self._redeliver and self._deliverable(position)
+        )
 
     def _deliver(self, position: Position, payload: bytes, key: str) -> None:
         for consumer_id, consumer in list(self._consumers.items()):
@@ -332,9 +341,12 @@ class Subscription:
         self._redeliver[position] = (payload, key)
 
     def _schedule_redelivery(self, position: Position) -> None:
+        held = self._in_txn.pop(position, None)
         unacked = self._unacked.pop(position, None)
         if unacked is not None:
-            self._redeliver[position] = (unacked.payload, unacked.key)
+            held = (unacked.payload, unacked.key)
+        if held is not None:
+            self._redeliver[position] = held
             self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
             return
         # Not cached (e.g. after a restart): re-read by rewinding the read position.
@@ -355,6 +367,7 @@ class Subscription:
 
     def _forget(self, position: Position) -> None:
         self._unacked.pop(position, None)
+        self._in_txn.pop(position, None)
         self._redeliver.pop(position, None)
         self._redelivery_counts.pop(position, None)
 
