@@ -177,7 +177,8 @@ def _spec(kind: str) -> Schema:
     props: dict[str, Schema] = {
         "replicas": _p(
             "integer",
-            "Number of pods. Each pod owns its own persistent volume.",
+            "Number of pods. Each pod owns its own persistent volume, and data is placed by pod "
+            "(coordinator ids by ordinal, topics by a hash over the store pods), so it is fixed at creation.",
             default=3,
             minimum=1,
             maximum=64,
@@ -220,6 +221,14 @@ def _spec(kind: str) -> Schema:
             "batchedWrite.enabled to false or upgrade spec.version",
         ),
     ]
+    if not coordinator:
+        rules.append(
+            _rule(
+                "self.replicas == oldSelf.replicas",
+                "spec.replicas of a PendingAckStore is immutable: clients place a topic on store "
+                "crc32(topic) mod replicas, so a new count would strand every topic's data on the old pod",
+            )
+        )
     if coordinator:
         props["coordinators"] = _p(
             "integer",

@@ -187,10 +187,12 @@ def test_storage_and_coordinators_are_immutable() -> None:
     assert any("coordinators is immutable" in e for e in errors)
 
 
-def test_coordinator_replicas_are_immutable_but_stores_scale() -> None:
+def test_replicas_are_immutable_because_data_is_placed_by_pod() -> None:
     errors = cel_errors(TC, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
     assert any("replicas of a TransactionCoordinator is immutable" in e for e in errors)
-    assert cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []
+    errors = cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
+    assert any("replicas of a PendingAckStore is immutable" in e for e in errors)
+    assert cel_errors(PAS, {"version": "2.1.0", "replicas": 3}, {"version": "2.0.0"}) == []
 
 
 def test_defaults_satisfy_their_own_rules_as_written() -> None:
