@@ -5,7 +5,7 @@ reconcile.py. Handler progress is kept in annotations (not status), so kopf neve
 operator's own status writes, and one lock per resource keeps a timer tick and a change handler from
 reconciling the same object at once.
 
-Run: `txnkeeper-operator` or `kopf run -m txnkeeper_operator.handlers [--all-namespaces]`.
+Run: `txnkeeper-operator [--namespace NS]` or `kopf run --standalone -m txnkeeper_operator.handlers -A`.
 """
 
 from __future__ import annotations
