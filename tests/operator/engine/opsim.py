@@ -278,16 +278,13 @@ class SimCluster:
         *,
         until: Callable[[Decision], bool] | None = None,
         max_steps: int = 200,
-        hooks: dict[int, Callable[[SimCluster], None]] | None = None,
         crash_when: Callable[[Decision], bool] | None = None,
         crash_mode: str = "before",
     ) -> Decision:
         """Reconcile until ``until`` holds (default: Ready with nothing to do); return the last decision."""
         stop = until or (lambda d: d.phase == Phase.READY and d.action is None)
         crashed = False
-        for i in range(max_steps):
-            if hooks and i in hooks:
-                hooks[i](self)
+        for _ in range(max_steps):
             self._statefulset_controller(desired)
             probe = decide(desired, self.observe(), self.progress(), CONFIG)
             mode = None
