@@ -352,6 +352,16 @@ def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, An
 def _job_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
     return {
         "backoffLimit": 1,
+        # Exit 1 is the verifier's "not safe" verdict (its report is written): retrying it only burns a
+        # Spark run. Other failures (exit 2: infrastructure) get the one retry.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {"containerName": "verifier", "operator": "In", "values": [1]},
+                }
+            ]
+        },
         "activeDeadlineSeconds": 900,
         "ttlSecondsAfterFinished": 600,
         "template": {

@@ -15,7 +15,7 @@ from typing import Any
 from txnkeeper_operator import naming
 from txnkeeper_operator.admin_client import PodBatchLog
 from txnkeeper_operator.engine import PodState, VerifierReport, VerifierState
-from txnkeeper_operator.engine.persist import MalformedReportError, report_from_json
+from txnkeeper_operator.engine.persist import MalformedReportError, parse_time, report_from_json
 
 Obj = Mapping[str, Any]
 
@@ -95,9 +95,27 @@ def read_report(config_map: Obj | None) -> tuple[VerifierReport | None, str | No
         return None, f"unusable verifier report: {err}"
 
 
+def latest_failure(jobs: Sequence[Obj]) -> tuple[datetime | None, str]:
+    """When the most recent failed verifier Job failed, and why (None: no failed Job)."""
+    latest: tuple[datetime, str] | None = None
+    for job in jobs:
+        for cond in (job.get("status") or {}).get("conditions") or []:
+            if cond.get("type") != "Failed" or cond.get("status") != "True":
+                continue
+            raw = cond.get("lastTransitionTime")
+            if not isinstance(raw, str):
+                continue
+            at = parse_time(raw)
+            why = f"Job {job['metadata']['name']} failed: {cond.get('reason', '')} {cond.get('message', '')}"
+            if latest is None or at > latest[0]:
+                latest = (at, why.strip())
+    return (latest[0], latest[1]) if latest else (None, "")
+
+
 def verifier_state(jobs: Sequence[Obj], report_config_map: Obj | None) -> tuple[VerifierState, str | None]:
     report, problem = read_report(report_config_map)
-    return VerifierState(running=verifier_running(jobs), report=report), problem
+    failed_at, failure = latest_failure(jobs)
+    return VerifierState(verifier_running(jobs), report, failed_at, failure), problem
 
 
 def creation_stamp(now: datetime) -> int:

@@ -98,6 +98,9 @@ class VerifierReport:
 class VerifierState:
     running: bool = False
     report: VerifierReport | None = None
+    # When the latest verifier run ended without a report (a failed Job), and why.
+    failed_at: datetime | None = None
+    failure: str = ""
 
 
 @dataclass(frozen=True, slots=True)

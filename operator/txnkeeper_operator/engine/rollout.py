@@ -325,6 +325,17 @@ class _Planner:
                     progress, markers, why + "; verifying again", Phase.DOWNGRADE_BLOCKED
                 )
             return self._decision(None, Phase.DOWNGRADE_BLOCKED, why)
+        failed = self._failed_run(progress)
+        if failed is not None and not verifier.running:
+            if now >= failed + self.config.verifier_retry:
+                return self._run_verifier(
+                    progress, markers, f"the last verifier run failed ({verifier.failure}); running it again"
+                )
+            return self._decision(
+                None,
+                Phase.VERIFYING_DOWNGRADE,
+                f"the last verifier run failed ({verifier.failure}); retrying",
+            )
         if verifier.running or self._verifier_pending(progress, None):
             return self._decision(
                 None, Phase.VERIFYING_DOWNGRADE, f"waiting for the verifier ({len(markers)} store(s))"
@@ -332,6 +343,14 @@ class _Planner:
         return self._run_verifier(
             progress, markers, f"prove no live batched entry remains in {len(markers)} store(s)"
         )
+
+    def _failed_run(self, progress: DowngradeProgress) -> datetime | None:
+        """When the run this downgrade requested ended without a report (else None)."""
+        failed = self.observed.verifier.failed_at
+        requested = progress.verifier_requested_at
+        if failed is None or requested is None or failed < requested:
+            return None
+        return failed
 
     def _verifier_pending(self, progress: DowngradeProgress, answered: VerifierReport | None) -> bool:
         """A run was requested recently and has not answered since (it may not be visible yet)."""

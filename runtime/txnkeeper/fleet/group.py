@@ -97,6 +97,8 @@ class MemberGroup:
     members: list[RuntimeProcess] = field(default_factory=list)
     verifier_proc: subprocess.Popen[bytes] | None = None
     last_report: VerifierReport | None = None
+    failed_at: datetime | None = None
+    failure: str = ""
     history: list[str] = field(default_factory=list)
 
     @property
@@ -178,13 +180,21 @@ class MemberGroup:
         return PodState(ordinal, member.name, member.release, True, batch)
 
     def _verifier_state(self) -> VerifierState:
-        running = self.verifier_proc is not None and self.verifier_proc.poll() is None
+        proc = self.verifier_proc
+        running = proc is not None and proc.poll() is None
         if not running and self.report_file.exists():
             try:
                 self.last_report = report_from_json(json.loads(self.report_file.read_text()))
             except (ValueError, MalformedReportError):
                 self.last_report = None
-        return VerifierState(running=running, report=self.last_report)
+        # Exit 0 (safe) and 1 (not safe) come with a report; anything else is a failed run, like a
+        # failed Job in-cluster, and is retried after the engine's retry interval.
+        if proc is not None and not running and proc.returncode not in (0, 1) and self.failed_at is None:
+            self.failed_at = datetime.now(UTC)
+            log = self.work_dir / f"{self.name}.verifier.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            self.failure = f"verifier exited {proc.returncode}: {' '.join(tail)[:200]}"
+        return VerifierState(running, self.last_report, self.failed_at, self.failure)
 
     async def observe(self, now: datetime) -> Observed:
         pods = await asyncio.gather(
@@ -231,6 +241,7 @@ class MemberGroup:
     def _run_verifier(self, markers: dict[str, int] | Any, taken_at: datetime) -> None:
         # The previous report stays until the new run replaces it (as the ConfigMap does in-cluster):
         # a held downgrade keeps saying why while it is verified again.
+        self.failed_at, self.failure = None, ""
         doc = {"takenAt": format_time(taken_at), "stores": dict(markers)}
         endpoints = [f"--endpoint={m.name}={self.admin_base(m)}" for m in self.members]
         log = (self.work_dir / f"{self.name}.verifier.log").open("ab")

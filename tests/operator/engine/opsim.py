@@ -79,6 +79,8 @@ class SimCluster:
     verifier_running: bool = False
     verifier_markers: dict[str, int] = field(default_factory=dict)
     verifier_taken_at: datetime | None = None
+    verifier_failed_at: datetime | None = None
+    verifier_failure: str = ""
     verifier_done_at: datetime | None = None
     report: VerifierReport | None = None
     verifier_seconds: int = 3
@@ -103,7 +105,9 @@ class SimCluster:
             )
             for p in self.pods.values()
         )
-        verifier = VerifierState(self.verifier_running, self.report)
+        verifier = VerifierState(
+            self.verifier_running, self.report, self.verifier_failed_at, self.verifier_failure
+        )
         return Observed(self.template, pods, self.now, verifier, self.paused)
 
     def progress(self) -> Progress:

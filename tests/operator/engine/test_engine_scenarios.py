@@ -318,6 +318,21 @@ def test_verifier_that_never_answers_is_requested_again_after_timeout() -> None:
     assert sim.actions().count("verify") == 2
 
 
+def test_verifier_job_failing_without_a_report_is_retried_after_the_retry_interval() -> None:
+    sim = installed("2.0.0")
+    sim.verifier_seconds = 10_000
+    sim.run(desired("1.0.0"), until=lambda d: sim.actions()[-1:] == ["verify"])
+    sim.verifier_running = False
+    sim.verifier_failed_at, sim.verifier_failure = sim.now, "Job txn-verify-1 failed: BackoffLimitExceeded"
+    d = sim.step(desired("1.0.0"))
+    assert d.action is None and "BackoffLimitExceeded" in d.reason
+    for _ in range(int(CONFIG.verifier_retry.total_seconds())):
+        sim.tick()
+        d = sim.step(desired("1.0.0"))
+    assert sim.actions().count("verify") == 2  # well before verifier_timeout
+    assert "running it again" in d.reason or sim.verifier_running
+
+
 def test_unreachable_admin_api_holds_the_gate() -> None:
     sim = installed("2.0.0", ON)
     sim.reachable = False
