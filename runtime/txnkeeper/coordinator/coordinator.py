@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from txnkeeper.coordinator.deferred import DeferredBatch
 from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
@@ -36,6 +37,7 @@ ENDED_MEMORY = 100_000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 TICK_SECONDS = 0.1
 RETRY_BACKOFF = (0.05, 2.0)
+DELETE_INTERVAL = 0.05  # seconds between batched deletions of ended transactions' records
 
 
 def _now_ms() -> int:
@@ -72,6 +74,9 @@ class TransactionCoordinator:
         self.aborted_count = 0
         self.timed_out_count = 0
         self.created_count = 0
+        self._deletions: DeferredBatch[TxnID] = DeferredBatch(
+            f"coordinator {coordinator_id} record deletion", self._delete_many, DELETE_INTERVAL
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def recover(self, recovered: Iterable[RecoveredTxn]) -> None:
@@ -90,7 +95,7 @@ class TransactionCoordinator:
             )
             if txn.status in TERMINAL:
                 self._remember_ended(txn.txn_id, txn.status)
-                self._spawn(self._delete_records(txn.txn_id))
+                self._deletions.add(txn.txn_id)
                 continue
             self._txns[txn.txn_id] = meta
             if txn.status is TxnStatus.COMMITTING:
@@ -106,6 +111,7 @@ class TransactionCoordinator:
 
     async def close(self) -> None:
         self.state = "Closed"
+        await self._deletions.drain()
         if self._ticker is not None:
             self._ticker.cancel()
         for task in list(self._background):
@@ -309,7 +315,7 @@ class TransactionCoordinator:
                 "coordinator %d: logging %s of %s failed", self.coordinator_id, final.name, meta.txn_id
             )
             return
-        await self._delete_records(meta.txn_id)
+        self._deletions.add(meta.txn_id)
 
     async def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> None:
         now = self._clock()
@@ -366,14 +372,17 @@ class TransactionCoordinator:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_BACKOFF[1])
 
-    async def _delete_records(self, txn_id: TxnID) -> None:
-        try:
-            await self._log.delete_txn(txn_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # Left in the log: a restart replays it as ended and deletes it then.
-            log.exception("coordinator %d: deleting the records of %s failed", self.coordinator_id, txn_id)
+    async def _delete_many(self, txn_ids: list[TxnID]) -> None:
+        results = await asyncio.gather(*(self._log.delete_txn(t) for t in txn_ids), return_exceptions=True)
+        for txn_id, result in zip(txn_ids, results, strict=True):
+            if isinstance(result, BaseException):
+                # Left in the log: a restart replays it as ended and deletes it then.
+                log.error(
+                    "coordinator %d: deleting the records of %s failed: %s",
+                    self.coordinator_id,
+                    txn_id,
+                    result,
+                )
 
     async def _timeout_abort(self, txn_id: TxnID) -> None:
         meta = self._txns.get(txn_id)
