@@ -4,7 +4,12 @@ and document shapes; format level 1 refuses batching."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from runtime_pods import TOKEN, ServePod, http
@@ -171,3 +176,45 @@ def test_format_level_one_refuses_batching(pods: object) -> None:
     assert status == 409 and "format level 1" in body["error"]
     status, stats = http("GET", f"{old.admin_url()}/admin/v3/transactions/coordinatorStats")
     assert stats["coordinatorArray"][0]["transactionLogBatchedWriteStat"]["batchEnabled"] is False
+
+
+def _admin_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txnkeeper.cli", "admin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_admin_cli_verbs_and_sigterm_exit(cluster: tuple[ServePod, ServePod], tmp_path: Path) -> None:
+    tc, _ = cluster
+    url = tc.admin_url()
+    stats = _admin_cli("--url", url, "coordinator-stats")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["coordinatorArray"][0]["coordinatorId"] == 0
+    refused = _admin_cli("--url", url, "batch-log", "set", "--enabled", "false")
+    assert refused.returncode == 1 and "401" in refused.stderr
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    applied = _admin_cli(
+        "--url",
+        url,
+        "--token-file",
+        str(token),
+        "batch-log",
+        "set",
+        "--target",
+        "coordinator",
+        "--enabled",
+        "false",
+        "--max-records",
+        "64",
+    )
+    assert applied.returncode == 0, applied.stderr
+    got = json.loads(_admin_cli("--url", url, "batch-log", "get").stdout)
+    assert got["coordinator"]["batchEnabled"] is False and got["coordinator"]["batchedWriteMaxRecords"] == 64
+    internal = _admin_cli("--url", url, "coordinator-internal-stats", "--coordinator-id", "0")
+    assert json.loads(internal.stdout)["transactionLogStats"]["managedLedgerName"] == "__transaction_log_0"
+    assert tc.kill(signal.SIGTERM) == 0  # graceful close exits cleanly
