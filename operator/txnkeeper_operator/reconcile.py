@@ -131,6 +131,8 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     template = builders.template_of(statefulset)
     if template is not None and not cr.paused:
         # Keep replicas, image, resources in step; version and start-up batch only move by ApplyTemplate.
+        # The ConfigMap follows the template it belongs to (recreated if someone deleted it).
+        await ctx.kube.apply(builders.config_map(cr, template.batch))
         await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings))
     pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
     views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
