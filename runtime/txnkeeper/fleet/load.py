@@ -121,11 +121,13 @@ class TransactionalLoad:
         assert self._client is not None
         client = self._client
         consumer = None
+        idle = 0
         while not self._stop.is_set():
             try:
                 if consumer is None:
                     consumer = await client.subscribe(topic, "billing")
                 first = await consumer.receive(timeout=1.0)
+                idle = 0
                 messages = [first]
                 while len(messages) < MESSAGES_PER_TXN:
                     try:
@@ -140,7 +142,13 @@ class TransactionalLoad:
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
-                continue
+                # Producers commit continuously, so a silent consumer lost its store (restarted
+                # under it): subscribe afresh rather than wait on a dead subscription.
+                idle += 1
+                if idle >= 3 and consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await consumer.close()
+                    consumer, idle = None, 0
             except Exception as err:
                 self._failed(err)
                 if consumer is not None:
