@@ -160,3 +160,20 @@ async def test_coordinator_sequence_is_never_reused_and_timeouts_abort(tmp_path:
     with pytest.raises(TxnNotFoundError):
         await again.end_txn(TxnID(7, 999), commit=True)
     await again.close()
+
+
+def test_transaction_buffer_outcomes_and_forgetting() -> None:
+    from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
+
+    buffer = TransactionBuffer()
+    a, b = TxnID(0, 1), TxnID(0, 2)
+    buffer.message_written(a)
+    buffer.message_written(b)
+    assert buffer.outcome(a) is TxnOutcome.OPEN and buffer.ongoing == 2
+    buffer.begin_end(a)
+    assert not buffer.accepts_message(a)  # a zombie's late write is refused while the end is written
+    buffer.ended(a, True, Position(1, 5))
+    buffer.ended(b, False, Position(2, 0))
+    assert buffer.outcome(a) is TxnOutcome.COMMITTED and buffer.outcome(b) is TxnOutcome.ABORTED
+    assert buffer.forget_before(Position(2, -1)) == 1  # ledger 1 was trimmed: a's entries are gone
+    assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1

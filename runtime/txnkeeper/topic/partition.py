@@ -9,6 +9,7 @@ for a transaction that already ended here are refused, which fences zombie produ
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -21,8 +22,11 @@ from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 
+log = logging.getLogger(__name__)
+
 REPLAY_BATCH = 1000
 TAIL_CACHE_ENTRIES = 20_000
+HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
 
 
 class PartitionLedger(Protocol):
@@ -35,6 +39,8 @@ class PartitionLedger(Protocol):
     async def read_entries(self, start: Position, max_entries: int) -> list[Entry]: ...
 
     def ledger_ids(self) -> list[int]: ...
+
+    async def trim(self) -> list[int]: ...
 
     def last_confirmed_entry(self) -> Position | None: ...
 
@@ -63,7 +69,7 @@ class Partition:
                 record = decode(data, f"{self.topic}@{position}")
                 if record.txn_id is not None:
                     if record.is_marker:
-                        self.buffer.ended(record.txn_id, record.commit)
+                        self.buffer.ended(record.txn_id, record.commit, position)
                     else:
                         self.buffer.message_written(record.txn_id)
                 after = position
@@ -121,7 +127,8 @@ class Partition:
         self.buffer.begin_end(txn_id)
         marker = encode_marker(txn_id, commit)
         try:
-            self._remember(await self.ledger.add_entry(marker), marker)
+            position = await self.ledger.add_entry(marker)
+            self._remember(position, marker)
         except BaseException as exc:
             self.buffer.cancel_end(txn_id)
             done.set_exception(exc)
@@ -129,9 +136,32 @@ class Partition:
             raise
         finally:
             del self._ending[txn_id]
-        self.buffer.ended(txn_id, commit)
+        self.buffer.ended(txn_id, commit, position)
         done.set_result(None)
         self._notify()
+
+    async def housekeeping(self) -> None:
+        """Delete ledgers every subscription is done with, then forget the outcomes of transactions
+        whose markers were in them (their entries are gone for every reader, present or future).
+
+        Only with at least one subscription: without any, retained messages wait for a future one.
+        """
+        if not self.subscriptions:
+            return
+        await self.ledger.trim()
+        live = self.ledger.ledger_ids()
+        if live:
+            self.buffer.forget_before(Position(live[0], -1))
+
+    async def housekeeping_forever(self, interval: float = HOUSEKEEPING_INTERVAL) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.housekeeping()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("housekeeping of partition %s failed; retrying later", self.topic)
 
     def _remember(self, position: Position, data: bytes) -> None:
         tail = self._tail

@@ -68,6 +68,7 @@ class TopicService:
         self._opening: dict[object, asyncio.Future[object]] = {}
         self._registry: dict[str, list[str]] = {}
         self._registry_lock = asyncio.Lock()
+        self._housekeepers: list[asyncio.Task[None]] = []
         self.recovered = False
 
     async def recover(self) -> None:
@@ -83,6 +84,9 @@ class TopicService:
         self.recovered = True
 
     async def close(self) -> None:
+        for task in self._housekeepers:
+            task.cancel()
+        await asyncio.gather(*self._housekeepers, return_exceptions=True)
         for subscription in self._subscriptions.values():
             await subscription.close()
         for handle in self._pending_acks.values():
@@ -135,6 +139,7 @@ class TopicService:
         partition = Partition(topic, ledger)
         await partition.recover()
         self._partitions[topic] = partition
+        self._housekeepers.append(asyncio.get_running_loop().create_task(partition.housekeeping_forever()))
         return partition
 
     async def _create_subscription(self, topic: str, name: str) -> Subscription:

@@ -12,8 +12,7 @@ from collections import OrderedDict
 from enum import Enum
 
 from txnkeeper.coordinator.txnid import TxnID
-
-ENDED_MEMORY = 1_000_000
+from txnkeeper.ledger.position import Position
 
 
 class TxnOutcome(Enum):
@@ -27,14 +26,15 @@ class TransactionBuffer:
 
     def __init__(self) -> None:
         self._open: set[TxnID] = set()
-        self._ended: OrderedDict[TxnID, bool] = OrderedDict()  # txn -> committed?
+        # txn -> (committed?, its marker's position), in marker order
+        self._ended: OrderedDict[TxnID, tuple[bool, Position]] = OrderedDict()
         self._ending: set[TxnID] = set()
 
     def outcome(self, txn_id: TxnID) -> TxnOutcome:
-        committed = self._ended.get(txn_id)
-        if committed is None:
+        ended = self._ended.get(txn_id)
+        if ended is None:
             return TxnOutcome.OPEN
-        return TxnOutcome.COMMITTED if committed else TxnOutcome.ABORTED
+        return TxnOutcome.COMMITTED if ended[0] else TxnOutcome.ABORTED
 
     def accepts_message(self, txn_id: TxnID) -> bool:
         """A transaction that ended (or is ending) here takes no more messages (zombie producers)."""
@@ -53,13 +53,24 @@ class TransactionBuffer:
     def cancel_end(self, txn_id: TxnID) -> None:
         self._ending.discard(txn_id)
 
-    def ended(self, txn_id: TxnID, committed: bool) -> None:
+    def ended(self, txn_id: TxnID, committed: bool, marker: Position) -> None:
         self._ending.discard(txn_id)
         self._open.discard(txn_id)
-        self._ended[txn_id] = committed
+        self._ended[txn_id] = (committed, marker)
         self._ended.move_to_end(txn_id)
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+
+    def forget_before(self, position: Position) -> int:
+        """Forget outcomes whose marker is at or before ``position`` (the caller makes sure no reader
+        can reach those entries any more: a transaction's messages all precede its marker)."""
+        forgotten = 0
+        ended = self._ended
+        while ended:
+            txn_id, (_, marker) = next(iter(ended.items()))
+            if marker > position:
+                break
+            del ended[txn_id]
+            forgotten += 1
+        return forgotten
 
     @property
     def ongoing(self) -> int:
