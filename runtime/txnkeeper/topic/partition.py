@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REPLAY_BATCH = 1000
 TAIL_CACHE_ENTRIES = 20_000
+TAIL_CACHE_BYTES = 32 * 1024 * 1024
 HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
 
 
@@ -57,6 +58,7 @@ class Partition:
         self.published_count = 0
         # Recently written entries: subscriptions that keep up read the tail from memory, not disk.
         self._tail: OrderedDict[Position, bytes] = OrderedDict()
+        self._tail_bytes = 0
 
     async def recover(self) -> None:
         """Rebuild the transaction buffer from the live entries (markers say how each txn ended)."""
@@ -166,8 +168,10 @@ class Partition:
     def _remember(self, position: Position, data: bytes) -> None:
         tail = self._tail
         tail[position] = data
-        if len(tail) > TAIL_CACHE_ENTRIES:
-            tail.popitem(last=False)
+        self._tail_bytes += len(data)
+        while tail and (len(tail) > TAIL_CACHE_ENTRIES or self._tail_bytes > TAIL_CACHE_BYTES):
+            _, evicted = tail.popitem(last=False)
+            self._tail_bytes -= len(evicted)
 
     def attach(self, subscription: Subscription) -> None:
         self.subscriptions[subscription.name] = subscription
