@@ -96,7 +96,7 @@ def report_from_json(doc: Any) -> VerifierReport:
             raise MalformedReportError("'safe' must be a boolean")
         verdicts = tuple(
             StoreVerdict(
-                pod=str(s.get("pod", "")),
+                pod=str(s.get("pod") or ""),  # a store no pod reported has "pod": null
                 store=str(s["store"]),
                 safe=bool(s["safe"]),
                 reason=str(s.get("reason", "")),
