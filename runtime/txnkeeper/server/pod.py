@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,8 @@ class PodRuntime:
             # A level-1 release cannot write batched entries: start with batching off, whatever was asked.
             if self._txnlog_batch.enabled or self._pending_ack_batch.enabled:
                 log.warning("release %s is format level 1: batched writes stay disabled", config.release)
-            self._txnlog_batch = BatchedWriteConfig(**{**self._txnlog_batch.__dict__, "enabled": False})
-            self._pending_ack_batch = BatchedWriteConfig(
-                **{**self._pending_ack_batch.__dict__, "enabled": False}
-            )
+            self._txnlog_batch = replace(self._txnlog_batch, enabled=False)
+            self._pending_ack_batch = replace(self._pending_ack_batch, enabled=False)
         self._factory: ManagedLedgerFactory | None = None
         self._txn_logs: dict[int, TransactionLogStore] = {}
         self.coordinators: dict[int, TransactionCoordinator] = {}
