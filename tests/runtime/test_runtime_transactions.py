@@ -53,7 +53,7 @@ async def test_timeout_aborts_drops_output_and_redelivers_input(cluster: tuple[S
         reader = await client.subscribe(OUT, "reader")
         await (await client.create_producer(IN)).send(b"job")
         out = await client.create_producer(OUT)
-        txn = await client.new_transaction(timeout_ms=400)
+        txn = await client.new_transaction(timeout_ms=2000)
         message = await consumer.receive(timeout=10)
         await out.send(b"never", txn=txn)
         await consumer.acknowledge(message, txn=txn)
