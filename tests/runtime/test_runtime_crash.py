@@ -65,6 +65,9 @@ async def test_coordinator_restart_mid_commit_finishes_the_commit(cluster: tuple
             return await client.transaction_status(txn) == "COMMITTED"
 
         await wait_until(committed, 60, "the restarted coordinator to finish the commit")
+        assert txn.state == "ERROR"  # the client never heard the outcome; retrying commit is safe
+        await txn.commit()
+        assert txn.state == "COMMITTED"
         assert (await reader.receive(timeout=15)).data == b"result"
         # The transactional ack was applied: the job is not delivered again.
         await inp.send(b"next")

@@ -33,6 +33,7 @@ class Transaction:
         self._idle.set()
         self._failure: BaseException | None = None
         self.state = "OPEN"
+        self._end_attempt: bool | None = None
 
     def __repr__(self) -> str:
         return f"Transaction{self.txn_id}[{self.state}]"
@@ -94,7 +95,16 @@ class Transaction:
             self._idle.set()
 
     async def commit(self) -> None:
-        """Commit once every send/ack of the transaction finished; aborts (and raises) if one failed."""
+        """Commit once every send/ack of the transaction finished; aborts (and raises) if one failed.
+
+        If a commit's outcome was unknown (an error reached the client, e.g. a timeout), calling commit
+        again retries it: the coordinator answers a repeated end idempotently.
+        """
+        if self.state == "COMMITTED":
+            return
+        if self.state == "ERROR" and self._end_attempt is True:
+            await self._end(commit=True)
+            return
         self._check_open()
         self.state = "COMMITTING"
         await self._idle.wait()
@@ -112,11 +122,16 @@ class Transaction:
             return
         if self.state not in ("OPEN", "ERROR"):
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
+        if self.state == "ERROR" and self._end_attempt is True:
+            raise InvalidTxnStatusError(
+                f"transaction {self.txn_id} was being committed; retry commit() instead"
+            )
         self.state = "ABORTING"
         await self._idle.wait()
         await self._end(commit=False)
 
     async def _end(self, commit: bool) -> None:
+        self._end_attempt = commit
         body = api.EndTxn(txn_id=self._pb_id)
         body.action = api.COMMIT if commit else api.ABORT
         try:
