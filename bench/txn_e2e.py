@@ -88,8 +88,21 @@ async def prefill(producer: Producer, count: int) -> None:
         await asyncio.gather(*(producer.send(b"input") for _ in range(min(window, count - start))))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU time of a process (Linux /proc), to report CPU per transaction: unlike
+    throughput on a shared machine, it barely depends on what else runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run_level(
-    client: Client, consumer: Consumer, producer: Producer, workers: int, seconds: float
+    client: Client,
+    consumer: Consumer,
+    producer: Producer,
+    workers: int,
+    seconds: float,
+    *,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     latencies: list[float] = []
     done = 0
@@ -108,9 +121,11 @@ async def run_level(
             latencies.append(time.perf_counter() - started)
             done += 1
 
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     elapsed = time.perf_counter() - began
+    cpu_ms = {name: (cpu_seconds(pid) - cpu_before[name]) * 1000 / max(done, 1) for name, pid in pids.items()}
     latencies.sort()
     return {
         "concurrency": workers,
@@ -119,6 +134,7 @@ async def run_level(
         "txn_per_s": round(done / elapsed, 1),
         "commit_p50_ms": round(statistics.median(latencies) * 1000, 3),
         "commit_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 3),
+        "cpu_ms_per_txn": {name: round(ms, 3) for name, ms in cpu_ms.items()},
     }
 
 
@@ -145,7 +161,8 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path) -> d
                         producer_in = await client.create_producer(topic)
                         await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
                         consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
-                        result = await run_level(client, consumer, producer_out, workers, seconds)
+                        pids = {"coordinator": tc.pid, "store": store.pid, "client": os.getpid()}
+                        result = await run_level(client, consumer, producer_out, workers, seconds, pids=pids)
                         await consumer.close()
                         runs[mode].setdefault(workers, []).append(result)
                         print(json.dumps({"mode": mode, "round": round_no, **result}), file=sys.stderr)
