@@ -278,7 +278,11 @@ def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
     for plural, name in ((TC, "txn"), (PAS, "acks")):
         wait_cr(cluster, ns, plural, name, settled_at(OLD, "Disabled"), f"Ready at {OLD}", timeout=240)
 
-    # 2. Transactional load through the client (committed and aborted transactions, transactional acks).
+    # 2. Transactional load through the client (committed and aborted transactions, transactional acks
+    #    on the subscription "work"); "audit" exists first and never acknowledges, so it must end up
+    #    holding every committed message.
+    stores = addresses(cluster, ns, "acks", 2)
+    run_workload(cluster, ns, "subscribe", "--stores", stores, "--topics", TOPICS, "--subscription", "audit")
     load1 = run_workload(
         cluster, ns, "produce", "--coordinators", addresses(cluster, ns, "txn", 3),
         "--stores", addresses(cluster, ns, "acks", 2), "--topics", TOPICS, "--txns", "8", "--tag", "old",
@@ -357,14 +361,23 @@ def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
         done = wait_cr(cluster, ns, plural, name, settled_at(OLD, "Disabled"), f"downgraded to {OLD}", 600)
         assert condition(done, "DowngradeSafe")["status"] == "True", summary(done)
 
-    # 6. Every acknowledged message and committed transaction is still there; nothing aborted is.
-    read = run_workload(
-        cluster, ns, "read", "--stores", addresses(cluster, ns, "acks", 2), "--topics", TOPICS
+    # 6. Every committed message is still there (on "audit"); nothing aborted ever is; no message acked
+    #    in a committed transaction comes back (on "work"); the ack of the timed-out transaction was
+    #    rolled back (on "hold", its message is delivered again).
+    stores = addresses(cluster, ns, "acks", 2)
+    audit = run_workload(
+        cluster, ns, "read", "--stores", stores, "--topics", TOPICS, "--subscription", "audit"
+    )
+    work = run_workload(cluster, ns, "read", "--stores", stores, "--topics", TOPICS, "--subscription", "work")
+    hold = run_workload(
+        cluster, ns, "read", "--stores", stores, "--topics", FIRST_TOPIC, "--subscription", "hold"
     )
     for topic in TOPICS.split(","):
-        seen = read[topic]
+        seen = audit[topic]
         committed = load1["committed"][topic] + load2["committed"][topic]
         aborted = load1["aborted"][topic] + load2["aborted"][topic] + [held["payload"]]
         assert sorted(set(committed) - set(seen)) == [], f"{topic}: committed messages lost"
         assert sorted(set(aborted) & set(seen)) == [], f"{topic}: aborted messages delivered"
         assert len(seen) == len(set(seen)), f"{topic}: duplicates"
+        assert sorted(set(committed) & set(work[topic])) == [], f"{topic}: acked messages redelivered"
+    assert held["acked"] in hold[FIRST_TOPIC], "the timed-out transaction's ack was not rolled back"

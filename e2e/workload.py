@@ -8,7 +8,8 @@ It runs in a pod (a Job, shipped in a ConfigMap: it needs only txnkeeper.client 
 library) so that it reaches the pods by their pod IPs on any cluster, and the coordinators reach the
 stores at the same addresses the client used:
   python workload.py produce --coordinators A,B --stores C,D --topics T1,T2 --txns N [--tag X]
-  python workload.py read --stores C,D --topics T1,T2
+  python workload.py subscribe --stores C,D --topics T1,T2 --subscription S
+  python workload.py read --stores C,D --topics T1,T2 [--subscription S]
   python workload.py hold --coordinators A --stores C,D --topic T --timeout-ms MS
 Each prints one line `RESULT <json>` at the end.
 """
@@ -81,12 +82,19 @@ async def produce(
     return record
 
 
-async def read_all(stores: list[str], topic: str, receive_seconds: float = 60.0) -> list[bytes]:
-    """Every message a fresh subscription is given, up to an end marker written now (non-transactional,
-    so it lands after every earlier message: reaching it means everything before it was dispatched)."""
+async def read_all(
+    stores: list[str], topic: str, subscription: str = "", receive_seconds: float = 60.0
+) -> list[bytes]:
+    """Every message `subscription` (default: a fresh one) is given, up to an end marker written now
+    (non-transactional, so it lands after every earlier message: reaching it means everything before
+    it was dispatched). Nothing is acknowledged.
+
+    A fresh subscription sees only what is retained: like Pulsar, a ledger whose messages every
+    existing subscription acknowledged is trimmed, so "still there" is checked on a subscription
+    created before the messages were (see `subscribe`)."""
     marker = f"end-marker-{uuid.uuid4().hex}".encode()
     async with Client(coordinators=[], stores=stores) as client:
-        consumer = await client.subscribe(topic, f"verify-{uuid.uuid4().hex[:8]}")
+        consumer = await client.subscribe(topic, subscription or f"verify-{uuid.uuid4().hex[:8]}")
         producer = await client.create_producer(topic)
         await producer.send(marker)
         await producer.close()
@@ -99,6 +107,14 @@ async def read_all(stores: list[str], topic: str, receive_seconds: float = 60.0)
                 seen.append(message.data)
         await consumer.close()
     return seen
+
+
+async def subscribe(stores: list[str], topics: list[str], subscription: str) -> None:
+    """Create a durable subscription (its cursor starts at the beginning and retains what follows)."""
+    async with Client(coordinators=[], stores=stores) as client:
+        for topic in topics:
+            consumer = await client.subscribe(topic, subscription)
+            await consumer.close()
 
 
 async def verify(stores: list[str], record: Record) -> None:
@@ -147,12 +163,15 @@ async def hold(coordinators: list[str], stores: list[str], topic: str, timeout_m
         message = await asyncio.wait_for(consumer.receive(), 60.0)
         await consumer.acknowledge(message, txn=txn)
         status = await client.transaction_status(txn)
-        return {"txn": str(txn), "payload": payload.decode(), "status": status}
+        # The subscription starts at the oldest retained message, which is what this transaction acked.
+        acked = message.data.decode()
+        return {"txn": str(txn), "payload": payload.decode(), "acked": acked, "status": status}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="txnkeeper e2e workload")
-    parser.add_argument("command", choices=["produce", "read", "hold"])
+    parser.add_argument("command", choices=["produce", "subscribe", "read", "hold"])
+    parser.add_argument("--subscription", default="")
     parser.add_argument("--coordinators", default="")
     parser.add_argument("--stores", required=True)
     parser.add_argument("--topics", default="")
@@ -178,8 +197,13 @@ def main(argv: list[str] | None = None) -> None:
             "abortedTxns": record.aborted_txns,
             "acked": acked,
         }
+    elif args.command == "subscribe":
+        asyncio.run(subscribe(stores, topics, args.subscription))
+        result = {"subscribed": args.subscription, "topics": topics}
     elif args.command == "read":
-        result = {t: [m.decode() for m in asyncio.run(read_all(stores, t))] for t in topics}
+        result = {
+            t: [m.decode() for m in asyncio.run(read_all(stores, t, args.subscription))] for t in topics
+        }
     else:
         result = asyncio.run(hold(coordinators, stores, args.topic, args.timeout_ms))
     print("RESULT " + json.dumps(result), flush=True)
