@@ -107,6 +107,7 @@ class ClusterInfo:
     apiserver_port: int
     controller_manager_port: int
     scheduler_port: int
+    pod_subnet: int = 0  # pod IPs are 127.0.<pod_subnet>.2-254 (see claim_pod_subnet)
     pids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -121,3 +122,40 @@ class ClusterInfo:
     @classmethod
     def load(cls, path: Path) -> ClusterInfo:
         return cls(**json.loads(path.read_text()))
+
+
+SUBNET_CLAIMS = Path("/tmp/txnkeeper-e2e-pod-subnets")
+
+
+def claim_pod_subnet(state: Path) -> int:
+    """A /24 of 127/8 for this cluster's pod IPs that no other running local cluster uses.
+
+    Several checkouts (a CI clone next to a developer's tree) may run clusters at once; their pods bind
+    port 8080 on their pod IPs, so two clusters must never hand out the same address. A claim is a
+    symlink SUBNET_CLAIMS/<n> -> state dir (created atomically); a claim whose state dir is gone or
+    belongs to a stopped cluster is taken over.
+    """
+    SUBNET_CLAIMS.mkdir(parents=True, exist_ok=True)
+    for n in range(255):
+        link = SUBNET_CLAIMS / str(n)
+        try:
+            link.symlink_to(state)
+            return n
+        except FileExistsError:
+            owner = Path(os.readlink(link))
+            if owner == state or not (owner / "pids" / "kube-apiserver.pid").exists():
+                link.unlink(missing_ok=True)
+                try:
+                    link.symlink_to(state)
+                    return n
+                except FileExistsError:
+                    continue
+    raise RuntimeError(f"no free pod subnet in 127.0.0.0/16 ({SUBNET_CLAIMS} is full)")
+
+
+def release_pod_subnet(state: Path) -> None:
+    if not SUBNET_CLAIMS.exists():
+        return
+    for link in SUBNET_CLAIMS.iterdir():
+        if link.is_symlink() and Path(os.readlink(link)) == state:
+            link.unlink(missing_ok=True)

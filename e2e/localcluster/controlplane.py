@@ -27,9 +27,11 @@ from .config import (
     STORAGE_CLASS,
     ClusterInfo,
     Layout,
+    claim_pod_subnet,
     free_port,
     k8s_bin_dir,
     k8s_version,
+    release_pod_subnet,
     state_dir,
 )
 from .procs import exit_error, read_pidfile, spawn, stop, wait_until
@@ -120,6 +122,7 @@ def _up(layout: Layout, timeout: float) -> ClusterInfo:
         apiserver_port=free_port(),
         controller_manager_port=free_port(),
         scheduler_port=free_port(),
+        pod_subnet=claim_pod_subnet(layout.root),
     )
     pki.write_kubeconfigs(layout, info.server)
     info.save(layout.cluster_file)
@@ -275,6 +278,7 @@ def down(quiet: bool = False, purge: bool = True) -> None:
     for pidfile in sorted(layout.pods.glob("*/pids/*.pid")) if layout.pods.exists() else []:
         if stop(pidfile, grace=5.0) and not quiet:
             log(f"stopped leftover pod process {pidfile}")
+    release_pod_subnet(layout.root)
     if purge and layout.root.exists():
         _unmount_all(layout.root)
         shutil.rmtree(layout.root)

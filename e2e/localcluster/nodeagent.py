@@ -74,7 +74,7 @@ class NodeAgent:
         self.provisioner = Provisioner(KubeClient(layout.kubeconfig("provisioner")), layout.volumes)
         self.workers: dict[str, PodWorker] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self.ips = IpPool(third_octet=int(os.environ.get("E2E_POD_IP_THIRD_OCTET", "0")))
+        self.ips = IpPool(third_octet=info.pod_subnet)
         cpus = os.environ.get("E2E_NODE_CPU", str(os.cpu_count() or 1))
         self.allocatable = {
             "cpu": cpus,
