@@ -194,5 +194,17 @@ def test_nothing_to_check_is_an_input_error(spark: Any) -> None:
     markers = RolloverMarkers(datetime.now(UTC), {"log0": 7})
     with pytest.raises(VerifierInputError, match="no pod endpoints"):
         verify([], markers, spark=spark)
-    with pytest.raises(VerifierInputError, match="name no store"):
-        verify([PodEndpoint("a", "http://127.0.0.1:1")], RolloverMarkers(datetime.now(UTC)), spark=spark)
+
+
+def test_pods_without_stores_are_safe_only_when_every_pod_answers(spark: Any, pods: SyntheticPods) -> None:
+    # A PendingAckStore with no subscription yet: the rollover marked nothing, the pods report nothing.
+    markers = RolloverMarkers(datetime.now(UTC) - timedelta(seconds=1))
+    empty = fleet(pods, {"store-0": [], "store-1": []})
+    report = verify(empty, markers, spark=spark)
+    assert report.safe and "host no store" in report.reason
+    unreachable = [*empty, PodEndpoint("store-2", "http://127.0.0.1:1")]
+    report = verify(unreachable, markers, spark=spark, timeout_s=2.0)
+    assert not report.safe and "store-2" in report.reason
+    grown = fleet(pods, {"store-3": [pending_ack(0)]})
+    report = verify([*empty, *grown], markers, spark=spark)
+    assert not report.safe and verdict(report, pending_ack(0)["name"]).safe is False

@@ -238,8 +238,9 @@ def finalize(
 ) -> Report:
     """Add the stores the markers expect but nobody reported, then decide overall.
 
-    Safe overall only if at least one pod was asked, every pod answered with a valid document, at least
-    one store was judged, every store is safe, and collection began after the markers were taken.
+    Safe overall only if at least one pod was asked, every pod answered with a valid document, every
+    store is safe, and collection began after the markers were taken. Pods that all answered and host
+    no store at all (and none is expected) hold no batched data: that is safe.
     """
     pods = sorted(outcomes, key=lambda outcome: (outcome.pod, outcome.endpoint or ""))
     judged = list(verdicts)
@@ -274,14 +275,14 @@ def finalize(
     if blocking:
         named = [f"{verdict.store}@{verdict.pod or '?'}: {verdict.reason}" for verdict in blocking]
         problems.append(f"{len(blocking)} of {len(judged)} stores not safe: {_name_some(named)}")
-    if not judged:
-        problems.append("no stores were reported or expected")
     if generated_at < markers.taken_at:
         problems.append(
             "collection began before the rollover markers were taken (clock skew or reused markers)"
         )
     if problems:
         reason = "NOT SAFE: " + " | ".join(problems)
+    elif not judged:
+        reason = f"safe: the {len(pods)} pods host no store, so no batched data can be live"
     else:
         reason = (
             f"safe: all {len(judged)} stores on {len(pods)} pods have their oldest ledger past "
