@@ -21,8 +21,19 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     os.unlink(sys.argv[1])  # it holds the environment, Secret values included
+    # A checkout may live under a directory a pod mounts over (a clone in /tmp, and an emptyDir at
+    # /tmp): mounting there would hide the interpreter, the container's program and the other volumes'
+    # sources. Such a mount is skipped; for /tmp the process is pointed at the volume through TMPDIR.
+    needed = [sys.executable, spec["argv"][0], __file__, *(m["source"] for m in spec["mounts"])]
+    needed_real = [os.path.realpath(path) for path in needed]
     for m in spec["mounts"]:
         src, dst = m["source"], m["target"]
+        dst_real = os.path.realpath(dst)
+        if any(path == dst_real or path.startswith(dst_real.rstrip("/") + "/") for path in needed_real):
+            print(f"podinit: not mounting {src} at {dst}: it would hide this node's files", file=sys.stderr)
+            if dst_real == "/tmp":
+                spec["env"]["TMPDIR"] = src
+            continue
         if os.path.isdir(src):
             os.makedirs(dst, exist_ok=True)
         else:
