@@ -1,25 +1,9 @@
-"""The transaction id: (most = coordinator id, least = that coordinator's sequence), as in Pulsar."""
+"""The transaction id, as the coordinator and the layers above name it.
 
-from __future__ import annotations
+There is one TxnID class: it lives with the stores (layer 3), which key their records by it, and is
+re-exported here so that a coordinator's id and a store's id compare and hash as the same value.
+"""
 
-import re
-from dataclasses import dataclass
+from txnkeeper.txnlog.txnid import TxnID
 
-_TEXT = re.compile(r"^\(?\s*(\d+)\s*,\s*(\d+)\s*\)?$")
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class TxnID:
-    most: int
-    least: int
-
-    def __str__(self) -> str:
-        return f"({self.most},{self.least})"
-
-    @classmethod
-    def parse(cls, text: str) -> TxnID:
-        """Parse ``(most,least)`` or ``most,least``."""
-        match = _TEXT.match(text.strip())
-        if match is None:
-            raise ValueError(f"transaction id {text!r} is not (most,least)")
-        return cls(int(match[1]), int(match[2]))
+__all__ = ["TxnID"]

@@ -1,7 +1,7 @@
 """The transaction id as the stores key records by it: (most = coordinator id, least = sequence).
 
 It lives in layer 3 because both stores group records by it and the coordinator (layer 4) hands it
-down; ``txnkeeper.coordinator.txnid.TxnID`` has the same fields and text form.
+down; ``txnkeeper.coordinator.txnid`` re-exports this very class.
 """
 
 from __future__ import annotations
