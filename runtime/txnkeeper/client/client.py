@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import zlib
 
-from txnkeeper.client.connections import ConnectionPool
 from txnkeeper.client.consumer import Consumer
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
 
 DEFAULT_TXN_TIMEOUT_MS = 60_000

@@ -1,4 +1,5 @@
-"""The client's connections: one pipelined connection per server address, reopened after a loss."""
+"""One pipelined connection per server address, opened once however many callers race, reopened after
+a loss. Clients reach coordinators and stores through it, and coordinators reach store pods the same way."""
 
 from __future__ import annotations
 
