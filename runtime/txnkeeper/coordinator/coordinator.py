@@ -154,17 +154,10 @@ class TransactionCoordinator:
         new = meta.add_partitions(topics)
         if not new:
             return
-        now = self._clock()
-        meta.last_modification_ms = now
-        await self._log.append(
-            meta_pb.TransactionMetadataEntry(
-                metadata_op=meta_pb.TransactionMetadataEntry.ADD_PARTITION,
-                txnid_most_bits=txn_id.most,
-                txnid_least_bits=txn_id.least,
-                partitions=new,
-                last_modification_time=now,
-            )
+        entry = meta_pb.TransactionMetadataEntry(
+            metadata_op=meta_pb.TransactionMetadataEntry.ADD_PARTITION, partitions=new
         )
+        await self._log_change(meta, txn_id, entry)
 
     async def add_subscriptions(
         self, txn_id: TxnID, subscriptions: list[tuple[str, str]], store_address: str
@@ -178,17 +171,22 @@ class TransactionCoordinator:
         new = meta.add_subscriptions(subscriptions)
         if not new:
             return
+        entry = meta_pb.TransactionMetadataEntry(
+            metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION,
+            subscriptions=[meta_pb.Subscription(topic=t, subscription=s) for t, s in new],
+        )
+        await self._log_change(meta, txn_id, entry)
+
+    async def _log_change(
+        self, meta: TxnMeta, txn_id: TxnID, entry: meta_pb.TransactionMetadataEntry
+    ) -> None:
+        """Stamp a membership change with the txn id and modification time, then make it durable."""
         now = self._clock()
         meta.last_modification_ms = now
-        await self._log.append(
-            meta_pb.TransactionMetadataEntry(
-                metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION,
-                txnid_most_bits=txn_id.most,
-                txnid_least_bits=txn_id.least,
-                subscriptions=[meta_pb.Subscription(topic=t, subscription=s) for t, s in new],
-                last_modification_time=now,
-            )
-        )
+        entry.txnid_most_bits = txn_id.most
+        entry.txnid_least_bits = txn_id.least
+        entry.last_modification_time = now
+        await self._log.append(entry)
 
     async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
         """Commit or abort; idempotent (a retried end of an ended transaction succeeds)."""
