@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -68,6 +69,23 @@ class ServeProcess:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.admin_url + path, timeout=30) as response:
+            return json.loads(response.read())
+
+    def wait_for_no_live_batched_entries(self, deadline_s: float) -> None:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            stores = self.get("/admin/v1/stores/ledgers")["stores"]
+            live = {store["name"]: store["liveEntries"]["batched"] for store in stores}
+            if not any(live.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"live batched entries remain after {deadline_s} s: {live}")
+            self.process.poll()
+            assert self.process.returncode is None, "the coordinator pod exited"
+            threading.Event().wait(0.05)  # poll interval of a condition with a deadline
+
     def rollover(self) -> RolloverMarkers:
         answer = self.post("/admin/v1/stores/rollover", {})
         ledgers = {store["name"]: store["lastBatchedLedger"] for store in answer["stores"]}
@@ -103,6 +121,9 @@ async def test_open_batched_transaction_blocks_until_it_ends(spark: Any, coordin
         assert "<= LastBatchedLedger" in row.reason
 
         await txn.abort()
+    # The coordinator deletes an ended transaction's records in its next housekeeping round (every
+    # 50 ms), not inside abort(): wait for the pod to report them gone before rolling over.
+    coordinator.wait_for_no_live_batched_entries(deadline_s=30.0)
     second_markers = coordinator.rollover()
     cleared = verify([endpoint], second_markers, spark=spark)
     assert cleared.safe, cleared.reason
