@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from txnkeeper import __version__
+from txnkeeper import __version__, gcpolicy
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.release import UnknownReleaseError, format_level
 from txnkeeper.server.config import (
@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write {listen, admin} bound addresses here once ready (useful with port 0)",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--gc-threshold",
+        default=env("GC_THRESHOLD"),
+        help="garbage-collector thresholds gen0,gen1,gen2 (default 50000,20,100; 'default' for CPython's)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -114,6 +119,12 @@ def run(ns: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"txnkeeper serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        thresholds = gcpolicy.parse_thresholds(ns.gc_threshold)
+    except ValueError as exc:
+        print(f"txnkeeper serve: {exc}", file=sys.stderr)
+        return 2
+    gcpolicy.apply(thresholds)
     return asyncio.run(_serve(config))
 
 
@@ -131,6 +142,7 @@ async def _serve(config: ServeConfig) -> int:
         log.error("pod %s failed to start: %s", config.pod_name, exc)
         await pod.close()
         return 1
+    gcpolicy.freeze_startup_state()
     log.info(
         "pod %s (%s, release %s, format level %d) ready: client %s, admin %s",
         config.pod_name,
