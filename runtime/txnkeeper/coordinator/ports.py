@@ -6,6 +6,7 @@ the protocol layer above it; the server wires a store-backed log and a network s
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,7 +31,7 @@ class RecoveredTxn:
 class TxnLog(Protocol):
     """The coordinator's transaction log (a TransactionLogStore underneath)."""
 
-    async def append(self, entry: meta_pb.TransactionMetadataEntry) -> object: ...
+    def append(self, entry: meta_pb.TransactionMetadataEntry) -> Awaitable[object]: ...
 
     async def delete_txn(self, txn_id: TxnID) -> None: ...
 

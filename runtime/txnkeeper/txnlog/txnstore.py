@@ -9,6 +9,7 @@ keep its ledger, and with it every later ledger, alive).
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
@@ -87,8 +88,13 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     # -- records ------------------------------------------------------------------------------------
 
-    async def append(self, record: R) -> WritePosition:
-        """Write one record of a transaction; resolves once it is durable."""
+    def append(self, record: R) -> asyncio.Future[WritePosition]:
+        """Write one record of a transaction now; the future resolves once it is durable.
+
+        A plain function returning the writer's future, not a coroutine: the record is queued at the
+        call (so call order is log order), and the record path saves a coroutine per record, which
+        was a sixth of its CPU. Refusals (closed store, wrong record) raise at the call.
+        """
         if self._closed:
             self._check_open()
         self._check_record(record)
@@ -97,10 +103,10 @@ class TxnRecordStore(ABC, Generic[R, S]):
         if written is None:
             written = self._written[key] = [0]
         # The writer appends the position to ``written`` itself when the entry settles, so the record
-        # path does nothing after the await and even a cancelled caller's record is known.
+        # path does nothing after the write and even a cancelled caller's record is known.
         future = self._submit(record, written)
         written[_SUBMITTED] += 1
-        return await future
+        return future
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
