@@ -9,8 +9,9 @@ one fsync per entry) so the ratios are fair on a noisy machine. fsyncs are count
 FileIO seam.
 
 Prints one JSON document. Figures depend on the machine and its load; compare ratios, not absolutes.
-The p99 latency is dominated by CPython's full GC collections at the default thresholds; a process that
-raises them (``--gc-threshold 50000,20,100``) shows what the writer itself does.
+The process runs under the runtime's garbage-collector policy (``txnkeeper.gcpolicy``, as ``txnkeeper
+serve`` does) in every mode; ``--gc-threshold default`` shows CPython's defaults, whose full collections
+dominate the p99 with many writers.
 
     .venv/bin/python bench/txnlog_batching.py [--writers 1,16,256,1024] [--seconds 3]
 """
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from txnkeeper import gcpolicy
 from txnkeeper.bufferedwriter import BatchedWriteConfig
 from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
@@ -274,9 +276,9 @@ def main() -> int:
     parser.add_argument("--max-delay-ms", type=float, default=1.0)
     parser.add_argument(
         "--gc-threshold",
-        type=lambda s: tuple(int(x) for x in s.split(",")),
         default=None,
-        help="gc.set_threshold for the run, e.g. 50000,20,100 (default: Python's 700,10,10)",
+        help="GC thresholds gen0,gen1,gen2 (default: the runtime's policy, as txnkeeper serve; 'default'"
+        " for CPython's 700,10,10)",
     )
     parser.add_argument(
         "--with-deletes",
@@ -287,8 +289,11 @@ def main() -> int:
     for mode in args.modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode!r}: use some of {','.join(MODES)}")
-    if args.gc_threshold is not None:
-        gc.set_threshold(*args.gc_threshold)
+    try:
+        gcpolicy.apply(gcpolicy.parse_thresholds(args.gc_threshold))
+    except ValueError as exc:
+        parser.error(str(exc))
+    gcpolicy.freeze_startup_state()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
     return 0
 
