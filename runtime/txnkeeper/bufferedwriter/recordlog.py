@@ -22,7 +22,12 @@ from google.protobuf.message import Message
 from txnkeeper.bufferedwriter.codec import EntryDecodeError, RecordCodec, is_batched
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics
-from txnkeeper.bufferedwriter.writer import BufferedWriter, WritePosition, WriterState
+from txnkeeper.bufferedwriter.writer import (
+    BufferedWriter,
+    WritePosition,
+    WriterState,
+    pack_position,
+)
 from txnkeeper.ledger import (
     LedgerError,
     ManagedCursor,
@@ -42,6 +47,10 @@ _READ_CHUNK = 512
 MAX_LISTED_BATCHED_POSITIONS = 20
 # Minimum time between two cursor-persisting delete rounds (a rate limit, like Pulsar's markDeleteRate).
 DELETE_ROUND_INTERVAL_S = 0.01
+# Layout of a packed position (see bufferedwriter.writer.pack_position): ledger | entry | size | index.
+_FIELD_BITS = 32
+_FIELD_MASK = (1 << _FIELD_BITS) - 1
+_ENTRY_SHIFT = 2 * _FIELD_BITS
 
 
 class FormatLevelError(RuntimeError):
@@ -135,7 +144,7 @@ class RecordLog(Generic[R]):
         self._codec = codec
         self._metrics = metrics
         self.writer: BufferedWriter[R] = BufferedWriter(ledger, codec, config, metrics)
-        self._delete_queue: list[tuple[list[WritePosition], asyncio.Future[None]]] = []
+        self._delete_queue: list[tuple[list[int], asyncio.Future[None]]] = []
         self._deleter: asyncio.Task[None] | None = None
         self._last_round = float("-inf")
         self._trimmer: asyncio.Task[None] | None = None
@@ -281,12 +290,21 @@ class RecordLog(Generic[R]):
         when thousands of transactions end at once their records share a few batched entries, and
         the cursor persists its whole state per call.
         """
+        await self.delete_packed([pack_position(*p) for p in positions])
+
+    async def delete_packed(self, packed: list[int]) -> None:
+        """:meth:`delete` for positions as the writer reports them (``pack_position`` ints).
+
+        The stores keep every position packed, so this is their path: nothing is built per record
+        until the round groups them by entry. The caller's cancellation does not cancel the delete:
+        the round skips a cancelled caller's future but still deletes its records.
+        """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._delete_queue.append((list(positions), done))
+        self._delete_queue.append((packed, done))
         if self._deleter is None or self._deleter.done():
             self._deleter = loop.create_task(self._delete_rounds())
-        await asyncio.shield(done)
+        await done
 
     async def _delete_rounds(self) -> None:
         loop = asyncio.get_running_loop()
@@ -299,16 +317,26 @@ class RecordLog(Generic[R]):
             self._last_round = loop.time()
             round_, self._delete_queue = self._delete_queue, []
             plain: list[Position] = []
-            batched: dict[Position, tuple[int, set[int]]] = {}
+            # entry (packed ledger/entry) -> [batch size, indexes]
+            batched: dict[int, tuple[int, list[int]]] = {}
             for positions, _ in round_:
-                for wp in positions:
-                    position = Position(wp.ledger_id, wp.entry_id)
-                    if wp.batch_size == 0:
-                        plain.append(position)
-                    else:
-                        batched.setdefault(position, (wp.batch_size, set()))[1].add(wp.batch_index)
+                for packed in positions:
+                    entry = packed >> _ENTRY_SHIFT
+                    size = (packed >> _FIELD_BITS) & _FIELD_MASK
+                    if size == 0:
+                        plain.append(Position(entry >> _FIELD_BITS, entry & _FIELD_MASK))
+                        continue
+                    group = batched.get(entry)
+                    if group is None:
+                        group = batched[entry] = (size, [])
+                    group[1].append(packed & _FIELD_MASK)
             before = self._cursor.mark_delete_position()
-            ops = [self._cursor.delete_batch_indexes(p, size, idx) for p, (size, idx) in batched.items()]
+            ops = [
+                self._cursor.delete_batch_indexes(
+                    Position(entry >> _FIELD_BITS, entry & _FIELD_MASK), size, indexes
+                )
+                for entry, (size, indexes) in batched.items()
+            ]
             if plain:
                 ops.append(self._cursor.delete(plain))
             results = await asyncio.gather(*ops, return_exceptions=True)

@@ -23,6 +23,7 @@ from txnkeeper.bufferedwriter.writer import (
     PositionSink,
     WritePosition,
     WriterState,
+    pack_position,
     unpack_position,
 )
 from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
@@ -112,20 +113,25 @@ class TxnRecordStore(ABC, Generic[R, S]):
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
         self._check_open()
         key = (txn_id.most, txn_id.least)
-        positions = self._replayed.pop(key, [])
+        replayed = self._replayed.pop(key, None)
+        packed = [pack_position(*p) for p in replayed] if replayed else []
         written = self._written.pop(key, None)
         if written is not None:
             while len(written) - 1 < written[_SUBMITTED]:
                 await self._log.writer.wait_for_progress()
             # FAILED marks a record whose write failed: it is not in the log.
-            positions.extend(unpack_position(p) for p in written[1:] if p != FAILED)
-        self._recovered.pop(TxnID(*key), None)
-        if positions:
+            if FAILED in written:
+                packed.extend(p for p in written[1:] if p != FAILED)
+            else:
+                packed.extend(written[1:])
+        if self._recovered:
+            self._recovered.pop(TxnID(*key), None)
+        if packed:
             try:
-                await self._log.delete(positions)
+                await self._log.delete_packed(packed)
             except BaseException:
                 # Keep them so a retry (the coordinator retries ends) deletes them after all.
-                self._replayed.setdefault(key, []).extend(positions)
+                self._replayed.setdefault(key, []).extend(unpack_position(p) for p in packed)
                 raise
 
     def txn_positions(self, txn_id: TxnIdLike) -> list[WritePosition]:
