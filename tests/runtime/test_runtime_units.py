@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -84,16 +85,19 @@ class RecordingSink:
         self.ends: list[tuple[str, TxnID, bool]] = []
         self.failures_left = 0
 
-    async def end_on_partition(self, address: str, topic: str, txn_id: TxnID, commit: bool) -> None:
+    async def end_on_store(
+        self,
+        address: str,
+        txn_id: TxnID,
+        commit: bool,
+        topics: Sequence[str],
+        subscriptions: Sequence[tuple[str, str]],
+    ) -> None:
         if self.failures_left:
             self.failures_left -= 1
             raise ConnectionError("store down")
-        self.ends.append((topic, txn_id, commit))
-
-    async def end_on_subscription(
-        self, address: str, topic: str, sub: str, txn_id: TxnID, commit: bool
-    ) -> None:
-        self.ends.append((f"{topic}/{sub}", txn_id, commit))
+        self.ends += [(topic, txn_id, commit) for topic in topics]
+        self.ends += [(f"{topic}/{sub}", txn_id, commit) for topic, sub in subscriptions]
 
 
 def make_coordinator(

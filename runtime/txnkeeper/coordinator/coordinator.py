@@ -330,45 +330,66 @@ class TransactionCoordinator:
         )
 
     async def _fan_out(self, meta: TxnMeta, commit: bool) -> None:
-        deliveries = [self._deliver_partition(meta.txn_id, t, commit) for t in meta.partitions]
-        deliveries += [self._deliver_subscription(meta.txn_id, t, s, commit) for t, s in meta.subscriptions]
-        if deliveries:
-            await asyncio.gather(*deliveries)
+        """Deliver the end to every store pod of the transaction (one request per pod), retrying
+        what failed with backoff until every partition and subscription has applied it."""
+        topics, subs = meta.partitions, meta.subscriptions
+        if not topics and not subs:
+            return
+        txn_id = meta.txn_id
+        delay = RETRY_BACKOFF[0]
+        while True:
+            try:
+                # Routes are looked up again on every attempt: a store that moved is found there.
+                by_store = self._group_by_store(topics, subs)
+                if len(by_store) == 1:
+                    ((address, (store_topics, store_subs)),) = by_store.items()
+                    await self._sink.end_on_store(address, txn_id, commit, store_topics, store_subs)
+                    return
+                stores = list(by_store.items())
+                results = await asyncio.gather(
+                    *(self._sink.end_on_store(a, txn_id, commit, t, s) for a, (t, s) in stores),
+                    return_exceptions=True,
+                )
+                outcomes = zip(stores, results, strict=True)
+                errors = [(a, r) for (a, _), r in outcomes if isinstance(r, BaseException)]
+                if not errors:
+                    return
+                for _, error in errors:
+                    if not isinstance(error, Exception):
+                        raise error  # cancelled: stop, the logged decision is resumed by recovery
+                # Retry only the stores that failed (ends are idempotent, so re-sending is safe too).
+                failed = {a for a, _ in errors}
+                topics = [t for a, (ts, _) in stores if a in failed for t in ts]
+                subs = [s for a, (_, ss) in stores if a in failed for s in ss]
+                raise errors[0][1]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "coordinator %d: ending %s on its stores failed (%s); retrying in %.2fs",
+                    self.coordinator_id,
+                    txn_id,
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_BACKOFF[1])
 
-    async def _deliver_partition(self, txn_id: TxnID, topic: str, commit: bool) -> None:
-        await self._retry(
-            f"end {txn_id} on partition {topic}",
-            lambda: self._sink.end_on_partition(self._route(topic), topic, txn_id, commit),
-        )
-
-    async def _deliver_subscription(self, txn_id: TxnID, topic: str, sub: str, commit: bool) -> None:
-        await self._retry(
-            f"end {txn_id} on subscription {topic}/{sub}",
-            lambda: self._sink.end_on_subscription(self._route(topic), topic, sub, txn_id, commit),
-        )
+    def _group_by_store(
+        self, topics: list[str], subs: list[tuple[str, str]]
+    ) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
+        by_store: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
+        for topic in topics:
+            by_store.setdefault(self._route(topic), ([], []))[0].append(topic)
+        for topic, sub in subs:
+            by_store.setdefault(self._route(topic), ([], []))[1].append((topic, sub))
+        return by_store
 
     def _route(self, topic: str) -> str:
         address = self._routes.get(topic)
         if address is None:
             raise RuntimeError(f"no store address recorded for topic {topic}")
         return address
-
-    async def _retry(self, what: str, attempt: Callable[[], object]) -> None:
-        delay = RETRY_BACKOFF[0]
-        while True:
-            try:
-                result = attempt()
-                assert asyncio.iscoroutine(result)
-                await result
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "coordinator %d: %s failed (%s); retrying in %.2fs", self.coordinator_id, what, exc, delay
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_BACKOFF[1])
 
     async def _delete_many(self, txn_ids: list[TxnID]) -> None:
         results = await asyncio.gather(*(self._log.delete_txn(t) for t in txn_ids), return_exceptions=True)

@@ -6,7 +6,7 @@ the protocol layer above it; the server wires a store-backed log and a network s
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,10 +37,14 @@ class TxnLog(Protocol):
 
 
 class EndTxnSink(Protocol):
-    """Delivers the end of a transaction to the store serving a partition or subscription."""
+    """Delivers the end of a transaction to one store pod: every partition (``topics``) and
+    subscription of it that the pod serves, in one request (success once all have applied it)."""
 
-    async def end_on_partition(self, address: str, topic: str, txn_id: TxnID, commit: bool) -> None: ...
-
-    async def end_on_subscription(
-        self, address: str, topic: str, subscription: str, txn_id: TxnID, commit: bool
-    ) -> None: ...
+    def end_on_store(
+        self,
+        address: str,
+        txn_id: TxnID,
+        commit: bool,
+        topics: Sequence[str],
+        subscriptions: Sequence[tuple[str, str]],
+    ) -> Awaitable[object]: ...

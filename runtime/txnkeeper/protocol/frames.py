@@ -48,26 +48,30 @@ class FrameDecoder:
         commands: list[api.Command] = []
         offset = 0
         end = len(buffer)
-        while end - offset >= 4:
-            (length,) = HEADER.unpack_from(buffer, offset)
-            if length > self._max_frame_size:
-                raise FrameError(
-                    f"frame of {length} bytes exceeds the maximum of {self._max_frame_size}",
-                    api.FRAME_TOO_LARGE,
-                )
-            if end - offset - 4 < length:
-                break
-            start = offset + 4
-            command = api.Command()
-            try:
-                command.ParseFromString(bytes(buffer[start : start + length]))
-            except DecodeError as exc:
-                message = f"frame at byte {offset} is not a Command: {exc}"
-                raise FrameError(message, api.MALFORMED_FRAME) from exc
-            if command.WhichOneof("body") is None:
-                raise FrameError(f"frame at byte {offset} carries no command", api.MALFORMED_FRAME)
-            commands.append(command)
-            offset = start + length
+        max_size = self._max_frame_size
+        unpack_from = HEADER.unpack_from
+        # Each frame is copied once, out of a view of the buffer (a bytearray slice copied twice); the view
+        # is released before the consumed bytes are cut off, which a live export would forbid.
+        with memoryview(buffer) as view:
+            while end - offset >= 4:
+                (length,) = unpack_from(buffer, offset)
+                if length > max_size:
+                    raise FrameError(
+                        f"frame of {length} bytes exceeds the maximum of {max_size}", api.FRAME_TOO_LARGE
+                    )
+                start = offset + 4
+                if end - start < length:
+                    break
+                command = api.Command()
+                try:
+                    command.ParseFromString(bytes(view[start : start + length]))
+                except DecodeError as exc:
+                    message = f"frame at byte {offset} is not a Command: {exc}"
+                    raise FrameError(message, api.MALFORMED_FRAME) from exc
+                if command.WhichOneof("body") is None:
+                    raise FrameError(f"frame at byte {offset} carries no command", api.MALFORMED_FRAME)
+                commands.append(command)
+                offset = start + length
         if offset:
             del buffer[:offset]
         return commands

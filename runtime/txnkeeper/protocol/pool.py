@@ -4,7 +4,7 @@ a loss. Clients reach coordinators and stores through it, and coordinators reach
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection, connect
@@ -52,11 +52,19 @@ class ConnectionPool:
         future.set_result(conn)
         return conn
 
-    async def request(self, address: str, command: api.Command) -> api.Command:
-        """Send ``command`` to ``address``; ``OperationTimeoutError`` after the operation timeout."""
+    def request(self, address: str, command: api.Command) -> Awaitable[api.Command]:
+        """Send ``command`` to ``address``; ``OperationTimeoutError`` after the operation timeout.
+
+        A plain function: on a live connection the request is sent at the call and its future is
+        returned, so callers need no coroutine (nor task) per request; only a (re)connect awaits.
+        """
         conn = self._connections.get(address)
-        if conn is None or not conn.is_open:
-            conn = await self.get(address)
+        if conn is not None and conn.is_open:
+            return conn.request(command, self._operation_timeout)
+        return self._connect_and_request(address, command)
+
+    async def _connect_and_request(self, address: str, command: api.Command) -> api.Command:
+        conn = await self.get(address)
         return await conn.request(command, self._operation_timeout)
 
     async def close(self) -> None:

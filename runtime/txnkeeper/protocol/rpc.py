@@ -33,8 +33,8 @@ class RpcConnection(FrameConnection):
     ) -> None:
         super().__init__(max_frame_size)
         self._pending: dict[int, asyncio.Future[api.Command]] = {}
-        # request id -> (deadline, what); checked by one periodic sweep instead of a timer per request
-        self._deadlines: dict[int, tuple[float, str]] = {}
+        # request id -> (deadline, request); checked by one periodic sweep instead of a timer per request
+        self._deadlines: dict[int, tuple[float, api.Command]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._next_request_id = 1
         self._on_push = on_push
@@ -54,7 +54,7 @@ class RpcConnection(FrameConnection):
         command.request_id = request_id
         self._pending[request_id] = future
         if timeout is not None:
-            self._deadlines[request_id] = (loop.time() + timeout, str(command.WhichOneof("body")))
+            self._deadlines[request_id] = (loop.time() + timeout, command)
             if self._sweeper is None:
                 self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.send(command)
@@ -63,11 +63,13 @@ class RpcConnection(FrameConnection):
     def _sweep(self) -> None:
         self._sweeper = None
         now = asyncio.get_running_loop().time()
-        for request_id, (deadline, what) in list(self._deadlines.items()):
+        for request_id, (deadline, command) in list(self._deadlines.items()):
             if deadline <= now:
                 del self._deadlines[request_id]
                 future = self._pending.pop(request_id, None)
                 if future is not None and not future.done():
+                    # The request's kind is named only here, not on every request's path.
+                    what = command.WhichOneof("body")
                     future.set_exception(
                         RequestTimeoutError(f"no response from {self.address} to {what} in time")
                     )

@@ -1,7 +1,9 @@
 """The protocol server: accepts connections and routes each command to a service handler.
 
-A handler answers synchronously (returns a response body) or asynchronously (returns an awaitable);
-only the asynchronous ones get a task, and every response goes back through the connection's
+A handler answers synchronously (returns a response command, or None for no response) or
+asynchronously: it returns a future (completed by callbacks, no task) or a coroutine (run as a task).
+An asynchronous result that is not a command is answered with Success, so handlers need no wrapper
+coroutine just to turn "done" into a response. Every response goes back through the connection's
 coalesced writes with the request id of its request.
 """
 
@@ -11,6 +13,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -21,7 +24,7 @@ from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
 log = logging.getLogger(__name__)
 
 Response = api.Command | None
-HandlerResult = Response | Awaitable[Response]
+HandlerResult = Response | Awaitable[object]
 
 
 class Session(Protocol):
@@ -43,6 +46,11 @@ class CommandHandler(Protocol):
     def session_closed(self, session: Session) -> None: ...
 
 
+def _success() -> api.Command:
+    # a fresh command each time: the request id is stamped into it
+    return api.Command(success=api.Success())
+
+
 def error_response(exc: BaseException) -> api.Command:
     if isinstance(exc, ServiceError):
         return api.Command(error=api.Error(code=exc.code, message=str(exc)))  # type: ignore[arg-type]
@@ -61,7 +69,6 @@ class ServerConnection(FrameConnection):
         self.session_id = ServerConnection._next_id
         self._handler = handler
         self._registry = registry
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     def on_open(self) -> None:
         self._registry.add(self)
@@ -83,23 +90,24 @@ class ServerConnection(FrameConnection):
         if isinstance(result, api.Command):
             self._reply(request_id, result)
             return
-        if inspect.iscoroutine(result):
-            task: asyncio.Future[Response] = asyncio.get_running_loop().create_task(result)
+        if isinstance(result, asyncio.Future):
+            future: asyncio.Future[Any] = result
+        elif inspect.iscoroutine(result):
+            future = asyncio.get_running_loop().create_task(result)
         else:
-            task = asyncio.ensure_future(result)
-        task.add_done_callback(lambda t: self._complete(request_id, t))
+            future = asyncio.ensure_future(result)
+        future.add_done_callback(partial(self._complete, request_id))
 
-    def _complete(self, request_id: int, task: asyncio.Future[Response]) -> None:
-        if task.cancelled():
+    def _complete(self, request_id: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
             self._reply(request_id, error_response(ServiceError("request cancelled (server closing)")))
             return
-        exc = task.exception()
+        exc = future.exception()
         if exc is not None:
             self._reply(request_id, error_response(exc))
             return
-        response = task.result()
-        if response is not None:
-            self._reply(request_id, response)
+        response = future.result()
+        self._reply(request_id, response if isinstance(response, api.Command) else _success())
 
     def _reply(self, request_id: int, response: api.Command) -> None:
         response.request_id = request_id

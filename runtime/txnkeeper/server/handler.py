@@ -8,8 +8,7 @@ coordinator pod (or the reverse) gets NOT_SERVED_HERE.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.txnid import TxnID
@@ -92,6 +91,7 @@ class PodHandler:
             "ack": self._ack,
             "end_txn_on_partition": self._end_on_partition,
             "end_txn_on_subscription": self._end_on_subscription,
+            "end_txn_on_store": self._end_on_store,
         }
         self._routes = {**coordinator_routes, **store_routes}
         self._role_of = {name: "coordinator" for name in coordinator_routes} | {
@@ -133,18 +133,18 @@ class PodHandler:
     def _add_partition(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_partition
         coordinator = self._coordinator(body.txn_id.most)
-        return self._ok(coordinator.add_partitions(_txn(body.txn_id), list(body.topics), body.store_address))
+        return coordinator.add_partitions(_txn(body.txn_id), list(body.topics), body.store_address)
 
     def _add_subscription(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_subscription
         coordinator = self._coordinator(body.txn_id.most)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
-        return self._ok(coordinator.add_subscriptions(_txn(body.txn_id), subs, body.store_address))
+        return coordinator.add_subscriptions(_txn(body.txn_id), subs, body.store_address)
 
     def _end_txn(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn
         coordinator = self._coordinator(body.txn_id.most)
-        return self._ok(coordinator.end_txn(_txn(body.txn_id), body.action == api.COMMIT))
+        return coordinator.end_txn(_txn(body.txn_id), body.action == api.COMMIT)
 
     def _get_txn_status(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.get_txn_status
@@ -230,22 +230,23 @@ class PodHandler:
         require(len(body.message_ids) > 0, "ack names no message")
         positions = [Position(m.ledger_id, m.entry_id) for m in body.message_ids]
         txn = _txn(body.txn_id) if body.HasField("txn_id") else None
-        return self._ok(endpoint.subscription.ack(positions, body.ack_type == api.CUMULATIVE, txn))
+        return endpoint.subscription.ack(positions, body.ack_type == api.CUMULATIVE, txn)
 
     def _end_on_partition(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn_on_partition
         topics = self._store()
-        return self._ok(topics.end_txn_on_partition(body.topic, _txn(body.txn_id), body.action == api.COMMIT))
+        return topics.end_txn_on_partition(body.topic, _txn(body.txn_id), body.action == api.COMMIT)
 
     def _end_on_subscription(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn_on_subscription
         topics = self._store()
         commit = body.action == api.COMMIT
-        return self._ok(
-            topics.end_txn_on_subscription(body.topic, body.subscription, _txn(body.txn_id), commit)
-        )
+        return topics.end_txn_on_subscription(body.topic, body.subscription, _txn(body.txn_id), commit)
 
-    @staticmethod
-    async def _ok(work: Coroutine[Any, Any, None]) -> api.Command:
-        await work
-        return _success()
+    def _end_on_store(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.end_txn_on_store
+        topics = self._store()
+        require(len(body.topics) + len(body.subscriptions) > 0, "end names no partition or subscription")
+        subs = [(s.topic, s.subscription) for s in body.subscriptions]
+        commit = body.action == api.COMMIT
+        return topics.end_txn_on_store(_txn(body.txn_id), commit, body.topics, subs)

@@ -6,6 +6,9 @@ PendingAckMetadata per message); ends as COMMIT/ABORT records; replay is folded 
 
 from __future__ import annotations
 
+import asyncio
+
+from txnkeeper.bufferedwriter.writer import WritePosition
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
@@ -19,7 +22,9 @@ class PendingAckLogAdapter:
     def __init__(self, store: PendingAckStore) -> None:
         self.store = store
 
-    async def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> None:
+    def log_ack(
+        self, txn_id: TxnID, positions: list[Position], cumulative: bool
+    ) -> asyncio.Future[WritePosition]:
         record = pa.PendingAckMetadataEntry(
             pending_ack_op=pa.ACK,
             ack_type=pa.CommandAck.Cumulative if cumulative else pa.CommandAck.Individual,
@@ -29,10 +34,10 @@ class PendingAckLogAdapter:
                 pa.PendingAckMetadata(ledgerId=p.ledger_id, entryId=p.entry_id) for p in positions
             ],
         )
-        await self.store.append(record)
+        return self.store.append(record)
 
-    async def log_end(self, txn_id: TxnID, commit: bool) -> None:
-        await self.store.append(
+    def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[WritePosition]:
+        return self.store.append(
             pa.PendingAckMetadataEntry(
                 pending_ack_op=pa.COMMIT if commit else pa.ABORT,
                 txnid_most_bits=txn_id.most,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
@@ -45,9 +46,11 @@ class PartitionReader(Protocol):
 class PendingAckLog(Protocol):
     """The subscription's pending-ack store (PendingAckMetadataEntry records)."""
 
-    async def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> None: ...
+    # Both queue their record at the call (call order is log order) and return a future resolved
+    # once it is durable; refusals (a closed store) raise at the call.
+    def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[Any]: ...
 
-    async def log_end(self, txn_id: TxnID, commit: bool) -> None: ...
+    def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[Any]: ...
 
     async def delete_txn(self, txn_id: TxnID) -> None: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
@@ -182,6 +182,36 @@ class TopicService:
     async def end_txn_on_subscription(self, topic: str, name: str, txn_id: TxnID, commit: bool) -> None:
         subscription = await self.subscription(topic, name)
         await subscription.end_txn(txn_id, commit)
+
+    async def end_txn_on_store(
+        self, txn_id: TxnID, commit: bool, topics: Iterable[str], subscriptions: list[tuple[str, str]]
+    ) -> None:
+        """End the transaction on these partitions and subscriptions of this pod, all at once.
+
+        Subscription ends queue their record at the call and return futures, so they overlap with the
+        partition's marker write (started by the first await) without a task each; only several
+        partitions need a gather.
+        """
+        waiting: list[Awaitable[object]] = []
+        first_error: BaseException | None = None
+        ends = [self.end_txn_on_partition(topic, txn_id, commit) for topic in topics]
+        if len(ends) == 1:
+            waiting.append(ends[0])
+        elif ends:
+            waiting.append(asyncio.gather(*ends))
+        for topic, name in subscriptions:
+            try:
+                subscription = self._subscriptions.get((topic, name)) or await self.subscription(topic, name)
+                waiting.append(subscription.end_txn(txn_id, commit))
+            except Exception as exc:  # the others still end; the coordinator retries the whole end
+                first_error = first_error or exc
+        for awaitable in waiting:
+            try:
+                await awaitable
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
 
     def require_recovered(self) -> None:
         if not self.recovered:

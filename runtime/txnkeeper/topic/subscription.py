@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from txnkeeper.coordinator.deferred import DeferredBatch
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
-from txnkeeper.topic.pending_acks import PendingAcks
+from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.records import decode
 from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
@@ -142,13 +144,17 @@ class Subscription:
         return len(self._consumers)
 
     # --- acks --------------------------------------------------------------------------------------
-    async def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> None:
+    def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:
+        """Acknowledge ``positions``; the awaitable resolves once the ack is durable.
+
+        A transactional ack is checked, reserved and its record queued at the call (a future, no
+        coroutine: it is the hot path of every transaction); refusals raise at the call.
+        """
         if cumulative and len(positions) != 1:
             raise TxnConflictError("a cumulative ack names exactly one message")
         if txn_id is None:
-            await self._plain_ack(positions, cumulative)
-        else:
-            await self._txn_ack(txn_id, positions, cumulative)
+            return self._plain_ack(positions, cumulative)
+        return self._txn_ack(txn_id, positions, cumulative)
 
     async def _plain_ack(self, positions: list[Position], cumulative: bool) -> None:
         conflict = self._pending.conflict_for_plain(positions, cumulative)
@@ -164,67 +170,100 @@ class Subscription:
             for position in positions:
                 self._forget(position)
 
-    async def _txn_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> None:
+    def _txn_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[None]:
         if txn_id in self._ended or txn_id in self._ending:
             raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}/{self.name}")
         for position in positions:
             if not cumulative and self._cursor.is_deleted(position):
                 raise TxnConflictError(f"message {position} is already acknowledged on {self.name}")
         new = self._pending.reserve(txn_id, positions, cumulative)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not new:
-            return
+            done.set_result(None)
+            return done
         try:
-            await self._pending_log.log_ack(txn_id, new, cumulative)
+            logged = self._pending_log.log_ack(txn_id, new, cumulative)
         except BaseException:
             self._pending.unreserve(txn_id, new, cumulative)
             raise
+        logged.add_done_callback(partial(self._ack_logged, txn_id, new, cumulative, done))
+        return done
+
+    def _ack_logged(
+        self,
+        txn_id: TxnID,
+        new: list[Position],
+        cumulative: bool,
+        done: asyncio.Future[None],
+        logged: asyncio.Future[Any],
+    ) -> None:
+        # Runs whether or not the caller still waits (``done`` may have been cancelled).
+        failure = _failure_of(logged)
+        if failure is not None:
+            self._pending.unreserve(txn_id, new, cumulative)
+            _settle(done, failure)
+            return
         if not cumulative:
             for position in new:
                 unacked = self._unacked.pop(position, None)
                 if unacked is not None:
                     self._in_txn[position] = (unacked.payload, unacked.key)
                 self._redeliver.pop(position, None)
+        _settle(done, None)
 
     # --- transaction end ---------------------------------------------------------------------------
-    async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
+    def end_txn(self, txn_id: TxnID, commit: bool) -> asyncio.Future[None]:
         """Apply (commit) or drop (abort) the transaction's acks; idempotent.
 
-        Returns once the COMMIT/ABORT record is durable: from then on a replay applies the outcome,
-        so the cursor update and the deletion of the records happen off the reply path.
+        The COMMIT/ABORT record is queued at the call and the future resolves once it is durable:
+        from then on a replay applies the outcome, so the cursor update and the deletion of the
+        records happen off the reply path. A plain function returning a future, so that a store
+        ending a transaction on a partition and a subscription overlaps both without a task each.
         """
+        loop = asyncio.get_running_loop()
         ended = self._ended.get(txn_id)
         if ended is not None:
             if ended != commit:
                 raise InvalidTxnStatusError(
                     f"transaction {txn_id} already ended the other way on {self.name}"
                 )
-            return
+            return _resolved(loop)
         in_progress = self._ending.get(txn_id)
         if in_progress is not None:
-            await asyncio.shield(in_progress)
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ending[txn_id] = done
-        try:
-            acks = self._pending.txn_acks(txn_id)
-            if acks is not None:
-                await self._pending_log.log_end(txn_id, commit)
-                if commit:
-                    self._settler.add((txn_id, sorted(acks.individual), acks.cumulative))
-                else:
-                    self._pending.release(txn_id)
-                    for position in acks.individual:
-                        self._schedule_redelivery(position)
-                    self._wake.set()
-                    self._record_deletions.add(txn_id)
+            return asyncio.shield(in_progress)
+        acks = self._pending.txn_acks(txn_id)
+        if acks is None:
             self._remember_ended(txn_id, commit)
-            done.set_result(None)
-        except BaseException as exc:
-            done.set_exception(exc)
-            done.exception()
-            raise
-        finally:
-            del self._ending[txn_id]
+            return _resolved(loop)
+        logged = self._pending_log.log_end(txn_id, commit)
+        done: asyncio.Future[None] = loop.create_future()
+        self._ending[txn_id] = done
+        logged.add_done_callback(partial(self._end_logged, txn_id, commit, acks, done))
+        return asyncio.shield(done)
+
+    def _end_logged(
+        self,
+        txn_id: TxnID,
+        commit: bool,
+        acks: TxnAcks,
+        done: asyncio.Future[None],
+        logged: asyncio.Future[Any],
+    ) -> None:
+        del self._ending[txn_id]
+        failure = _failure_of(logged)
+        if failure is not None:
+            _settle(done, failure)
+            return
+        if commit:
+            self._settler.add((txn_id, sorted(acks.individual), acks.cumulative))
+        else:
+            self._pending.release(txn_id)
+            for position in acks.individual:
+                self._schedule_redelivery(position)
+            self._wake.set()
+            self._record_deletions.add(txn_id)
+        self._remember_ended(txn_id, commit)
+        _settle(done, None)
 
     async def _settle_commits(self, settled: list[tuple[TxnID, list[Position], Position | None]]) -> None:
         # The positions stay pending (never dispatched, never ackable by others) until the cursor has
@@ -400,3 +439,26 @@ class Subscription:
         if current is not None and position <= current:
             return
         await self._cursor.mark_delete(position)
+
+
+def _resolved(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    done: asyncio.Future[None] = loop.create_future()
+    done.set_result(None)
+    return done
+
+
+def _failure_of(future: asyncio.Future[Any]) -> BaseException | None:
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception()
+
+
+def _settle(done: asyncio.Future[None], failure: BaseException | None) -> None:
+    """Resolve ``done`` unless its waiter gave up (cancelled it)."""
+    if done.done():
+        return
+    if failure is None:
+        done.set_result(None)
+    else:
+        done.set_exception(failure)
+        done.exception()  # the waiter may be gone: never "exception was never retrieved"
