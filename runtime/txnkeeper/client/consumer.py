@@ -111,10 +111,14 @@ class Consumer:
         """The next message; raises TimeoutError after ``timeout`` seconds without one."""
         if self._closed:
             raise ClientClosedError(f"consumer {self.subscription} of {self.topic} is closed")
-        if timeout is None:
-            message = await self._queue.get()
+        queue = self._queue
+        if not queue.empty():
+            # A queued message needs no waiting: no wait_for task and timer on the common path.
+            message = queue.get_nowait()
+        elif timeout is None:
+            message = await queue.get()
         else:
-            message = await asyncio.wait_for(self._queue.get(), timeout)
+            message = await asyncio.wait_for(queue.get(), timeout)
         self._consumed_since_flow += 1
         if self._consumed_since_flow >= max(1, self._queue_size // 2) and self._conn is not None:
             self._conn.notify(

@@ -9,6 +9,7 @@ ack conflict), committing would lose that operation, so ``commit`` aborts instea
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from txnkeeper.client.errors import TransactionFailedError
@@ -34,23 +35,27 @@ class Transaction:
         self._failure: BaseException | None = None
         self.state = "OPEN"
         self._end_attempt: bool | None = None
+        self._pb: api.TxnId | None = None
 
     def __repr__(self) -> str:
         return f"Transaction{self.txn_id}[{self.state}]"
 
     @property
     def _pb_id(self) -> api.TxnId:
-        return api.TxnId(most=self.txn_id.most, least=self.txn_id.least)
+        # Built once: every request of the transaction copies it into its own message.
+        pb = self._pb
+        if pb is None:
+            pb = self._pb = api.TxnId(most=self.txn_id.most, least=self.txn_id.least)
+        return pb
 
     def _check_open(self) -> None:
         if self.state != "OPEN":
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
 
     async def register_partition(self, topic: str, store_address: str) -> None:
-        key = ("p", topic)
         await self._register(
-            key,
-            api.Command(
+            ("p", topic),
+            lambda: api.Command(
                 add_partition=api.AddPartitionToTxn(
                     txn_id=self._pb_id, topics=[topic], store_address=store_address
                 )
@@ -58,24 +63,29 @@ class Transaction:
         )
 
     async def register_subscription(self, topic: str, subscription: str, store_address: str) -> None:
-        key = ("s", topic, subscription)
-        ref = api.SubscriptionRef(topic=topic, subscription=subscription)
         await self._register(
-            key,
-            api.Command(
+            ("s", topic, subscription),
+            lambda: api.Command(
                 add_subscription=api.AddSubscriptionToTxn(
-                    txn_id=self._pb_id, subscriptions=[ref], store_address=store_address
+                    txn_id=self._pb_id,
+                    subscriptions=[api.SubscriptionRef(topic=topic, subscription=subscription)],
+                    store_address=store_address,
                 )
             ),
         )
 
-    async def _register(self, key: object, command: api.Command) -> None:
+    async def _register(self, key: object, command: Callable[[], api.Command]) -> None:
         self._check_open()
         existing = self._registered.get(key)
         if existing is None:
-            existing = asyncio.ensure_future(self._client.connections.request(self._coordinator, command))
+            # The pool sends at the call and hands back the response future: no task per request.
+            existing = asyncio.ensure_future(self._client.connections.request(self._coordinator, command()))
             self._registered[key] = existing
+        elif existing.done() and not existing.cancelled() and existing.exception() is None:
+            return
         try:
+            # Shielded: the registration is shared by every operation on that topic, so one caller
+            # giving up must not cancel it for the others.
             await asyncio.shield(existing)
         except BaseException:
             if self._registered.get(key) is existing:
