@@ -33,6 +33,7 @@ from txnkeeper_operator.engine import (
     RunVerifier,
     Template,
     decide,
+    describe,
     record_rollover,
 )
 from txnkeeper_operator.engine.persist import format_time, progress_from_status, progress_to_status
@@ -56,22 +57,6 @@ class Context:
     settings: OperatorSettings
     events: EventSink
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-
-
-def describe(action: Action) -> str:
-    """One line for Events, status.lastAction and the local fleet's display."""
-    match action:
-        case ApplyTemplate(version=v, batch=b):
-            return f"template -> {v}, pods start with batch log {'on' if b.enabled else 'off'}"
-        case RestartPod(pod=p, from_version=f, to_version=t):
-            return f"restart {p}: {f} -> {t}"
-        case ConfigureBatchLog(pod=p, batch=b):
-            return f"batch log {'on' if b.enabled else 'off'} on {p}"
-        case RolloverStores(pod=p):
-            return f"roll over every store of {p}"
-        case RunVerifier(markers=m):
-            return f"run the verifier over {len(m)} store(s)"
-    raise AssertionError(action)
 
 
 def engine_config(cr: Resource) -> EngineConfig:

@@ -31,15 +31,15 @@ async def test_fleet_upgrade_enable_and_dynamic_disable(tmp_path: Path) -> None:
         fleet = Fleet([group], Display(out))
         try:
             assert await fleet.drive({"tc": Desired("1.0.0", 2, BatchSettings())}, 40)
-            assert group.history == ["template -> 1.0.0, start with batch log off"]
+            assert group.history == ["template -> 1.0.0, pods start with batch log off"]
             group.history.clear()
 
             assert await fleet.drive({"tc": Desired("2.0.0", 2, BATCHED)}, 40)
             assert group.history == [
-                "template -> 2.0.0, start with batch log off",
+                "template -> 2.0.0, pods start with batch log off",
                 "restart tc-1: 1.0.0 -> 2.0.0",
                 "restart tc-0: 1.0.0 -> 2.0.0",
-                "template -> 2.0.0, start with batch log on",
+                "template -> 2.0.0, pods start with batch log on",
                 "batch log on on tc-1",
                 "batch log on on tc-0",
             ]
@@ -54,7 +54,7 @@ async def test_fleet_upgrade_enable_and_dynamic_disable(tmp_path: Path) -> None:
 
             assert await fleet.drive({"tc": Desired("2.0.0", 2, BatchSettings())}, 40)
             assert group.history == [
-                "template -> 2.0.0, start with batch log off",
+                "template -> 2.0.0, pods start with batch log off",
                 "batch log off on tc-1",
                 "batch log off on tc-0",
             ]

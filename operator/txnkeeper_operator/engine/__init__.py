@@ -25,6 +25,7 @@ from txnkeeper_operator.engine.model import (
     Template,
     VerifierReport,
     VerifierState,
+    describe,
 )
 from txnkeeper_operator.engine.releases import (
     BATCHED_LEVEL,
@@ -68,6 +69,7 @@ __all__ = [
     "VerifierReport",
     "VerifierState",
     "decide",
+    "describe",
     "format_level",
     "record_rollover",
 ]

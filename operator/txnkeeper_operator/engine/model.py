@@ -206,6 +206,23 @@ class RunVerifier:
 Action = ApplyTemplate | RestartPod | ConfigureBatchLog | RolloverStores | RunVerifier
 
 
+def describe(action: Action) -> str:
+    """One line saying what ``action`` does: the operator's Events and status.lastAction, the local
+    fleet's history. One wording for both, so what the demo prints is what a cluster shows."""
+    match action:
+        case ApplyTemplate(version=v, batch=b):
+            return f"template -> {v}, pods start with batch log {'on' if b.enabled else 'off'}"
+        case RestartPod(pod=p, from_version=f, to_version=t):
+            return f"restart {p}: {f} -> {t}"
+        case ConfigureBatchLog(pod=p, batch=b):
+            return f"batch log {'on' if b.enabled else 'off'} on {p}"
+        case RolloverStores(pod=p):
+            return f"roll over every store of {p}"
+        case RunVerifier(markers=m):
+            return f"run the verifier over {len(m)} store(s)"
+    raise AssertionError(action)
+
+
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"

@@ -40,6 +40,7 @@ from txnkeeper_operator.engine import (
     VerifierReport,
     VerifierState,
     decide,
+    describe,
     record_rollover,
 )
 from txnkeeper_operator.engine.persist import (
@@ -285,18 +286,3 @@ class MemberGroup:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-def describe(action: Action) -> str:
-    match action:
-        case ApplyTemplate(version=v, batch=b):
-            return f"template -> {v}, start with batch log {'on' if b.enabled else 'off'}"
-        case RestartPod(pod=p, from_version=f, to_version=t):
-            return f"restart {p}: {f} -> {t}"
-        case ConfigureBatchLog(pod=p, batch=b):
-            return f"batch log {'on' if b.enabled else 'off'} on {p}"
-        case RolloverStores(pod=p):
-            return f"roll over the ledgers of {p}"
-        case RunVerifier(markers=m):
-            return f"run the Spark verifier over {len(m)} store(s)"
-    raise AssertionError(action)
