@@ -15,9 +15,12 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import TypeVar
 
 from txnkeeper.coordinator.deferred import DeferredBatch
+from txnkeeper.coordinator.futures import failure_of, resolved, settle
 from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
@@ -32,6 +35,7 @@ from txnkeeper.protocol.errors import (
 )
 
 log = logging.getLogger(__name__)
+_Items = TypeVar("_Items")
 
 ENDED_MEMORY = 100_000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
@@ -121,11 +125,25 @@ class TransactionCoordinator:
             await asyncio.gather(self._ticker, return_exceptions=True)
 
     # --- requests ----------------------------------------------------------------------------------
-    async def new_txn(self, timeout_ms: int) -> TxnID:
+    # new_txn, add_partitions and add_subscriptions are plain functions returning an awaitable:
+    # checks and state changes happen at the call, and the usual case (an id left in the reserved
+    # block, a store address already known) waits only for the log append's own future, so a pod
+    # serves them without a coroutine or task each. Refusals raise at the call.
+    def new_txn(self, timeout_ms: int) -> asyncio.Future[TxnID]:
+        """Begin a transaction; the future resolves to its id once its NEW record is durable."""
         self._require_ready()
         if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
             raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
+        least = self._sequence.next_nowait()
+        if least is None:
+            return asyncio.ensure_future(self._new_txn_after_reserving(timeout_ms))
+        return self._begin(least, timeout_ms)
+
+    async def _new_txn_after_reserving(self, timeout_ms: int) -> TxnID:
         least = await self._sequence.next()
+        return await self._begin(least, timeout_ms)
+
+    def _begin(self, least: int, timeout_ms: int) -> asyncio.Future[TxnID]:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
         meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
@@ -139,54 +157,84 @@ class TransactionCoordinator:
             max_local_txn_id=least,
             new_status=meta_pb.OPEN,
         )
-        await self._log.append(entry)
-        self._txns[txn_id] = meta
-        heapq.heappush(self._deadlines, (meta.deadline_ms, txn_id))
-        self.created_count += 1
-        return txn_id
+        written = asyncio.ensure_future(self._log.append(entry))
+        begun: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
+        written.add_done_callback(partial(self._begun, meta, begun))
+        return begun
 
-    async def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> None:
+    def _begun(self, meta: TxnMeta, begun: asyncio.Future[TxnID], written: asyncio.Future[object]) -> None:
+        failure = failure_of(written)
+        if failure is None:
+            # Known (and subject to its timeout) only once its NEW record is durable.
+            self._txns[meta.txn_id] = meta
+            heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+            self.created_count += 1
+        settle(begun, failure, meta.txn_id)
+
+    def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
         if not topics or any(not t for t in topics):
             raise BadRequestError("add-partition needs one or more non-empty topic names")
-        await self._routes.learn(topics, store_address)
+        if not self._routes.knows(topics, store_address):
+            return asyncio.ensure_future(
+                self._learn_then(topics, store_address, self._add_partitions, meta, topics)
+            )
+        return self._add_partitions(meta, topics)
+
+    def _add_partitions(self, meta: TxnMeta, topics: list[str]) -> Awaitable[object]:
         self._check_routed(topics)
         new = meta.add_partitions(topics)
         if not new:
-            return
+            return resolved(None)
         entry = meta_pb.TransactionMetadataEntry(
             metadata_op=meta_pb.TransactionMetadataEntry.ADD_PARTITION, partitions=new
         )
-        await self._log_change(meta, txn_id, entry)
+        return self._log_change(meta, entry)
 
-    async def add_subscriptions(
+    def add_subscriptions(
         self, txn_id: TxnID, subscriptions: list[tuple[str, str]], store_address: str
-    ) -> None:
+    ) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
         if not subscriptions or any(not t or not s for t, s in subscriptions):
             raise BadRequestError("add-subscription needs one or more (topic, subscription) pairs")
         topics = list(dict.fromkeys(t for t, _ in subscriptions))
-        await self._routes.learn(topics, store_address)
-        self._check_routed(topics)
+        if not self._routes.knows(topics, store_address):
+            return asyncio.ensure_future(
+                self._learn_then(topics, store_address, self._add_subscriptions, meta, subscriptions)
+            )
+        return self._add_subscriptions(meta, subscriptions)
+
+    def _add_subscriptions(self, meta: TxnMeta, subscriptions: list[tuple[str, str]]) -> Awaitable[object]:
+        self._check_routed([t for t, _ in subscriptions])
         new = meta.add_subscriptions(subscriptions)
         if not new:
-            return
+            return resolved(None)
         entry = meta_pb.TransactionMetadataEntry(
             metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION,
             subscriptions=[meta_pb.Subscription(topic=t, subscription=s) for t, s in new],
         )
-        await self._log_change(meta, txn_id, entry)
+        return self._log_change(meta, entry)
 
-    async def _log_change(
-        self, meta: TxnMeta, txn_id: TxnID, entry: meta_pb.TransactionMetadataEntry
+    async def _learn_then(
+        self,
+        topics: list[str],
+        store_address: str,
+        add: Callable[[TxnMeta, _Items], Awaitable[object]],
+        meta: TxnMeta,
+        items: _Items,
     ) -> None:
+        """First sight of a topic (or a moved store): persist its route, then add as usual."""
+        await self._routes.learn(topics, store_address)
+        await add(meta, items)
+
+    def _log_change(self, meta: TxnMeta, entry: meta_pb.TransactionMetadataEntry) -> Awaitable[object]:
         """Stamp a membership change with the txn id and modification time, then make it durable."""
         now = self._clock()
         meta.last_modification_ms = now
-        entry.txnid_most_bits = txn_id.most
-        entry.txnid_least_bits = txn_id.least
+        entry.txnid_most_bits = meta.txn_id.most
+        entry.txnid_least_bits = meta.txn_id.least
         entry.last_modification_time = now
-        await self._log.append(entry)
+        return self._log.append(entry)
 
     async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
         """Commit or abort; idempotent (a retried end of an ended transaction succeeds)."""
@@ -301,24 +349,29 @@ class TransactionCoordinator:
         else:
             self.aborted_count += 1
         done.set_result(None)
-        self._spawn(self._seal(meta, ending, final))
+        # Sealed by a callback on the append's future, not a task per transaction.
+        sealed = asyncio.ensure_future(self._write_update(meta, ending, final))
+        sealed.add_done_callback(partial(self._sealed, meta.txn_id, final))
 
-    async def _seal(self, meta: TxnMeta, ending: TxnStatus, final: TxnStatus) -> None:
-        try:
-            await self._write_update(meta, ending, final)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "coordinator %d: logging %s of %s failed", self.coordinator_id, final.name, meta.txn_id
+    def _sealed(self, txn_id: TxnID, final: TxnStatus, sealed: asyncio.Future[object]) -> None:
+        if self.state == "Closed":
+            return  # its deletion is left to the replay after the restart
+        failure = failure_of(sealed)
+        if failure is not None:
+            log.error(
+                "coordinator %d: logging %s of %s failed: %s",
+                self.coordinator_id,
+                final.name,
+                txn_id,
+                failure,
             )
             return
-        self._deletions.add(meta.txn_id)
+        self._deletions.add(txn_id)
 
-    async def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> None:
+    def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> Awaitable[object]:
         now = self._clock()
         meta.last_modification_ms = now
-        await self._log.append(
+        return self._log.append(
             meta_pb.TransactionMetadataEntry(
                 metadata_op=meta_pb.TransactionMetadataEntry.UPDATE,
                 txnid_most_bits=meta.txn_id.most,

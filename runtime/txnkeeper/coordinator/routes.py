@@ -37,9 +37,13 @@ class RouteTable:
     def get(self, topic: str) -> str | None:
         return self._routes.get(topic)
 
+    def knows(self, topics: list[str], address: str) -> bool:
+        """True when ``learn(topics, address)`` would change nothing (the usual case)."""
+        return not address or all(self._routes.get(t) == address for t in topics)
+
     async def learn(self, topics: list[str], address: str) -> None:
         """Remember that ``topics`` are served at ``address``; durable before returning."""
-        if not address or all(self._routes.get(t) == address for t in topics):
+        if self.knows(topics, address):
             return
         async with self._lock:
             changed = {t: address for t in topics if self._routes.get(t) != address}

@@ -44,6 +44,13 @@ class SequenceAllocator:
     def last(self) -> int:
         return self._last
 
+    def next_nowait(self) -> int | None:
+        """The next id if the reserved block has one left (no wait), else None: use ``next()``."""
+        if self._last >= self._ceiling or self._reserving is not None:
+            return None
+        self._last += 1
+        return self._last
+
     async def next(self) -> int:
         while self._last >= self._ceiling:
             if self._reserving is None:

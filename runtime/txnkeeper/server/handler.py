@@ -7,10 +7,13 @@ coordinator pod (or the reverse) gets NOT_SERVED_HERE.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable
+from functools import partial
 
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.coordinator.futures import failure_of, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -30,6 +33,16 @@ MAX_PERMITS = 100_000
 
 def _txn(txn: api.TxnId) -> TxnID:
     return TxnID(txn.most, txn.least)
+
+
+def _answer_new_txn(response: asyncio.Future[api.Command], begun: asyncio.Future[TxnID]) -> None:
+    failure = failure_of(begun)
+    if failure is not None:
+        settle(response, failure, api.Command())
+        return
+    txn_id = begun.result()
+    txn = api.TxnId(most=txn_id.most, least=txn_id.least)
+    settle(response, None, api.Command(new_txn_response=api.NewTxnResponse(txn_id=txn)))
 
 
 class ConsumerEndpoint:
@@ -122,13 +135,10 @@ class PodHandler:
         if self._coordinator_cycle is None:
             raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
         coordinator = self._coordinators[next(self._coordinator_cycle)]
-        return self._new_txn_async(coordinator, command.new_txn.timeout_ms)
-
-    async def _new_txn_async(self, coordinator: TransactionCoordinator, timeout_ms: int) -> api.Command:
-        txn_id = await coordinator.new_txn(timeout_ms)
-        return api.Command(
-            new_txn_response=api.NewTxnResponse(txn_id=api.TxnId(most=txn_id.most, least=txn_id.least))
-        )
+        begun = coordinator.new_txn(command.new_txn.timeout_ms)
+        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        begun.add_done_callback(partial(_answer_new_txn, response))
+        return response
 
     def _add_partition(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_partition

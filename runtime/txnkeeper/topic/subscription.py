@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from txnkeeper.coordinator.deferred import DeferredBatch
+from txnkeeper.coordinator.futures import failure_of, resolved, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
@@ -198,10 +199,10 @@ class Subscription:
         logged: asyncio.Future[Any],
     ) -> None:
         # Runs whether or not the caller still waits (``done`` may have been cancelled).
-        failure = _failure_of(logged)
+        failure = failure_of(logged)
         if failure is not None:
             self._pending.unreserve(txn_id, new, cumulative)
-            _settle(done, failure)
+            settle(done, failure, None)
             return
         if not cumulative:
             for position in new:
@@ -209,7 +210,7 @@ class Subscription:
                 if unacked is not None:
                     self._in_txn[position] = (unacked.payload, unacked.key)
                 self._redeliver.pop(position, None)
-        _settle(done, None)
+        settle(done, None, None)
 
     # --- transaction end ---------------------------------------------------------------------------
     def end_txn(self, txn_id: TxnID, commit: bool) -> asyncio.Future[None]:
@@ -220,23 +221,22 @@ class Subscription:
         records happen off the reply path. A plain function returning a future, so that a store
         ending a transaction on a partition and a subscription overlaps both without a task each.
         """
-        loop = asyncio.get_running_loop()
         ended = self._ended.get(txn_id)
         if ended is not None:
             if ended != commit:
                 raise InvalidTxnStatusError(
                     f"transaction {txn_id} already ended the other way on {self.name}"
                 )
-            return _resolved(loop)
+            return resolved(None)
         in_progress = self._ending.get(txn_id)
         if in_progress is not None:
             return asyncio.shield(in_progress)
         acks = self._pending.txn_acks(txn_id)
         if acks is None:
             self._remember_ended(txn_id, commit)
-            return _resolved(loop)
+            return resolved(None)
         logged = self._pending_log.log_end(txn_id, commit)
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ending[txn_id] = done
         logged.add_done_callback(partial(self._end_logged, txn_id, commit, acks, done))
         return asyncio.shield(done)
@@ -250,9 +250,9 @@ class Subscription:
         logged: asyncio.Future[Any],
     ) -> None:
         del self._ending[txn_id]
-        failure = _failure_of(logged)
+        failure = failure_of(logged)
         if failure is not None:
-            _settle(done, failure)
+            settle(done, failure, None)
             return
         if commit:
             self._settler.add((txn_id, sorted(acks.individual), acks.cumulative))
@@ -263,7 +263,7 @@ class Subscription:
             self._wake.set()
             self._record_deletions.add(txn_id)
         self._remember_ended(txn_id, commit)
-        _settle(done, None)
+        settle(done, None, None)
 
     async def _settle_commits(self, settled: list[tuple[TxnID, list[Position], Position | None]]) -> None:
         # The positions stay pending (never dispatched, never ackable by others) until the cursor has
@@ -439,26 +439,3 @@ class Subscription:
         if current is not None and position <= current:
             return
         await self._cursor.mark_delete(position)
-
-
-def _resolved(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-    done: asyncio.Future[None] = loop.create_future()
-    done.set_result(None)
-    return done
-
-
-def _failure_of(future: asyncio.Future[Any]) -> BaseException | None:
-    if future.cancelled():
-        return asyncio.CancelledError()
-    return future.exception()
-
-
-def _settle(done: asyncio.Future[None], failure: BaseException | None) -> None:
-    """Resolve ``done`` unless its waiter gave up (cancelled it)."""
-    if done.done():
-        return
-    if failure is None:
-        done.set_result(None)
-    else:
-        done.set_exception(failure)
-        done.exception()  # the waiter may be gone: never "exception was never retrieved"
