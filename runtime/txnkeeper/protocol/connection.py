@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
@@ -31,8 +32,8 @@ class FrameConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport, though not an asyncio.Transport subclass on every loop (uvloop's is not).
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

@@ -7,7 +7,6 @@ listens; only then is the pod ready. Close runs the other way and flushes every 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -105,9 +104,11 @@ class PodRuntime:
         host, port = split_address(self.config.admin_listen)
         self._admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
         await self._admin_site.start()
-        server = self._admin_site._server
-        assert isinstance(server, asyncio.Server)
-        self.admin_address = f"{host}:{server.sockets[0].getsockname()[1]}"
+        # Not asyncio.Server on every loop (uvloop has its own class): only its sockets are used.
+        sockets = getattr(self._admin_site._server, "sockets", None)
+        if not sockets:
+            raise RuntimeError(f"admin API did not bind {self.config.admin_listen}")
+        self.admin_address = f"{host}:{sockets[0].getsockname()[1]}"
 
     async def _start_coordinators(self, state_dir: Path) -> None:
         assert self._factory is not None
