@@ -9,12 +9,16 @@ API on both pods, in the same run). Prints JSON: transactions/s and p50/p99 comm
     .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3]
 
 Numbers on a shared 2-core machine are noisy; compare on/off within one run only.
+The client process (the application) runs under the runtime's garbage-collector policy
+(``txnkeeper.gcpolicy``, as ``txnkeeper serve`` does); ``--gc-threshold default`` shows CPython's
+defaults, whose collections were a fifth of the client's CPU per transaction at 256 in flight.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -27,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from txnkeeper import gcpolicy
 from txnkeeper.client import Client, Consumer, Producer
 
 TOKEN = "bench-token"
@@ -175,6 +180,7 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path) -> d
                 "transport": "loopback TCP, 1 coordinator pod + 1 store pod, fsync on",
                 "cpus": os.cpu_count(),
                 "seconds_per_run": seconds,
+                "client_gc_thresholds": list(gc.get_threshold()),
                 "rounds": rounds,
                 "figures": "per level, the median run of each mode (by txn/s)",
                 **results,
@@ -197,7 +203,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--levels", default="1,16,256")
     parser.add_argument("--rounds", type=int, default=3, help="alternating off/on runs per level")
+    parser.add_argument(
+        "--gc-threshold",
+        default=None,
+        help="client GC thresholds gen0,gen1,gen2 (default: the runtime's; 'default' for CPython's)",
+    )
     ns = parser.parse_args()
+    try:
+        gcpolicy.apply(gcpolicy.parse_thresholds(ns.gc_threshold))
+    except ValueError as exc:
+        parser.error(str(exc))
+    gcpolicy.freeze_startup_state()
     levels = [int(x) for x in ns.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:
         result = asyncio.run(bench(levels, ns.seconds, ns.rounds, Path(tmp)))
