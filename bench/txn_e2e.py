@@ -116,10 +116,10 @@ async def run_level(
     async def worker() -> None:
         nonlocal done
         while time.perf_counter() < stop_at:
-            # Independent steps overlap (pipelined on the connections), as an application would.
-            txn, message = await asyncio.gather(
-                client.new_transaction(timeout_ms=60_000), consumer.receive(timeout=30)
-            )
+            # Receive, then begin (the input is prefetched, so receiving rarely waits); the send and
+            # the ack overlap, pipelined on their connections: both are sent at the call.
+            message = await consumer.receive(timeout=30)
+            txn = await client.new_transaction(timeout_ms=60_000)
             await asyncio.gather(producer.send(b"output", txn=txn), consumer.acknowledge(message, txn=txn))
             started = time.perf_counter()
             await txn.commit()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from txnkeeper.client.errors import ClientClosedError
+from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -127,40 +129,38 @@ class Consumer:
             self._consumed_since_flow = 0
         return message
 
-    async def acknowledge(self, message: Message | MessageId, *, txn: Transaction | None = None) -> None:
-        await self._ack([_id(message)], cumulative=False, txn=txn)
-
-    async def acknowledge_cumulative(
+    def acknowledge(
         self, message: Message | MessageId, *, txn: Transaction | None = None
-    ) -> None:
-        await self._ack([_id(message)], cumulative=True, txn=txn)
+    ) -> asyncio.Future[None]:
+        """Acknowledge one message (inside ``txn``: pending until it commits); sent at the call, the
+        future resolves once the store made the ack durable."""
+        return self._ack([_id(message)], cumulative=False, txn=txn)
 
-    async def _ack(self, ids: list[MessageId], cumulative: bool, txn: Transaction | None) -> None:
+    def acknowledge_cumulative(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> asyncio.Future[None]:
+        return self._ack([_id(message)], cumulative=True, txn=txn)
+
+    def _ack(self, ids: list[MessageId], cumulative: bool, txn: Transaction | None) -> asyncio.Future[None]:
         body = api.Ack(consumer_id=self.consumer_id, message_ids=[i.to_pb() for i in ids])
         body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
         if txn is None:
-            await self._request_ack(body)
-            return
-        txn.op_started()
-        failure: BaseException | None = None
-        try:
-            await txn.register_subscription(self.topic, self.subscription, self.store_address)
-            body.txn_id.most = txn.txn_id.most
-            body.txn_id.least = txn.txn_id.least
-            await self._request_ack(body)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            txn.op_finished(failure)
+            return then(self._request_ack(body), _nothing)
+        registration = txn._subscription_registration(self.topic, self.subscription, self.store_address)
 
-    async def _request_ack(self, body: api.Ack) -> None:
+        def ack() -> Awaitable[api.Command]:
+            body.txn_id.CopyFrom(txn._pb_id)
+            return self._request_ack(body)
+
+        return txn.operation(registration, ack, _nothing)
+
+    def _request_ack(self, body: api.Ack) -> asyncio.Future[api.Command]:
         conn = self._conn
         if conn is None or not conn.is_open:
             raise ServiceError(
                 f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
             )
-        await conn.request(api.Command(ack=body))
+        return conn.request(api.Command(ack=body))
 
     async def redeliver_unacknowledged_messages(self) -> None:
         conn = self._conn
@@ -187,3 +187,7 @@ class Consumer:
 
 def _id(message: Message | MessageId) -> MessageId:
     return message.message_id if isinstance(message, Message) else message
+
+
+def _nothing(response: api.Command) -> None:
+    return None

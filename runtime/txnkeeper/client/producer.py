@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from txnkeeper.client.errors import ClientClosedError
+from txnkeeper.client.futures import then
 from txnkeeper.client.message import MessageId
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -20,29 +23,31 @@ class Producer:
         self.store_address = store_address
         self._closed = False
 
-    async def send(self, data: bytes, *, key: str = "", txn: Transaction | None = None) -> MessageId:
-        """Write one message; returns once durable (inside ``txn``: visible when it commits)."""
+    def send(
+        self, data: bytes, *, key: str = "", txn: Transaction | None = None
+    ) -> asyncio.Future[MessageId]:
+        """Write one message; the future resolves once it is durable (inside ``txn``: visible when it
+        commits). Sent at the call (after the transaction registered the partition with its
+        coordinator), so sends started together are pipelined without a task each."""
         if self._closed:
             raise ClientClosedError(f"producer of {self.topic} is closed")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"message data must be bytes, not {type(data).__name__}")
         body = api.Produce(topic=self.topic, payload=bytes(data), key=key)
+        connections = self._client.connections
         if txn is None:
-            response = await self._client.connections.request(self.store_address, api.Command(produce=body))
-            return MessageId.from_pb(response.produce_receipt.message_id)
-        txn.op_started()
-        failure: BaseException | None = None
-        try:
-            await txn.register_partition(self.topic, self.store_address)
-            body.txn_id.most = txn.txn_id.most
-            body.txn_id.least = txn.txn_id.least
-            response = await self._client.connections.request(self.store_address, api.Command(produce=body))
-            return MessageId.from_pb(response.produce_receipt.message_id)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            txn.op_finished(failure)
+            return then(connections.request(self.store_address, api.Command(produce=body)), _receipt)
+        registration = txn._partition_registration(self.topic, self.store_address)
+
+        def produce() -> Awaitable[api.Command]:
+            body.txn_id.CopyFrom(txn._pb_id)
+            return connections.request(self.store_address, api.Command(produce=body))
+
+        return txn.operation(registration, produce, _receipt)
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _receipt(response: api.Command) -> MessageId:
+    return MessageId.from_pb(response.produce_receipt.message_id)

@@ -9,16 +9,20 @@ ack conflict), committing would lose that operation, so ``commit`` aborts instea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from txnkeeper.client.errors import TransactionFailedError
+from txnkeeper.coordinator.futures import failure_of, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.errors import InvalidTxnStatusError, ServiceError
 
 if TYPE_CHECKING:
     from txnkeeper.client.client import Client
+
+T = TypeVar("T")
 
 
 class Transaction:
@@ -53,7 +57,13 @@ class Transaction:
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
 
     async def register_partition(self, topic: str, store_address: str) -> None:
-        await self._register(
+        await self._shielded(self._partition_registration(topic, store_address))
+
+    async def register_subscription(self, topic: str, subscription: str, store_address: str) -> None:
+        await self._shielded(self._subscription_registration(topic, subscription, store_address))
+
+    def _partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
+        return self._registration(
             ("p", topic),
             lambda: api.Command(
                 add_partition=api.AddPartitionToTxn(
@@ -62,8 +72,10 @@ class Transaction:
             ),
         )
 
-    async def register_subscription(self, topic: str, subscription: str, store_address: str) -> None:
-        await self._register(
+    def _subscription_registration(
+        self, topic: str, subscription: str, store_address: str
+    ) -> asyncio.Future[api.Command]:
+        return self._registration(
             ("s", topic, subscription),
             lambda: api.Command(
                 add_subscription=api.AddSubscriptionToTxn(
@@ -74,23 +86,83 @@ class Transaction:
             ),
         )
 
-    async def _register(self, key: object, command: Callable[[], api.Command]) -> None:
+    def _registration(self, key: object, command: Callable[[], api.Command]) -> asyncio.Future[api.Command]:
+        """The (shared) registration of a partition or subscription with the coordinator: sent once
+        per transaction, again only if an earlier attempt failed."""
         self._check_open()
         existing = self._registered.get(key)
-        if existing is None:
+        if existing is None or (
+            existing.done() and (existing.cancelled() or existing.exception() is not None)
+        ):
             # The pool sends at the call and hands back the response future: no task per request.
             existing = asyncio.ensure_future(self._client.connections.request(self._coordinator, command()))
             self._registered[key] = existing
-        elif existing.done() and not existing.cancelled() and existing.exception() is None:
-            return
-        try:
-            # Shielded: the registration is shared by every operation on that topic, so one caller
-            # giving up must not cancel it for the others.
-            await asyncio.shield(existing)
-        except BaseException:
-            if self._registered.get(key) is existing:
-                del self._registered[key]
-            raise
+        return existing
+
+    @staticmethod
+    async def _shielded(registration: asyncio.Future[api.Command]) -> None:
+        # Shared by every operation on that topic: one caller giving up must not cancel it.
+        await asyncio.shield(registration)
+
+    def operation(
+        self,
+        registration: asyncio.Future[api.Command],
+        send: Callable[[], Awaitable[api.Command]],
+        convert: Callable[[api.Command], T],
+    ) -> asyncio.Future[T]:
+        """Run one send or ack of this transaction: once ``registration`` succeeded, ``send()``; the
+        future resolves to ``convert(response)``.
+
+        Chained by callbacks (no coroutine or task per operation), and counted in flight from the
+        call until the response, so ``commit`` waits for it. An operation that failed, or whose
+        caller cancelled the returned future, makes ``commit`` abort instead (the caller cannot know
+        whether it took effect).
+        """
+        self.op_started()
+        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        registration.add_done_callback(partial(self._registered_then, send, convert, result))
+        return result
+
+    def _registered_then(
+        self,
+        send: Callable[[], Awaitable[api.Command]],
+        convert: Callable[[api.Command], T],
+        result: asyncio.Future[T],
+        registration: asyncio.Future[api.Command],
+    ) -> None:
+        failure = failure_of(registration)
+        if failure is None:
+            try:
+                response = asyncio.ensure_future(send())
+            except Exception as exc:
+                failure = exc
+            else:
+                response.add_done_callback(partial(self._responded, convert, result))
+                return
+        self._operation_done(result, failure, None)
+
+    def _responded(
+        self,
+        convert: Callable[[api.Command], T],
+        result: asyncio.Future[T],
+        response: asyncio.Future[api.Command],
+    ) -> None:
+        failure = failure_of(response)
+        value: T | None = None
+        if failure is None:
+            try:
+                value = convert(response.result())
+            except Exception as exc:
+                failure = exc
+        self._operation_done(result, failure, value)
+
+    def _operation_done(
+        self, result: asyncio.Future[T], failure: BaseException | None, value: T | None
+    ) -> None:
+        if failure is None and result.cancelled():
+            failure = asyncio.CancelledError()
+        self.op_finished(failure)
+        settle(result, failure, cast(T, value))
 
     def op_started(self) -> None:
         self._check_open()

@@ -1,0 +1,37 @@
+"""Turning a response future into the value an application awaits, without a coroutine per call.
+
+Why: sends and acks are the client's hot path; returning a future chained by a callback lets an
+application start several of them at once (or gather them) without a task each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TypeVar, cast
+
+from txnkeeper.coordinator.futures import failure_of, settle
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+
+T = TypeVar("T")
+
+
+def then(response: Awaitable[api.Command], convert: Callable[[api.Command], T]) -> asyncio.Future[T]:
+    """A future resolved with ``convert(response)``, or failed as ``response`` (or ``convert``) fails."""
+    result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    asyncio.ensure_future(response).add_done_callback(partial(_converted, convert, result))
+    return result
+
+
+def _converted(
+    convert: Callable[[api.Command], T], result: asyncio.Future[T], response: asyncio.Future[api.Command]
+) -> None:
+    failure = failure_of(response)
+    value: T | None = None
+    if failure is None:
+        try:
+            value = convert(response.result())
+        except Exception as exc:
+            failure = exc
+    settle(result, failure, cast(T, value))
