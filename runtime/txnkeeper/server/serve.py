@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from txnkeeper import __version__, gcpolicy
+from txnkeeper import __version__, eventloop, gcpolicy
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.release import UnknownReleaseError, format_level
 from txnkeeper.server.config import (
@@ -62,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write {listen, admin} bound addresses here once ready (useful with port 0)",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--event-loop",
+        choices=eventloop.CHOICES,
+        default=env("EVENT_LOOP", "auto"),
+        help="auto (uvloop when installed), uvloop or asyncio",
+    )
     parser.add_argument(
         "--gc-threshold",
         default=env("GC_THRESHOLD"),
@@ -121,11 +127,12 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     try:
         thresholds = gcpolicy.parse_thresholds(ns.gc_threshold)
+        loop = eventloop.resolve(ns.event_loop)
     except ValueError as exc:
         print(f"txnkeeper serve: {exc}", file=sys.stderr)
         return 2
     gcpolicy.apply(thresholds)
-    return asyncio.run(_serve(config))
+    return eventloop.run(_serve(config), loop)
 
 
 async def _serve(config: ServeConfig) -> int:
