@@ -9,9 +9,9 @@ one fsync per entry) so the ratios are fair on a noisy machine. fsyncs are count
 FileIO seam.
 
 Prints one JSON document. Figures depend on the machine and its load; compare ratios, not absolutes.
-The process runs under the runtime's garbage-collector policy (``txnkeeper.gcpolicy``, as ``txnkeeper
-serve`` does) in every mode; ``--gc-threshold default`` shows CPython's defaults, whose full collections
-dominate the p99 with many writers.
+The process runs as ``txnkeeper serve`` does, in every mode: the runtime's garbage-collector policy
+(``txnkeeper.gcpolicy``; ``--gc-threshold default`` shows CPython's, whose full collections dominate
+the p99 with many writers) on uvloop when installed (``--event-loop asyncio`` for the standard loop).
 
     .venv/bin/python bench/txnlog_batching.py [--writers 1,16,256,1024] [--seconds 3]
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txnkeeper import gcpolicy
+from txnkeeper import eventloop, gcpolicy
 from txnkeeper.bufferedwriter import BatchedWriteConfig
 from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
@@ -257,6 +257,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "ledger": "fsync; group commit except in unbatched-fsync-each",
             "deleteEndedTxns": args.with_deletes,
             "gcThreshold": list(gc.get_threshold()),
+            "eventLoop": args.loop_name,
         },
         "runs": runs,
         "summary": summary,
@@ -281,6 +282,11 @@ def main() -> int:
         " for CPython's 700,10,10)",
     )
     parser.add_argument(
+        "--event-loop",
+        default="auto",
+        help="auto (uvloop when installed, as txnkeeper serve runs), uvloop or asyncio",
+    )
+    parser.add_argument(
         "--with-deletes",
         action="store_true",
         help="also delete each ended transaction's records (cursor load)",
@@ -294,7 +300,12 @@ def main() -> int:
     except ValueError as exc:
         parser.error(str(exc))
     gcpolicy.freeze_startup_state()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    try:
+        loop = eventloop.resolve(args.event_loop)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.loop_name = loop
+    print(json.dumps(eventloop.run(main_async(args), loop), indent=2))
     return 0
 
 
