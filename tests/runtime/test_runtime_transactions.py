@@ -13,6 +13,7 @@ from txnkeeper.client import (
     TransactionFailedError,
     TxnConflictError,
 )
+from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,3 +104,67 @@ async def test_cumulative_txn_ack_survives_a_store_kill(cluster: tuple[ServePod,
         assert (await consumer.receive(timeout=15)).data == b"m3"
         with pytest.raises(TimeoutError):
             await consumer.receive(timeout=0.5)
+
+
+async def test_a_send_its_caller_cancelled_makes_commit_abort(cluster: tuple[ServePod, ServePod]) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        reader = await client.subscribe(OUT, "cancelled")
+        out = await client.create_producer(OUT)
+        txn = await client.new_transaction()
+        sent = out.send(b"maybe", txn=txn)  # sent at the call
+        sent.cancel()  # the application gave up: it cannot know whether the send took effect
+        with pytest.raises(TransactionFailedError):
+            await txn.commit()
+        assert await client.transaction_status(txn) == "ABORTED"
+        await out.send(b"after")
+        assert (await reader.receive(timeout=10)).data == b"after"
+
+
+async def test_end_on_store_is_idempotent_and_the_per_partition_ends_still_work(
+    cluster: tuple[ServePod, ServePod],
+) -> None:
+    tc, store = cluster
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        consumer = await client.subscribe(IN, "ends")
+        reader = await client.subscribe(OUT, "ends-reader")
+        await (await client.create_producer(IN)).send(b"in")
+        out = await client.create_producer(OUT)
+        txn = await client.new_transaction()
+        message = await consumer.receive(timeout=10)
+        await out.send(b"out", txn=txn)
+        await consumer.acknowledge(message, txn=txn)
+        await txn.commit()
+        assert (await reader.receive(timeout=10)).data == b"out"
+        # The coordinator ended it with one EndTxnOnStore; a repeat (a coordinator retry) and the older
+        # per-partition and per-subscription ends are all answered Success, and change nothing.
+        txn_pb = api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least)
+        for command in (
+            api.Command(
+                end_txn_on_store=api.EndTxnOnStore(
+                    txn_id=txn_pb,
+                    action=api.COMMIT,
+                    topics=[OUT],
+                    subscriptions=[api.SubscriptionRef(topic=IN, subscription="ends")],
+                )
+            ),
+            api.Command(
+                end_txn_on_partition=api.EndTxnOnPartition(topic=OUT, txn_id=txn_pb, action=api.COMMIT)
+            ),
+            api.Command(
+                end_txn_on_subscription=api.EndTxnOnSubscription(
+                    topic=IN, subscription="ends", txn_id=txn_pb, action=api.COMMIT
+                )
+            ),
+        ):
+            response = await client.connections.request(store.listen, command)
+            assert response.WhichOneof("body") == "success"
+        with pytest.raises(InvalidTxnStatusError):
+            await client.connections.request(
+                store.listen,
+                api.Command(
+                    end_txn_on_store=api.EndTxnOnStore(txn_id=txn_pb, action=api.ABORT, topics=[OUT])
+                ),
+            )
+        with pytest.raises(TimeoutError):
+            await reader.receive(timeout=0.5)

@@ -84,6 +84,8 @@ class RecordingSink:
     def __init__(self) -> None:
         self.ends: list[tuple[str, TxnID, bool]] = []
         self.failures_left = 0
+        self.requests: list[str] = []
+        self.failing: dict[str, int] = {}  # store address -> failures left
 
     async def end_on_store(
         self,
@@ -93,9 +95,13 @@ class RecordingSink:
         topics: Sequence[str],
         subscriptions: Sequence[tuple[str, str]],
     ) -> None:
+        self.requests.append(address)
         if self.failures_left:
             self.failures_left -= 1
             raise ConnectionError("store down")
+        if self.failing.get(address):
+            self.failing[address] -= 1
+            raise ConnectionError(f"store {address} down")
         self.ends += [(topic, txn_id, commit) for topic in topics]
         self.ends += [(f"{topic}/{sub}", txn_id, commit) for topic, sub in subscriptions]
 
@@ -135,6 +141,28 @@ async def test_coordinator_commit_logs_every_step_and_is_idempotent(tmp_path: Pa
         (op.UPDATE, meta_pb.COMMITTING),
     ]
     assert sorted(sink.ends) == [("t0/sub", txn, True), ("t1", txn, True)]
+    assert coordinator.status_of(txn) == "COMMITTED"
+
+
+async def test_coordinator_ends_once_per_store_and_retries_only_the_failed_store(tmp_path: Path) -> None:
+    clock = [1_000]
+    coordinator, _log, sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txn = await coordinator.new_txn(5_000)
+    await coordinator.add_partitions(txn, ["a1", "a2"], "a:1")
+    await coordinator.add_subscriptions(txn, [("a1", "sub")], "a:1")
+    await coordinator.add_partitions(txn, ["b1"], "b:1")
+    sink.failing["b:1"] = 2
+    await coordinator.end_txn(txn, commit=True)
+    await coordinator.close()
+    # One request per store pod per attempt: store a answered at once, store b on its third attempt.
+    assert sorted(sink.requests) == ["a:1", "b:1", "b:1", "b:1"]
+    assert sorted(sink.ends) == [
+        ("a1", txn, True),
+        ("a1/sub", txn, True),
+        ("a2", txn, True),
+        ("b1", txn, True),
+    ]
     assert coordinator.status_of(txn) == "COMMITTED"
 
 
