@@ -9,9 +9,10 @@ API on both pods, in the same run). Prints JSON: transactions/s and p50/p99 comm
     .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3]
 
 Numbers on a shared 2-core machine are noisy; compare on/off within one run only.
-The client process (the application) runs under the runtime's garbage-collector policy
-(``txnkeeper.gcpolicy``, as ``txnkeeper serve`` does); ``--gc-threshold default`` shows CPython's
-defaults, whose collections were a fifth of the client's CPU per transaction at 256 in flight.
+The client process (the application) runs as ``txnkeeper serve`` does: under the runtime's
+garbage-collector policy (``txnkeeper.gcpolicy``; ``--gc-threshold default`` shows CPython's, whose
+collections were a fifth of the client's CPU per transaction at 256 in flight) and on uvloop when
+installed (``--event-loop asyncio`` for the standard loop).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from txnkeeper import gcpolicy
+from txnkeeper import eventloop, gcpolicy
 from txnkeeper.client import Client, Consumer, Producer
 
 TOKEN = "bench-token"
@@ -148,7 +149,7 @@ def _median_run(level_runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ordered[len(ordered) // 2], "all_txn_per_s": [r["txn_per_s"] for r in level_runs]}
 
 
-async def bench(levels: list[int], seconds: float, rounds: int, root: Path) -> dict[str, Any]:
+async def bench(levels: list[int], seconds: float, rounds: int, root: Path, loop: str) -> dict[str, Any]:
     tc, tc_ports = start_pod(root, "tc-0", "coordinator")
     store, store_ports = start_pod(root, "pas-0", "store")
     try:
@@ -181,6 +182,7 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path) -> d
                 "cpus": os.cpu_count(),
                 "seconds_per_run": seconds,
                 "client_gc_thresholds": list(gc.get_threshold()),
+                "client_event_loop": loop,
                 "rounds": rounds,
                 "figures": "per level, the median run of each mode (by txn/s)",
                 **results,
@@ -208,15 +210,24 @@ def main() -> int:
         default=None,
         help="client GC thresholds gen0,gen1,gen2 (default: the runtime's; 'default' for CPython's)",
     )
+    parser.add_argument(
+        "--event-loop",
+        default="auto",
+        help="the client's loop: auto (uvloop when installed, as txnkeeper serve runs), uvloop or asyncio",
+    )
     ns = parser.parse_args()
     try:
         gcpolicy.apply(gcpolicy.parse_thresholds(ns.gc_threshold))
     except ValueError as exc:
         parser.error(str(exc))
     gcpolicy.freeze_startup_state()
+    try:
+        loop = eventloop.resolve(ns.event_loop)
+    except ValueError as exc:
+        parser.error(str(exc))
     levels = [int(x) for x in ns.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:
-        result = asyncio.run(bench(levels, ns.seconds, ns.rounds, Path(tmp)))
+        result = eventloop.run(bench(levels, ns.seconds, ns.rounds, Path(tmp), loop), loop)
     print(json.dumps(result, indent=2))
     return 0
 
