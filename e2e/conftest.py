@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.helpers import Cluster, load_api, wait_for
+from e2e.helpers import Cluster, load_api, name_of, wait_for
 from e2e.localcluster import controlplane
 from e2e.localcluster.config import Layout, state_dir
 
@@ -37,7 +37,7 @@ def cluster() -> Iterator[Cluster]:
     try:
         yield Cluster("local", kubeconfig, api)
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes' ApiClient.close is unannotated
         if started_here and not os.environ.get("E2E_KEEP_CLUSTER"):
             controlplane.down()
 
@@ -47,7 +47,8 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     """A namespace for one test, deleted (and waited for: its pods' processes gone) afterwards."""
     name = f"e2e-{request.node.name.removeprefix('test_').replace('_', '-')[:40]}-{uuid.uuid4().hex[:5]}"
     name = name.lower().strip("-")
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": {"txnkeeper.io/e2e": "true"}}})
+    body = {"metadata": {"name": name, "labels": {"txnkeeper.io/e2e": "true"}}}
+    cluster.core.create_namespace(body)  # type: ignore[arg-type]  # a dict: the client validates it
     wait_for(
         lambda: _has_default_sa(cluster, name),
         f"the default ServiceAccount in {name}",
@@ -65,11 +66,13 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 def _has_default_sa(cluster: Cluster, ns: str) -> bool:
-    return any(sa.metadata.name == "default" for sa in cluster.core.list_namespaced_service_account(ns).items)
+    return any(name_of(sa) == "default" for sa in cluster.core.list_namespaced_service_account(ns).items)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Expose each phase's report on the item, so fixtures can print diagnostics after a failure."""
     report = yield
     setattr(item, f"rep_{report.when}", report)

@@ -19,9 +19,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
-from kubernetes import client, config  # type: ignore[import-untyped]
+from kubernetes import client, config
 
 from e2e.localcluster.config import REPO_ROOT, Layout, cache_dir, k8s_bin_dir, state_dir
 
@@ -115,7 +115,7 @@ class Cluster:
     # -- pods -----------------------------------------------------------------------------------
     def pod(self, namespace: str, name: str) -> Obj | None:
         try:
-            result: Obj = self.api.sanitize_for_serialization(self.core.read_namespaced_pod(name, namespace))
+            result: Obj = to_json(self.api, self.core.read_namespaced_pod(name, namespace))
             return result
         except client.ApiException as e:
             if e.status == 404:
@@ -180,9 +180,9 @@ class Cluster:
         """Pods, events and logs of a namespace: printed when a test fails."""
         out = [self.kubectl("-n", namespace, "get", "all,pvc,events", "-o", "wide", check=False).stdout]
         for pod in self.core.list_namespaced_pod(namespace).items:
-            status = json.dumps(self.api.sanitize_for_serialization(pod.status))[:3000]
-            out.append(f"=== pod {pod.metadata.name} status: {status}")
-            out.append(self.pod_logs(namespace, pod.metadata.name))
+            status = json.dumps(to_json(self.api, pod.status))[:3000]
+            out.append(f"=== pod {name_of(pod)} status: {status}")
+            out.append(self.pod_logs(namespace, name_of(pod)))
         return "\n".join(out)
 
 
@@ -235,5 +235,25 @@ def _run(
     return proc
 
 
+# The kubernetes client's API classes and models are annotated, its ApiClient methods and config
+# functions are not: the casts below give the two whose results the tests use their real types.
 def load_api(kubeconfig: Path) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    new_client = cast(Callable[..., client.ApiClient], config.new_client_from_config)
+    return new_client(config_file=str(kubeconfig))
+
+
+def to_json(api: client.ApiClient, obj: object) -> Any:
+    """The JSON form of a model object (or list, or None) as the API server sends it: camelCase keys."""
+    sanitize = cast(Callable[[object], Any], api.sanitize_for_serialization)
+    return sanitize(obj)
+
+
+class _Named(Protocol):
+    @property
+    def metadata(self) -> client.V1ObjectMeta | None: ...
+
+
+def name_of(obj: _Named) -> str:
+    """metadata.name of an object read from the API server (always set there; Optional in the models)."""
+    assert obj.metadata is not None and obj.metadata.name is not None, obj
+    return obj.metadata.name
