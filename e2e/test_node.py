@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes import client
 
 from e2e.helpers import IMAGE, Cluster, http_get, http_post, pod_ready, process_alive, wait_for
 
@@ -27,7 +27,10 @@ local_only = pytest.mark.skipif(
 
 def probe_statefulset(name: str, *, grace: int = 10, ignore_sigterm: bool = False) -> Obj:
     """A one-replica StatefulSet running probe_server.py with every env and volume kind we support."""
-    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+
+    def field(path: str) -> Obj:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -111,16 +114,15 @@ def probe_statefulset(name: str, *, grace: int = 10, ignore_sigterm: bool = Fals
 
 
 def deploy_probe(cluster: Cluster, ns: str, name: str = "probe", **kw: Any) -> Obj:
-    cluster.core.create_namespaced_config_map(
-        ns, {"metadata": {"name": "probe-app"}, "data": {"probe_server.py": SERVER}}
-    )
-    cluster.core.create_namespaced_config_map(
-        ns, {"metadata": {"name": "probe-config"}, "data": {"greeting": "hello", "mode": "e2e"}}
-    )
-    cluster.core.create_namespaced_secret(
-        ns, {"metadata": {"name": "probe-secret"}, "stringData": {"token": "s3cret"}}
-    )
-    cluster.apps.create_namespaced_stateful_set(ns, probe_statefulset(name, **kw))
+    # Dict bodies where the signatures say V1ConfigMap, V1Secret and V1StatefulSet: the client validates
+    # them into those.
+    app = {"metadata": {"name": "probe-app"}, "data": {"probe_server.py": SERVER}}
+    cluster.core.create_namespaced_config_map(ns, app)  # type: ignore[arg-type]
+    config = {"metadata": {"name": "probe-config"}, "data": {"greeting": "hello", "mode": "e2e"}}
+    cluster.core.create_namespaced_config_map(ns, config)  # type: ignore[arg-type]
+    secret = {"metadata": {"name": "probe-secret"}, "stringData": {"token": "s3cret"}}
+    cluster.core.create_namespaced_secret(ns, secret)  # type: ignore[arg-type]
+    cluster.apps.create_namespaced_stateful_set(ns, probe_statefulset(name, **kw))  # type: ignore[arg-type]
     return wait_ready(cluster, ns, f"{name}-0")
 
 
@@ -154,7 +156,9 @@ def test_api_server_is_the_pinned_release_with_one_ready_node(cluster: Cluster) 
         assert version.git_version == f"v{k8s_version()}"
     nodes = cluster.core.list_node().items
     assert len(nodes) == 1
-    assert any(c.type == "Ready" and c.status == "True" for c in nodes[0].status.conditions)
+    status = nodes[0].status
+    assert status is not None and status.conditions is not None
+    assert any(c.type == "Ready" and c.status == "True" for c in status.conditions)
 
 
 def test_invalid_builtin_object_is_rejected_with_the_field_and_reason(
@@ -163,9 +167,13 @@ def test_invalid_builtin_object_is_rejected_with_the_field_and_reason(
     with pytest.raises(client.ApiException) as err:
         cluster.apps.create_namespaced_stateful_set(
             namespace,
-            {**probe_statefulset("bad"), "spec": {**probe_statefulset("bad")["spec"], "replicas": -1}},
+            {  # type: ignore[arg-type]  # a dict body for a V1StatefulSet: the client validates it into one
+                **probe_statefulset("bad"),
+                "spec": {**probe_statefulset("bad")["spec"], "replicas": -1},
+            },
         )
     assert err.value.status == 422
+    assert err.value.body is not None
     assert "spec.replicas" in err.value.body and "greater than or equal to 0" in err.value.body
 
 
@@ -271,16 +279,18 @@ def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster
     """What the operator Deployment and the verifier Job rely on: a pod's service account token and
     KUBERNETES_SERVICE_* env work with the kubernetes client's in-cluster configuration, under RBAC."""
     rbac = client.RbacAuthorizationV1Api(cluster.api)
+    # Dict bodies where the signatures say V1Role, V1RoleBinding and V1Job: the client validates them
+    # into those.
     rbac.create_namespaced_role(
         namespace,
-        {
+        {  # type: ignore[arg-type]
             "metadata": {"name": "pod-reader"},
             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
         },
     )
     rbac.create_namespaced_role_binding(
         namespace,
-        {
+        {  # type: ignore[arg-type]
             "metadata": {"name": "pod-reader"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
@@ -295,7 +305,7 @@ def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster
     )
     cluster.batch.create_namespaced_job(
         namespace,
-        {
+        {  # type: ignore[arg-type]
             "metadata": {"name": "incluster"},
             "spec": {
                 "backoffLimit": 0,
@@ -323,6 +333,7 @@ def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster
 
     def finished() -> str | None:
         job = cluster.batch.read_namespaced_job("incluster", namespace)
+        assert job.status is not None
         for c in job.status.conditions or []:
             if c.type in ("Complete", "Failed") and c.status == "True":
                 return str(c.type)
@@ -333,5 +344,7 @@ def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster
 
 def _pv_dir(cluster: Cluster, ns: str) -> Path:
     pvc = cluster.core.read_namespaced_persistent_volume_claim("data-probe-0", ns)
+    assert pvc.spec is not None and pvc.spec.volume_name is not None
     pv = cluster.core.read_persistent_volume(pvc.spec.volume_name)
+    assert pv.spec is not None and pv.spec.host_path is not None
     return Path(pv.spec.host_path.path)

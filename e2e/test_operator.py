@@ -13,12 +13,12 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes import client
 
-from e2e.helpers import IMAGE, VERIFIER_IMAGE, Cluster, http_get, pod_ready, wait_for
+from e2e.helpers import IMAGE, VERIFIER_IMAGE, Cluster, http_get, name_of, pod_ready, to_json, wait_for
 
 Obj = dict[str, Any]
 GROUP, VERSION = "txnkeeper.io", "v1"
@@ -53,7 +53,7 @@ def operator(cluster: Cluster) -> Iterator[str]:
 
 def _operator_pod(cluster: Cluster) -> str | None:
     for pod in cluster.core.list_namespaced_pod(OPERATOR_NS).items:
-        obj = cluster.api.sanitize_for_serialization(pod)
+        obj: Obj = to_json(cluster.api, pod)
         if (
             pod_ready(obj)
             and not obj["metadata"].get("deletionTimestamp")
@@ -93,8 +93,8 @@ def resources(version: str, batched: bool) -> str:
 
 
 def get_cr(cluster: Cluster, ns: str, plural: str, name: str) -> Obj:
-    obj: Obj = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
-    return obj
+    # Typed `object` by the client: a custom object is the JSON document.
+    return cast(Obj, cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name))
 
 
 def condition(obj: Obj, type_: str) -> Obj:
@@ -171,17 +171,17 @@ def addresses(cluster: Cluster, ns: str, name: str, replicas: int) -> str:
 
 def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) -> Obj:
     """Run e2e/workload.py as a Job in `ns` and return its RESULT."""
+    config_map = {"metadata": {"name": "workload"}, "data": {"workload.py": WORKLOAD}}
     try:
-        cluster.core.create_namespaced_config_map(
-            ns, {"metadata": {"name": "workload"}, "data": {"workload.py": WORKLOAD}}
-        )
+        # A dict body where the signature says V1ConfigMap: the client validates it into one.
+        cluster.core.create_namespaced_config_map(ns, config_map)  # type: ignore[arg-type]
     except client.ApiException as e:
         if e.status != 409:
             raise
     name = f"workload-{args[0]}-{uuid.uuid4().hex[:5]}"
     cluster.batch.create_namespaced_job(
         ns,
-        {
+        {  # type: ignore[arg-type]  # a dict body for a V1Job: the client validates it into one
             "metadata": {"name": name},
             "spec": {
                 "backoffLimit": 0,
@@ -205,6 +205,7 @@ def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) ->
 
     def finished() -> str | None:
         job = cluster.batch.read_namespaced_job(name, ns)
+        assert job.status is not None
         for c in job.status.conditions or []:
             if c.type in ("Complete", "Failed") and c.status == "True":
                 return str(c.type)
@@ -212,7 +213,7 @@ def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) ->
 
     outcome = wait_for(finished, f"job {name}", timeout)
     pods = cluster.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
-    logs = cluster.pod_logs(ns, pods[0].metadata.name)
+    logs = cluster.pod_logs(ns, name_of(pods[0]))
     assert outcome == "Complete", f"workload job {name} failed:\n{logs}"
     lines = [line for line in logs.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no RESULT from {name}:\n{logs}"
@@ -236,8 +237,7 @@ def batched_records_written(cluster: Cluster, ns: str, pod: str, prefix: str) ->
 # --- tests ----------------------------------------------------------------------------------------
 def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str) -> None:
     crds = {
-        c.metadata.name
-        for c in client.ApiextensionsV1Api(cluster.api).list_custom_resource_definition().items
+        name_of(c) for c in client.ApiextensionsV1Api(cluster.api).list_custom_resource_definition().items
     }
     assert {"transactioncoordinators.txnkeeper.io", "pendingackstores.txnkeeper.io"} <= crds
     result = cluster.helm("test", RELEASE, "--namespace", OPERATOR_NS, "--timeout", "180s")
@@ -265,7 +265,8 @@ def test_invalid_resource_is_rejected_by_the_api_server(
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
     assert "is invalid" in result.stderr
-    assert not cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TC)["items"]
+    listed = cast(Obj, cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TC))
+    assert not listed["items"]
 
 
 @pytest.mark.timeout(1500)

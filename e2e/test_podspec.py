@@ -3,6 +3,8 @@ without a cluster: these are the Kubernetes API's documented semantics, so they 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from e2e.localcluster.podspec import ConfigError, expand, field_ref, resolve_command, resource_field_ref
@@ -37,7 +39,7 @@ def test_resource_field_ref_rounds_up_by_divisor() -> None:
     assert resource_field_ref({}, {"resource": "limits.cpu"}, {"cpu": "2"}) == "2"
 
 
-def test_commands_missing_on_this_machine_map_to_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_commands_missing_on_this_machine_map_to_path(tmp_path: Path) -> None:
     exe = tmp_path / "txnkeeper"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)

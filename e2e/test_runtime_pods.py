@@ -103,13 +103,13 @@ def test_runtime_pods_keep_committed_transactions_across_pod_deletion(
         pytest.skip(
             "the client reaches pods by pod IP; on kind the operator tests cover this through port-forwards"
         )
-    cluster.core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "admin-token"}, "stringData": {"token": "t0ken"}}
-    )
-    cluster.apps.create_namespaced_stateful_set(
-        namespace, serve_statefulset("tc", "coordinator", 1, ["--coordinators=1", "--coordinator-ids=0"])
-    )
-    cluster.apps.create_namespaced_stateful_set(namespace, serve_statefulset("store", "store", 2, []))
+    # Dict bodies where the signatures say V1Secret and V1StatefulSet: the client validates them into those.
+    secret = {"metadata": {"name": "admin-token"}, "stringData": {"token": "t0ken"}}
+    cluster.core.create_namespaced_secret(namespace, secret)  # type: ignore[arg-type]
+    tc_set = serve_statefulset("tc", "coordinator", 1, ["--coordinators=1", "--coordinator-ids=0"])
+    cluster.apps.create_namespaced_stateful_set(namespace, tc_set)  # type: ignore[arg-type]
+    store_set = serve_statefulset("store", "store", 2, [])
+    cluster.apps.create_namespaced_stateful_set(namespace, store_set)  # type: ignore[arg-type]
     for pod in ("tc-0", "store-0", "store-1"):
         wait_ready(cluster, namespace, pod, timeout=120)
     coordinators = addresses(cluster, namespace, "tc", 1, 6650)
