@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -33,3 +34,18 @@ def test_standard_loop_runs() -> None:
 @pytest.mark.skipif(not eventloop.uvloop_available(), reason="uvloop not installed")
 def test_uvloop_runs() -> None:
     assert eventloop.run(_loop_class(), "uvloop").startswith("uvloop")
+
+
+def test_run_applies_the_switch_interval() -> None:
+    before = sys.getswitchinterval()
+    try:
+        eventloop.run(_loop_class(), "asyncio", switch_interval_s=0.002)
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -0.001, 2.0])
+def test_switch_interval_out_of_range_is_refused(seconds: float) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        eventloop.check_switch_interval(seconds)

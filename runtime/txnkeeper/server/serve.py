@@ -69,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="auto (uvloop when installed), uvloop or asyncio",
     )
     parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=env("SWITCH_INTERVAL_MS", f"{eventloop.IO_SWITCH_INTERVAL_S * 1000:g}"),
+        help="how often (ms) the busy loop thread lets the ledger's I/O threads take the GIL (default 0.5)",
+    )
+    parser.add_argument(
         "--gc-threshold",
         default=env("GC_THRESHOLD"),
         help="garbage-collector thresholds gen0,gen1,gen2 (default 50000,20,100; 'default' for CPython's)",
@@ -128,11 +134,12 @@ def run(ns: argparse.Namespace) -> int:
     try:
         thresholds = gcpolicy.parse_thresholds(ns.gc_threshold)
         loop = eventloop.resolve(ns.event_loop)
+        switch_interval = eventloop.check_switch_interval(ns.switch_interval_ms / 1000)
     except ValueError as exc:
         print(f"txnkeeper serve: {exc}", file=sys.stderr)
         return 2
     gcpolicy.apply(thresholds)
-    return eventloop.run(_serve(config), loop)
+    return eventloop.run(_serve(config), loop, switch_interval_s=switch_interval)
 
 
 async def _serve(config: ServeConfig) -> int:
