@@ -25,12 +25,14 @@ from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 status = st.sampled_from([tm.OPEN, tm.COMMITTING, tm.COMMITTED, tm.ABORTING, tm.ABORTED])
+txn_ops = st.sampled_from(tm.TransactionMetadataEntry.TransactionMetadataOp.values())  # NEW, ..., UPDATE
+ack_types = st.sampled_from(pa.CommandAck.AckType.values())  # Individual, Cumulative
 
 
 @st.composite
 def txn_records(draw: st.DrawFn) -> tm.TransactionMetadataEntry:
     rec = tm.TransactionMetadataEntry(
-        metadata_op=draw(st.sampled_from([0, 1, 2, 3])),
+        metadata_op=draw(txn_ops),
         txnid_least_bits=draw(u64),
         txnid_most_bits=draw(u64),
         partitions=draw(st.lists(st.text(max_size=40), max_size=4)),
@@ -53,7 +55,7 @@ def txn_records(draw: st.DrawFn) -> tm.TransactionMetadataEntry:
 def ack_records(draw: st.DrawFn) -> pa.PendingAckMetadataEntry:
     return pa.PendingAckMetadataEntry(
         pending_ack_op=draw(st.sampled_from([pa.ACK, pa.COMMIT, pa.ABORT])),
-        ack_type=draw(st.sampled_from([0, 1])),
+        ack_type=draw(ack_types),
         txnid_least_bits=draw(u64),
         txnid_most_bits=draw(u64),
         pending_ack_metadata=[

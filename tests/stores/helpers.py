@@ -41,7 +41,9 @@ def add_subscription(coordinator: int, seq: int, topic: str, sub: str) -> tm.Tra
     )
 
 
-def update(coordinator: int, seq: int, expected: int, new: int) -> tm.TransactionMetadataEntry:
+def update(
+    coordinator: int, seq: int, expected: tm.TxnStatus.ValueType, new: tm.TxnStatus.ValueType
+) -> tm.TransactionMetadataEntry:
     return tm.TransactionMetadataEntry(
         metadata_op=Op.UPDATE,
         txnid_most_bits=coordinator,
@@ -55,7 +57,7 @@ def update(coordinator: int, seq: int, expected: int, new: int) -> tm.Transactio
 def ack(seq: int, ledger_id: int, entry_id: int, most: int = 0) -> pa.PendingAckMetadataEntry:
     return pa.PendingAckMetadataEntry(
         pending_ack_op=pa.ACK,
-        ack_type=0,
+        ack_type=pa.CommandAck.Individual,
         txnid_most_bits=most,
         txnid_least_bits=seq,
         pending_ack_metadata=[pa.PendingAckMetadata(ledgerId=ledger_id, entryId=entry_id)],

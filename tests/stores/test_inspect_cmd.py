@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ def write_entries(data_dir: Path) -> tuple[list[WritePosition], WritePosition, W
     return asyncio.run(go())
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object] | None, str]:
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any] | None, str]:
     code = main(["inspect", *args])
     captured = capsys.readouterr()
     return code, (json.loads(captured.out) if code == 0 else None), captured.err
@@ -76,6 +77,7 @@ def test_stored_batched_and_plain_entries(tmp_path: Path, capsys: pytest.Capture
         "--position",
         f"{plain.ledger_id}:{plain.entry_id}",
     )
+    assert report is not None
     assert report == {
         "kind": "txnlog",
         "log": "__transaction_log_2",
@@ -84,7 +86,7 @@ def test_stored_batched_and_plain_entries(tmp_path: Path, capsys: pytest.Capture
         "batched": False,
         "batchVersion": None,
         "batchSize": 0,
-        "records": [report["records"][0]],  # type: ignore[index]
+        "records": [report["records"][0]],
         "cursors": {"transaction.subscription": {"entryDeleted": False, "deletedBatchIndexes": []}},
     }
 
@@ -99,7 +101,7 @@ def test_stored_batched_and_plain_entries(tmp_path: Path, capsys: pytest.Capture
         f"{ack_pos.ledger_id}:{ack_pos.entry_id}",
     )
     assert code == 0 and report is not None and report["kind"] == "pendingack"
-    (rec,) = report["records"]  # type: ignore[misc]
+    (rec,) = report["records"]
     assert rec["pending_ack_op"] == "ACK" and rec["ack_type"] == "Individual" and rec["txnId"] == "(2,1)"
     assert rec["pending_ack_metadata"] == [{"ledgerId": 10, "entryId": 20}]
 

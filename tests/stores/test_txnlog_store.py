@@ -28,7 +28,9 @@ BATCH = BatchedWriteConfig(enabled=True, max_records=8, max_delay_millis=1)
 PLAIN = BatchedWriteConfig(enabled=False)
 
 
-async def run_txn(store: TransactionLogStore, seq: int, end: int | None = None) -> list[WritePosition]:
+async def run_txn(
+    store: TransactionLogStore, seq: int, end: tm.TxnStatus.ValueType | None = None
+) -> list[WritePosition]:
     c = store.coordinator_id
     out = [
         await store.append(new_txn(c, seq, owner=f"client-{seq}")),

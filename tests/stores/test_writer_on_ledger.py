@@ -7,7 +7,7 @@ import asyncio
 import random
 from pathlib import Path
 
-from txnkeeper.bufferedwriter import TXN_LOG_CODEC, BatchedWriteConfig, BufferedWriter
+from txnkeeper.bufferedwriter import TXN_LOG_CODEC, BatchedWriteConfig, BufferedWriter, WritePosition
 from txnkeeper.ledger import LedgerWriteError, ManagedLedgerFactory, Position
 
 from .conftest import FailingIO
@@ -27,8 +27,8 @@ async def test_positions_match_disk_under_concurrency_and_toggling(factory: Mana
     order: list[int] = []
     seq = iter(range(10**9))
 
-    async def client() -> list[tuple[int, object]]:
-        got = []
+    async def client() -> list[tuple[int, WritePosition]]:
+        got: list[tuple[int, WritePosition]] = []
         for _ in range(40):
             n = next(seq)
             order.append(n)
@@ -51,9 +51,9 @@ async def test_positions_match_disk_under_concurrency_and_toggling(factory: Mana
     for result in results[:-1]:
         assert result is not None
         for n, wp in result:
-            entry = decoded[Position(wp.ledger_id, wp.entry_id)]  # type: ignore[attr-defined]
-            assert entry.batch_size == wp.batch_size  # type: ignore[attr-defined]
-            assert entry.records[wp.batch_index].txnid_least_bits == n  # type: ignore[attr-defined]
+            entry = decoded[Position(wp.ledger_id, wp.entry_id)]
+            assert entry.batch_size == wp.batch_size
+            assert entry.records[wp.batch_index].txnid_least_bits == n
     kinds = {d.batched for d in decoded.values()}
     assert kinds == {True, False}
 
