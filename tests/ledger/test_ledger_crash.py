@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from crash_child import NAME, payload
 
 from txnkeeper.ledger import ManagedLedgerFactory, Position
+
+from .crash_child import NAME, payload
 
 CHILD = Path(__file__).with_name("crash_child.py")
 KILLS = 50 * int(os.environ.get("SOAK_SCALE", "1"))

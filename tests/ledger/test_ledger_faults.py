@@ -7,9 +7,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import FaultyIO
 
 from txnkeeper.ledger import LedgerWriteError, ManagedLedgerFactory, Position
+
+from .conftest import FaultyIO
 
 
 async def test_disk_full_fails_the_group_and_recovers_with_a_new_ledger(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ import asyncio
 import threading
 from pathlib import Path
 
-from conftest import wait_for
-
 from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
+
+from .conftest import wait_for
 
 
 class GatedSyncIO(FileIO):

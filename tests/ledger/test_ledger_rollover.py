@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import wait_for
-
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
+
+from .conftest import wait_for
 
 
 async def test_rollover_by_max_entries(factory: ManagedLedgerFactory) -> None:

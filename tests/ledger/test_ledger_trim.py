@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import FaultyIO
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, NoSuchEntryError, Position
 from txnkeeper.ledger.ledger_file import ledger_file_name
+
+from .conftest import FaultyIO
 
 
 def ledger_files(root: Path) -> set[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from txnkeeper_operator.engine import (
     ApplyTemplate,
@@ -74,7 +75,7 @@ class SimCluster:
     now: datetime = T0
     template: Template | None = None
     pods: dict[int, SimPod] = field(default_factory=dict)
-    persisted: dict[str, object] | None = None
+    persisted: dict[str, Any] | None = None
     paused: bool = False
     verifier_running: bool = False
     verifier_markers: dict[str, int] = field(default_factory=dict)
@@ -111,7 +112,7 @@ class SimCluster:
         return Observed(self.template, pods, self.now, verifier, self.paused)
 
     def progress(self) -> Progress:
-        return progress_from_status(self.persisted)  # type: ignore[arg-type]
+        return progress_from_status(self.persisted)
 
     # ---- one reconcile loop iteration ---------------------------------------------------------------
 
@@ -308,9 +309,9 @@ def desired(version: str, batch: BatchSettings = OFF, replicas: int = 3) -> Desi
     return Desired(version, replicas, batch)
 
 
-def installed(version: str, batch: BatchSettings = OFF, replicas: int = 3, **kw: object) -> SimCluster:
+def installed(version: str, batch: BatchSettings = OFF, replicas: int = 3, **kw: Any) -> SimCluster:
     """A cluster already reconciled to ``version``; the install's log is cleared."""
-    sim = SimCluster(**kw)  # type: ignore[arg-type]
+    sim = SimCluster(**kw)
     sim.run(desired(version, batch, replicas))
     sim.tick()  # the load runs: batched pods now hold live batched entries
     sim.log.clear()

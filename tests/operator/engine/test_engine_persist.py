@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from opsim import T0
 
 from txnkeeper.release import format_level as runtime_format_level
 from txnkeeper_operator.engine import DowngradeProgress, Progress, StoreVerdict, VerifierReport
@@ -17,6 +16,8 @@ from txnkeeper_operator.engine.persist import (
     report_to_json,
 )
 from txnkeeper_operator.engine.releases import UnknownReleaseError, format_level
+
+from .opsim import T0
 
 
 @pytest.mark.parametrize("release", ["1.0.0", "1.9.3", "2.0.0", "2.4.1-rc.1", "2.0.0+build.5"])

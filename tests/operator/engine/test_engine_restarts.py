@@ -13,9 +13,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from opsim import ON, SimCluster, desired
 
 from txnkeeper_operator.engine import Decision, Phase
+
+from .opsim import ON, SimCluster, desired
 
 LIFECYCLE_PHASES = [
     Phase.CREATING,
@@ -48,30 +49,34 @@ class CrashOnce:
 
 def lifecycle(crash: CrashOnce, mode: str) -> SimCluster:
     sim = SimCluster()
-    kw = {"crash_when": crash, "crash_mode": mode}
-    sim.run(desired("1.0.0"), **kw)  # type: ignore[arg-type]
+    sim.run(desired("1.0.0"), crash_when=crash, crash_mode=mode)
     sim.tick()
-    sim.run(desired("2.0.0", ON), **kw)  # type: ignore[arg-type]
+    sim.run(desired("2.0.0", ON), crash_when=crash, crash_mode=mode)
     sim.tick()
     sim.paused = True
-    sim.run(desired("1.0.0"), until=lambda d: d.phase == Phase.PAUSED, **kw)  # type: ignore[arg-type]
+    sim.run(desired("1.0.0"), until=lambda d: d.phase == Phase.PAUSED, crash_when=crash, crash_mode=mode)
     sim.tick()
     sim.paused = False
     sim.pods[1].pinned = True
-    sim.run(desired("1.0.0"), until=lambda d: d.phase == Phase.DOWNGRADE_BLOCKED, **kw)  # type: ignore[arg-type]
+    sim.run(
+        desired("1.0.0"),
+        until=lambda d: d.phase == Phase.DOWNGRADE_BLOCKED,
+        crash_when=crash,
+        crash_mode=mode,
+    )
     for _ in range(8):
         decision = sim.step(desired("1.0.0"), crash=mode if crash(_probe(sim)) else None)
         assert decision.action is None or "verify" in sim.log[-1] or sim.log[-1] == "operator restart"
         sim.tick()
     sim.pods[1].pinned = False
-    sim.run(desired("1.0.0"), **kw)  # type: ignore[arg-type]
+    sim.run(desired("1.0.0"), crash_when=crash, crash_mode=mode)
     return sim
 
 
 def _probe(sim: SimCluster) -> Decision:
-    from opsim import CONFIG
-
     from txnkeeper_operator.engine import decide
+
+    from .opsim import CONFIG
 
     return decide(desired("1.0.0"), sim.observe(), sim.progress(), CONFIG)
 

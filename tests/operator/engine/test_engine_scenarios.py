@@ -6,11 +6,11 @@ any pod runs, or could be recreated, at a format level below what its live data 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from opsim import CONFIG, OFF, ON, T0, InvariantViolation, SimCluster, desired, installed
 
 from txnkeeper_operator.engine import (
     ConditionStatus,
@@ -25,6 +25,8 @@ from txnkeeper_operator.engine import (
     decide,
 )
 
+from .opsim import CONFIG, OFF, ON, T0, InvariantViolation, SimCluster, desired, installed
+
 UPGRADE_ROLL = ["restart tc-2 -> 2.0.0", "restart tc-1 -> 2.0.0", "restart tc-0 -> 2.0.0"]
 ENABLE = ["template 2.0.0 batch=on", "batch tc-2 on", "batch tc-1 on", "batch tc-0 on"]
 DISABLE = ["template 2.0.0 batch=off", "batch tc-2 off", "batch tc-1 off", "batch tc-0 off"]
@@ -37,11 +39,11 @@ DOWN_ROLL = [
 ]
 
 
-def phase_is(phase: Phase) -> object:
+def phase_is(phase: Phase) -> Callable[[Decision], bool]:
     return lambda d: d.phase == phase
 
 
-def first_action(prefix: str) -> object:
+def first_action(prefix: str) -> Callable[[Decision], bool]:
     return lambda d: d.action is not None and _describe(d).startswith(prefix)
 
 
