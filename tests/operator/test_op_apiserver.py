@@ -19,10 +19,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, V1ObjectMeta
+
+# The kubernetes client types request bodies as its models; the dicts passed here are validated into
+# those by the client at the call (hence the `type: ignore[arg-type]`s).
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CACHE_DIR", Path.home() / ".cache" / "txnkeeper"))
@@ -135,7 +141,7 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
         core = client.CoreV1Api(api)
         # Serving, with its bootstrap done: the system namespaces exist.
-        wait_for(lambda: {"default", "kube-system"} <= {n.metadata.name for n in core.list_namespace().items},
+        wait_for(lambda: {"default", "kube-system"} <= {_name(n) for n in core.list_namespace().items},
                  "the API server", 90)  # fmt: skip
         yield kubeconfig
     finally:
@@ -143,13 +149,26 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             _stop(proc)
 
 
-def _client(kubeconfig: Path) -> Any:
+def _client(kubeconfig: Path) -> ApiClient:
     from kubernetes import config
 
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    # Unannotated in the kubernetes client (its API classes and models are): given its real type.
+    new_client = cast("Callable[..., ApiClient]", config.new_client_from_config)
+    return new_client(config_file=str(kubeconfig))
 
 
-def _install_crds(api: Any) -> None:
+class _Named(Protocol):
+    @property
+    def metadata(self) -> V1ObjectMeta | None: ...
+
+
+def _name(obj: _Named) -> str:
+    """metadata.name of an object read from the API server (always set there; Optional in the models)."""
+    assert obj.metadata is not None and obj.metadata.name is not None, obj
+    return obj.metadata.name
+
+
+def _install_crds(api: ApiClient) -> None:
     from kubernetes import client
 
     ext = client.ApiextensionsV1Api(api)
@@ -160,7 +179,10 @@ def _install_crds(api: Any) -> None:
         crds = ext.list_custom_resource_definition().items
         ours = [c for c in crds if c.spec.group == "txnkeeper.io"]
         return len(ours) == 2 and all(
-            any(cond.type == "Established" and cond.status == "True" for cond in c.status.conditions or [])
+            c.status is not None
+            and any(
+                cond.type == "Established" and cond.status == "True" for cond in c.status.conditions or []
+            )
             for c in ours
         )
 
@@ -178,7 +200,7 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
     _install_crds(api)
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
-    core.create_namespace({"metadata": {"name": "demo"}})
+    core.create_namespace({"metadata": {"name": "demo"}})  # type: ignore[arg-type]
 
     # Refused by the API server with the CRD's own messages.
     for body, message in [
@@ -195,14 +217,17 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
         plural = "pendingackstores" if body["kind"] == "PendingAckStore" else "transactioncoordinators"
         with pytest.raises(client.ApiException) as refused:
             custom.create_namespaced_custom_object("txnkeeper.io", "v1", "demo", plural, body)
-        assert refused.value.status == 422 and message in refused.value.body
+        assert (
+            refused.value.status == 422 and refused.value.body is not None and message in refused.value.body
+        )
 
     custom.create_namespaced_custom_object(
         "txnkeeper.io", "v1", "demo", "transactioncoordinators",
         _cr("TransactionCoordinator", "txn", {"version": "1.0.0", "replicas": 3, "coordinators": 6}),
     )  # fmt: skip
-    stored = custom.get_namespaced_custom_object(
-        "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"
+    stored = cast(  # typed `object` by the client: a custom object is its JSON document
+        dict[str, Any],
+        custom.get_namespaced_custom_object("txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"),
     )
     assert stored["spec"]["batchedWrite"]["maxRecords"] == 512  # defaulted by the API server
 
@@ -232,12 +257,16 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
             (client.RbacAuthorizationV1Api(api).read_namespaced_role, "txn-verifier"),
             (client.BatchV1Api(api).read_namespaced_cron_job, "txn-verifier"),
         ]:
-            obj = wait_for(lambda read=read, name=name: _get(lambda: read(name, "demo")), name, 20)
+            # mypy cannot infer a lambda whose parameters have defaults (they bind the loop variables).
+            obj = wait_for(lambda read=read, name=name: _get(lambda: read(name, "demo")), name, 20)  # type: ignore[misc]
             assert obj.metadata.owner_references[0].name == "txn"
 
         def status() -> dict[str, Any]:
-            got = custom.get_namespaced_custom_object(
-                "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"
+            got = cast(
+                dict[str, Any],
+                custom.get_namespaced_custom_object(
+                    "txnkeeper.io", "v1", "demo", "transactioncoordinators", "txn"
+                ),
             )
             return dict(got.get("status") or {})
 
@@ -275,7 +304,7 @@ def _get(read: Callable[[], Any]) -> Any:
         raise
 
 
-def _operator_kubeconfig(api: Any, admin_kubeconfig: Path, tmp_path: Path) -> Path:
+def _operator_kubeconfig(api: ApiClient, admin_kubeconfig: Path, tmp_path: Path) -> Path:
     """The chart's ServiceAccount and RBAC, applied as rendered; a kubeconfig with its token."""
     from kubernetes import client, utils
 
@@ -297,19 +326,20 @@ def _operator_kubeconfig(api: Any, admin_kubeconfig: Path, tmp_path: Path) -> Pa
         check=True,
         timeout=60,
     ).stdout
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": "tk"}})
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": "tk"}})  # type: ignore[arg-type]
     for doc in yaml.safe_load_all(rendered):
         if doc and doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
             if "helm.sh/hook" in (doc["metadata"].get("annotations") or {}):
                 continue
-            utils.create_from_dict(api, doc, namespace="tk")
-    token = (
-        client.CoreV1Api(api)
-        .create_namespaced_service_account_token(
-            "t-txnkeeper-operator", "tk", {"spec": {"expirationSeconds": 3600}}
-        )
-        .status.token
+            # kubernetes.utils is unannotated.
+            utils.create_from_dict(api, doc, namespace="tk")  # type: ignore[no-untyped-call]
+    request = client.CoreV1Api(api).create_namespaced_service_account_token(
+        "t-txnkeeper-operator",
+        "tk",
+        {"spec": {"expirationSeconds": 3600}},  # type: ignore[arg-type]
     )
+    assert request.status is not None
+    token = request.status.token
     admin = yaml.safe_load(admin_kubeconfig.read_text())
     cluster = admin["clusters"][0]["cluster"]
     config = {

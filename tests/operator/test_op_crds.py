@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import celpy
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed (types-jsonschema)
 import kubernetes_validate
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from txnkeeper_operator.crdgen import definitions, render
 
@@ -31,7 +32,8 @@ def _load(name: str) -> dict[str, Any]:
 
 def _schema(name: str, part: str) -> dict[str, Any]:
     schema: dict[str, Any] = _load(name)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return schema["properties"][part]  # type: ignore[no-any-return]
+    properties: dict[str, Any] = schema["properties"][part]
+    return properties
 
 
 @pytest.mark.parametrize("name", sorted(definitions()))
@@ -117,12 +119,12 @@ def cel_errors(name: str, spec: dict[str, Any], old: dict[str, Any] | None = Non
         current = _at(spec, path)
         if current is None:
             continue
-        activation = {"self": celpy.json_to_cel(current)}
+        activation = {"self": json_to_cel(current)}
         if "oldSelf" in rule["rule"]:
             previous = _at(old, path) if old is not None else None
             if previous is None:
                 continue  # transition rules only run on update
-            activation["oldSelf"] = celpy.json_to_cel(previous)
+            activation["oldSelf"] = json_to_cel(previous)
         if not env.program(env.compile(rule["rule"])).evaluate(activation):
             errors.append(rule["message"])
     return errors
@@ -201,5 +203,5 @@ def test_defaults_satisfy_their_own_rules_as_written() -> None:
     for name in (TC, PAS):
         for _path, sub, rule in _rules(_schema(name, "spec")):
             if "default" in sub and "oldSelf" not in rule["rule"]:
-                activation = {"self": celpy.json_to_cel(sub["default"])}
+                activation = {"self": json_to_cel(sub["default"])}
                 assert env.program(env.compile(rule["rule"])).evaluate(activation), rule["message"]

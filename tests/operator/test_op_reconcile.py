@@ -65,7 +65,8 @@ class FakeKube:
 
     async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None:
         assert plural == "transactioncoordinators" and name == self.cr["metadata"]["name"]
-        return json.loads(json.dumps(self.cr))  # a copy, like a GET
+        fetched: Obj = json.loads(json.dumps(self.cr))  # a copy, like a GET
+        return fetched
 
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         return self.objects.get((kind, namespace, name))
@@ -274,7 +275,7 @@ async def test_upgrade_then_verified_downgrade(world: Any) -> None:
             report = {
                 "apiVersion": "txnkeeper.io/v1",
                 "kind": "VerifierReport",
-                "generatedAt": format_time(ctx.clock.now + timedelta(seconds=1)),  # type: ignore[attr-defined]
+                "generatedAt": format_time(ctx.clock.now + timedelta(seconds=1)),
                 "markersTakenAt": markers["takenAt"],
                 "markers": markers["stores"],
                 "safe": verdict["safe"],
