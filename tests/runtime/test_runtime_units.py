@@ -166,6 +166,31 @@ async def test_coordinator_ends_once_per_store_and_retries_only_the_failed_store
     assert coordinator.status_of(txn) == "COMMITTED"
 
 
+async def test_add_to_txn_logs_the_same_records_as_the_two_separate_requests(tmp_path: Path) -> None:
+    from txnkeeper.server.handler import PodHandler
+
+    clock = [1_000]
+    coordinator, log, _sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txn = await coordinator.new_txn(5_000)
+    handler = PodHandler({7: coordinator}, None)
+    body = api.AddToTxn(txn_id=api.TxnId(most=txn.most, least=txn.least), topics=["out"], store_address="s:1")
+    body.subscriptions.add(topic="in", subscription="work")
+    result = handler.handle(object(), "add_to_txn", api.Command(add_to_txn=body))  # type: ignore[arg-type]
+    assert result is not None and not isinstance(result, api.Command)
+    await result
+    await coordinator.close()
+    op = meta_pb.TransactionMetadataEntry
+    assert [
+        (r.metadata_op, list(r.partitions), [(s.topic, s.subscription) for s in r.subscriptions])
+        for r in log.records
+    ] == [
+        (op.NEW, [], []),
+        (op.ADD_PARTITION, ["out"], []),
+        (op.ADD_SUBSCRIPTION, [], [("in", "work")]),
+    ]
+
+
 async def test_coordinator_sequence_is_never_reused_and_timeouts_abort(tmp_path: Path) -> None:
     clock = [1_000]
     coordinator, _log, _sink = make_coordinator(tmp_path, clock)

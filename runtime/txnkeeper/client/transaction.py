@@ -40,6 +40,8 @@ class Transaction:
         self.state = "OPEN"
         self._end_attempt: bool | None = None
         self._pb: api.TxnId | None = None
+        # (topic, subscription or None, store address, registration) not sent yet
+        self._unsent: list[tuple[str, str | None, str, asyncio.Future[api.Command]]] = []
 
     def __repr__(self) -> str:
         return f"Transaction{self.txn_id}[{self.state}]"
@@ -63,41 +65,62 @@ class Transaction:
         await self._shielded(self._subscription_registration(topic, subscription, store_address))
 
     def _partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
-        return self._registration(
-            ("p", topic),
-            lambda: api.Command(
-                add_partition=api.AddPartitionToTxn(
-                    txn_id=self._pb_id, topics=[topic], store_address=store_address
-                )
-            ),
-        )
+        return self._registration(("p", topic), topic, None, store_address)
 
     def _subscription_registration(
         self, topic: str, subscription: str, store_address: str
     ) -> asyncio.Future[api.Command]:
-        return self._registration(
-            ("s", topic, subscription),
-            lambda: api.Command(
-                add_subscription=api.AddSubscriptionToTxn(
-                    txn_id=self._pb_id,
-                    subscriptions=[api.SubscriptionRef(topic=topic, subscription=subscription)],
-                    store_address=store_address,
-                )
-            ),
-        )
+        return self._registration(("s", topic, subscription), topic, subscription, store_address)
 
-    def _registration(self, key: object, command: Callable[[], api.Command]) -> asyncio.Future[api.Command]:
+    def _registration(
+        self, key: object, topic: str, subscription: str | None, store_address: str
+    ) -> asyncio.Future[api.Command]:
         """The (shared) registration of a partition or subscription with the coordinator: sent once
-        per transaction, again only if an earlier attempt failed."""
+        per transaction, again only if an earlier attempt failed.
+
+        Registrations asked for in the same event-loop turn (a send and an ack started together) go
+        out as one AddToTxn per store pod at the end of the turn: one request instead of two.
+        """
         self._check_open()
         existing = self._registered.get(key)
-        if existing is None or (
+        if existing is not None and not (
             existing.done() and (existing.cancelled() or existing.exception() is not None)
         ):
-            # The pool sends at the call and hands back the response future: no task per request.
-            existing = asyncio.ensure_future(self._client.connections.request(self._coordinator, command()))
-            self._registered[key] = existing
-        return existing
+            return existing
+        registration: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        self._registered[key] = registration
+        if not self._unsent:
+            asyncio.get_running_loop().call_soon(self._send_registrations)
+        self._unsent.append((topic, subscription, store_address, registration))
+        return registration
+
+    def _send_registrations(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        by_store: dict[str, api.AddToTxn] = {}
+        waiting: dict[str, list[asyncio.Future[api.Command]]] = {}
+        for topic, subscription, store_address, registration in unsent:
+            body = by_store.get(store_address)
+            if body is None:
+                body = by_store[store_address] = api.AddToTxn(store_address=store_address)
+                body.txn_id.CopyFrom(self._pb_id)
+                waiting[store_address] = []
+            if subscription is None:
+                body.topics.append(topic)
+            else:
+                ref = body.subscriptions.add()
+                ref.topic = topic
+                ref.subscription = subscription
+            waiting[store_address].append(registration)
+        for store_address, body in by_store.items():
+            registrations = waiting[store_address]
+            try:
+                response = asyncio.ensure_future(
+                    self._client.connections.request(self._coordinator, api.Command(add_to_txn=body))
+                )
+            except Exception as exc:
+                _settle_all(registrations, exc, None)
+                continue
+            response.add_done_callback(partial(_registered, registrations))
 
     @staticmethod
     async def _shielded(registration: asyncio.Future[api.Command]) -> None:
@@ -222,3 +245,17 @@ class Transaction:
             self.state = "ERROR"
             raise
         self.state = "COMMITTED" if commit else "ABORTED"
+
+
+def _registered(
+    registrations: list[asyncio.Future[api.Command]], response: asyncio.Future[api.Command]
+) -> None:
+    failure = failure_of(response)
+    _settle_all(registrations, failure, None if failure is not None else response.result())
+
+
+def _settle_all(
+    registrations: list[asyncio.Future[api.Command]], failure: BaseException | None, value: api.Command | None
+) -> None:
+    for registration in registrations:
+        settle(registration, failure, cast(api.Command, value))

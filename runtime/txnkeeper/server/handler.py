@@ -45,6 +45,11 @@ def _answer_new_txn(response: asyncio.Future[api.Command], begun: asyncio.Future
     settle(response, None, api.Command(new_txn_response=api.NewTxnResponse(txn_id=txn)))
 
 
+def _consume(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class ConsumerEndpoint:
     """A consumer as a subscription sees it: pushes messages over its session.
 
@@ -92,6 +97,7 @@ class PodHandler:
             "new_txn": self._new_txn,
             "add_partition": self._add_partition,
             "add_subscription": self._add_subscription,
+            "add_to_txn": self._add_to_txn,
             "end_txn": self._end_txn,
             "get_txn_status": self._get_txn_status,
         }
@@ -150,6 +156,26 @@ class PodHandler:
         coordinator = self._coordinator(body.txn_id.most)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
         return coordinator.add_subscriptions(_txn(body.txn_id), subs, body.store_address)
+
+    def _add_to_txn(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.add_to_txn
+        coordinator = self._coordinator(body.txn_id.most)
+        require(len(body.topics) + len(body.subscriptions) > 0, "add names no partition or subscription")
+        txn = _txn(body.txn_id)
+        if not body.subscriptions:
+            return coordinator.add_partitions(txn, list(body.topics), body.store_address)
+        subs = [(s.topic, s.subscription) for s in body.subscriptions]
+        if not body.topics:
+            return coordinator.add_subscriptions(txn, subs, body.store_address)
+        partitions = coordinator.add_partitions(txn, list(body.topics), body.store_address)
+        try:
+            subscriptions = coordinator.add_subscriptions(txn, subs, body.store_address)
+        except Exception:
+            # The partitions' record is on its way; it is not this request's outcome any more.
+            asyncio.ensure_future(partitions).add_done_callback(_consume)
+            raise
+        # Both records are queued; gathering futures costs no task.
+        return asyncio.gather(partitions, subscriptions)
 
     def _end_txn(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn
