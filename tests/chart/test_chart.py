@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs installed (types-jsonschema)
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
-import jsonschema  # type: ignore[import-untyped]  # no stubs installed (types-jsonschema)
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
