@@ -171,12 +171,14 @@ class TopicService:
             self._registry = updated
 
     # --- operations ----------------------------------------------------------------------------------
+    # The lookups below try the dict first: an open partition (the usual case) then costs no
+    # coroutine of its own on the produce and end paths.
     async def publish(self, topic: str, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
-        partition = await self.partition(topic)
+        partition = self._partitions.get(topic) or await self.partition(topic)
         return await partition.publish(payload, key, txn_id)
 
     async def end_txn_on_partition(self, topic: str, txn_id: TxnID, commit: bool) -> None:
-        partition = await self.partition(topic)
+        partition = self._partitions.get(topic) or await self.partition(topic)
         await partition.end_txn(txn_id, commit)
 
     async def end_txn_on_subscription(self, topic: str, name: str, txn_id: TxnID, commit: bool) -> None:
@@ -194,7 +196,12 @@ class TopicService:
         """
         waiting: list[Awaitable[object]] = []
         first_error: BaseException | None = None
-        ends = [self.end_txn_on_partition(topic, txn_id, commit) for topic in topics]
+        ends = [
+            partition.end_txn(txn_id, commit)
+            if (partition := self._partitions.get(topic)) is not None
+            else self.end_txn_on_partition(topic, txn_id, commit)
+            for topic in topics
+        ]
         if len(ends) == 1:
             waiting.append(ends[0])
         elif ends:
