@@ -84,9 +84,9 @@ class Client:
         if self._coordinator_cycle is None:
             raise ValueError("this client was given no coordinator addresses")
         address = next(self._coordinator_cycle)
-        response = await self.connections.request(
-            address, api.Command(new_txn=api.NewTxn(timeout_ms=timeout_ms))
-        )
+        command = api.Command()
+        command.new_txn.timeout_ms = timeout_ms
+        response = await self.connections.request(address, command)
         txn = response.new_txn_response.txn_id
         return Transaction(self, TxnID(txn.most, txn.least), address)
 

@@ -142,25 +142,31 @@ class Consumer:
         return self._ack([_id(message)], cumulative=True, txn=txn)
 
     def _ack(self, ids: list[MessageId], cumulative: bool, txn: Transaction | None) -> asyncio.Future[None]:
-        body = api.Ack(consumer_id=self.consumer_id, message_ids=[i.to_pb() for i in ids])
+        command = api.Command()
+        body = command.ack
+        body.consumer_id = self.consumer_id
+        for message_id in ids:
+            added = body.message_ids.add()
+            added.ledger_id = message_id.ledger_id
+            added.entry_id = message_id.entry_id
         body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
         if txn is None:
-            return then(self._request_ack(body), _nothing)
+            return then(self._request_ack(command), _nothing)
         registration = txn._subscription_registration(self.topic, self.subscription, self.store_address)
 
         def ack() -> Awaitable[api.Command]:
             body.txn_id.CopyFrom(txn._pb_id)
-            return self._request_ack(body)
+            return self._request_ack(command)
 
         return txn.operation(registration, ack, _nothing)
 
-    def _request_ack(self, body: api.Ack) -> asyncio.Future[api.Command]:
+    def _request_ack(self, command: api.Command) -> asyncio.Future[api.Command]:
         conn = self._conn
         if conn is None or not conn.is_open:
             raise ServiceError(
                 f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
             )
-        return conn.request(api.Command(ack=body))
+        return conn.request(command)
 
     async def redeliver_unacknowledged_messages(self) -> None:
         conn = self._conn

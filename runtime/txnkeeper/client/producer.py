@@ -33,15 +33,20 @@ class Producer:
             raise ClientClosedError(f"producer of {self.topic} is closed")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"message data must be bytes, not {type(data).__name__}")
-        body = api.Produce(topic=self.topic, payload=bytes(data), key=key)
+        # Filled in place (passing a built Produce as an argument would copy it, payload included).
+        command = api.Command()
+        body = command.produce
+        body.topic = self.topic
+        body.payload = bytes(data)
+        body.key = key
         connections = self._client.connections
         if txn is None:
-            return then(connections.request(self.store_address, api.Command(produce=body)), _receipt)
+            return then(connections.request(self.store_address, command), _receipt)
         registration = txn._partition_registration(self.topic, self.store_address)
 
         def produce() -> Awaitable[api.Command]:
             body.txn_id.CopyFrom(txn._pb_id)
-            return connections.request(self.store_address, api.Command(produce=body))
+            return connections.request(self.store_address, command)
 
         return txn.operation(registration, produce, _receipt)
 

@@ -237,10 +237,12 @@ class Transaction:
 
     async def _end(self, commit: bool) -> None:
         self._end_attempt = commit
-        body = api.EndTxn(txn_id=self._pb_id)
+        command = api.Command()
+        body = command.end_txn
+        body.txn_id.CopyFrom(self._pb_id)
         body.action = api.COMMIT if commit else api.ABORT
         try:
-            await self._client.connections.request(self._coordinator, api.Command(end_txn=body))
+            await self._client.connections.request(self._coordinator, command)
         except ServiceError:
             self.state = "ERROR"
             raise

@@ -48,7 +48,9 @@ class CommandHandler(Protocol):
 
 def _success() -> api.Command:
     # a fresh command each time: the request id is stamped into it
-    return api.Command(success=api.Success())
+    command = api.Command()
+    command.success.SetInParent()
+    return command
 
 
 def error_response(exc: BaseException) -> api.Command:

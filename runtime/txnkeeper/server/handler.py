@@ -25,7 +25,9 @@ from txnkeeper.topic.subscription import Subscription
 
 def _success() -> api.Command:
     # a fresh command each time: the server stamps the request id into it
-    return api.Command(success=api.Success())
+    command = api.Command()
+    command.success.SetInParent()
+    return command
 
 
 MAX_PERMITS = 100_000
@@ -41,8 +43,11 @@ def _answer_new_txn(response: asyncio.Future[api.Command], begun: asyncio.Future
         settle(response, failure, api.Command())
         return
     txn_id = begun.result()
-    txn = api.TxnId(most=txn_id.most, least=txn_id.least)
-    settle(response, None, api.Command(new_txn_response=api.NewTxnResponse(txn_id=txn)))
+    command = api.Command()
+    txn = command.new_txn_response.txn_id
+    txn.most = txn_id.most
+    txn.least = txn_id.least
+    settle(response, None, command)
 
 
 def _consume(future: asyncio.Future[object]) -> None:
@@ -74,15 +79,18 @@ class ConsumerEndpoint:
         return self._session.is_open
 
     def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
-        message = api.Message(
-            consumer_id=self.client_consumer_id,
-            message_id=api.MessageIdData(ledger_id=position.ledger_id, entry_id=position.entry_id),
-            payload=payload,
-            key=key,
-            redelivery_count=redelivery_count,
-            topic=self.topic,
-        )
-        self._session.push(api.Command(message=message))
+        # Filled in place: building the parts and passing them as arguments copies each (3x slower).
+        command = api.Command()
+        message = command.message
+        message.consumer_id = self.client_consumer_id
+        message_id = message.message_id
+        message_id.ledger_id = position.ledger_id
+        message_id.entry_id = position.entry_id
+        message.payload = payload
+        message.key = key
+        message.redelivery_count = redelivery_count
+        message.topic = self.topic
+        self._session.push(command)
 
 
 class PodHandler:
@@ -206,11 +214,11 @@ class PodHandler:
         topics: TopicService, topic: str, payload: bytes, key: str, txn: TxnID | None
     ) -> api.Command:
         position = await topics.publish(topic, payload, key, txn)
-        return api.Command(
-            produce_receipt=api.ProduceReceipt(
-                message_id=api.MessageIdData(ledger_id=position.ledger_id, entry_id=position.entry_id)
-            )
-        )
+        command = api.Command()
+        message_id = command.produce_receipt.message_id
+        message_id.ledger_id = position.ledger_id
+        message_id.entry_id = position.entry_id
+        return command
 
     def _subscribe(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.subscribe

@@ -30,13 +30,18 @@ class StorePeers:
         topics: Sequence[str],
         subscriptions: Sequence[tuple[str, str]],
     ) -> Awaitable[api.Command]:
-        body = api.EndTxnOnStore(
-            txn_id=api.TxnId(most=txn_id.most, least=txn_id.least),
-            action=api.COMMIT if commit else api.ABORT,
-            topics=topics,
-            subscriptions=[api.SubscriptionRef(topic=t, subscription=s) for t, s in subscriptions],
-        )
-        return self._pool.request(address, api.Command(end_txn_on_store=body))
+        # Filled in place (passing built parts as arguments copies each of them).
+        command = api.Command()
+        body = command.end_txn_on_store
+        body.txn_id.most = txn_id.most
+        body.txn_id.least = txn_id.least
+        body.action = api.COMMIT if commit else api.ABORT
+        body.topics.extend(topics)
+        for topic, subscription in subscriptions:
+            ref = body.subscriptions.add()
+            ref.topic = topic
+            ref.subscription = subscription
+        return self._pool.request(address, command)
 
     async def close(self) -> None:
         await self._pool.close()

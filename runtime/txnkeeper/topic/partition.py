@@ -68,7 +68,7 @@ class Partition:
             if not entries:
                 return
             for position, data in entries:
-                record = decode(data, f"{self.topic}@{position}")
+                record = decode(data, self.topic, position)
                 if record.txn_id is not None:
                     if record.is_marker:
                         self.buffer.ended(record.txn_id, record.commit, position)

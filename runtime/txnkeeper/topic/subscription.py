@@ -351,7 +351,7 @@ class Subscription:
         auto_ack: list[Position] = []
         progressed = False
         for position, data in entries:
-            record = decode(data, f"{self.topic}@{position}")
+            record = decode(data, self.topic, position)
             if record.is_marker:
                 auto_ack.append(position)
             elif record.txn_id is not None:
