@@ -176,19 +176,40 @@ async def test_add_to_txn_logs_the_same_records_as_the_two_separate_requests(tmp
     handler = PodHandler({7: coordinator}, None)
     body = api.AddToTxn(txn_id=api.TxnId(most=txn.most, least=txn.least), topics=["out"], store_address="s:1")
     body.subscriptions.add(topic="in", subscription="work")
-    result = handler.handle(object(), "add_to_txn", api.Command(add_to_txn=body))  # type: ignore[arg-type]
+    session = object()
+    result = handler.handle(session, "add_to_txn", api.Command(add_to_txn=body))  # type: ignore[arg-type]
     assert result is not None and not isinstance(result, api.Command)
     await result
+    # The separate requests (older clients) log the same records.
+    other = await coordinator.new_txn(5_000)
+    other_pb = api.TxnId(most=other.most, least=other.least)
+    partition = api.AddPartitionToTxn(txn_id=other_pb, topics=["out"], store_address="s:1")
+    subscription = api.AddSubscriptionToTxn(txn_id=other_pb, store_address="s:1")
+    subscription.subscriptions.add(topic="in", subscription="work")
+    for name, command in (
+        ("add_partition", api.Command(add_partition=partition)),
+        ("add_subscription", api.Command(add_subscription=subscription)),
+    ):
+        result = handler.handle(session, name, command)  # type: ignore[arg-type]
+        assert result is not None and not isinstance(result, api.Command)
+        await result
     await coordinator.close()
     op = meta_pb.TransactionMetadataEntry
-    assert [
-        (r.metadata_op, list(r.partitions), [(s.topic, s.subscription) for s in r.subscriptions])
+    records = [
+        (
+            r.txnid_least_bits,
+            r.metadata_op,
+            list(r.partitions),
+            [(s.topic, s.subscription) for s in r.subscriptions],
+        )
         for r in log.records
-    ] == [
-        (op.NEW, [], []),
-        (op.ADD_PARTITION, ["out"], []),
-        (op.ADD_SUBSCRIPTION, [], [("in", "work")]),
     ]
+    for least in (txn.least, other.least):
+        assert [r[1:] for r in records if r[0] == least] == [
+            (op.NEW, [], []),
+            (op.ADD_PARTITION, ["out"], []),
+            (op.ADD_SUBSCRIPTION, [], [("in", "work")]),
+        ]
 
 
 async def test_coordinator_sequence_is_never_reused_and_timeouts_abort(tmp_path: Path) -> None:
