@@ -166,5 +166,14 @@ async def test_end_on_store_is_idempotent_and_the_per_partition_ends_still_work(
                     end_txn_on_store=api.EndTxnOnStore(txn_id=txn_pb, action=api.ABORT, topics=[OUT])
                 ),
             )
+        # Several ends in one request are applied and answered one by one.
+        batch = api.Command()
+        ends = batch.end_txns_on_store.ends
+        ends.add(txn_id=txn_pb, action=api.COMMIT, topics=[OUT])  # a repeat: applied (no-op)
+        ends.add(txn_id=txn_pb, action=api.ABORT, topics=[OUT])  # the other way: refused
+        ends.add(txn_id=txn_pb, action=api.COMMIT)  # names nothing: refused
+        answer = (await client.connections.request(store.listen, batch)).end_txns_on_store_result
+        assert list(answer.failed) == [1, 2]
+        assert [e.code for e in answer.errors] == [api.INVALID_TXN_STATUS, api.BAD_REQUEST]
         with pytest.raises(TimeoutError):
             await reader.receive(timeout=0.5)

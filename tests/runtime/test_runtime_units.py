@@ -255,3 +255,39 @@ def test_transaction_buffer_outcomes_and_forgetting() -> None:
     assert buffer.outcome(a) is TxnOutcome.COMMITTED and buffer.outcome(b) is TxnOutcome.ABORTED
     assert buffer.forget_before(Position(2, -1)) == 1  # ledger 1 was trimmed: a's entries are gone
     assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1
+
+
+async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_refused() -> None:
+    import asyncio
+
+    from txnkeeper.server.peers import StorePeers
+
+    peers = StorePeers()
+    sent: list[api.Command] = []
+    answer: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+
+    def request(address: str, command: api.Command) -> asyncio.Future[api.Command]:
+        sent.append(command)
+        return answer
+
+    peers._pool.request = request  # type: ignore[method-assign]
+    ends = [
+        peers.end_on_store("s:1", TxnID(0, n), True, ["t"], [("t", "sub")] if n == 2 else [])
+        for n in range(1, 4)
+    ]
+    # The turn ends (callbacks run in the order they were scheduled): one request carries all three.
+    turn_over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(turn_over.set_result, None)
+    await turn_over
+    assert len(sent) == 1 and [e.txn_id.least for e in sent[0].end_txns_on_store.ends] == [1, 2, 3]
+    assert [(s.topic, s.subscription) for s in sent[0].end_txns_on_store.ends[1].subscriptions] == [
+        ("t", "sub")
+    ]
+    result = api.Command()
+    result.end_txns_on_store_result.failed.append(1)
+    result.end_txns_on_store_result.errors.add(code=api.INVALID_TXN_STATUS, message="other way")
+    answer.set_result(result)
+    outcomes = await asyncio.gather(*ends, return_exceptions=True)
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], InvalidTxnStatusError)
+    await peers.close()

@@ -54,10 +54,20 @@ def _success() -> api.Command:
 
 
 def error_response(exc: BaseException) -> api.Command:
+    command = api.Command()
+    fill_error(command.error, exc)
+    return command
+
+
+def fill_error(error: api.Error, exc: BaseException) -> None:
+    """Describe ``exc`` in ``error`` as the peer should see it (unexpected errors are logged here)."""
     if isinstance(exc, ServiceError):
-        return api.Command(error=api.Error(code=exc.code, message=str(exc)))  # type: ignore[arg-type]
+        error.code = exc.code  # type: ignore[assignment]
+        error.message = str(exc)
+        return
     log.exception("request failed unexpectedly", exc_info=exc)
-    return api.Command(error=api.Error(code=api.UNKNOWN_ERROR, message=f"{type(exc).__name__}: {exc}"))
+    error.code = api.UNKNOWN_ERROR
+    error.message = f"{type(exc).__name__}: {exc}"
 
 
 class ServerConnection(FrameConnection):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
+from typing import Any
 
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.futures import failure_of, settle
@@ -18,7 +19,7 @@ from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.errors import BadRequestError, NotServedHereError, UnavailableError
-from txnkeeper.protocol.server import HandlerResult, Session, require
+from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.subscription import Subscription
 
@@ -119,6 +120,7 @@ class PodHandler:
             "end_txn_on_partition": self._end_on_partition,
             "end_txn_on_subscription": self._end_on_subscription,
             "end_txn_on_store": self._end_on_store,
+            "end_txns_on_store": self._ends_on_store,
         }
         self._routes = {**coordinator_routes, **store_routes}
         self._role_of = {name: "coordinator" for name in coordinator_routes} | {
@@ -294,3 +296,33 @@ class PodHandler:
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
         commit = body.action == api.COMMIT
         return topics.end_txn_on_store(_txn(body.txn_id), commit, body.topics, subs)
+
+    def _ends_on_store(self, session: Session, command: api.Command) -> HandlerResult:
+        ends = command.end_txns_on_store.ends
+        topics = self._store()
+        require(len(ends) > 0, "the request names no end")
+        return self._ends_on_store_async(topics, [self._one_end(topics, end) for end in ends])
+
+    @staticmethod
+    async def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> None:
+        require(len(end.topics) + len(end.subscriptions) > 0, "end names no partition or subscription")
+        subs = [(s.topic, s.subscription) for s in end.subscriptions]
+        await topics.end_txn_on_store(_txn(end.txn_id), end.action == api.COMMIT, end.topics, subs)
+
+    @staticmethod
+    async def _ends_on_store_async(
+        topics: TopicService, ends: list[Coroutine[Any, Any, None]]
+    ) -> api.Command:
+        # Each end is applied on its own (concurrently, as separate requests would be) and answered
+        # on its own: one failure does not fail the others.
+        results = await asyncio.gather(*ends, return_exceptions=True)
+        command = api.Command()
+        answer = command.end_txns_on_store_result
+        answer.SetInParent()
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                answer.failed.append(index)
+                fill_error(answer.errors.add(), result)
+        return command
