@@ -210,9 +210,12 @@ class TransactionCoordinator:
         if not new:
             return resolved(None)
         entry = meta_pb.TransactionMetadataEntry(
-            metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION,
-            subscriptions=[meta_pb.Subscription(topic=t, subscription=s) for t, s in new],
+            metadata_op=meta_pb.TransactionMetadataEntry.ADD_SUBSCRIPTION
         )
+        for topic, subscription in new:  # added in place: passing built Subscriptions copies them
+            added = entry.subscriptions.add()
+            added.topic = topic
+            added.subscription = subscription
         return self._log_change(meta, entry)
 
     async def _learn_then(

@@ -30,10 +30,12 @@ class PendingAckLogAdapter:
             ack_type=pa.CommandAck.Cumulative if cumulative else pa.CommandAck.Individual,
             txnid_most_bits=txn_id.most,
             txnid_least_bits=txn_id.least,
-            pending_ack_metadata=[
-                pa.PendingAckMetadata(ledgerId=p.ledger_id, entryId=p.entry_id) for p in positions
-            ],
         )
+        # Added in place: building each PendingAckMetadata and passing the list copies them again.
+        for position in positions:
+            metadata = record.pending_ack_metadata.add()
+            metadata.ledgerId = position.ledger_id
+            metadata.entryId = position.entry_id
         return self.store.append(record)
 
     def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[WritePosition]:
