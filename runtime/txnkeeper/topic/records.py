@@ -23,18 +23,27 @@ class DecodedRecord:
     commit: bool = False  # markers only
 
 
+# Both fill the entry in place: building the parts and passing them as arguments copies each of them
+# (the payload included), which was most of the cost of writing a message or a marker.
 def encode_data(payload: bytes, key: str, txn_id: TxnID | None, publish_time_ms: int) -> bytes:
-    record = api.DataRecord(payload=payload, key=key, publish_time_ms=publish_time_ms)
+    entry = api.PartitionEntry()
+    record = entry.data
+    record.payload = payload
+    record.key = key
+    record.publish_time_ms = publish_time_ms
     if txn_id is not None:
         record.txn_id.most = txn_id.most
         record.txn_id.least = txn_id.least
-    return api.PartitionEntry(data=record).SerializeToString()
+    return entry.SerializeToString()
 
 
 def encode_marker(txn_id: TxnID, commit: bool) -> bytes:
-    marker = api.TxnMarker(txn_id=api.TxnId(most=txn_id.most, least=txn_id.least))
+    entry = api.PartitionEntry()
+    marker = entry.marker
+    marker.txn_id.most = txn_id.most
+    marker.txn_id.least = txn_id.least
     marker.action = api.COMMIT if commit else api.ABORT
-    return api.PartitionEntry(marker=marker).SerializeToString()
+    return entry.SerializeToString()
 
 
 class CorruptRecordError(ValueError):

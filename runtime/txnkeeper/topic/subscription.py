@@ -239,7 +239,9 @@ class Subscription:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ending[txn_id] = done
         logged.add_done_callback(partial(self._end_logged, txn_id, commit, acks, done))
-        return asyncio.shield(done)
+        # Not shielded (the store's request path never cancels): a cancelled first waiter cancels
+        # only this shared future, never the end, which the callback finishes regardless.
+        return done
 
     def _end_logged(
         self,
