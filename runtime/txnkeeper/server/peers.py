@@ -2,9 +2,8 @@
 
 This is the coordinator's ``EndTxnSink``: ends travel over the same client protocol as everything
 else. The ends bound for one store pod in one event-loop turn go out together, as one
-``EndTxnsOnStore`` (or a plain ``EndTxnOnStore`` when there is just one), so many transactions ending
-at once cost the coordinator and the store one frame, not one each; every end still succeeds or
-fails on its own.
+``EndTxnsOnStore``, so many transactions ending at once cost the coordinator and the store one frame,
+not one each; every end still succeeds or fails on its own.
 """
 
 from __future__ import annotations
@@ -21,15 +20,14 @@ from txnkeeper.protocol.pool import ConnectionPool
 
 REQUEST_TIMEOUT = 30.0
 
-_Queued = list[tuple[api.EndTxnOnStore, asyncio.Future[None]]]
-
 
 class StorePeers:
     """Connections from this pod to store pods, by address."""
 
     def __init__(self) -> None:
         self._pool = ConnectionPool(REQUEST_TIMEOUT)
-        self._queued: dict[str, _Queued] = {}
+        # address -> (the EndTxnsOnStore being filled this turn, the waiters of its ends in order)
+        self._queued: dict[str, tuple[api.Command, list[asyncio.Future[None]]]] = {}
 
     def end_on_store(
         self,
@@ -41,7 +39,13 @@ class StorePeers:
     ) -> asyncio.Future[None]:
         """Queue the end for ``address``; the future resolves once that store applied it."""
         loop = asyncio.get_running_loop()
-        end = api.EndTxnOnStore()
+        queued = self._queued.get(address)
+        if queued is None:
+            queued = self._queued[address] = (api.Command(), [])
+            loop.call_soon(self._send, address)
+        command, waiting = queued
+        # Added in place to the request of this turn (building an end and adding it copies it).
+        end = command.end_txns_on_store.ends.add()
         end.txn_id.most = txn_id.most
         end.txn_id.least = txn_id.least
         end.action = api.COMMIT if commit else api.ABORT
@@ -51,29 +55,21 @@ class StorePeers:
             ref.topic = topic
             ref.subscription = subscription
         done: asyncio.Future[None] = loop.create_future()
-        queued = self._queued.get(address)
-        if queued is None:
-            queued = self._queued[address] = []
-            loop.call_soon(self._send, address)
-        queued.append((end, done))
+        waiting.append(done)
         return done
 
     def _send(self, address: str) -> None:
-        queued = self._queued.pop(address, [])
-        if not queued:
+        queued = self._queued.pop(address, None)
+        if queued is None:
             return
-        command = api.Command()
-        if len(queued) == 1:
-            command.end_txn_on_store.CopyFrom(queued[0][0])
-        else:
-            command.end_txns_on_store.ends.extend(end for end, _ in queued)
+        command, waiting = queued
         try:
             response = asyncio.ensure_future(self._pool.request(address, command))
         except Exception as exc:
-            for _, done in queued:
+            for done in waiting:
                 settle(done, exc, None)
             return
-        response.add_done_callback(partial(_answered, [done for _, done in queued]))
+        response.add_done_callback(partial(_answered, waiting))
 
     async def close(self) -> None:
         await self._pool.close()
@@ -86,9 +82,6 @@ def _answered(waiting: list[asyncio.Future[None]], response: asyncio.Future[api.
             settle(done, failure, None)
         return
     answer = response.result()
-    if len(waiting) == 1:
-        settle(waiting[0], None, None)  # a plain EndTxnOnStore: errors arrive as an error frame
-        return
     result = answer.end_txns_on_store_result
     if answer.WhichOneof("body") != "end_txns_on_store_result" or len(result.failed) != len(result.errors):
         # Not an answer this request can have: nothing is known to be applied, so all are retried.
