@@ -7,8 +7,7 @@ down; ``txnkeeper.coordinator.txnid`` re-exports this very class.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 _TEXT = re.compile(r"^\(?\s*(\d+)\s*,\s*(\d+)\s*\)?$")
 
@@ -23,9 +22,12 @@ class TxnIdLike(Protocol):
     def least(self) -> int: ...
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class TxnID:
-    """Pulsar's TxnID: (mostSigBits, leastSigBits), printed ``(most,least)``."""
+class TxnID(NamedTuple):
+    """Pulsar's TxnID: (mostSigBits, leastSigBits), printed ``(most,least)``.
+
+    A named tuple for the same reason as ``ledger.Position``: one is hashed on every request that
+    names a transaction. It compares equal to the plain ``(most, least)`` tuple.
+    """
 
     most: int
     least: int
