@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+from collections.abc import Awaitable
 from functools import partial
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -47,7 +48,7 @@ class LedgerPosition(Protocol):
 class EntryLog(Protocol):
     """The one ledger operation the writer needs (``txnkeeper.ledger.ManagedLedger`` satisfies it)."""
 
-    async def add_entry(self, data: bytes) -> LedgerPosition: ...
+    def add_entry(self, data: bytes) -> Awaitable[LedgerPosition]: ...
 
 
 class WritePosition(NamedTuple):
@@ -344,9 +345,19 @@ class BufferedWriter(Generic[R]):
         assert loop is not None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
-        task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(b"".join(framed)))
+        task = self._start_entry(loop, b"".join(framed))
         self._in_flight.add(task)
         task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
+
+    def _start_entry(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[LedgerPosition]:
+        # The ledger's append is a future (no task needed); a refusal at the call (closed or failed
+        # ledger) becomes that entry's failure, reported to its records like a failed write.
+        try:
+            return asyncio.ensure_future(self._ledger.add_entry(data), loop=loop)
+        except Exception as exc:
+            failed: asyncio.Future[LedgerPosition] = loop.create_future()
+            failed.set_exception(exc)
+            return failed
 
     def _on_batch_written(
         self,
@@ -395,7 +406,7 @@ class BufferedWriter(Generic[R]):
     ) -> asyncio.Future[WritePosition]:
         # The caller gets its own future: cancelling the caller must never cancel a ledger write.
         out: asyncio.Future[WritePosition] = loop.create_future()
-        task: asyncio.Future[LedgerPosition] = loop.create_task(self._ledger.add_entry(data))
+        task = self._start_entry(loop, data)
         self._in_flight.add(task)
         task.add_done_callback(partial(self._on_plain_written, out, sink))
         return out

@@ -13,18 +13,19 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import LedgerWriteError
 from .ledger_file import GroupWriteFailed, LedgerFile
 
 FailureHandler = Callable[[LedgerFile, GroupWriteFailed], LedgerWriteError]
+T = TypeVar("T")
 
 
 class _Group:
     """Appends queued for one ledger, contiguous in entry ids and file offsets."""
 
-    __slots__ = ("buffers", "data_bytes", "end", "futures", "ledger", "offsets", "start")
+    __slots__ = ("buffers", "data_bytes", "end", "futures", "ledger", "offsets", "results", "start")
 
     def __init__(self, ledger: LedgerFile, start: int) -> None:
         self.ledger = ledger
@@ -32,7 +33,8 @@ class _Group:
         self.end = start
         self.buffers: list[bytes] = []
         self.offsets: list[int] = []
-        self.futures: list[asyncio.Future[None]] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.results: list[object] = []
         self.data_bytes = 0
 
 
@@ -52,8 +54,10 @@ class GroupCommitWriter:
         group_commit: bool,
         sync: bool,
         on_failure: FailureHandler,
+        on_durable: Callable[[int], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._on_durable = on_durable
         self._executor = executor
         self._group_commit = group_commit
         self._sync = sync
@@ -65,8 +69,11 @@ class GroupCommitWriter:
         self.pending_appends = 0
         self.groups_written = 0
 
-    def append(self, ledger: LedgerFile, header: bytes, data: bytes, offset: int) -> asyncio.Future[None]:
-        """Queue one record at ``offset`` of ``ledger``; the future resolves once it is durable."""
+    def append(
+        self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T
+    ) -> asyncio.Future[T]:
+        """Queue one record at ``offset`` of ``ledger``; the future resolves to ``result`` once it is
+        durable (the caller's position: one future per append, no wrapper awaiting it)."""
         queue = self._queue
         group = queue[-1] if queue else None
         if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
@@ -77,8 +84,9 @@ class GroupCommitWriter:
         group.offsets.append(offset)
         group.data_bytes += len(data)
         group.end = offset + len(header) + len(data)
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[T] = self._loop.create_future()
         group.futures.append(future)
+        group.results.append(result)
         self.pending_appends += 1
         if self._task is None:
             self._start()
@@ -152,10 +160,12 @@ class GroupCommitWriter:
         self.groups_written += 1
         for group in groups:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
+        if self._on_durable is not None:
+            self._on_durable(count)
         for group in groups:
-            for future in group.futures:
+            for future, result in zip(group.futures, group.results, strict=True):
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(result)
 
     @staticmethod
     def _fail(groups: list[_Group], error: LedgerWriteError) -> None:

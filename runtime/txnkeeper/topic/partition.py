@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Protocol
 
 from txnkeeper.coordinator.txnid import TxnID
@@ -35,7 +35,7 @@ class PartitionLedger(Protocol):
 
     name: str
 
-    async def add_entry(self, data: bytes) -> Position: ...
+    def add_entry(self, data: bytes) -> Awaitable[Position]: ...
 
     async def read_entries(self, start: Position, max_entries: int) -> list[Entry]: ...
 
