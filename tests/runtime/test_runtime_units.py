@@ -79,6 +79,9 @@ class MemoryLog:
     async def delete_txn(self, txn_id: TxnID) -> None:
         self.deleted.append(txn_id)
 
+    async def delete_txns(self, txn_ids: list[TxnID]) -> None:
+        self.deleted.extend(txn_ids)
+
 
 class RecordingSink:
     def __init__(self) -> None:

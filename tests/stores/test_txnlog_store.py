@@ -102,6 +102,25 @@ async def test_delete_txn_deletes_at_batch_index_level_and_replay_skips(
     await store.close()
 
 
+async def test_delete_txns_deletes_many_transactions_in_one_call_including_in_flight_records(
+    factory: ManagedLedgerFactory,
+) -> None:
+    store = await TransactionLogStore.open(factory, 0, BatchedWriteConfig(enabled=True, max_records=16))
+    await asyncio.gather(*(run_txn(store, s) for s in range(6)))
+    # Records of transaction 6 are still buffered when the deletion starts: it waits for them.
+    in_flight = [store.append(new_txn(0, 6)), store.append(update(0, 6, tm.OPEN, tm.ABORTING))]
+    await store.delete_txns([TxnID(0, s) for s in (0, 2, 4, 6)] + [TxnID(0, 99)])  # 99: never written
+    assert all(f.done() for f in in_flight)
+    for s in (0, 2, 4, 6):
+        assert store.txn_positions(TxnID(0, s)) == []
+    assert store.txn_count() == 3
+    await store.delete_txns([TxnID(0, 0)])  # idempotent
+    await store.close()
+    store = await TransactionLogStore.open(factory, 0)
+    assert sorted(await store.replay()) == [TxnID(0, 1), TxnID(0, 3), TxnID(0, 5)]
+    await store.close()
+
+
 async def test_after_all_txns_end_and_a_rollover_oldest_ledger_passes_last_batched(
     factory: ManagedLedgerFactory,
 ) -> None:

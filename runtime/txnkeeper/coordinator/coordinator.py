@@ -448,16 +448,16 @@ class TransactionCoordinator:
         return address
 
     async def _delete_many(self, txn_ids: list[TxnID]) -> None:
-        results = await asyncio.gather(*(self._log.delete_txn(t) for t in txn_ids), return_exceptions=True)
-        for txn_id, result in zip(txn_ids, results, strict=True):
-            if isinstance(result, BaseException):
-                # Left in the log: a restart replays it as ended and deletes it then.
-                log.error(
-                    "coordinator %d: deleting the records of %s failed: %s",
-                    self.coordinator_id,
-                    txn_id,
-                    result,
-                )
+        try:
+            await self._log.delete_txns(txn_ids)
+        except Exception as exc:
+            # Left in the log: a restart replays them as ended and deletes them then.
+            log.error(
+                "coordinator %d: deleting the records of %d ended transaction(s) failed: %s",
+                self.coordinator_id,
+                len(txn_ids),
+                exc,
+            )
 
     async def _timeout_abort(self, txn_id: TxnID) -> None:
         meta = self._txns.get(txn_id)

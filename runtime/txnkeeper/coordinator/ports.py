@@ -35,6 +35,8 @@ class TxnLog(Protocol):
 
     async def delete_txn(self, txn_id: TxnID) -> None: ...
 
+    async def delete_txns(self, txn_ids: list[TxnID]) -> None: ...
+
 
 class EndTxnSink(Protocol):
     """Delivers the end of a transaction to one store pod: every partition (``topics``) and

@@ -50,6 +50,9 @@ class PendingAckLogAdapter:
     async def delete_txn(self, txn_id: TxnID) -> None:
         await self.store.delete_txn(txn_id)
 
+    async def delete_txns(self, txn_ids: list[TxnID]) -> None:
+        await self.store.delete_txns(txn_ids)
+
     async def recovered(self) -> list[RecoveredPendingAck]:
         result = []
         for store_id, state in sorted((await self.store.replay()).items()):

@@ -54,6 +54,8 @@ class PendingAckLog(Protocol):
 
     async def delete_txn(self, txn_id: TxnID) -> None: ...
 
+    async def delete_txns(self, txn_ids: list[TxnID]) -> None: ...
+
 
 @dataclass(slots=True)
 class RecoveredPendingAck:

@@ -281,17 +281,16 @@ class Subscription:
             self._record_deletions.add(txn_id)
 
     async def _delete_records(self, txn_ids: list[TxnID]) -> None:
-        results = await asyncio.gather(
-            *(self._pending_log.delete_txn(t) for t in txn_ids), return_exceptions=True
-        )
-        failed = [t for t, r in zip(txn_ids, results, strict=True) if isinstance(r, BaseException)]
-        if failed:
+        try:
+            await self._pending_log.delete_txns(txn_ids)
+        except Exception as exc:
             # Recorded durably (COMMIT/ABORT): a replay after a restart deletes them then.
             log.error(
-                "deleting pending-ack records of %d transaction(s) on %s/%s failed",
-                len(failed),
+                "deleting pending-ack records of %d transaction(s) on %s/%s failed: %s",
+                len(txn_ids),
                 self.topic,
                 self.name,
+                exc,
             )
 
     async def _apply_commit(self, individual: list[Position], cumulative: Position | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
@@ -111,28 +112,45 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
+        await self.delete_txns((txn_id,))
+
+    async def delete_txns(self, txn_ids: Iterable[TxnIdLike]) -> None:
+        """Delete every record of many ended transactions in one call (idempotent, all or nothing).
+
+        What deferred housekeeping calls with the transactions that ended since its last round: one
+        coroutine and one cursor round for all of them instead of a task each. On failure every
+        record is kept for a retry (the caller's next round, or the replay after a restart).
+        """
         self._check_open()
-        key = (txn_id.most, txn_id.least)
-        replayed = self._replayed.pop(key, None)
-        packed = [pack_position(*p) for p in replayed] if replayed else []
-        written = self._written.pop(key, None)
-        if written is not None:
-            while len(written) - 1 < written[_SUBMITTED]:
-                await self._log.writer.wait_for_progress()
-            # FAILED marks a record whose write failed: it is not in the log.
-            if FAILED in written:
-                packed.extend(p for p in written[1:] if p != FAILED)
-            else:
-                packed.extend(written[1:])
-        if self._recovered:
-            self._recovered.pop(TxnID(*key), None)
-        if packed:
-            try:
-                await self._log.delete_packed(packed)
-            except BaseException:
-                # Keep them so a retry (the coordinator retries ends) deletes them after all.
+        taken: list[tuple[TxnKey, list[int]]] = []
+        everything: list[int] = []
+        for txn_id in txn_ids:
+            key = (txn_id.most, txn_id.least)
+            replayed = self._replayed.pop(key, None)
+            packed = [pack_position(*p) for p in replayed] if replayed else []
+            written = self._written.pop(key, None)
+            if written is not None:
+                while len(written) - 1 < written[_SUBMITTED]:
+                    await self._log.writer.wait_for_progress()
+                # FAILED marks a record whose write failed: it is not in the log.
+                if FAILED in written:
+                    packed.extend(p for p in written[1:] if p != FAILED)
+                else:
+                    packed.extend(written[1:])
+            if self._recovered:
+                self._recovered.pop(TxnID(*key), None)
+            if packed:
+                taken.append((key, packed))
+                everything.extend(packed)
+        if not everything:
+            return
+        try:
+            await self._log.delete_packed(everything)
+        except BaseException:
+            # Keep them so a retry (the coordinator retries ends) deletes them after all.
+            for key, packed in taken:
                 self._replayed.setdefault(key, []).extend(unpack_position(p) for p in packed)
-                raise
+            raise
 
     def txn_positions(self, txn_id: TxnIdLike) -> list[WritePosition]:
         """Durable positions of a transaction's records not yet deleted (in-flight ones excluded)."""
