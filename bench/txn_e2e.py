@@ -1,12 +1,13 @@
 """End-to-end transaction throughput over loopback: (begin, produce 1, ack 1, commit) per transaction.
 
-Starts one coordinator pod and one store pod (real ``txnkeeper serve`` processes, fsync on), pre-fills
-an input topic, then runs N concurrent workers, each looping: begin, receive one input message,
-produce one output message in the transaction, ack the input in the transaction, commit. Measured at
+Starts one coordinator pod and one store pod (``--pods C,S`` for more; real ``txnkeeper serve``
+processes, fsync on), pre-fills an input topic, then runs N concurrent workers, each looping: begin,
+receive one input message, produce one output message in the transaction, ack the input in the
+transaction, commit. Measured at
 1, 16 and 256 concurrent transactions with the PIP-160 batch log on and off (toggled through the admin
-API on both pods, in the same run). Prints JSON: transactions/s and p50/p99 commit latency.
+API on every pod, in the same run). Prints JSON: transactions/s and p50/p99 commit latency.
 
-    .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3]
+    .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3] [--pods 1,1]
 
 Numbers on a shared 2-core machine are noisy; compare on/off within one run only.
 The client process (the application) runs as ``txnkeeper serve`` does: under the runtime's
@@ -40,7 +41,9 @@ IN_TOPIC = "persistent://bench/ns/in"
 OUT_TOPIC = "persistent://bench/ns/out"
 
 
-def start_pod(root: Path, name: str, role: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+def start_pod(
+    root: Path, name: str, role: str, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     (root / name).mkdir(parents=True)
     ports = root / name / "ports.json"
     (root / "token").write_text(TOKEN)
@@ -65,6 +68,7 @@ def start_pod(root: Path, name: str, role: str) -> tuple[subprocess.Popen[bytes]
         str(root / "token"),
         "--log-level",
         "WARNING",
+        *extra,
     ]
     log = open(root / name / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -108,7 +112,7 @@ async def run_level(
     workers: int,
     seconds: float,
     *,
-    pids: dict[str, int],
+    pids: dict[str, list[int]],
 ) -> dict[str, Any]:
     latencies: list[float] = []
     done = 0
@@ -127,11 +131,15 @@ async def run_level(
             latencies.append(time.perf_counter() - started)
             done += 1
 
-    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    def role_cpu() -> dict[str, float]:
+        return {name: sum(cpu_seconds(pid) for pid in group) for name, group in pids.items()}
+
+    cpu_before = role_cpu()
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     elapsed = time.perf_counter() - began
-    cpu_ms = {name: (cpu_seconds(pid) - cpu_before[name]) * 1000 / max(done, 1) for name, pid in pids.items()}
+    cpu_after = role_cpu()
+    cpu_ms = {name: (cpu_after[name] - cpu_before[name]) * 1000 / max(done, 1) for name in pids}
     latencies.sort()
     return {
         "concurrency": workers,
@@ -149,11 +157,29 @@ def _median_run(level_runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ordered[len(ordered) // 2], "all_txn_per_s": [r["txn_per_s"] for r in level_runs]}
 
 
-async def bench(levels: list[int], seconds: float, rounds: int, root: Path, loop: str) -> dict[str, Any]:
-    tc, tc_ports = start_pod(root, "tc-0", "coordinator")
-    store, store_ports = start_pod(root, "pas-0", "store")
+async def bench(
+    levels: list[int], seconds: float, rounds: int, root: Path, *, loop: str, pods: tuple[int, int]
+) -> dict[str, Any]:
+    # One coordinator per coordinator pod (ids by ordinal); the client begins transactions round-robin
+    # over them and places topics on the store pods by hash, as with the CRs.
+    procs: list[subprocess.Popen[bytes]] = []
+    coordinators: list[dict[str, str]] = []
+    stores: list[dict[str, str]] = []
+    pids: dict[str, list[int]] = {"coordinators": [], "stores": [], "client": [os.getpid()]}
     try:
-        async with Client(coordinators=[tc_ports["listen"]], stores=[store_ports["listen"]]) as client:
+        for ordinal in range(pods[0]):
+            proc, ports = start_pod(root, f"tc-{ordinal}", "coordinator", ("--coordinator-ids", str(ordinal)))
+            procs.append(proc)
+            coordinators.append(ports)
+            pids["coordinators"].append(proc.pid)
+        for ordinal in range(pods[1]):
+            proc, ports = start_pod(root, f"pas-{ordinal}", "store")
+            procs.append(proc)
+            stores.append(ports)
+            pids["stores"].append(proc.pid)
+        async with Client(
+            coordinators=[p["listen"] for p in coordinators], stores=[p["listen"] for p in stores]
+        ) as client:
             producer_out = await client.create_producer(OUT_TOPIC)
             runs: dict[str, dict[int, list[dict[str, Any]]]] = {"batching_on": {}, "batching_off": {}}
             for workers in levels:
@@ -161,13 +187,12 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path, loop
                 # interleaving spreads that drift over both modes instead of favouring one.
                 for round_no in range(rounds):
                     for mode in ("batching_off", "batching_on"):
-                        set_batching(tc_ports["admin"], mode == "batching_on")
-                        set_batching(store_ports["admin"], mode == "batching_on")
+                        for pod in (*coordinators, *stores):
+                            set_batching(pod["admin"], mode == "batching_on")
                         topic = f"{IN_TOPIC}-{mode}-{workers}-{round_no}"
                         producer_in = await client.create_producer(topic)
                         await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
                         consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
-                        pids = {"coordinator": tc.pid, "store": store.pid, "client": os.getpid()}
                         result = await run_level(client, consumer, producer_out, workers, seconds, pids=pids)
                         await consumer.close()
                         runs[mode].setdefault(workers, []).append(result)
@@ -178,7 +203,7 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path, loop
             return {
                 "benchmark": "txn_e2e",
                 "operation": "begin + produce 1 + ack 1 + commit",
-                "transport": "loopback TCP, 1 coordinator pod + 1 store pod, fsync on",
+                "transport": f"loopback TCP, {pods[0]} coordinator pod(s) + {pods[1]} store pod(s), fsync on",
                 "cpus": os.cpu_count(),
                 "seconds_per_run": seconds,
                 "client_gc_thresholds": list(gc.get_threshold()),
@@ -191,9 +216,9 @@ async def bench(levels: list[int], seconds: float, rounds: int, root: Path, loop
                 "note": "shared machine; figures are noisy",
             }
     finally:
-        for proc in (tc, store):
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in (tc, store):
+        for proc in procs:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -215,7 +240,20 @@ def main() -> int:
         default="auto",
         help="the client's loop: auto (uvloop when installed, as txnkeeper serve runs), uvloop or asyncio",
     )
+    parser.add_argument(
+        "--pods",
+        default="1,1",
+        help="coordinator pods,store pods (one coordinator each); the CRs' default shape is 3,3",
+    )
     ns = parser.parse_args()
+    try:
+        pods = tuple(int(x) for x in ns.pods.split(","))
+    except ValueError:
+        pods = ()
+    if len(pods) != 2 or min(pods) < 1:
+        parser.error(
+            f"--pods {ns.pods!r}: give two positive counts, coordinator pods and store pods, e.g. 3,3"
+        )
     try:
         gcpolicy.apply(gcpolicy.parse_thresholds(ns.gc_threshold))
     except ValueError as exc:
@@ -227,7 +265,9 @@ def main() -> int:
         parser.error(str(exc))
     levels = [int(x) for x in ns.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:
-        result = eventloop.run(bench(levels, ns.seconds, ns.rounds, Path(tmp), loop), loop)
+        result = eventloop.run(
+            bench(levels, ns.seconds, ns.rounds, Path(tmp), loop=loop, pods=(pods[0], pods[1])), loop
+        )
     print(json.dumps(result, indent=2))
     return 0
 
