@@ -4,7 +4,8 @@ Starts one coordinator pod and one store pod (``--pods C,S`` for more; real ``tx
 processes, fsync on), pre-fills an input topic, then runs N concurrent workers, each looping: begin,
 receive one input message, produce one output message in the transaction, ack the input in the
 transaction, commit. Measured at 1, 16 and 256 concurrent transactions with the PIP-160 batch log on
-and off (toggled through the admin API on every pod, in the same run). Prints JSON: transactions/s and p50/p99 commit latency.
+and off (toggled through the admin API on every pod, in the same run). Prints JSON: transactions/s and
+p50/p99 commit latency.
 
     .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3] [--pods 1,1]
 
