@@ -24,14 +24,21 @@ def then(response: Awaitable[api.Command], convert: Callable[[api.Command], T]) 
     return result
 
 
+def converted(
+    convert: Callable[[api.Command], T], response: asyncio.Future[api.Command]
+) -> tuple[BaseException | None, T | None]:
+    """(failure, value) of a done response: its own failure, ``convert``'s, or the converted value."""
+    failure = failure_of(response)
+    if failure is not None:
+        return failure, None
+    try:
+        return None, convert(response.result())
+    except Exception as exc:
+        return exc, None
+
+
 def _converted(
     convert: Callable[[api.Command], T], result: asyncio.Future[T], response: asyncio.Future[api.Command]
 ) -> None:
-    failure = failure_of(response)
-    value: T | None = None
-    if failure is None:
-        try:
-            value = convert(response.result())
-        except Exception as exc:
-            failure = exc
+    failure, value = converted(convert, response)
     settle(result, failure, cast(T, value))

@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from txnkeeper.client.errors import TransactionFailedError
+from txnkeeper.client.futures import converted
 from txnkeeper.coordinator.futures import failure_of, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -170,13 +171,7 @@ class Transaction:
         result: asyncio.Future[T],
         response: asyncio.Future[api.Command],
     ) -> None:
-        failure = failure_of(response)
-        value: T | None = None
-        if failure is None:
-            try:
-                value = convert(response.result())
-            except Exception as exc:
-                failure = exc
+        failure, value = converted(convert, response)
         self._operation_done(result, failure, value)
 
     def _operation_done(
