@@ -33,8 +33,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from txnkeeper import eventloop, gcpolicy
+from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client, Consumer, Producer
+from txnkeeper.process_settings import ProcessSettings
 
 TOKEN = "bench-token"
 IN_TOPIC = "persistent://bench/ns/in"
@@ -231,20 +232,11 @@ def main() -> int:
     parser.add_argument("--levels", default="1,16,256")
     parser.add_argument("--rounds", type=int, default=3, help="alternating off/on runs per level")
     parser.add_argument(
-        "--gc-threshold",
-        default=None,
-        help="client GC thresholds gen0,gen1,gen2 (default: the runtime's; 'default' for CPython's)",
-    )
-    parser.add_argument(
-        "--event-loop",
-        default="auto",
-        help="the client's loop: auto (uvloop when installed, as txnkeeper serve runs), uvloop or asyncio",
-    )
-    parser.add_argument(
         "--pods",
         default="1,1",
         help="coordinator pods,store pods (one coordinator each); the CRs' default shape is 3,3",
     )
+    process_settings.add_arguments(parser)
     ns = parser.parse_args()
     try:
         pods = tuple(int(x) for x in ns.pods.split(","))
@@ -255,18 +247,14 @@ def main() -> int:
             f"--pods {ns.pods!r}: give two positive counts, coordinator pods and store pods, e.g. 3,3"
         )
     try:
-        gcpolicy.apply(gcpolicy.parse_thresholds(ns.gc_threshold))
+        settings = ProcessSettings.from_args(ns)
     except ValueError as exc:
         parser.error(str(exc))
     gcpolicy.freeze_startup_state()
-    try:
-        loop = eventloop.resolve(ns.event_loop)
-    except ValueError as exc:
-        parser.error(str(exc))
     levels = [int(x) for x in ns.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:
-        result = eventloop.run(
-            bench(levels, ns.seconds, ns.rounds, Path(tmp), loop=loop, pods=(pods[0], pods[1])), loop
+        result = settings.run(
+            bench(levels, ns.seconds, ns.rounds, Path(tmp), loop=settings.event_loop, pods=(pods[0], pods[1]))
         )
     print(json.dumps(result, indent=2))
     return 0

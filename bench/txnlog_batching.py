@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txnkeeper import eventloop, gcpolicy
+from txnkeeper import gcpolicy, process_settings
 from txnkeeper.bufferedwriter import BatchedWriteConfig
 from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
+from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.txnlog import TransactionLogStore, TxnID
 
 Op = tm.TransactionMetadataEntry.TransactionMetadataOp
@@ -278,36 +279,22 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--max-delay-ms", type=float, default=1.0)
     parser.add_argument(
-        "--gc-threshold",
-        default=None,
-        help="GC thresholds gen0,gen1,gen2 (default: the runtime's policy, as txnkeeper serve; 'default'"
-        " for CPython's 700,10,10)",
-    )
-    parser.add_argument(
-        "--event-loop",
-        default="auto",
-        help="auto (uvloop when installed, as txnkeeper serve runs), uvloop or asyncio",
-    )
-    parser.add_argument(
         "--with-deletes",
         action="store_true",
         help="also delete each ended transaction's records (cursor load)",
     )
+    process_settings.add_arguments(parser)
     args = parser.parse_args()
     for mode in args.modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode!r}: use some of {','.join(MODES)}")
     try:
-        gcpolicy.apply(gcpolicy.parse_thresholds(args.gc_threshold))
+        settings = ProcessSettings.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     gcpolicy.freeze_startup_state()
-    try:
-        loop = eventloop.resolve(args.event_loop)
-    except ValueError as exc:
-        parser.error(str(exc))
-    args.loop_name = loop
-    print(json.dumps(eventloop.run(main_async(args), loop), indent=2))
+    args.loop_name = settings.event_loop
+    print(json.dumps(settings.run(main_async(args)), indent=2))
     return 0
 
 

@@ -13,8 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
-from txnkeeper import __version__, eventloop, gcpolicy
+from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
+from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.release import UnknownReleaseError, format_level
 from txnkeeper.server.config import (
     ROLES,
@@ -62,23 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write {listen, admin} bound addresses here once ready (useful with port 0)",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
-    parser.add_argument(
-        "--event-loop",
-        choices=eventloop.CHOICES,
-        default=env("EVENT_LOOP", "auto"),
-        help="auto (uvloop when installed), uvloop or asyncio",
-    )
-    parser.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=env("SWITCH_INTERVAL_MS", f"{eventloop.IO_SWITCH_INTERVAL_S * 1000:g}"),
-        help="how often (ms) the busy loop thread lets the ledger's I/O threads take the GIL (default 0.5)",
-    )
-    parser.add_argument(
-        "--gc-threshold",
-        default=env("GC_THRESHOLD"),
-        help="garbage-collector thresholds gen0,gen1,gen2 (default 50000,20,100; 'default' for CPython's)",
-    )
+    process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -132,14 +117,11 @@ def run(ns: argparse.Namespace) -> int:
         print(f"txnkeeper serve: {exc}", file=sys.stderr)
         return 2
     try:
-        thresholds = gcpolicy.parse_thresholds(ns.gc_threshold)
-        loop = eventloop.resolve(ns.event_loop)
-        switch_interval = eventloop.check_switch_interval(ns.switch_interval_ms / 1000)
+        settings = ProcessSettings.from_args(ns)
     except ValueError as exc:
         print(f"txnkeeper serve: {exc}", file=sys.stderr)
         return 2
-    gcpolicy.apply(thresholds)
-    return eventloop.run(_serve(config), loop, switch_interval_s=switch_interval)
+    return settings.run(_serve(config))
 
 
 async def _serve(config: ServeConfig) -> int:
