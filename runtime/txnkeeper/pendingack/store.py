@@ -94,11 +94,7 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
             ledger_config=ledger_config,
         )
         store = cls(log, topic, subscription)
-        try:
-            await store._recover()
-        except BaseException:
-            await log.close(flush=False)
-            raise
+        await store._recover()
         return store
 
     def _check_record(self, record: pa.PendingAckMetadataEntry) -> None:

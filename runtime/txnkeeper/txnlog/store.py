@@ -101,11 +101,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
             ledger_config=ledger_config,
         )
         store = cls(log, coordinator_id)
-        try:
-            await store._recover()
-        except BaseException:
-            await log.close(flush=False)
-            raise
+        await store._recover()
         return store
 
     def _check_record(self, record: tm.TransactionMetadataEntry) -> None:

@@ -69,12 +69,18 @@ class TxnRecordStore(ABC, Generic[R, S]):
     # -- lifecycle ----------------------------------------------------------------------------------
 
     async def _recover(self) -> None:
+        """Replay the log into per-transaction state (what ``open`` does last); a log that cannot be
+        replayed is closed without flushing (nothing was written) and the error raised."""
         states: dict[TxnID, S] = {}
-        for live in await self._log.replay():
-            key: TxnKey = _txn_key(live.record)
-            txn_id = TxnID(*key)
-            self._replayed.setdefault(key, []).append(live.position)
-            states[txn_id] = self._fold(states.get(txn_id), txn_id, live.position, live.record)
+        try:
+            for live in await self._log.replay():
+                key: TxnKey = _txn_key(live.record)
+                txn_id = TxnID(*key)
+                self._replayed.setdefault(key, []).append(live.position)
+                states[txn_id] = self._fold(states.get(txn_id), txn_id, live.position, live.record)
+        except BaseException:
+            await self._log.close(flush=False)
+            raise
         self._recovered = states
 
     async def replay(self) -> dict[TxnID, S]:
