@@ -189,18 +189,9 @@ class _Planner:
                 ApplyTemplate(desired.version, startup, f"roll pods to {desired.version}"),
                 Phase.ROLLING_UPGRADE,
             )
-        for pod in self.pods:
-            if pod.version != desired.version:
-                return self._act(
-                    RestartPod(
-                        pod.name,
-                        pod.ordinal,
-                        pod.version,
-                        desired.version,
-                        f"roll {pod.name} from {pod.version} to {desired.version}",
-                    ),
-                    Phase.ROLLING_UPGRADE,
-                )
+        restart = self._restart_next(desired.version, "to", Phase.ROLLING_UPGRADE)
+        if restart is not None:
+            return restart
         if self.want_batch:
             if not template.batch.satisfies(desired.batch):
                 return self._act(
@@ -384,20 +375,19 @@ class _Planner:
                 ),
                 Phase.ROLLING_DOWNGRADE,
             )
-        for pod in self.pods:
-            if pod.version != desired.version:
-                return self._act(
-                    RestartPod(
-                        pod.name,
-                        pod.ordinal,
-                        pod.version,
-                        desired.version,
-                        f"roll {pod.name} from {pod.version} down to {desired.version}",
-                    ),
-                    Phase.ROLLING_DOWNGRADE,
-                )
+        restart = self._restart_next(desired.version, "down to", Phase.ROLLING_DOWNGRADE)
+        if restart is not None:
+            return restart
         # Unreachable while data_level > target_level, kept so the planner never falls off its end.
         return self._decision(None, Phase.ROLLING_DOWNGRADE, "waiting for the downgraded pods")
+
+    def _restart_next(self, version: str, to: str, phase: Phase) -> Decision | None:
+        """Restart the first pod (in the planner's order) not yet at ``version``; None if none is left."""
+        for pod in self.pods:
+            if pod.version != version:
+                reason = f"roll {pod.name} from {pod.version} {to} {version}"
+                return self._act(RestartPod(pod.name, pod.ordinal, pod.version, version, reason), phase)
+        return None
 
     # ---- results ---------------------------------------------------------------------------------
 
