@@ -110,14 +110,7 @@ async def coordinator_internal_stats(request: web.Request) -> web.Response:
     store = _pod(request).coordinator_log(int(raw))
     if store is None:
         return _error(404, f"coordinator {raw} is not hosted on this pod")
-    return web.json_response(
-        {
-            "transactionLogStats": {
-                "managedLedgerName": store.name,
-                "managedLedgerInternalStats": store.internal_stats(),
-            }
-        }
-    )
+    return web.json_response({"transactionLogStats": store.internal_stats()})
 
 
 async def pending_ack_internal_stats(request: web.Request) -> web.Response:
@@ -128,14 +121,7 @@ async def pending_ack_internal_stats(request: web.Request) -> web.Response:
     store = _pod(request).pending_ack_log(topic, subscription)
     if store is None:
         return _error(404, f"no pending-ack store for {topic} / {subscription} on this pod")
-    return web.json_response(
-        {
-            "pendingAckLogStats": {
-                "managedLedgerName": store.name,
-                "managedLedgerInternalStats": store.internal_stats(),
-            }
-        }
-    )
+    return web.json_response({"pendingAckLogStats": store.internal_stats()})
 
 
 async def list_stores(request: web.Request) -> web.Response:

@@ -28,7 +28,7 @@ class StoreView(Protocol):
 
     def batched_write_stat(self) -> dict[str, Any]: ...
 
-    def internal_stats(self) -> dict[str, Any]: ...
+    def internal_stats(self) -> dict[str, Any]: ...  # {managedLedgerName, managedLedgerInternalStats}
 
     async def rollover(self) -> int: ...  # returns lastBatchedLedger (largest id before the rollover)
 

@@ -20,8 +20,7 @@ class _StoreViewBase:
         return self._store.batched_write_stat()
 
     def internal_stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = self._store.internal_stats()["managedLedgerInternalStats"]
-        return stats
+        return self._store.internal_stats()
 
     async def rollover(self) -> int:
         return await self._store.rollover()
