@@ -87,24 +87,15 @@ class TransactionCoordinator:
         """Adopt the replayed transactions and resume what they were doing; then start ticking."""
         self.state = "Initializing"
         now = self._clock()
-        for txn in recovered:
-            meta = TxnMeta(
-                txn.txn_id,
-                txn.status,
-                txn.timeout_ms,
-                txn.start_time_ms,
-                txn.last_modification_ms,
-                list(txn.partitions),
-                list(txn.subscriptions),
-            )
-            if txn.status in TERMINAL:
-                self._remember_ended(txn.txn_id, txn.status)
-                self._deletions.add(txn.txn_id)
+        for meta in recovered:
+            if meta.status in TERMINAL:
+                self._remember_ended(meta.txn_id, meta.status)
+                self._deletions.add(meta.txn_id)
                 continue
-            self._txns[txn.txn_id] = meta
-            if txn.status is TxnStatus.COMMITTING:
+            self._txns[meta.txn_id] = meta
+            if meta.status is TxnStatus.COMMITTING:
                 self._spawn(self._resume_end(meta, commit=True))
-            elif txn.status is TxnStatus.ABORTING:
+            elif meta.status is TxnStatus.ABORTING:
                 self._spawn(self._resume_end(meta, commit=False))
             elif meta.deadline_ms <= now:
                 self._spawn(self._timeout_abort(meta.txn_id))

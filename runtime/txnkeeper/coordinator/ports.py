@@ -7,25 +7,15 @@ the protocol layer above it; the server wires a store-backed log and a network s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from txnkeeper.coordinator.state import TxnStatus
+from txnkeeper.coordinator.state import TxnMeta
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
 
-
-@dataclass(slots=True)
-class RecoveredTxn:
-    """A transaction as the log replay left it (not yet deleted, so not wholly ended)."""
-
-    txn_id: TxnID
-    status: TxnStatus
-    timeout_ms: int
-    start_time_ms: int
-    last_modification_ms: int
-    partitions: list[str] = field(default_factory=list)
-    subscriptions: list[tuple[str, str]] = field(default_factory=list)
+# A transaction as the log replay left it (not yet deleted, so not wholly ended). The replay builds it
+# with lists of its own, and the coordinator adopts it as its live state as it is.
+RecoveredTxn = TxnMeta
 
 
 class TxnLog(Protocol):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from txnkeeper.coordinator.ports import RecoveredTxn
 from txnkeeper.coordinator.state import TxnStatus
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.txnlog import TxnID as StoreTxnID
 from txnkeeper.txnlog import TxnLogState
 
@@ -24,7 +23,7 @@ def recovered_transactions(replayed: dict[StoreTxnID, TxnLogState]) -> list[Reco
             )
         result.append(
             RecoveredTxn(
-                txn_id=TxnID(store_id.most, store_id.least),
+                txn_id=store_id,
                 status=status,
                 timeout_ms=state.timeout_ms,
                 start_time_ms=state.start_time,
