@@ -23,9 +23,7 @@ import asyncio
 import gc
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,52 +33,31 @@ from typing import Any
 
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client, Consumer, Producer
+from txnkeeper.fleet.process import RuntimeProcess
 from txnkeeper.process_settings import ProcessSettings
 
 TOKEN = "bench-token"
 IN_TOPIC = "persistent://bench/ns/in"
 OUT_TOPIC = "persistent://bench/ns/out"
+START_TIMEOUT_S = 60.0
 
 
-def start_pod(
-    root: Path, name: str, role: str, extra: tuple[str, ...] = ()
-) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    (root / name).mkdir(parents=True)
-    ports = root / name / "ports.json"
-    (root / "token").write_text(TOKEN)
-    cmd = [
-        sys.executable,
-        "-m",
-        "txnkeeper.cli",
-        "serve",
-        "--role",
-        role,
-        "--data-dir",
-        str(root / name / "data"),
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--pod-name",
-        name,
-        "--ports-file",
-        str(ports),
-        "--admin-token-file",
-        str(root / "token"),
-        "--log-level",
-        "WARNING",
-        *extra,
-    ]
-    log = open(root / name / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited: {(root / name / 'serve.log').read_text()}")
-        if ports.exists():
-            return proc, json.loads(ports.read_text())
-        time.sleep(0.05)
-    raise TimeoutError(f"{name} did not start")
+def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> RuntimeProcess:
+    """A ``txnkeeper serve`` process with default batch settings, started (the fleet's launcher)."""
+    token = root / "token"
+    token.write_text(TOKEN)
+    pod = RuntimeProcess(
+        name=name,
+        role=role,
+        data_dir=root / name,
+        work_dir=root,
+        release="2.0.0",
+        token_file=token,
+        extra_args=list(extra),
+    )
+    pod.config_file.write_text("{}")
+    pod.start()
+    return pod
 
 
 def set_batching(admin: str, enabled: bool) -> None:
@@ -163,23 +140,21 @@ async def bench(
 ) -> dict[str, Any]:
     # One coordinator per coordinator pod (ids by ordinal); the client begins transactions round-robin
     # over them and places topics on the store pods by hash, as with the CRs.
-    procs: list[subprocess.Popen[bytes]] = []
-    coordinators: list[dict[str, str]] = []
-    stores: list[dict[str, str]] = []
+    procs: list[RuntimeProcess] = []
     pids: dict[str, list[int]] = {"coordinators": [], "stores": [], "client": [os.getpid()]}
     try:
         for ordinal in range(pods[0]):
-            proc, ports = start_pod(root, f"tc-{ordinal}", "coordinator", ("--coordinator-ids", str(ordinal)))
-            procs.append(proc)
-            coordinators.append(ports)
-            pids["coordinators"].append(proc.pid)
+            procs.append(start_pod(root, f"tc-{ordinal}", "coordinator", ("--coordinator-ids", str(ordinal))))
         for ordinal in range(pods[1]):
-            proc, ports = start_pod(root, f"pas-{ordinal}", "store")
-            procs.append(proc)
-            stores.append(ports)
-            pids["stores"].append(proc.pid)
+            procs.append(start_pod(root, f"pas-{ordinal}", "store"))
+        await asyncio.gather(*(p.wait_started(START_TIMEOUT_S) for p in procs))
+        coordinators = [p for p in procs if p.role == "coordinator"]
+        stores = [p for p in procs if p.role == "store"]
+        for group, members in (("coordinators", coordinators), ("stores", stores)):
+            pids[group] = [p.proc.pid for p in members if p.proc is not None]
         async with Client(
-            coordinators=[p["listen"] for p in coordinators], stores=[p["listen"] for p in stores]
+            coordinators=[str(p.client_address) for p in coordinators],
+            stores=[str(p.client_address) for p in stores],
         ) as client:
             producer_out = await client.create_producer(OUT_TOPIC)
             runs: dict[str, dict[int, list[dict[str, Any]]]] = {"batching_on": {}, "batching_off": {}}
@@ -188,8 +163,8 @@ async def bench(
                 # interleaving spreads that drift over both modes instead of favouring one.
                 for round_no in range(rounds):
                     for mode in ("batching_off", "batching_on"):
-                        for pod in (*coordinators, *stores):
-                            set_batching(pod["admin"], mode == "batching_on")
+                        for pod in procs:
+                            set_batching(str(pod.admin_address), mode == "batching_on")
                         topic = f"{IN_TOPIC}-{mode}-{workers}-{round_no}"
                         producer_in = await client.create_producer(topic)
                         await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
@@ -217,13 +192,7 @@ async def bench(
                 "note": "shared machine; figures are noisy",
             }
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        await asyncio.gather(*(p.stop() for p in procs))
 
 
 def main() -> int:
