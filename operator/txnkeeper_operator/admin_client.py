@@ -15,7 +15,6 @@ import aiohttp
 
 from txnkeeper_operator.engine import BatchSettings
 from txnkeeper_operator.naming import Kind
-from txnkeeper_operator.resource import batch_from_stat, batch_to_stat
 
 
 class AdminError(Exception):
@@ -42,9 +41,9 @@ class PodBatchLog:
 
 def parse_batch_log(kind: Kind, doc: Any) -> PodBatchLog:
     try:
-        pod_level = batch_from_stat(doc[kind.stat_key])
+        pod_level = BatchSettings.from_stat(doc[kind.stat_key])
         array = tuple(doc.get(kind.array_key) or [])
-        stores = tuple(batch_from_stat(entry[kind.array_stat_key]) for entry in array)
+        stores = tuple(BatchSettings.from_stat(entry[kind.array_stat_key]) for entry in array)
     except (KeyError, TypeError, ValueError) as err:
         raise AdminError(f"malformed batch-log document: {err!r}") from err
     return PodBatchLog(pod_level, stores, array)
@@ -90,7 +89,7 @@ class AdminClient:
         return parse_batch_log(kind, await self._call("GET", f"{base}/admin/v1/batch-log"))
 
     async def set_batch_log(self, base: str, kind: Kind, batch: BatchSettings, token: str) -> None:
-        await self._call("POST", f"{base}/admin/v1/batch-log", token, {kind.stat_key: batch_to_stat(batch)})
+        await self._call("POST", f"{base}/admin/v1/batch-log", token, {kind.stat_key: batch.to_stat()})
 
     async def rollover(self, base: str, token: str) -> dict[str, int]:
         return parse_rollover(await self._call("POST", f"{base}/admin/v1/stores/rollover", token, {}))

@@ -94,22 +94,3 @@ def batch_to_block(batch: BatchSettings) -> dict[str, Any]:
         "maxSizeBytes": batch.max_size_bytes,
         "maxDelayMillis": batch.max_delay_millis,
     }
-
-
-def batch_to_stat(batch: BatchSettings) -> dict[str, Any]:
-    """BatchSettings -> Pulsar's TxnBufferedWriterStat (the admin API's shape)."""
-    return {
-        "batchEnabled": batch.enabled,
-        "batchedWriteMaxRecords": batch.max_records,
-        "batchedWriteMaxSize": batch.max_size_bytes,
-        "batchedWriteMaxDelayInMillis": batch.max_delay_millis,
-    }
-
-
-def batch_from_stat(stat: Mapping[str, Any]) -> BatchSettings:
-    return BatchSettings(
-        enabled=bool(stat["batchEnabled"]),
-        max_records=int(stat["batchedWriteMaxRecords"]),
-        max_size_bytes=int(stat["batchedWriteMaxSize"]),
-        max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
-    )

@@ -20,7 +20,6 @@ from txnkeeper_operator.engine import BatchSettings, Phase
 from txnkeeper_operator.engine.persist import format_time
 from txnkeeper_operator.naming import Kind
 from txnkeeper_operator.reconcile import Context, reconcile
-from txnkeeper_operator.resource import batch_to_stat
 from txnkeeper_operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
@@ -148,7 +147,7 @@ class FakePods:
         entry = {
             "coordinatorId": int(name[-1]),
             "state": "Ready",
-            kind.array_stat_key: batch_to_stat(self.batch[name]),
+            kind.array_stat_key: self.batch[name].to_stat(),
         }
         return PodBatchLog(self.batch[name], (self.batch[name],), (entry,))
 

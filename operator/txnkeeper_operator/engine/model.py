@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,25 @@ class BatchSettings:
 
     def disabled(self) -> BatchSettings:
         return replace(self, enabled=False)
+
+    @classmethod
+    def from_stat(cls, stat: Mapping[str, Any]) -> BatchSettings:
+        """From Pulsar's TxnBufferedWriterStat, as a pod's admin API reports it."""
+        return cls(
+            enabled=bool(stat["batchEnabled"]),
+            max_records=int(stat["batchedWriteMaxRecords"]),
+            max_size_bytes=int(stat["batchedWriteMaxSize"]),
+            max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
+        )
+
+    def to_stat(self) -> dict[str, Any]:
+        """As Pulsar's TxnBufferedWriterStat (what a pod's admin API takes)."""
+        return {
+            "batchEnabled": self.enabled,
+            "batchedWriteMaxRecords": self.max_records,
+            "batchedWriteMaxSize": self.max_size_bytes,
+            "batchedWriteMaxDelayInMillis": self.max_delay_millis,
+        }
 
     def satisfies(self, wanted: BatchSettings) -> bool:
         """True when a store running with these settings is what ``wanted`` asks for.

@@ -7,7 +7,6 @@ itself, the same way the operator does to pods.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -19,24 +18,6 @@ TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 class FleetAdminError(Exception):
     """A member's admin API did not answer usefully."""
-
-
-def settings_from_stat(stat: Mapping[str, Any]) -> BatchSettings:
-    return BatchSettings(
-        enabled=bool(stat["batchEnabled"]),
-        max_records=int(stat["batchedWriteMaxRecords"]),
-        max_size_bytes=int(stat["batchedWriteMaxSize"]),
-        max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
-    )
-
-
-def stat_from_settings(batch: BatchSettings) -> dict[str, Any]:
-    return {
-        "batchEnabled": batch.enabled,
-        "batchedWriteMaxRecords": batch.max_records,
-        "batchedWriteMaxSize": batch.max_size_bytes,
-        "batchedWriteMaxDelayInMillis": batch.max_delay_millis,
-    }
 
 
 class FleetAdmin:
@@ -70,15 +51,15 @@ class FleetAdmin:
     async def batch_settings(self, base: str, stat_key: str, array_key: str, entry_key: str) -> BatchSettings:
         """The member's effective settings: its pod-level value when every store agrees with it."""
         doc = await self._call("GET", f"{base}/admin/v1/batch-log")
-        pod_level = settings_from_stat(doc[stat_key])
-        stores = [settings_from_stat(e[entry_key]) for e in doc.get(array_key) or []]
+        pod_level = BatchSettings.from_stat(doc[stat_key])
+        stores = [BatchSettings.from_stat(e[entry_key]) for e in doc.get(array_key) or []]
         if all(s == pod_level for s in stores):
             return pod_level
         enabled = pod_level.enabled or any(s.enabled for s in stores)
         return BatchSettings(enabled=enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
 
     async def set_batch(self, base: str, stat_key: str, batch: BatchSettings) -> None:
-        await self._call("POST", f"{base}/admin/v1/batch-log", {stat_key: stat_from_settings(batch)})
+        await self._call("POST", f"{base}/admin/v1/batch-log", {stat_key: batch.to_stat()})
 
     async def rollover(self, base: str) -> dict[str, int]:
         doc = await self._call("POST", f"{base}/admin/v1/stores/rollover", {})
