@@ -30,13 +30,8 @@ class PodBatchLog:
     array: tuple[Mapping[str, Any], ...]  # coordinatorArray / subscriptionArray entries as reported
 
     def effective(self) -> BatchSettings:
-        """One value for the whole pod. Stores that disagree with the pod level make it a value that
-        satisfies no spec (so the engine configures the pod again), enabled if any store batches (so a
-        downgrade never mistakes a half-disabled pod for a disabled one)."""
-        if all(s == self.pod_level for s in self.stores):
-            return self.pod_level
-        any_enabled = self.pod_level.enabled or any(s.enabled for s in self.stores)
-        return BatchSettings(enabled=any_enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
+        """One value for the whole pod (``BatchSettings.effective``)."""
+        return BatchSettings.effective(self.pod_level, self.stores)
 
 
 def parse_batch_log(kind: Kind, doc: Any) -> PodBatchLog:

@@ -7,7 +7,7 @@ one action it returns. Nothing in this module performs I/O or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -35,6 +35,20 @@ class BatchSettings:
             max_size_bytes=int(stat["batchedWriteMaxSize"]),
             max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
         )
+
+    @classmethod
+    def effective(cls, pod_level: BatchSettings, stores: Iterable[BatchSettings]) -> BatchSettings:
+        """One value for a whole pod from its pod-level settings and its stores' own.
+
+        Stores that disagree with the pod level make it a value that satisfies no spec (so the engine
+        configures the pod again), enabled if any store batches (so a downgrade never mistakes a
+        half-disabled pod for a disabled one).
+        """
+        stores = list(stores)
+        if all(s == pod_level for s in stores):
+            return pod_level
+        any_enabled = pod_level.enabled or any(s.enabled for s in stores)
+        return cls(enabled=any_enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
 
     def to_stat(self) -> dict[str, Any]:
         """As Pulsar's TxnBufferedWriterStat (what a pod's admin API takes)."""

@@ -51,12 +51,8 @@ class FleetAdmin:
     async def batch_settings(self, base: str, stat_key: str, array_key: str, entry_key: str) -> BatchSettings:
         """The member's effective settings: its pod-level value when every store agrees with it."""
         doc = await self._call("GET", f"{base}/admin/v1/batch-log")
-        pod_level = BatchSettings.from_stat(doc[stat_key])
         stores = [BatchSettings.from_stat(e[entry_key]) for e in doc.get(array_key) or []]
-        if all(s == pod_level for s in stores):
-            return pod_level
-        enabled = pod_level.enabled or any(s.enabled for s in stores)
-        return BatchSettings(enabled=enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
+        return BatchSettings.effective(BatchSettings.from_stat(doc[stat_key]), stores)
 
     async def set_batch(self, base: str, stat_key: str, batch: BatchSettings) -> None:
         await self._call("POST", f"{base}/admin/v1/batch-log", {stat_key: batch.to_stat()})
