@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from txnkeeper.ledger import (
 )
 from txnkeeper.ledger.entry_format import FILE_HEADER, RECORD_HEADER_SIZE, record_header
 from txnkeeper.ledger.ledger_file import ledger_file_name
+from txnkeeper.ledger.metadata import ManagedLedgerMetadata
 
 NAME = "log"
 SIZES = [10, 20, 30, 40, 50]
@@ -37,10 +37,10 @@ async def write_ledgers(root: Path, ledgers: int = 1, *, crashed: bool = True) -
     await factory.close()
     if crashed:
         meta_path = root / NAME / "meta.json"
-        meta = json.loads(meta_path.read_text())
-        assert meta["ledgers"][-1]["closed"] is True  # a clean close records it closed
-        meta["ledgers"][-1]["closed"] = False
-        meta_path.write_text(json.dumps(meta))
+        meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+        assert meta.ledgers[-1].closed is True  # a clean close records it closed
+        meta.ledgers[-1].closed = False
+        meta_path.write_bytes(meta.encode())
     return positions
 
 

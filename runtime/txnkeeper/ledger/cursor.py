@@ -6,20 +6,26 @@ The mark-delete position advances by itself over contiguous deleted entries, acr
 (Pulsar's behaviour), which is what lets individually-deleting stores have their ledgers trimmed.
 
 Every mutation is durable before it returns: the whole state is rewritten atomically (temp file, fsync,
-rename, fsync dir). Concurrent mutations share one write (the later callers wait for the write that
-includes their change), the same group-commit idea as appends.
+rename, fsync dir) as a checksummed state file (``txnkeeper.statefile``, kind ``cursor``). Concurrent
+mutations share one write (the later callers wait for the write that includes their change), the same
+group-commit idea as appends. On open, a cursor file is also checked against the ledger it belongs to:
+a position the ledger does not hold (a mark-delete past the last confirmed entry would silently delete
+entries written later, such as an open transaction's records) is refused, never adopted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
+
+from txnkeeper import statefile
+from txnkeeper.statefile import StateFileError, StateShapeError
 
 from .ackset import full_mask, mask_to_words, mask_without, validate_batch_size, words_to_mask
 from .errors import CorruptMetadataError, LedgerClosedError, LedgerWriteError
@@ -27,7 +33,11 @@ from .fileio import FileIO
 from .position import Position
 from .rangeset import EntryRangeSet
 
-CURSOR_FILE_VERSION = 1
+CURSOR_KIND = "cursor"
+CURSOR_FILE_VERSION = 1  # of the body below
+_LEGACY_VERSION = 1  # the previous release's plain-JSON cursor file said "version": 1
+_BODY_KEYS = {"name", "markDelete", "individuallyDeleted", "batchDeletedIndexes"}
+_POSITION = re.compile(r"(0|[1-9][0-9]*):(-1|0|[1-9][0-9]*)")
 log = logging.getLogger(__name__)
 
 
@@ -105,8 +115,7 @@ class CursorState:
             del self.ack_masks[position]
 
     def encode(self, name: str) -> bytes:
-        doc: dict[str, Any] = {
-            "version": CURSOR_FILE_VERSION,
+        body: dict[str, Any] = {
             "name": name,
             "markDelete": str(self.mark_delete),
             "individuallyDeleted": [
@@ -119,28 +128,113 @@ class CursorState:
                 for p, mask in sorted(self.ack_masks.items())
             ],
         }
-        return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+        return statefile.encode(CURSOR_KIND, CURSOR_FILE_VERSION, body)
 
     @classmethod
     def decode(cls, raw: bytes, path: Path, expected_name: str | None = None) -> tuple[str, CursorState]:
+        """Check and parse a cursor file (CorruptMetadataError naming ``path`` for anything wrong)."""
         try:
-            doc = json.loads(raw)
-            if doc.get("version") != CURSOR_FILE_VERSION:
-                raise CorruptMetadataError(path, f"unknown cursor file version {doc.get('version')!r}")
-            name = str(doc["name"])
-            state = cls(Position.parse(doc["markDelete"]))
-            for lid, first, last in doc["individuallyDeleted"]:
-                state.individual.setdefault(int(lid), EntryRangeSet()).add_range(int(first), int(last))
-            for item in doc["batchDeletedIndexes"]:
-                words = [int(w) for w in item["ackSet"]]
-                state.ack_masks[Position.parse(item["position"])] = words_to_mask(words, 64 * len(words))
-        except CorruptMetadataError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptMetadataError(path, f"not a valid cursor file ({exc!r})") from exc
+            doc = statefile.decode(
+                raw, path, CURSOR_KIND, frozenset({CURSOR_FILE_VERSION}), legacy=_legacy_body
+            )
+            name, state = _from_body(doc.body)
+        except StateShapeError as exc:
+            raise CorruptMetadataError(path, f"not a valid cursor file: {exc}") from exc
+        except StateFileError as exc:
+            raise CorruptMetadataError(path, exc.problem, exc.remedy) from exc
         if expected_name is not None and name != expected_name:
             raise CorruptMetadataError(path, f"file belongs to cursor {name!r}, not {expected_name!r}")
         return name, state
+
+    @classmethod
+    def load(cls, path: Path, expected_name: str, ledger_entries: dict[int, int]) -> CursorState:
+        """Read a cursor file and check it against the ledger (live ledger id -> confirmed entries)."""
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise CorruptMetadataError(path, f"it cannot be read ({exc.strerror or exc})") from exc
+        _, state = cls.decode(raw, path, expected_name)
+        state.check_within(path, ledger_entries)
+        return state
+
+    def check_within(self, path: Path, ledger_entries: dict[int, int]) -> None:
+        """Refuse a state naming an entry the ledger does not hold (live ledger id -> entry count).
+
+        A mark-delete position in a ledger before the first live one is fine (that ledger was trimmed
+        because the cursor had passed it); anything after the last confirmed entry is not.
+        """
+        live = sorted(ledger_entries)
+
+        def refuse(what: str, position: str, why: str) -> CorruptMetadataError:
+            last = max((Position(lid, n - 1) for lid, n in ledger_entries.items() if n > 0), default=None)
+            return CorruptMetadataError(
+                path,
+                f"{what} {position} {why} (live ledgers {live}, last confirmed entry "
+                f"{last if last is not None else 'none'}); the cursor is not used, since adopting it "
+                "would treat entries it never deleted as deleted",
+                "restore the cursor file from a backup taken with this ledger, or restore the ledger "
+                "files the cursor was written against",
+            )
+
+        md = self.mark_delete
+        if md.ledger_id in ledger_entries:
+            if md.entry_id >= ledger_entries[md.ledger_id]:
+                raise refuse("markDelete", str(md), "is past the last entry of its ledger")
+        elif not live or md.ledger_id > live[0]:
+            raise refuse("markDelete", str(md), "is in a ledger this managed ledger does not have")
+        for lid in sorted(self.individual):
+            for first, last in self.individual[lid].ranges():
+                if lid not in ledger_entries or first < 0 or last >= ledger_entries[lid]:
+                    span = f"{lid}:{first}..{lid}:{last}"
+                    raise refuse("individually deleted range", span, "does not exist")
+        for position, mask in sorted(self.ack_masks.items()):
+            if position.ledger_id not in ledger_entries or not (
+                0 <= position.entry_id < ledger_entries[position.ledger_id]
+            ):
+                raise refuse("batch ack set at", str(position), "names an entry that does not exist")
+            if mask == 0:
+                raise refuse("batch ack set at", str(position), "is empty (an entry with no index left)")
+
+
+def _legacy_body(raw: bytes) -> dict[str, Any]:
+    """The previous release's cursor file: exactly {"version": 1} plus today's body fields."""
+    doc = statefile.obj(statefile.parse_json(raw), "cursor", _BODY_KEYS | {"version"})
+    if doc["version"] != _LEGACY_VERSION or isinstance(doc["version"], bool):
+        raise StateShapeError(f"unknown cursor file version {doc['version']!r}")
+    return {k: v for k, v in doc.items() if k != "version"}
+
+
+def _position(value: Any, what: str) -> Position:
+    text = statefile.string(value, what)
+    match = _POSITION.fullmatch(text)
+    if match is None:
+        raise StateShapeError(f"{what} {text!r} is not a position 'ledgerId:entryId'")
+    return Position(int(match.group(1)), int(match.group(2)))
+
+
+def _from_body(body: Any) -> tuple[str, CursorState]:
+    doc = statefile.obj(body, "cursor", _BODY_KEYS)
+    name = statefile.string(doc["name"], "name")
+    state = CursorState(_position(doc["markDelete"], "markDelete"))
+    for n, item in enumerate(statefile.array(doc["individuallyDeleted"], "individuallyDeleted")):
+        what = f"individuallyDeleted[{n}]"
+        triple = statefile.array(item, what)
+        if len(triple) != 3:
+            raise StateShapeError(f"{what} must be [ledgerId, firstEntry, lastEntry]")
+        lid, first, last = (statefile.integer(v, what, 0) for v in triple)
+        if last < first:
+            raise StateShapeError(f"{what} is an empty range ({first} > {last})")
+        state.individual.setdefault(lid, EntryRangeSet()).add_range(first, last)
+    for n, item in enumerate(statefile.array(doc["batchDeletedIndexes"], "batchDeletedIndexes")):
+        what = f"batchDeletedIndexes[{n}]"
+        entry = statefile.obj(item, what, {"position", "ackSet"})
+        words = [statefile.integer(w, f"{what}.ackSet") for w in statefile.array(entry["ackSet"], what)]
+        try:
+            mask = words_to_mask(words, 64 * len(words))
+        except ValueError as exc:
+            raise StateShapeError(f"{what}: {exc}") from exc
+        state.ack_masks[_position(entry["position"], f"{what}.position")] = mask
+    return name, state
 
 
 class ManagedCursor:

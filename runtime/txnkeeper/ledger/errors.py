@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from txnkeeper.statefile import StateFileError
+
 
 class LedgerError(Exception):
     """Base of every managed-ledger error."""
@@ -32,15 +34,16 @@ class CorruptEntryError(LedgerError):
         self.offset = offset
 
 
-class CorruptMetadataError(LedgerError):
-    """The managed ledger's or a cursor's metadata file cannot be understood."""
+class CorruptMetadataError(LedgerError, StateFileError):
+    """The managed ledger's or a cursor's metadata file cannot be used (damaged, or out of range)."""
 
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(
-            f"metadata file {path} is unusable: {reason}; restore it from a backup or move the managed "
-            "ledger directory aside"
+    def __init__(self, path: Path, reason: str, remedy: str | None = None) -> None:
+        StateFileError.__init__(
+            self,
+            path,
+            reason,
+            remedy or "restore it from a backup or move the managed ledger directory aside",
         )
-        self.path = path
 
 
 class LedgerFencedError(LedgerError):

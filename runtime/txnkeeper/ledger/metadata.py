@@ -1,25 +1,33 @@
 """The managed ledger's metadata: which ledgers exist, which one is open, and the next ledger id.
 
-Stored as one JSON file replaced atomically (FileIO.write_file_atomically). The next ledger id is
-persisted before any ledger file with that id is created, so ids are never reused, even after trims
-and crashes.
+Stored as one checksummed state file (``txnkeeper.statefile``, kind ``managed-ledger-metadata``)
+replaced atomically through the ledger's FileIO. The next ledger id is persisted before any ledger file
+with that id is created, so ids are never reused, even after trims and crashes. A ``meta.json`` of the
+previous release (plain JSON with ``"version": 1``) is read if it has exactly that shape and is
+rewritten checksummed by the next metadata change (every open makes one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from txnkeeper import statefile
+from txnkeeper.statefile import StateFileError, StateShapeError
+
 from .errors import CorruptMetadataError
 from .fileio import FileIO
 
 METADATA_FILE = "meta.json"
-METADATA_VERSION = 1
+METADATA_KIND = "managed-ledger-metadata"
+METADATA_VERSION = 1  # of the body below
+_LEGACY_VERSION = 1  # the previous release's plain-JSON file said "version": 1
+_BODY_KEYS = {"name", "nextLedgerId", "ledgers"}
+_LEDGER_KEYS = {"ledgerId", "entries", "size", "fileBytes", "createdAt", "closed"}
 
 
 @dataclass
@@ -60,39 +68,25 @@ class ManagedLedgerMetadata:
         return None
 
     def encode(self) -> bytes:
-        doc = {
-            "version": METADATA_VERSION,
+        body = {
             "name": self.name,
             "nextLedgerId": self.next_ledger_id,
             "ledgers": [i.to_json() for i in self.ledgers],
         }
-        return json.dumps(doc, indent=1).encode() + b"\n"
+        return statefile.encode(METADATA_KIND, METADATA_VERSION, body)
 
     @classmethod
     def decode(cls, raw: bytes, path: Path) -> ManagedLedgerMetadata:
+        """Check and parse a metadata file; anything damaged or inconsistent is CorruptMetadataError."""
         try:
-            doc = json.loads(raw)
-            if doc.get("version") != METADATA_VERSION:
-                raise CorruptMetadataError(path, f"unknown metadata version {doc.get('version')!r}")
-            meta = cls(
-                name=str(doc["name"]),
-                next_ledger_id=int(doc["nextLedgerId"]),
-                ledgers=[
-                    LedgerInfo(
-                        ledger_id=int(i["ledgerId"]),
-                        entries=int(i["entries"]),
-                        size=int(i["size"]),
-                        file_bytes=int(i["fileBytes"]),
-                        created_at=float(i["createdAt"]),
-                        closed=bool(i["closed"]),
-                    )
-                    for i in doc["ledgers"]
-                ],
+            doc = statefile.decode(
+                raw, path, METADATA_KIND, frozenset({METADATA_VERSION}), legacy=_legacy_body
             )
-        except CorruptMetadataError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptMetadataError(path, f"not valid managed-ledger metadata ({exc!r})") from exc
+            meta = _from_body(doc.body)
+        except StateShapeError as exc:
+            raise CorruptMetadataError(path, f"not valid managed-ledger metadata: {exc}") from exc
+        except StateFileError as exc:
+            raise CorruptMetadataError(path, exc.problem, exc.remedy) from exc
         ids = [i.ledger_id for i in meta.ledgers]
         if ids != sorted(set(ids)) or any(i >= meta.next_ledger_id for i in ids):
             raise CorruptMetadataError(
@@ -101,6 +95,37 @@ class ManagedLedgerMetadata:
         if any(not i.closed for i in meta.ledgers[:-1]):
             raise CorruptMetadataError(path, "a ledger other than the last one is still marked open")
         return meta
+
+
+def _legacy_body(raw: bytes) -> dict[str, Any]:
+    """The previous release's meta.json: exactly {"version": 1} plus today's body fields."""
+    doc = statefile.obj(statefile.parse_json(raw), "metadata", _BODY_KEYS | {"version"})
+    if doc["version"] != _LEGACY_VERSION or isinstance(doc["version"], bool):
+        raise StateShapeError(f"unknown metadata version {doc['version']!r}")
+    return {k: v for k, v in doc.items() if k != "version"}
+
+
+def _from_body(body: Any) -> ManagedLedgerMetadata:
+    doc = statefile.obj(body, "metadata", _BODY_KEYS)
+    ledgers = []
+    for n, item in enumerate(statefile.array(doc["ledgers"], "ledgers")):
+        what = f"ledgers[{n}]"
+        info = statefile.obj(item, what, _LEDGER_KEYS)
+        ledgers.append(
+            LedgerInfo(
+                ledger_id=statefile.integer(info["ledgerId"], f"{what}.ledgerId", 1),
+                entries=statefile.integer(info["entries"], f"{what}.entries", 0),
+                size=statefile.integer(info["size"], f"{what}.size", 0),
+                file_bytes=statefile.integer(info["fileBytes"], f"{what}.fileBytes", 0),
+                created_at=statefile.number(info["createdAt"], f"{what}.createdAt"),
+                closed=statefile.boolean(info["closed"], f"{what}.closed"),
+            )
+        )
+    return ManagedLedgerMetadata(
+        name=statefile.string(doc["name"], "name"),
+        next_ledger_id=statefile.integer(doc["nextLedgerId"], "nextLedgerId", 1),
+        ledgers=ledgers,
+    )
 
 
 class MetadataStore:

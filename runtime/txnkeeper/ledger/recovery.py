@@ -118,12 +118,13 @@ def _recover_locked(name: str, directory: Path, io: FileIO, lock_fd: int) -> Rec
         files[new_id] = current
 
     cursors: dict[str, tuple[Path, CursorState]] = {}
+    entries = {ledger_id: ledger.entries for ledger_id, ledger in files.items()}
     for path in sorted(cursors_dir.glob("*.json")):
         cursor_name = decode_name(path.stem)
         if cursor_name is None:
             continue
-        _, state = CursorState.decode(path.read_bytes(), path, cursor_name)
-        cursors[cursor_name] = (path, state)
+        # checked against the recovered ledgers: a position past them is refused, not adopted
+        cursors[cursor_name] = (path, CursorState.load(path, cursor_name, entries))
     return Recovered(meta, files, current, cursors, lock_fd, torn)
 
 
