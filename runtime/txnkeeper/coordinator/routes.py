@@ -3,16 +3,27 @@
 Why the coordinator learns routes from clients: a store pod's address is whatever the client used to
 reach it (a DNS name or a pod IP); recording it when a partition or subscription joins a transaction
 lets the coordinator end that transaction there, also after a coordinator restart, without a
-separate topology service. Changes are rare (first sight of a topic), so each is written durably.
+separate topology service. Changes are rare (first sight of a topic), so each is written durably, as a
+checksummed state file (kind ``coordinator-routes``); the previous release's plain JSON object is still
+read and is rewritten checksummed by the next change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
+from typing import Any
 
-from txnkeeper.coordinator.sequence import write_atomically
+from txnkeeper import statefile
+from txnkeeper.statefile import StateFileError, StateShapeError
+
+ROUTES_KIND = "coordinator-routes"
+ROUTES_VERSION = 1
+_REMEDY = (
+    "the coordinator does not start, since it could not end its transactions on the right store pods; "
+    "restore the file from a backup (or, if it is lost, remove it: routes are learnt again from "
+    "clients, but transactions recovered before a client names their topics again cannot be ended)"
+)
 
 
 class RouteTable:
@@ -24,15 +35,16 @@ class RouteTable:
         self._lock = asyncio.Lock()
 
     def load(self) -> None:
-        if not self._path.exists():
+        """Read the persisted routes (none if the file does not exist); StateFileError if damaged."""
+        doc = statefile.read(
+            self._path, ROUTES_KIND, frozenset({ROUTES_VERSION}), legacy=_legacy_body, remedy=_REMEDY
+        )
+        if doc is None:
             return
         try:
-            data = json.loads(self._path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"route table {self._path} is corrupt: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"route table {self._path} is not a JSON object")
-        self._routes = {str(k): str(v) for k, v in data.items()}
+            self._routes = _routes(statefile.obj(doc.body, "routes", {"routes"})["routes"])
+        except StateShapeError as exc:
+            raise StateFileError(self._path, f"not a valid route table: {exc}", _REMEDY) from exc
 
     def get(self, topic: str) -> str | None:
         return self._routes.get(topic)
@@ -50,5 +62,17 @@ class RouteTable:
             if not changed:
                 return
             updated = {**self._routes, **changed}
-            await asyncio.to_thread(write_atomically, self._path, json.dumps(updated, sort_keys=True))
+            await asyncio.to_thread(
+                statefile.write, self._path, ROUTES_KIND, ROUTES_VERSION, {"routes": updated}
+            )
             self._routes = updated
+
+
+def _legacy_body(raw: bytes) -> dict[str, Any]:
+    """The previous release's routes.json: a plain JSON object, topic -> address."""
+    return {"routes": _routes(statefile.parse_json(raw))}
+
+
+def _routes(value: Any) -> dict[str, str]:
+    table = statefile.obj(value, "route table")
+    return {topic: statefile.string(addr, f"address of topic {topic!r}") for topic, addr in table.items()}

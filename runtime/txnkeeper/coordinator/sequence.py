@@ -2,18 +2,34 @@
 
 Why not only ``max_local_txn_id`` in the log: the coordinator deletes a transaction's records when it
 ends, so after a quiet period the log may hold no record at all. A hi/lo reservation file does not
-depend on the log: the allocator durably reserves a block of ids (write temp, fsync, rename, fsync
-dir) before handing any of them out, and a restart resumes above the reserved ceiling. Ids skipped
-by a crash are simply never used.
+depend on the log: the allocator durably reserves a block of ids (a checksummed state file, kind
+``txn-sequence``, replaced atomically) before handing any of them out, and a restart resumes above the
+reserved ceiling. Ids skipped by a crash are simply never used.
+
+Because every id is reserved before it is used, a reservation below an id the log still holds means
+the file is not the one this log was written with (an older copy, another coordinator's file): it is
+refused rather than trusted, since resuming from it could hand out an id twice. The previous release
+wrote the bare number; that is still read, and the next reservation rewrites it checksummed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import re
 from pathlib import Path
+from typing import Any
+
+from txnkeeper import statefile
+from txnkeeper.statefile import StateFileError, StateShapeError
 
 RESERVATION_BLOCK = 10_000
+SEQUENCE_KIND = "txn-sequence"
+SEQUENCE_VERSION = 1
+_LEGACY = re.compile(rb"0|[1-9][0-9]*")  # the previous release wrote str(ceiling), nothing else
+_REMEDY = (
+    "the coordinator does not start, so that no transaction id is handed out twice; restore the file "
+    "from a backup taken together with the transaction log"
+)
 
 
 class SequenceAllocator:
@@ -29,14 +45,26 @@ class SequenceAllocator:
         self._reserving: asyncio.Future[None] | None = None
 
     def load(self, floor: int = 0) -> None:
-        """Read the persisted ceiling; ``floor`` is the highest id the log still shows (if any)."""
+        """Read the persisted ceiling; ``floor`` is the highest id the log still shows (if any).
+
+        Raises StateFileError (naming the file) for a damaged file or a ceiling below ``floor``.
+        """
+        doc = statefile.read(
+            self._path, SEQUENCE_KIND, frozenset({SEQUENCE_VERSION}), legacy=_legacy_body, remedy=_REMEDY
+        )
         ceiling = 0
-        if self._path.exists():
-            text = self._path.read_text().strip()
+        if doc is not None:
             try:
-                ceiling = int(text)
-            except ValueError as exc:
-                raise ValueError(f"sequence file {self._path} is corrupt: {text!r}") from exc
+                ceiling = _ceiling(doc.body)
+            except StateShapeError as exc:
+                raise StateFileError(self._path, f"not a valid sequence file: {exc}", _REMEDY) from exc
+            if ceiling < floor:
+                raise StateFileError(
+                    self._path,
+                    f"it reserves transaction ids only up to {ceiling}, but the transaction log holds id "
+                    f"{floor}, and every id is reserved before it is used (the file is older than the log)",
+                    _REMEDY,
+                )
         self._last = max(ceiling, floor)
         self._ceiling = self._last
 
@@ -57,7 +85,13 @@ class SequenceAllocator:
                 self._reserving = asyncio.get_running_loop().create_future()
                 target = self._last + self._block
                 try:
-                    await asyncio.to_thread(_write_atomically, self._path, str(target))
+                    await asyncio.to_thread(
+                        statefile.write,
+                        self._path,
+                        SEQUENCE_KIND,
+                        SEQUENCE_VERSION,
+                        {"reservedThrough": target},
+                    )
                     self._ceiling = target
                     self._reserving.set_result(None)
                 except BaseException as exc:
@@ -71,21 +105,12 @@ class SequenceAllocator:
         return self._last
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def _legacy_body(raw: bytes) -> dict[str, Any]:
+    if _LEGACY.fullmatch(raw) is None:
+        raise StateShapeError(f"the previous release wrote a bare decimal number, not {raw[:40]!r}")
+    return {"reservedThrough": int(raw)}
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Durably replace ``path`` with ``text`` (shared with the route table)."""
-    _write_atomically(path, text)
+def _ceiling(body: Any) -> int:
+    doc = statefile.obj(body, "sequence", {"reservedThrough"})
+    return statefile.integer(doc["reservedThrough"], "reservedThrough", 0)

@@ -4,7 +4,8 @@ Stored as one checksummed state file (``txnkeeper.statefile``, kind ``managed-le
 replaced atomically through the ledger's FileIO. The next ledger id is persisted before any ledger file
 with that id is created, so ids are never reused, even after trims and crashes. A ``meta.json`` of the
 previous release (plain JSON with ``"version": 1``) is read if it has exactly that shape and is
-rewritten checksummed by the next metadata change (every open makes one).
+rewritten checksummed by the next metadata change (a rollover, a trim, or an open that starts a
+new ledger).
 """
 
 from __future__ import annotations

@@ -8,18 +8,17 @@ reports ready, so pending acks are known before any consumer can be served.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
-from txnkeeper.coordinator.sequence import write_atomically
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.errors import BadRequestError, NotServedHereError
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
+from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.subscription import Subscription
 
 log = logging.getLogger(__name__)
@@ -72,11 +71,7 @@ class TopicService:
         self.recovered = False
 
     async def recover(self) -> None:
-        if self._registry_path.exists():
-            data = json.loads(self._registry_path.read_text())
-            if not isinstance(data, dict):
-                raise ValueError(f"subscription registry {self._registry_path} is not a JSON object")
-            self._registry = {str(t): [str(s) for s in subs] for t, subs in data.items()}
+        self._registry = load_registry(self._registry_path)
         for topic, subs in self._registry.items():
             await self.partition(topic)
             for sub in subs:
@@ -165,9 +160,7 @@ class TopicService:
             subs = updated.setdefault(topic, [])
             if name not in subs:
                 subs.append(name)
-                await asyncio.to_thread(
-                    write_atomically, self._registry_path, json.dumps(updated, sort_keys=True)
-                )
+                await asyncio.to_thread(save_registry, self._registry_path, updated)
             self._registry = updated
 
     # --- operations ----------------------------------------------------------------------------------
