@@ -103,7 +103,9 @@ def _legacy_body(raw: bytes) -> dict[str, Any]:
     doc = statefile.obj(statefile.parse_json(raw), "metadata", _BODY_KEYS | {"version"})
     if doc["version"] != _LEGACY_VERSION or isinstance(doc["version"], bool):
         raise StateShapeError(f"unknown metadata version {doc['version']!r}")
-    return {k: v for k, v in doc.items() if k != "version"}
+    body = {k: v for k, v in doc.items() if k != "version"}
+    _from_body(body)  # every field checked here, so the refusal says it is no old file either
+    return body
 
 
 def _from_body(body: Any) -> ManagedLedgerMetadata:
