@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import pytest
 from runtime_pods import ServePod
 
 from txnkeeper import statefile
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
+from txnkeeper.fleet.admin import FleetAdmin
+from txnkeeper.fleet.group import COORDINATOR, MemberGroup
 from txnkeeper.statefile import StateFileError
 from txnkeeper.topic.registry import load_registry, save_registry
+from txnkeeper_operator.engine import DowngradeProgress, Progress
+from txnkeeper_operator.engine.persist import progress_to_status
 
 MASKS = (0x01, 0x10, 0x40, 0x80)
 V1 = frozenset({1})
@@ -321,3 +327,24 @@ def test_pod_with_a_damaged_state_file_exits_naming_it(
     log = str(info.value)
     assert f"state file {path} is unusable: {problem}" in log, log
     assert "Traceback" not in log
+
+
+# --- the local fleet's downgrade progress ----------------------------------------------------------------
+
+
+async def test_fleet_progress_is_checksummed_and_previous_release_file_read(tmp_path: Path) -> None:
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    progress = Progress(DowngradeProgress(started, "2.0.0", {"tc-0": {"__transaction_log_0": 7}}))
+    async with aiohttp.ClientSession() as session:
+        group = MemberGroup("tc", COORDINATOR, tmp_path, tmp_path / "token", FleetAdmin(session, ""), 1)
+        assert group.load_progress() == Progress()
+        group.save_progress(progress)
+        raw = group.state_file.read_bytes()
+        assert raw.startswith(b"txnkeeper-state fleet-downgrade-progress 1 ")
+        assert group.load_progress() == progress
+        group.state_file.write_text(json.dumps(progress_to_status(progress)))  # previous release
+        assert group.load_progress() == progress
+        group.state_file.write_bytes(raw[:-2] + bytes([raw[-2] ^ 0x01]) + raw[-1:])
+        refused(group.state_file, group.load_progress, "checksum mismatch")
+        group.state_file.write_text('{"startedAt": "2026-01-02T03:04:05Z", "rolledOver": [{}]}')
+        refused(group.state_file, group.load_progress, "not valid downgrade progress")

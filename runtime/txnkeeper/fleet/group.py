@@ -21,8 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from txnkeeper import statefile
 from txnkeeper.fleet.admin import FleetAdmin, FleetAdminError
 from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper.statefile import StateFileError, StateShapeError
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
@@ -50,6 +52,11 @@ from txnkeeper_operator.engine.persist import (
     progress_to_status,
     report_from_json,
 )
+
+# The engine's progress (the operator keeps it in status.downgrade) as a checksummed state file; the
+# previous release's plain JSON of the same document is still read.
+PROGRESS_KIND = "fleet-downgrade-progress"
+PROGRESS_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +120,19 @@ class MemberGroup:
     # ---- persisted progress (what the operator keeps in status.downgrade) ---------------------------
 
     def load_progress(self) -> Progress:
-        if not self.state_file.exists():
+        """The persisted progress (none yet: a fresh one); a damaged file is a StateFileError naming it."""
+        doc = statefile.read(
+            self.state_file, PROGRESS_KIND, frozenset({PROGRESS_VERSION}), legacy=statefile.parse_json
+        )
+        if doc is None:
             return Progress()
-        return progress_from_status(json.loads(self.state_file.read_text()))
+        try:
+            return progress_from_status(statefile.obj(doc.body, "downgrade progress"))
+        except (StateShapeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateFileError(self.state_file, f"not valid downgrade progress ({exc!r})") from exc
 
     def save_progress(self, progress: Progress) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(progress_to_status(progress)))
-        tmp.replace(self.state_file)
+        statefile.write(self.state_file, PROGRESS_KIND, PROGRESS_VERSION, progress_to_status(progress))
 
     # ---- members ------------------------------------------------------------------------------------
 
