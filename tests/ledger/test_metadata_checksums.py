@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from txnkeeper import statefile
-from txnkeeper.ledger import CorruptMetadataError, ManagedLedgerFactory, Position
+from txnkeeper.ledger import CorruptEntryError, CorruptMetadataError, ManagedLedgerFactory, Position
 from txnkeeper.ledger.cursor import CursorState
+from txnkeeper.ledger.ledger_file import ledger_file_name
 from txnkeeper.ledger.metadata import ManagedLedgerMetadata
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.rangeset import EntryRangeSet
@@ -334,3 +335,28 @@ async def test_previous_release_files_must_have_exactly_the_old_shape(tmp_path: 
     with pytest.raises(CorruptMetadataError, match="not UTF-8: byte 0xff at offset 24") as info:
         await reopen(tmp_path)
     assert str(mpath) in str(info.value)
+
+
+async def test_metadata_that_does_not_match_the_ledger_files_is_refused(tmp_path: Path) -> None:
+    positions = await make_ledger(tmp_path)
+    path = meta_path(tmp_path)
+    good = ManagedLedgerMetadata.decode(path.read_bytes(), path)
+    first = good.find(positions[0].ledger_id)
+    assert first is not None and first.closed
+    ledger_file = tmp_path / NAME / "ledgers" / ledger_file_name(first.ledger_id)
+    for claimed in (first.entries - 1, first.entries + 1):
+        meta = good.copy()
+        changed = meta.find(first.ledger_id)
+        assert changed is not None
+        changed.entries = claimed
+        path.write_bytes(meta.encode())
+        with pytest.raises(CorruptEntryError, match=f"should hold {claimed} entries") as info:
+            await reopen(tmp_path)
+        assert str(ledger_file) in str(info.value)
+    meta = good.copy()
+    meta.name = "another"
+    path.write_bytes(meta.encode())
+    with pytest.raises(CorruptMetadataError, match="belongs to managed ledger 'another'"):
+        await reopen(tmp_path)
+    path.write_bytes(good.encode())
+    await reopen(tmp_path)  # the untouched metadata still opens: nothing above changed the files
