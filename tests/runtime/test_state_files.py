@@ -338,6 +338,8 @@ async def test_fleet_progress_is_checksummed_and_previous_release_file_read(tmp_
     async with aiohttp.ClientSession() as session:
         group = MemberGroup("tc", COORDINATOR, tmp_path, tmp_path / "token", FleetAdmin(session, ""), 1)
         assert group.load_progress() == Progress()
+        group.save_progress(Progress())  # no downgrade: a null body
+        assert group.load_progress() == Progress()
         group.save_progress(progress)
         raw = group.state_file.read_bytes()
         assert raw.startswith(b"txnkeeper-state fleet-downgrade-progress 1 ")

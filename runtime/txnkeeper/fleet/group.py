@@ -124,7 +124,7 @@ class MemberGroup:
         doc = statefile.read(
             self.state_file, PROGRESS_KIND, frozenset({PROGRESS_VERSION}), legacy=statefile.parse_json
         )
-        if doc is None:
+        if doc is None or doc.body is None:  # None: no downgrade in progress
             return Progress()
         try:
             return progress_from_status(statefile.obj(doc.body, "downgrade progress"))
