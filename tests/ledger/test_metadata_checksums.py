@@ -197,6 +197,34 @@ async def test_mark_delete_in_a_trimmed_ledger_is_accepted(tmp_path: Path) -> No
     await factory.close()
 
 
+async def test_stale_positions_in_a_trimmed_ledger_are_accepted(tmp_path: Path) -> None:
+    """A crash after a trim's metadata write but before the cursor's next write leaves these."""
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    positions = [await ml.add_entry(b"x") for _ in range(4)]
+    await ml.rollover()
+    later = await ml.add_entry(b"y")
+    cursor = await ml.open_cursor("sub")
+    await cursor.mark_delete(positions[-1])
+    await ml.trim()
+    await factory.close()
+    trimmed = positions[0].ledger_id
+    stale = CursorState(Position(trimmed, 0))
+    stale.individual[trimmed] = EntryRangeSet()
+    stale.individual[trimmed].add_range(1, 2)
+    stale.ack_masks[Position(trimmed, 3)] = 0b10
+    forge_cursor(cursor_path(tmp_path), stale)
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    try:
+        assert trimmed not in ml.ledger_ids()
+        reopened = await ml.open_cursor("sub")
+        assert not reopened.is_deleted(later)  # the live entry is still there for the cursor
+        assert reopened.first_undeleted_position() == later
+    finally:
+        await factory.close()
+
+
 async def test_a_forged_mark_delete_cannot_make_the_log_forget_an_open_transaction(tmp_path: Path) -> None:
     """The issue's failure: a markDelete past the end silently deleted an OPEN txn written later."""
     factory = ManagedLedgerFactory(tmp_path)

@@ -160,10 +160,13 @@ class CursorState:
     def check_within(self, path: Path, ledger_entries: dict[int, int]) -> None:
         """Refuse a state naming an entry the ledger does not hold (live ledger id -> entry count).
 
-        A mark-delete position in a ledger before the first live one is fine (that ledger was trimmed
-        because the cursor had passed it); anything after the last confirmed entry is not.
+        Any position in a ledger before the first live one is fine: that ledger was trimmed because
+        every cursor had passed it, and a crash between the trim's metadata write and this cursor's
+        next write leaves such stale positions (harmless: they only mark trimmed entries deleted).
+        A position in any other ledger must be one the ledger holds.
         """
         live = sorted(ledger_entries)
+        trimmed_below = live[0] if live else 0
 
         def refuse(what: str, position: str, why: str) -> CorruptMetadataError:
             last = max((Position(lid, n - 1) for lid, n in ledger_entries.items() if n > 0), default=None)
@@ -183,11 +186,15 @@ class CursorState:
         elif not live or md.ledger_id > live[0]:
             raise refuse("markDelete", str(md), "is in a ledger this managed ledger does not have")
         for lid in sorted(self.individual):
+            if lid < trimmed_below:
+                continue
             for first, last in self.individual[lid].ranges():
                 if lid not in ledger_entries or first < 0 or last >= ledger_entries[lid]:
                     span = f"{lid}:{first}..{lid}:{last}"
                     raise refuse("individually deleted range", span, "does not exist")
         for position, mask in sorted(self.ack_masks.items()):
+            if position.ledger_id < trimmed_below:
+                continue
             if position.ledger_id not in ledger_entries or not (
                 0 <= position.entry_id < ledger_entries[position.ledger_id]
             ):
