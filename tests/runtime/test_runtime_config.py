@@ -46,3 +46,6 @@ def test_batch_config_shapes(tmp_path: Path) -> None:
         batch_configs(path)
     with pytest.raises(ConfigError, match="cannot read"):
         batch_configs(tmp_path / "missing.json")
+    path.write_bytes(b'{"batchedWrite": {"enabled": true}}\xff')
+    with pytest.raises(ConfigError, match=rf"cannot read config file {path}: 'utf-8' codec"):
+        batch_configs(path)

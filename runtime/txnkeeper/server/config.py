@@ -140,8 +140,8 @@ def _object(value: object, where: str) -> dict[str, Any]:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # a bare "'utf-8' codec can't decode" names no file
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     try:
         data: object = json.loads(text)
