@@ -140,10 +140,11 @@ def test_sequence_reservation_below_an_id_in_the_log_is_refused(tmp_path: Path) 
     assert "holds id 101" in message and "restore the file" in message
 
 
-def test_missing_sequence_file_starts_above_the_log(tmp_path: Path) -> None:
+def test_missing_sequence_file_starts_above_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sequence = SequenceAllocator(tmp_path / "0.sequence")
     sequence.load(floor=42)
     assert sequence.last == 42
+    assert f"sequence file {tmp_path / '0.sequence'} is missing" in caplog.text
 
 
 async def test_previous_release_sequence_file_is_read_and_rewritten(tmp_path: Path) -> None:

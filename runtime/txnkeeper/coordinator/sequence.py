@@ -15,12 +15,15 @@ wrote the bare number; that is still read, and the next reservation rewrites it 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 from txnkeeper import statefile
 from txnkeeper.statefile import StateFileError, StateShapeError
+
+log = logging.getLogger(__name__)
 
 RESERVATION_BLOCK = 10_000
 SEQUENCE_KIND = "txn-sequence"
@@ -53,6 +56,13 @@ class SequenceAllocator:
             self._path, SEQUENCE_KIND, frozenset({SEQUENCE_VERSION}), legacy=_legacy_body, remedy=_REMEDY
         )
         ceiling = 0
+        if doc is None and floor > 0:
+            log.warning(
+                "sequence file %s is missing while the transaction log holds id %d: resuming above it; "
+                "ids of transactions whose records were already deleted could be handed out again",
+                self._path,
+                floor,
+            )
         if doc is not None:
             try:
                 ceiling = _ceiling(doc.body)
