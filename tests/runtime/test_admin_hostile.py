@@ -1,5 +1,5 @@
 """The admin API answers every bad input with a 400 saying what was wrong, changes nothing, and turns an
-unexpected failure into a generic 500 (traceback only in the log).
+unexpected failure into a generic 500 (traceback only in the log); the admin token file must be private.
 
 Hostile requests go to a real ``txnkeeper serve`` process over a socket; the 500 path needs a pod that
 fails, so it runs the real aiohttp application on a real socket in front of a pod view that raises.
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +25,7 @@ from aiohttp import web
 from runtime_pods import TOKEN, ServePod, http
 
 from txnkeeper.admin.app import MAX_BODY_BYTES, MAX_JSON_DEPTH, build_admin_app
+from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.admin.views import PodView, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 
@@ -187,3 +192,55 @@ async def test_unexpected_failure_is_a_generic_500_with_the_traceback_only_in_th
     assert health == 200
     logged = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info]
     assert logged and "secret internal detail" in str(logged[0].exc_info[1])  # type: ignore[index]
+
+
+# ---- the admin token file ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o640, 0o440])
+def test_private_token_files_are_accepted(tmp_path: Path, mode: int) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(mode)
+    assert load_admin_token(str(token)) == "s3cret"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o660, 0o666, 0o601])
+def test_token_files_others_can_read_or_group_can_change_are_refused(tmp_path: Path, mode: int) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(mode)
+    with pytest.raises(ValueError, match=rf"has mode 0{mode:o}: .*chmod 600 {token}"):
+        load_admin_token(str(token))
+
+
+def test_serve_refuses_to_start_with_a_world_readable_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXNKEEPER_")}
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "txnkeeper.cli", "serve", "--role", "coordinator"),
+            *("--data-dir", str(tmp_path / "data"), "--admin-listen", "127.0.0.1:0"),
+            *("--listen", "127.0.0.1:0", "--admin-token-file", str(token)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"admin token file {token} has mode 0644" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()  # refused before touching the data directory
+
+
+def test_token_symlink_is_judged_by_its_target(tmp_path: Path) -> None:
+    """A Kubernetes Secret volume's file is a symlink (..data/token); the symlink's own mode is 0777."""
+    target = tmp_path / "..data" / "token"
+    target.parent.mkdir()
+    target.write_text("s3cret")
+    target.chmod(0o440)
+    (tmp_path / "token").symlink_to(target)
+    assert load_admin_token(str(tmp_path / "token")) == "s3cret"
