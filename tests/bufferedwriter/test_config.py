@@ -37,6 +37,7 @@ def test_defaults_are_pulsars() -> None:
         ({"max_size_bytes": 16 * 1024 * 1024 + 1}, r"maxSizeBytes .* to 16777216 \(16 MiB\)"),
         ({"max_size_bytes": 1.5e6}, r"maxSizeBytes"),
         ({"enabled": "yes"}, r"enabled must be true or false"),
+        ({"max_delay_millis": [1]}, r"maxDelayMillis .* got a JSON array$"),
         ({"max_size_bytes": "x" * 1000}, r"maxSizeBytes .* got 'x{30,40}\.\.\.$"),
     ],
 )

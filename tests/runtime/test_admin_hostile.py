@@ -61,6 +61,9 @@ HOSTILE_BODIES: list[tuple[bytes, str]] = [
     (b"[1, 2]", "must be a JSON object, got list"),
     (b'"text"', "must be a JSON object, got str"),
     (b"[" * 30_000 + b"]" * 30_000, f"nests deeper than {MAX_JSON_DEPTH} levels"),
+    # Within json's recursion limit but past what a recursive walk of the result could take.
+    (b"[" * 900 + b"]" * 900, f"nests deeper than {MAX_JSON_DEPTH} levels"),
+    (b'{"coordinator": {"batchedWriteMaxRecords": ' + b"[" * 900 + b"]" * 900 + b"}}", "nests deeper"),
     (_post({"coordinator": {"a": {"b": {"c": {"d": 1}}}}}), f"nests deeper than {MAX_JSON_DEPTH} levels"),
     (b'{"coordinator": {"batchedWriteMaxRecords": ' + b"9" * 5000 + b"}}", "number no setting accepts"),
     (_stat(batchedWriteMaxRecords=10**300), "maxRecords must be an integer from 1"),

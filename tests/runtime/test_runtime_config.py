@@ -70,6 +70,14 @@ def test_auto_ordinal_is_ascii_digits(pod_name: str) -> None:
         ('{"batchedWrite": {"maxDelayMillis": NaN}}', r"NaN is not a number"),
         ('{"batchedWrite": {"maxRecords": ' + "9" * 5000 + "}}", r"config file .*: Exceeds the limit"),
         ("[" * 100_000 + "]" * 100_000, r"nests too deeply"),
+        (
+            '{"batchedWrite": {"maxRecords": ' + "[" * 900 + "]" * 900 + "}}",
+            r"maxRecords .* got a JSON array",
+        ),
+        (
+            '{"batchedWrite": {"enabled": ' + "[" * 900 + "]" * 900 + "}}",
+            r"enabled must be true or false, got a JSON array",
+        ),
         ('{"batchedWrite": {"enabled": true, "batchedWriteMaxRecords": 4}}', r"not a mix"),
         ('{"batchedWrite": {"maxRecord": 4}}', r"unknown batchedWrite key\(s\) \['maxRecord'\]"),
     ],

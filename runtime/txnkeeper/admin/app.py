@@ -200,7 +200,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # an integer beyond Python's int-from-text limit, NaN, Infinity
         raise BadRequest(f"body has a number no setting accepts: {exc}") from exc
-    if _depth(body) > MAX_JSON_DEPTH:
+    if _too_deep(body, MAX_JSON_DEPTH):
         raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(body, dict):
         raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
@@ -211,13 +211,18 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _depth(value: object) -> int:
-    # Only reached for what json.loads could build, so the recursion is bounded by its own limit.
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+def _too_deep(value: object, limit: int) -> bool:
+    # Iterative: a body json.loads accepted can still nest deeper than Python lets a function recurse.
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _apply(config: BatchedWriteConfig, body: dict[str, Any], key: str) -> BatchedWriteConfig:

@@ -49,7 +49,7 @@ class BatchedWriteConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise InvalidBatchedWriteConfigError(
-                f"batchedWrite.enabled must be true or false, got {self.enabled!r}"
+                f"batchedWrite.enabled must be true or false, got {_shown(self.enabled)}"
             )
         if not _is_int(self.max_records) or not MIN_MAX_RECORDS <= self.max_records <= MAX_MAX_RECORDS:
             raise InvalidBatchedWriteConfigError(
@@ -116,6 +116,8 @@ def _shown(value: object, limit: int = 40) -> str:
     hit Python's int-to-text limit, which raises)."""
     if isinstance(value, int) and value.bit_length() > 128:
         return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list | dict):  # its repr could be huge, or nested past the recursion limit
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
