@@ -132,6 +132,11 @@ def test_hostile_paths_and_methods_get_json_errors(pods: Callable[..., ServePod]
         "GET", f"{tc.admin_url()}/admin/v3/transactions/pendingAckInternalStats", None
     )
     assert status == 400 and "'topic' and 'subscription' are required" in answer["error"]
+    query = "?topic=persistent%3A%2F%2Ft%2Fns%2F%FF%FE&subscription=s"
+    status, _ctype, answer = _raw(
+        "GET", f"{tc.admin_url()}/admin/v3/transactions/pendingAckInternalStats{query}", None
+    )
+    assert status == 400 and "query string is not UTF-8" in answer["error"]
 
 
 class _FailingPod:

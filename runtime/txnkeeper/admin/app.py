@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -147,13 +148,14 @@ async def coordinator_internal_stats(request: web.Request) -> web.Response:
 
 
 async def pending_ack_internal_stats(request: web.Request) -> web.Response:
-    topic = request.query.get("topic", "")
-    subscription = request.query.get("subscription", "")
+    query = _utf8_query(request)
+    topic = query.get("topic", "")
+    subscription = query.get("subscription", "")
     if not topic or not subscription:
         raise BadRequest("query parameters 'topic' and 'subscription' are required")
     store = _pod(request).pending_ack_log(topic, subscription)
     if store is None:
-        return _error(404, f"no pending-ack store for {topic} / {subscription} on this pod")
+        return _error(404, f"no pending-ack store for {_cut(topic)} / {_cut(subscription)} on this pod")
     return web.json_response({"pendingAckLogStats": store.internal_stats()})
 
 
@@ -223,6 +225,19 @@ def _too_deep(value: object, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
+
+
+def _utf8_query(request: web.Request) -> dict[str, str]:
+    # aiohttp turns invalid percent-encoded UTF-8 into U+FFFD, which would name a store that never exists.
+    try:
+        pairs = urllib.parse.parse_qsl(
+            request.rel_url.raw_query_string, keep_blank_values=True, encoding="utf-8", errors="strict"
+        )
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"query string is not UTF-8 once percent-decoded: {exc.reason} at byte {exc.start}"
+        ) from exc
+    return dict(pairs)
 
 
 def _apply(config: BatchedWriteConfig, body: dict[str, Any], key: str) -> BatchedWriteConfig:
