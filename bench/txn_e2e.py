@@ -46,6 +46,7 @@ def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> 
     """A ``txnkeeper serve`` process with default batch settings, started (the fleet's launcher)."""
     token = root / "token"
     token.write_text(TOKEN)
+    token.chmod(0o600)  # serve refuses a token file others can read
     pod = RuntimeProcess(
         name=name,
         role=role,

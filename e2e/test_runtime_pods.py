@@ -69,7 +69,9 @@ def serve_statefulset(name: str, role: str, replicas: int, extra: list[str]) -> 
                             ],
                         }
                     ],
-                    "volumes": [{"name": "token", "secret": {"secretName": "admin-token"}}],
+                    "volumes": [
+                        {"name": "token", "secret": {"secretName": "admin-token", "defaultMode": 0o440}}
+                    ],
                 },
             },
             "volumeClaimTemplates": [

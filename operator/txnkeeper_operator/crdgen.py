@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from txnkeeper.contract import batching as limits
 from txnkeeper_operator.engine.releases import known_majors
 
 GROUP = "txnkeeper.io"
@@ -48,6 +49,23 @@ _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 _QUANTITY = rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
 
 
+# Kubernetes cron syntax (robfig/cron's standard parser): five fields or a predefined @schedule. Time
+# zones go in a CronJob's own timeZone field, never in the schedule ("TZ=..." is refused there too).
+_CRON_FIELD = r"[0-9A-Za-z*?/,-]+"
+_CRON = rf"^(|@(yearly|annually|monthly|weekly|daily|midnight|hourly)|({_CRON_FIELD} +){{4}}{_CRON_FIELD})$"
+# Spark master URLs the verifier job can use: Spark inside its own pod, a standalone cluster (one or
+# more host:port), or Kubernetes itself.
+_SPARK_MASTER = (
+    r"^(local(\[([1-9][0-9]*|\*)(, *[0-9]+)?\])?"
+    r"|spark://[A-Za-z0-9.-]+:[0-9]{1,5}(,[A-Za-z0-9.-]+:[0-9]{1,5})*"
+    r"|k8s://(https?://)?[A-Za-z0-9.-]+(:[0-9]{1,5})?)$"
+)
+# A DNS-1123 subdomain (what a StorageClass name must be); empty means the cluster's default class.
+_DNS1123_SUBDOMAIN = r"^(|[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)$"
+# A quantity value in CEL: an int-or-string field is an int or a string, and quantity() takes a string.
+_Q = "quantity(string({}))"
+
+
 def _quantity(description: str) -> Schema:
     return {
         "description": description,
@@ -71,33 +89,40 @@ def _batched_write(what: str) -> Schema:
             "maxRecords": _p(
                 "integer",
                 "Flush a batch once this many records are queued (checked first). 1 disables batching.",
-                default=512,
-                minimum=1,
-                maximum=65536,
+                default=limits.DEFAULT_MAX_RECORDS,
+                minimum=limits.MIN_MAX_RECORDS,
+                maximum=limits.MAX_MAX_RECORDS,
             ),
             "maxSizeBytes": _p(
                 "integer",
                 "Flush a batch once its queued records reach this many bytes; a single record at least "
-                "this big is written alone, unbatched.",
-                default=4194304,
-                minimum=1024,
-                maximum=67108864,
+                "this big is written alone, unbatched. At most 16 MiB: a batch can reach about twice this "
+                "size and must fit a ledger entry.",
+                default=limits.DEFAULT_MAX_SIZE_BYTES,
+                minimum=limits.MIN_MAX_SIZE_BYTES,
+                maximum=limits.MAX_MAX_SIZE_BYTES,
             ),
             "maxDelayMillis": _p(
                 "integer",
-                "Flush a non-empty batch at least this often (milliseconds).",
-                default=1,
-                minimum=1,
-                maximum=10000,
+                "Flush a non-empty batch at least this often (milliseconds; 0: on the next event-loop "
+                "turn). Every transactional call may wait this long, hence the one-minute bound.",
+                default=limits.DEFAULT_MAX_DELAY_MILLIS,
+                minimum=limits.MIN_MAX_DELAY_MILLIS,
+                maximum=limits.MAX_MAX_DELAY_MILLIS,
             ),
         },
         # A complete default: the API server checks a default against the CEL rules as it is written,
         # without filling in the nested defaults first.
-        default={"enabled": False, "maxRecords": 512, "maxSizeBytes": 4194304, "maxDelayMillis": 1},
+        default={
+            "enabled": limits.DEFAULT_ENABLED,
+            "maxRecords": limits.DEFAULT_MAX_RECORDS,
+            "maxSizeBytes": limits.DEFAULT_MAX_SIZE_BYTES,
+            "maxDelayMillis": limits.DEFAULT_MAX_DELAY_MILLIS,
+        },
         **{
             "x-kubernetes-validations": [
                 _rule(
-                    "!self.enabled || self.maxRecords >= 2",
+                    f"!self.enabled || self.maxRecords >= {limits.MIN_MAX_RECORDS_WHEN_ENABLED}",
                     "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true "
                     "(a batch of one record is an unbatched write)",
                 )
@@ -112,9 +137,22 @@ def _storage() -> Schema:
         "volume claim templates. PVCs are retained when the resource is deleted or scaled down (delete "
         "them yourself to drop the data).",
         {
-            "size": _quantity("Requested size of each pod's volume, e.g. 10Gi.") | {"default": "1Gi"},
+            "size": _quantity("Requested size of each pod's volume, e.g. 10Gi.")
+            | {
+                "default": "1Gi",
+                "x-kubernetes-validations": [
+                    _rule(
+                        _Q.format("self") + ".isGreaterThan(quantity('0'))",
+                        "storage.size must be greater than zero, e.g. 10Gi",
+                    )
+                ],
+            },
             "storageClassName": _p(
-                "string", "Storage class of the volumes; empty uses the cluster default.", maxLength=253
+                "string",
+                "Storage class of the volumes (a DNS-1123 subdomain, e.g. fast-ssd); empty uses the cluster "
+                "default.",
+                maxLength=253,
+                pattern=_DNS1123_SUBDOMAIN,
             ),
         },
         default={"size": "1Gi"},
@@ -130,15 +168,45 @@ def _storage() -> Schema:
 
 
 def _resources() -> Schema:
+    # maxProperties bounds the API server's cost estimate of the rules that iterate the maps.
     quantities = {
         "type": "object",
-        "additionalProperties": _quantity("A resource quantity."),
+        "maxProperties": 16,
+        "additionalProperties": _quantity("A resource quantity.") | {"maxLength": 64},
     }
+
+    def non_negative(which: str) -> list[dict[str, Any]]:
+        return [
+            _rule(
+                "self.all(k, !" + _Q.format("self[k]") + ".isLessThan(quantity('0')))",
+                f"resources.{which} must not be negative (e.g. cpu: 100m, memory: 256Mi)",
+            )
+        ]
+
     return _obj(
         "CPU and memory requests and limits of the runtime container.",
         {
-            "requests": quantities | {"description": "Minimum resources, e.g. {cpu: 100m, memory: 256Mi}."},
-            "limits": quantities | {"description": "Maximum resources the container may use."},
+            "requests": quantities
+            | {
+                "description": "Minimum resources, e.g. {cpu: 100m, memory: 256Mi}.",
+                "x-kubernetes-validations": non_negative("requests"),
+            },
+            "limits": quantities
+            | {
+                "description": "Maximum resources the container may use.",
+                "x-kubernetes-validations": non_negative("limits"),
+            },
+        },
+        **{
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits)"
+                    " || " + _Q.format("self.requests[k]") + ".compareTo(" + _Q.format("self.limits[k]") + ")"
+                    " <= 0)",
+                    "resources.requests must not exceed resources.limits for the same resource (the "
+                    "kubelet would refuse the pod)",
+                )
+            ]
         },
     )
 
@@ -150,15 +218,19 @@ def _verifier() -> Schema:
         {
             "schedule": _p(
                 "string",
-                "Cron schedule of the periodic verification CronJob; empty: only on demand.",
+                "Cron schedule of the periodic verification CronJob (five fields, e.g. '*/30 * * * *', or "
+                "@hourly/@daily/...); empty: only on demand.",
                 default="",
                 maxLength=100,
+                pattern=_CRON,
             ),
             "sparkMaster": _p(
                 "string",
-                "Spark master URL the job runs against; local[*] runs Spark inside the job's pod.",
+                "Spark master URL the job runs against: local[*] (or local[N]) runs Spark inside the job's "
+                "pod; spark://host:port a standalone cluster; k8s://https://host:port Kubernetes.",
                 default="local[*]",
                 maxLength=253,
+                pattern=_SPARK_MASTER,
             ),
             "retrySeconds": _p(
                 "integer",
@@ -193,8 +265,10 @@ def _spec(kind: str) -> Schema:
         ),
         "image": _p(
             "string",
-            "Container image of the runtime; empty uses the operator's default (TXNKEEPER_IMAGE).",
+            "Container image of the runtime; leave it out to use the operator's default (TXNKEEPER_IMAGE).",
+            minLength=1,
             maxLength=512,
+            pattern=r"^\S+$",
         ),
         "batchedWrite": _batched_write(
             "transaction log of every coordinator" if coordinator else "pending-ack log of every subscription"
@@ -204,9 +278,10 @@ def _spec(kind: str) -> Schema:
         "verifier": _verifier(),
         "maxUnavailable": _p(
             "integer",
-            "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once.",
+            "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once, "
+            "from 1 (0 would block every node drain) to spec.replicas.",
             default=1,
-            minimum=0,
+            minimum=1,
         ),
     }
     required = ["version"]
@@ -214,6 +289,10 @@ def _spec(kind: str) -> Schema:
         _rule(
             "self.version.matches('^(" + "|".join(str(m) for m in known_majors()) + r")\\.')",
             "spec.version must be a known release line (" + ", ".join(f"{m}.x" for m in known_majors()) + ")",
+        ),
+        _rule(
+            "!has(self.maxUnavailable) || self.maxUnavailable <= self.replicas",
+            "spec.maxUnavailable must not exceed spec.replicas",
         ),
         _rule(
             "!self.batchedWrite.enabled || !self.version.startsWith('1.')",

@@ -1,13 +1,21 @@
 """Operator-wide settings, read once from the environment (the chart's Deployment sets them).
 
-Kept apart from the handlers so tests and the local control plane can build them explicitly.
+Kept apart from the handlers so tests and the local control plane can build them explicitly. A wrong
+value stops the operator at start with a message naming the variable, rather than pods failing later.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+class OperatorSettingsError(ValueError):
+    """An operator environment variable is wrong (the message names it and what it accepts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +32,25 @@ class OperatorSettings:
     # Namespaces to watch; empty: the whole cluster.
     namespaces: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        for name, image in (
+            ("TXNKEEPER_IMAGE", self.image),
+            ("TXNKEEPER_VERIFIER_IMAGE", self.verifier_image),
+        ):
+            if not image or any(c.isspace() for c in image):
+                raise OperatorSettingsError(f"{name} must be a container image reference, got {image!r}")
+        if self.image_pull_policy not in _PULL_POLICIES:
+            raise OperatorSettingsError(
+                f"TXNKEEPER_IMAGE_PULL_POLICY must be one of {', '.join(_PULL_POLICIES)},"
+                f" got {self.image_pull_policy!r}"
+            )
+        for name, seconds in (
+            ("TXNKEEPER_RECONCILE_SECONDS", self.reconcile_seconds),
+            ("TXNKEEPER_ADMIN_TIMEOUT_SECONDS", self.admin_timeout_seconds),
+        ):
+            if not math.isfinite(seconds) or not 0 < seconds <= 300:
+                raise OperatorSettingsError(f"{name} must be a number of seconds in (0, 300], got {seconds}")
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
         env = os.environ if env is None else env
@@ -33,9 +60,19 @@ class OperatorSettings:
             image=env.get("TXNKEEPER_IMAGE", default.image),
             verifier_image=env.get("TXNKEEPER_VERIFIER_IMAGE", default.verifier_image),
             image_pull_policy=env.get("TXNKEEPER_IMAGE_PULL_POLICY", default.image_pull_policy),
-            reconcile_seconds=float(env.get("TXNKEEPER_RECONCILE_SECONDS", default.reconcile_seconds)),
-            admin_timeout_seconds=float(
-                env.get("TXNKEEPER_ADMIN_TIMEOUT_SECONDS", default.admin_timeout_seconds)
+            reconcile_seconds=_seconds(env, "TXNKEEPER_RECONCILE_SECONDS", default.reconcile_seconds),
+            admin_timeout_seconds=_seconds(
+                env, "TXNKEEPER_ADMIN_TIMEOUT_SECONDS", default.admin_timeout_seconds
             ),
             namespaces=namespaces,
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if text is None:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise OperatorSettingsError(f"{name} must be a number of seconds, got {text!r}") from None

@@ -123,6 +123,7 @@ def test_example_resources_satisfy_the_crd_schemas() -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.watchNamespaces={Bad_NS}", "watchNamespaces"),
         ("examples.version=latest", "version"),
+        ("examples.storageSize=0Gi", "storageSize"),
     ],
 )
 def test_values_schema_rejects_bad_values(bad: str, message: str) -> None:

@@ -127,6 +127,9 @@ def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path:
     sts = builders.statefulset(cr, Template("2.0.0", on), OperatorSettings())
     (config_file := tmp_path / "config.json").write_text(builders.config_map(cr, on)["data"]["config.json"])
     (token_file := tmp_path / "token").write_text("secret")
+    # As the operator's Secret volume mounts it: serve refuses a token file others can read.
+    volumes = sts["spec"]["template"]["spec"]["volumes"]
+    token_file.chmod(next(v["secret"]["defaultMode"] for v in volumes if "secret" in v))
     files = {"/data": str(tmp_path / "data"), "/etc/txnkeeper/config/config.json": str(config_file)}
     files["/etc/txnkeeper/token/token"] = str(token_file)
     args = [

@@ -26,6 +26,7 @@ ON = BatchSettings(enabled=True, max_records=64, max_size_bytes=65536, max_delay
 async def _start(tmp_path: Path, release: str, batch: dict[str, object]) -> RuntimeProcess:
     token = tmp_path / "token"
     token.write_text(TOKEN)
+    token.chmod(0o600)  # serve refuses a token file others can read
     proc = RuntimeProcess(
         name="tc-0",
         role="coordinator",

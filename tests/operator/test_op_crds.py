@@ -8,7 +8,9 @@ defaults them; the e2e suite then proves the same against a real kube-apiserver.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from celpy import celtypes
 from celpy.adapter import json_to_cel
 
+from txnkeeper.contract import batching
 from txnkeeper_operator.crdgen import definitions, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,12 +112,73 @@ def _at(value: Any, path: str) -> Any:
     return value
 
 
+# ---- Kubernetes' CEL quantity library (k8s.io/apiserver/pkg/cel/library/quantity.go), for cel-python --
+
+_SUFFIXES = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+}
+_QUANTITY_TEXT = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+)
+
+
+class Quantity:
+    """A parsed resource.Quantity: an exact rational value, compared like Kubernetes compares them."""
+
+    def __init__(self, text: str) -> None:
+        match = _QUANTITY_TEXT.match(text)
+        if match is None:
+            raise ValueError(f"quantities must match the regular expression: {text!r}")
+        number, exponent, suffix = match.groups()
+        scale = Fraction(10) ** int(exponent[1:]) if exponent else _SUFFIXES[suffix or ""]
+        self.value = Fraction(number) * scale
+
+
+def _compare(a: Quantity, b: Quantity) -> int:
+    return (a.value > b.value) - (a.value < b.value)
+
+
+QUANTITY_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "quantity": lambda text: Quantity(str(text)),
+    "isQuantity": lambda text: celtypes.BoolType(_QUANTITY_TEXT.match(str(text)) is not None),
+    "compareTo": lambda a, b: celtypes.IntType(_compare(a, b)),
+    "isLessThan": lambda a, b: celtypes.BoolType(_compare(a, b) < 0),
+    "isGreaterThan": lambda a, b: celtypes.BoolType(_compare(a, b) > 0),
+    "sign": lambda a: celtypes.IntType((a.value > 0) - (a.value < 0)),
+}
+
+
+def test_quantity_library_compares_like_kubernetes() -> None:
+    assert Quantity("1Gi").value == Quantity("1024Mi").value == 1024**3
+    assert Quantity("500m").value == Fraction(1, 2) and Quantity("1e3").value == Quantity("1k").value
+    assert Quantity("-0.5").value < 0 and Quantity(".5").value == Quantity("500m").value
+    with pytest.raises(ValueError, match="regular expression"):
+        Quantity("1GiB")
+
+
+def _evaluate(rule: str, activation: dict[str, Any]) -> bool:
+    env = celpy.Environment()
+    result = env.program(env.compile(rule), functions=QUANTITY_FUNCTIONS).evaluate(activation)
+    if isinstance(result, Exception):  # cel-python returns evaluation errors; the API server refuses
+        raise result
+    return bool(result)
+
+
 def cel_errors(name: str, spec: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     schema = _schema(name, "spec")
     spec = _default(schema, copy.deepcopy(spec))
     old = _default(schema, copy.deepcopy(old)) if old is not None else None
     jsonschema.validate(spec, _plain(schema))
-    env = celpy.Environment()
     errors = []
     for path, _sub, rule in _rules(schema):
         current = _at(spec, path)
@@ -125,7 +190,7 @@ def cel_errors(name: str, spec: dict[str, Any], old: dict[str, Any] | None = Non
             if previous is None:
                 continue  # transition rules only run on update
             activation["oldSelf"] = json_to_cel(previous)
-        if not env.program(env.compile(rule["rule"])).evaluate(activation):
+        if not _evaluate(rule["rule"], activation):
             errors.append(rule["message"])
     return errors
 
@@ -199,9 +264,137 @@ def test_replicas_are_immutable_because_data_is_placed_by_pod() -> None:
 
 def test_defaults_satisfy_their_own_rules_as_written() -> None:
     """The API server checks a default against CEL without filling nested defaults (found on a real one)."""
-    env = celpy.Environment()
     for name in (TC, PAS):
         for _path, sub, rule in _rules(_schema(name, "spec")):
             if "default" in sub and "oldSelf" not in rule["rule"]:
-                activation = {"self": json_to_cel(sub["default"])}
-                assert env.program(env.compile(rule["rule"])).evaluate(activation), rule["message"]
+                assert _evaluate(rule["rule"], {"self": json_to_cel(sub["default"])}), rule["message"]
+
+
+# ---- limits shared with the runtime, and specs that used to be accepted and fail later ----------------
+
+
+@pytest.mark.parametrize("name", [TC, PAS])
+def test_batched_write_limits_and_defaults_are_the_runtimes(name: str) -> None:
+    block = _schema(name, "spec")["properties"]["batchedWrite"]
+    fields = block["properties"]
+    bounds = {
+        key: (fields[key]["minimum"], fields[key]["maximum"], fields[key]["default"])
+        for key in fields
+        if key != "enabled"
+    }
+    assert bounds == {
+        "maxRecords": (batching.MIN_MAX_RECORDS, batching.MAX_MAX_RECORDS, batching.DEFAULT_MAX_RECORDS),
+        "maxSizeBytes": (
+            batching.MIN_MAX_SIZE_BYTES,
+            batching.MAX_MAX_SIZE_BYTES,
+            batching.DEFAULT_MAX_SIZE_BYTES,
+        ),
+        "maxDelayMillis": (
+            batching.MIN_MAX_DELAY_MILLIS,
+            batching.MAX_MAX_DELAY_MILLIS,
+            batching.DEFAULT_MAX_DELAY_MILLIS,
+        ),
+    }
+    assert block["default"] == {k: v["default"] for k, v in fields.items()}
+
+
+def _batch(**block: Any) -> dict[str, Any]:
+    return {"version": "2.0.0", "batchedWrite": {"enabled": True, **block}}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _batch(maxSizeBytes=batching.MAX_MAX_SIZE_BYTES + 1),
+        _batch(maxSizeBytes=64 * 1024 * 1024),
+        _batch(maxSizeBytes=batching.MIN_MAX_SIZE_BYTES - 1),
+        _batch(maxDelayMillis=batching.MAX_MAX_DELAY_MILLIS + 1),
+        _batch(maxDelayMillis=10**12),
+        _batch(maxDelayMillis=-1),
+        _batch(maxRecords=batching.MAX_MAX_RECORDS + 1),
+        {"version": "2.0.0", "maxUnavailable": 0},
+        {"version": "2.0.0", "image": ""},
+        {"version": "2.0.0", "image": "repo/image :tag"},
+        {"version": "2.0.0", "storage": {"size": "1Gi", "storageClassName": "Fast_SSD"}},
+        {"version": "2.0.0", "storage": {"size": "1Gi", "storageClassName": "-ssd"}},
+        {"version": "2.0.0", "storage": {"size": "1GB"}},
+        {"version": "2.0.0", "verifier": {"schedule": "every hour"}},
+        {"version": "2.0.0", "verifier": {"schedule": "*/5 * * *"}},
+        {"version": "2.0.0", "verifier": {"schedule": "TZ=UTC 0 * * * *"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": ""}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "yarn"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "spark://host"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "local[0]"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "http://spark:7077"}},
+        {"version": "2.0.0", "resources": {"requests": {"cpu": "1 core"}}},
+    ],
+)
+def test_schema_refuses_specs_that_would_fail_later(spec: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        cel_errors(PAS, spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"version": "2.0.0", "storage": {"size": "0"}}, "storage.size must be greater than zero"),
+        ({"version": "2.0.0", "storage": {"size": 0}}, "storage.size must be greater than zero"),
+        ({"version": "2.0.0", "storage": {"size": "0.0Gi"}}, "storage.size must be greater than zero"),
+        ({"version": "2.0.0", "storage": {"size": "-1Gi"}}, "storage.size must be greater than zero"),
+        ({"version": "2.0.0", "resources": {"requests": {"cpu": "-100m"}}}, "requests must not be negative"),
+        ({"version": "2.0.0", "resources": {"limits": {"memory": "-1Gi"}}}, "limits must not be negative"),
+        (
+            {"version": "2.0.0", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}},
+            "requests must not exceed resources.limits",
+        ),
+        (
+            {
+                "version": "2.0.0",
+                "resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1000Mi"}},
+            },
+            "requests must not exceed resources.limits",
+        ),
+        (
+            {"version": "2.0.0", "replicas": 3, "maxUnavailable": 4},
+            "maxUnavailable must not exceed spec.replicas",
+        ),
+    ],
+)
+def test_cel_refuses_specs_that_would_fail_later(spec: dict[str, Any], fragment: str) -> None:
+    for name in (TC, PAS):
+        errors = cel_errors(name, spec)
+        assert any(fragment in e for e in errors), (name, errors)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _batch(maxRecords=batching.MAX_MAX_RECORDS, maxSizeBytes=batching.MAX_MAX_SIZE_BYTES),
+        _batch(maxDelayMillis=batching.MAX_MAX_DELAY_MILLIS, maxSizeBytes=batching.MIN_MAX_SIZE_BYTES),
+        _batch(maxDelayMillis=0),
+        {"version": "2.0.0", "replicas": 3, "maxUnavailable": 3},
+        {"version": "2.0.0", "image": "ghcr.io/txnkeeper/txnkeeper:2.0.0"},
+        {"version": "2.0.0", "storage": {"size": 1073741824, "storageClassName": "fast-ssd.example.com"}},
+        {"version": "2.0.0", "storage": {"size": "500M", "storageClassName": ""}},
+        {"version": "2.0.0", "storage": {"size": "1e9"}},
+        {"version": "2.0.0", "verifier": {"schedule": "*/30 * * * *"}},
+        {"version": "2.0.0", "verifier": {"schedule": "0 3 * * MON-FRI"}},
+        {"version": "2.0.0", "verifier": {"schedule": "@daily"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "local"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "local[4]"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "spark://master-0.spark:7077,master-1.spark:7077"}},
+        {"version": "2.0.0", "verifier": {"sparkMaster": "k8s://https://kubernetes.default.svc:443"}},
+        {
+            "version": "2.0.0",
+            "resources": {
+                "requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": 0},
+                "limits": {"cpu": 1, "memory": "1024Mi"},
+            },
+        },
+        {"version": "2.0.0", "resources": {"requests": {"cpu": "4"}}},
+        {"version": "2.0.0", "resources": {"limits": {"cpu": "100m"}}},
+    ],
+)
+def test_valid_specs_at_the_edges_are_accepted(spec: dict[str, Any]) -> None:
+    assert cel_errors(TC, {**spec, "coordinators": 16}) == []
+    assert cel_errors(PAS, spec) == []

@@ -24,6 +24,7 @@ from txnkeeper_operator.engine import BatchSettings, Desired
 async def test_fleet_upgrade_enable_and_dynamic_disable(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text(secrets.token_urlsafe(16))
+    token.chmod(0o600)  # serve refuses a token file others can read
     out = io.StringIO()
     async with aiohttp.ClientSession() as session:
         admin = FleetAdmin(session, token.read_text())

@@ -53,6 +53,7 @@ class ServePod:
 
     def start(self, *, wait: bool = True) -> ServePod:
         self.token_file.write_text(TOKEN)
+        self.token_file.chmod(0o600)  # serve refuses a token file others can read
         self.ports_file.parent.mkdir(parents=True, exist_ok=True)
         self.ports_file.unlink(missing_ok=True)
         # Keep the client port stable across restarts (clients and coordinators remember it).

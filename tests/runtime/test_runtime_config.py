@@ -46,6 +46,60 @@ def test_batch_config_shapes(tmp_path: Path) -> None:
         batch_configs(path)
     with pytest.raises(ConfigError, match="cannot read"):
         batch_configs(tmp_path / "missing.json")
-    path.write_bytes(b'{"batchedWrite": {"enabled": true}}\xff')
-    with pytest.raises(ConfigError, match=rf"cannot read config file {path}: 'utf-8' codec"):
+
+
+@pytest.mark.parametrize("ids", ["\u0661,\u0662", "\u00b2", "1,\uff13", "1" * 10])
+def test_coordinator_ids_are_ascii_digits(ids: str) -> None:
+    """int() accepts Arabic-Indic and full-width digits (and isdigit() superscripts int() then refuses)."""
+    with pytest.raises(ConfigError, match="integers 0-9"):
+        coordinator_ids(None, ids)
+
+
+@pytest.mark.parametrize("pod_name", ["tc-\u0661", "tc-\u00b2"])
+def test_auto_ordinal_is_ascii_digits(pod_name: str) -> None:
+    with pytest.raises(ConfigError, match="ending in -<ordinal>"):
+        coordinator_ids(6, "auto", replicas=3, pod_name=pod_name)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"batchedWrite": {"maxDelayMillis": 1000000000000}}', r"maxDelayMillis .* to 60000"),
+        ('{"batchedWrite": {"maxSizeBytes": 33554432}}', r"maxSizeBytes .* to 16777216"),
+        ('{"batchedWrite": {"maxRecords": 65537}}', r"maxRecords .* to 65536"),
+        ('{"batchedWrite": {"maxDelayMillis": NaN}}', r"NaN is not a number"),
+        ('{"batchedWrite": {"maxRecords": ' + "9" * 5000 + "}}", r"config file .*: Exceeds the limit"),
+        ("[" * 100_000 + "]" * 100_000, r"nests too deeply"),
+        (
+            '{"batchedWrite": {"maxRecords": ' + "[" * 900 + "]" * 900 + "}}",
+            r"maxRecords .* got a JSON array",
+        ),
+        (
+            '{"batchedWrite": {"enabled": ' + "[" * 900 + "]" * 900 + "}}",
+            r"enabled must be true or false, got a JSON array",
+        ),
+        ('{"batchedWrite": {"enabled": true, "batchedWriteMaxRecords": 4}}', r"not a mix"),
+        ('{"batchedWrite": {"maxRecord": 4}}', r"unknown batchedWrite key\(s\) \['maxRecord'\]"),
+    ],
+)
+def test_bad_config_files_are_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as refused:
         batch_configs(path)
+    assert str(path) in str(refused.value)
+
+
+def test_config_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"batchedWrite": {"enabled": tru\xff}}')
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 32\)"):
+        batch_configs(path)
+
+
+def test_config_file_accepts_the_contract_bounds(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    block = {"enabled": True, "maxRecords": 65536, "maxSizeBytes": 16 * 1024 * 1024, "maxDelayMillis": 60000}
+    path.write_text(json.dumps({"batchedWrite": block}))
+    txnlog, _pending = batch_configs(path)
+    assert (txnlog.max_records, txnlog.max_size_bytes, txnlog.max_delay_millis) == (65536, 1 << 24, 60000)

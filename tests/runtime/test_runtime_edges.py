@@ -198,6 +198,7 @@ def test_admin_cli_verbs_and_sigterm_exit(cluster: tuple[ServePod, ServePod], tm
     assert refused.returncode == 1 and "401" in refused.stderr
     token = tmp_path / "token"
     token.write_text(TOKEN)
+    token.chmod(0o600)  # the CLI refuses a token file others can read
     applied = _admin_cli(
         "--url",
         url,

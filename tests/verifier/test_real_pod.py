@@ -35,6 +35,7 @@ class ServeProcess:
 
     def __init__(self, workdir: Path) -> None:
         (workdir / "token").write_text(TOKEN)
+        (workdir / "token").chmod(0o600)  # serve refuses a token file others can read
         (workdir / "config.json").write_text(json.dumps({"batchedWrite": {"enabled": True}}))
         command = [
             sys.executable, "-m", "txnkeeper.cli", "serve", "--role", "coordinator",

@@ -13,15 +13,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from txnkeeper.contract import batching
+
 
 @dataclass(frozen=True, slots=True)
 class BatchSettings:
     """The PIP-160 batchedWrite block (also Pulsar's TxnBufferedWriterStat) for one pod's stores."""
 
-    enabled: bool = False
-    max_records: int = 512
-    max_size_bytes: int = 4 * 1024 * 1024
-    max_delay_millis: int = 1
+    # Defaults (and the CRD's limits) come from the contract the runtime enforces too.
+    enabled: bool = batching.DEFAULT_ENABLED
+    max_records: int = batching.DEFAULT_MAX_RECORDS
+    max_size_bytes: int = batching.DEFAULT_MAX_SIZE_BYTES
+    max_delay_millis: int = batching.DEFAULT_MAX_DELAY_MILLIS
 
     def disabled(self) -> BatchSettings:
         return replace(self, enabled=False)

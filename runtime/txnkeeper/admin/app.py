@@ -1,9 +1,15 @@
-"""The aiohttp application of the pod admin API: routes, JSON shapes and error mapping (contracts §5)."""
+"""The aiohttp application of the pod admin API: routes, JSON shapes and error mapping (contracts §5).
+
+Every bad request (a body that is not UTF-8 or not JSON, nested too deeply, a number out of range, an
+id that is not plain ASCII digits, an unknown key) is a 400 ``{"error": ...}`` saying what was wrong;
+an unexpected failure is a 500 with a generic message, the traceback going only to the pod's log.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,17 +17,28 @@ from aiohttp import web
 
 from txnkeeper.admin.auth import check_bearer
 from txnkeeper.admin.views import FormatLevelRefusal, PodView
-from txnkeeper.bufferedwriter.config import InvalidBatchedWriteConfigError
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The largest admin request is a batch-log POST of two small objects; anything bigger is a mistake.
+MAX_BODY_BYTES = 64 * 1024
+# {"coordinator": {"batchEnabled": true}} nests 2 deep; a deeper body is refused before it is walked.
+MAX_JSON_DEPTH = 4
+# Coordinator ids are below the CRD's 4096 coordinators; 9 digits stays far from any int-parsing limit.
+_MAX_ID_DIGITS = 9
+_INTERNAL_ERROR = "internal error in the admin API; the pod's log has the details"
 POD_KEY: web.AppKey[PodView] = web.AppKey("pod", PodView)
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token", str | None)  # type: ignore[arg-type]
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+class BadRequest(Exception):
+    """The request is malformed; the message (HTTP 400) says what was wrong and what to send instead."""
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 @web.middleware
@@ -32,11 +49,27 @@ async def _errors_and_auth(request: web.Request, handler: Handler) -> web.Stream
             return _error(401, refusal)
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as exc:
+    except BadRequest as exc:
+        return _error(400, str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        # aiohttp's own refusals (404, 405, 413) answer text/plain; contracts §5 promises JSON errors.
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _error(exc.status, _http_refusal(request, exc), allow)
+    except Exception:
         log.exception("admin request %s %s failed", request.method, request.path)
-        return _error(500, f"{type(exc).__name__}: {exc}")
+        return _error(500, _INTERNAL_ERROR)
+
+
+def _http_refusal(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no admin API resource at {request.path}; see docs/contracts.md §5 for the paths"
+    if exc.status == 405:
+        return f"{request.method} is not allowed on {request.path} (allowed: {exc.headers.get('Allow', '')})"
+    if exc.status == 413:
+        return f"request body is larger than {MAX_BODY_BYTES} bytes; admin requests are small JSON objects"
+    return exc.reason
 
 
 def _pod(request: web.Request) -> PodView:
@@ -87,13 +120,10 @@ async def set_batch_log(request: web.Request) -> web.Response:
     body = await _json_object(request)
     unknown = sorted(set(body) - {"coordinator", "pendingAck"})
     if unknown:
-        return _error(400, f"unknown key(s) {unknown}; expected 'coordinator' and/or 'pendingAck'")
+        raise BadRequest(f"unknown key(s) {unknown}; expected 'coordinator' and/or 'pendingAck'")
     txnlog, pending = pod.batch_log_configs()
-    try:
-        new_txnlog = txnlog.with_stat(_partial(body, "coordinator"))
-        new_pending = pending.with_stat(_partial(body, "pendingAck"))
-    except (InvalidBatchedWriteConfigError, TypeError) as exc:
-        return _error(400, str(exc))
+    new_txnlog = _apply(txnlog, body, "coordinator")
+    new_pending = _apply(pending, body, "pendingAck")
     try:
         await pod.set_batch_log(new_txnlog, new_pending)
     except FormatLevelRefusal as exc:
@@ -105,8 +135,12 @@ async def set_batch_log(request: web.Request) -> web.Response:
 
 async def coordinator_internal_stats(request: web.Request) -> web.Response:
     raw = request.match_info["coordinator_id"]
-    if not raw.isdigit():
-        return _error(400, f"coordinator id must be a non-negative integer, got {raw!r}")
+    # str.isdigit() and int() accept non-ASCII digits ("\u0661", "\u00b2"); an id is plain 0-9.
+    if not (raw.isascii() and raw.isdecimal() and len(raw) <= _MAX_ID_DIGITS):
+        raise BadRequest(
+            f"coordinator id must be a non-negative integer of at most {_MAX_ID_DIGITS} digits 0-9,"
+            f" got {_cut(raw)!r}"
+        )
     store = _pod(request).coordinator_log(int(raw))
     if store is None:
         return _error(404, f"coordinator {raw} is not hosted on this pod")
@@ -114,13 +148,14 @@ async def coordinator_internal_stats(request: web.Request) -> web.Response:
 
 
 async def pending_ack_internal_stats(request: web.Request) -> web.Response:
-    topic = request.query.get("topic", "")
-    subscription = request.query.get("subscription", "")
+    query = _utf8_query(request)
+    topic = query.get("topic", "")
+    subscription = query.get("subscription", "")
     if not topic or not subscription:
-        return _error(400, "query parameters 'topic' and 'subscription' are required")
+        raise BadRequest("query parameters 'topic' and 'subscription' are required")
     store = _pod(request).pending_ack_log(topic, subscription)
     if store is None:
-        return _error(404, f"no pending-ack store for {topic} / {subscription} on this pod")
+        return _error(404, f"no pending-ack store for {_cut(topic)} / {_cut(subscription)} on this pod")
     return web.json_response({"pendingAckLogStats": store.internal_stats()})
 
 
@@ -149,28 +184,79 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object, or BadRequest naming what is wrong with it."""
+    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
+    if not raw.strip():
+        raise BadRequest("body is empty; send a JSON object")
     try:
-        body = await request.json()
-    except json.JSONDecodeError as exc:
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"body is not UTF-8: invalid byte 0x{raw[exc.start]:02x} at offset {exc.start}"
         ) from exc
+    try:
+        body: object = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # an integer beyond Python's int-from-text limit, NaN, Infinity
+        raise BadRequest(f"body has a number no setting accepts: {exc}") from exc
+    if _too_deep(body, MAX_JSON_DEPTH):
+        raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": "body must be a JSON object"}), content_type="application/json"
-        )
+        raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-def _partial(body: dict[str, Any], key: str) -> dict[str, Any]:
-    value = body.get(key, {})
-    if not isinstance(value, dict):
-        raise TypeError(f"'{key}' must be an object of TxnBufferedWriterStat fields")
-    return value
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _too_deep(value: object, limit: int) -> bool:
+    # Iterative: a body json.loads accepted can still nest deeper than Python lets a function recurse.
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _utf8_query(request: web.Request) -> dict[str, str]:
+    # aiohttp turns invalid percent-encoded UTF-8 into U+FFFD, which would name a store that never exists.
+    try:
+        pairs = urllib.parse.parse_qsl(
+            request.rel_url.raw_query_string, keep_blank_values=True, encoding="utf-8", errors="strict"
+        )
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"query string is not UTF-8 once percent-decoded: {exc.reason} at byte {exc.start}"
+        ) from exc
+    return dict(pairs)
+
+
+def _apply(config: BatchedWriteConfig, body: dict[str, Any], key: str) -> BatchedWriteConfig:
+    partial = body.get(key, {})
+    if not isinstance(partial, dict):
+        raise BadRequest(f"'{key}' must be an object of TxnBufferedWriterStat fields, got {_cut(partial)}")
+    try:
+        return config.with_stat(partial)
+    except InvalidBatchedWriteConfigError as exc:
+        raise BadRequest(f"{key}: {exc}") from exc
+
+
+def _cut(value: object, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_admin_app(pod: PodView, token: str | None) -> web.Application:
-    app = web.Application(middlewares=[_errors_and_auth])
+    app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
     app.router.add_get("/health", health)

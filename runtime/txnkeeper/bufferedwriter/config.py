@@ -11,13 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from txnkeeper.bufferedwriter.codec import BATCH_HEADER_SIZE, MIN_FRAMED_RECORD_SIZE
-
-# A batch must at least hold its header and one framed (empty) record.
-MIN_MAX_SIZE_BYTES = BATCH_HEADER_SIZE + MIN_FRAMED_RECORD_SIZE
-# A batch can reach about twice maxSize (it flushes after the record that crosses the limit); this bound
-# keeps every batch well inside the ledger's 64 MiB entry limit.
-MAX_MAX_SIZE_BYTES = 16 * 1024 * 1024
+from txnkeeper.contract.batching import (
+    DEFAULT_ENABLED,
+    DEFAULT_MAX_DELAY_MILLIS,
+    DEFAULT_MAX_RECORDS,
+    DEFAULT_MAX_SIZE_BYTES,
+    MAX_MAX_DELAY_MILLIS,
+    MAX_MAX_RECORDS,
+    MAX_MAX_SIZE_BYTES,
+    MIN_MAX_DELAY_MILLIS,
+    MIN_MAX_RECORDS,
+    MIN_MAX_SIZE_BYTES,
+)
 
 # TxnBufferedWriterStat field (Pulsar's name) -> our field.
 _STAT_FIELDS = {
@@ -36,20 +41,20 @@ class InvalidBatchedWriteConfigError(ValueError):
 class BatchedWriteConfig:
     """PIP-160 settings; defaults are Pulsar's (off, 512 records, 4 MiB, 1 ms)."""
 
-    enabled: bool = False
-    max_records: int = 512
-    max_size_bytes: int = 4 * 1024 * 1024
-    max_delay_millis: float = 1.0
+    enabled: bool = DEFAULT_ENABLED
+    max_records: int = DEFAULT_MAX_RECORDS
+    max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES
+    max_delay_millis: float = float(DEFAULT_MAX_DELAY_MILLIS)
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise InvalidBatchedWriteConfigError(
-                f"batchedWrite.enabled must be true or false, got {self.enabled!r}"
+                f"batchedWrite.enabled must be true or false, got {_shown(self.enabled)}"
             )
-        if not _is_int(self.max_records) or self.max_records < 1:
+        if not _is_int(self.max_records) or not MIN_MAX_RECORDS <= self.max_records <= MAX_MAX_RECORDS:
             raise InvalidBatchedWriteConfigError(
-                f"batchedWrite.maxRecords must be an integer >= 1, got {self.max_records!r}"
-                " (1 writes every record as its own entry)"
+                f"batchedWrite.maxRecords must be an integer from {MIN_MAX_RECORDS} (every record its own"
+                f" entry) to {MAX_MAX_RECORDS}, got {_shown(self.max_records)}"
             )
         if (
             not _is_int(self.max_size_bytes)
@@ -57,17 +62,20 @@ class BatchedWriteConfig:
         ):
             raise InvalidBatchedWriteConfigError(
                 f"batchedWrite.maxSizeBytes must be an integer from {MIN_MAX_SIZE_BYTES} (the batch header"
-                f" plus one record header) to {MAX_MAX_SIZE_BYTES} (16 MiB), got {self.max_size_bytes!r}"
+                f" plus one record header) to {MAX_MAX_SIZE_BYTES} (16 MiB),"
+                f" got {_shown(self.max_size_bytes)}"
             )
         delay = self.max_delay_millis
         if (
             isinstance(delay, bool)
             or not isinstance(delay, int | float)
             or not math.isfinite(delay)
-            or delay < 0
+            or not MIN_MAX_DELAY_MILLIS <= delay <= MAX_MAX_DELAY_MILLIS
         ):
             raise InvalidBatchedWriteConfigError(
-                f"batchedWrite.maxDelayMillis must be a finite number >= 0, got {delay!r}"
+                f"batchedWrite.maxDelayMillis must be a number of milliseconds from {MIN_MAX_DELAY_MILLIS}"
+                f" to {MAX_MAX_DELAY_MILLIS} (every transactional call waits up to this long), got"
+                f" {_shown(delay)}"
             )
 
     @property
@@ -103,5 +111,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut short: a request's 10^5-digit integer must not become a 100 kB message (nor
+    hit Python's int-to-text limit, which raises)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list | dict):  # its repr could be huge, or nested past the recursion limit
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _delay_for_stat(delay: float) -> int | float:
     return int(delay) if float(delay).is_integer() else delay
+
+
+# Pulsar's TxnBufferedWriterStat keys this config takes (the --config parser tells them from CR keys).
+STAT_KEYS = frozenset(_STAT_FIELDS)

@@ -122,6 +122,7 @@ async def _figures(groups: list[MemberGroup], admin: FleetAdmin, display: Displa
 async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int:
     token_file = work_dir / "admin-token"
     token_file.write_text(secrets.token_urlsafe(24))
+    token_file.chmod(0o600)  # serve refuses a token file others can read
     config = EngineConfig(verifier_retry=timedelta(seconds=3), verifier_timeout=timedelta(seconds=90))
     async with aiohttp.ClientSession() as session:
         admin = FleetAdmin(session, token_file.read_text())

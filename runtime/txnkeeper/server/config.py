@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
+from txnkeeper.bufferedwriter.config import STAT_KEYS, BatchedWriteConfig, InvalidBatchedWriteConfigError
 
 ROLES = ("coordinator", "store")
 
@@ -70,7 +70,7 @@ def coordinator_ids(
         if replicas is None or replicas < 1:
             raise ConfigError("--coordinator-ids auto needs --replicas R (R >= 1)")
         ordinal_text = pod_name.rpartition("-")[2]
-        if not ordinal_text.isdigit():
+        if not _is_ascii_decimal(ordinal_text):
             raise ConfigError(
                 f"--coordinator-ids auto needs a pod name ending in -<ordinal>, got {pod_name!r}"
             )
@@ -84,12 +84,10 @@ def coordinator_ids(
             )
         return served
     if ids:
-        try:
-            parsed = tuple(int(x) for x in ids.split(",") if x.strip())
-        except ValueError as exc:
-            raise ConfigError(
-                f"--coordinator-ids must be comma-separated integers or auto, got {ids!r}"
-            ) from exc
+        parts = [x.strip() for x in ids.split(",") if x.strip()]
+        if not all(_is_ascii_decimal(x) for x in parts):
+            raise ConfigError(f"--coordinator-ids must be comma-separated integers 0-9 or auto, got {ids!r}")
+        parsed = tuple(int(x) for x in parts)
         if not parsed or any(i < 0 for i in parsed) or len(set(parsed)) != len(parsed):
             raise ConfigError(f"--coordinator-ids must be distinct integers >= 0, got {ids!r}")
         return parsed
@@ -123,13 +121,21 @@ def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteCo
         raise ConfigError(f"{path}: {exc}") from exc
 
 
+def _is_ascii_decimal(text: str) -> bool:
+    # str.isdigit() and int() also accept non-ASCII digits ("\u0661", "\u00b2"): ids and ordinals are 0-9.
+    return text.isascii() and text.isdecimal() and len(text) <= 9
+
+
 def _one(block: dict[str, Any], path: Path) -> BatchedWriteConfig:
-    if any(k in block for k in _CR_KEYS):
-        unknown = sorted(set(block) - set(_CR_KEYS))
-        if unknown:
-            raise ConfigError(f"{path}: unknown batchedWrite key(s) {unknown}; known: {sorted(_CR_KEYS)}")
+    if set(block) <= set(_CR_KEYS):
         return BatchedWriteConfig(**{_CR_KEYS[k]: v for k, v in block.items()})
-    return BatchedWriteConfig.from_stat(block)
+    if set(block) <= set(STAT_KEYS):
+        return BatchedWriteConfig.from_stat(block)
+    unknown = sorted(set(block) - set(_CR_KEYS) - set(STAT_KEYS))
+    raise ConfigError(
+        f"{path}: unknown batchedWrite key(s) {unknown or sorted(block)}; use the CR's keys"
+        f" {sorted(_CR_KEYS)} or Pulsar's TxnBufferedWriterStat keys {sorted(STAT_KEYS)}, not a mix"
+    )
 
 
 def _object(value: object, where: str) -> dict[str, Any]:
@@ -138,13 +144,23 @@ def _object(value: object, where: str) -> dict[str, Any]:
     return value
 
 
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number a batchedWrite setting accepts")
+
+
 def _load(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:  # a bare "'utf-8' codec can't decode" names no file
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}); write it as UTF-8 JSON or YAML"
+        ) from exc
+    except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     try:
-        data: object = json.loads(text)
+        data: object = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError as exc:
+        raise ConfigError(f"config file {path} nests too deeply to be a batchedWrite block") from exc
     except json.JSONDecodeError:
         try:
             import yaml
@@ -154,6 +170,10 @@ def _load(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is neither JSON nor YAML: {exc}") from exc
+        except RecursionError as exc:
+            raise ConfigError(f"config file {path} nests too deeply to be a batchedWrite block") from exc
+    except ValueError as exc:  # an integer longer than Python's int-from-text limit, NaN, Infinity
+        raise ConfigError(f"config file {path}: {exc}") from exc
     if data is None:
         return {}
     return _object(data, f"config file {path}")

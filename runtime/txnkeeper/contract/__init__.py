@@ -1,0 +1,1 @@
+"""Pure contract modules shared by the runtime and the operator (stdlib only, no txnkeeper internals)."""
