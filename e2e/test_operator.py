@@ -253,6 +253,44 @@ def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str)
         ),
         ('{version: "3.1.0"}', "spec.version must be a known release line (1.x, 2.x)"),
         ("{replicas: 2}", "spec.version: Required value"),
+        # The limits below come from the runtime's own contract (txnkeeper.contract) and CEL rules that
+        # cel-python only approximates in tests/operator: here the real API server evaluates them.
+        (
+            '{version: "2.0.0", batchedWrite: {maxSizeBytes: 33554432}}',
+            "spec.batchedWrite.maxSizeBytes in body should be less than or equal to 16777216",
+        ),
+        (
+            '{version: "2.0.0", batchedWrite: {maxDelayMillis: 1000000000000}}',
+            "spec.batchedWrite.maxDelayMillis in body should be less than or equal to 60000",
+        ),
+        ('{version: "2.0.0", storage: {size: "-1Gi"}}', "storage.size must be greater than zero"),
+        ('{version: "2.0.0", storage: {size: "0"}}', "storage.size must be greater than zero"),
+        ('{version: "2.0.0", resources: {requests: {cpu: "-1"}}}', "resources.requests must not be negative"),
+        (
+            '{version: "2.0.0", resources: {requests: {memory: 2Gi}, limits: {memory: 1Gi}}}',
+            "resources.requests must not exceed resources.limits",
+        ),
+        (
+            '{version: "2.0.0", verifier: {schedule: "every hour"}}',
+            "spec.verifier.schedule in body should match",
+        ),
+        (
+            '{version: "2.0.0", verifier: {sparkMaster: "yarn"}}',
+            "spec.verifier.sparkMaster in body should match",
+        ),
+        (
+            '{version: "2.0.0", maxUnavailable: 0}',
+            "spec.maxUnavailable in body should be greater than or equal to 1",
+        ),
+        (
+            '{version: "2.0.0", replicas: 2, coordinators: 4, maxUnavailable: 3}',
+            "must not exceed spec.replicas",
+        ),
+        (
+            '{version: "2.0.0", storage: {storageClassName: "Fast_SSD"}}',
+            "storage.storageClassName in body should match",
+        ),
+        ('{version: "2.0.0", image: ""}', "spec.image in body should be at least 1 chars long"),
     ],
 )
 def test_invalid_resource_is_rejected_by_the_api_server(
