@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import struct
 from collections.abc import Callable
 
@@ -279,6 +280,29 @@ async def test_half_sent_frame_and_idle_connection_are_closed_consumers_stay(
         assert (await consumer.receive(timeout=10)).data == b"to a quiet consumer"
     assert _metric(store, "txnkeeper_server_closed_connections_total", 'reason="frame_timeout"') >= 1
     assert _metric(store, "txnkeeper_server_closed_connections_total", 'reason="idle_timeout"') >= 1
+
+
+async def test_a_connection_waiting_for_an_answer_is_not_idle(pods: Callable[..., ServePod]) -> None:
+    tc = pods("tc-0", "coordinator", extra=["--idle-timeout", "1"])
+    store = pods("pas-0", "store")
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        txn = await client.new_transaction(timeout_ms=60_000)
+        await (await client.create_producer(TOPIC)).send(b"slow commit", txn=txn)
+        assert store.process is not None
+        store.process.send_signal(signal.SIGSTOP)  # the commit waits for the frozen store
+        try:
+            commit = asyncio.ensure_future(txn.commit())
+            started = asyncio.get_running_loop().time()
+
+            async def waited_past_idle_timeout() -> bool:
+                assert not commit.done(), commit  # not closed for idleness while it waits
+                return asyncio.get_running_loop().time() - started > 3
+
+            await wait_until(waited_past_idle_timeout, 20, "the commit to wait past the idle timeout")
+        finally:
+            store.process.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(commit, 30)
+        assert txn.state == "COMMITTED"
 
 
 async def test_connections_beyond_the_limit_are_refused(pods: Callable[..., ServePod]) -> None:

@@ -110,6 +110,7 @@ class ServerConnection(FrameConnection):
         self._counted = 0  # this connection's bytes in stats.pending_bytes
         self.last_received = asyncio.get_running_loop().time()
         self.frame_started: float | None = None  # when the buffered partial frame began arriving
+        self.in_flight = 0  # requests still being answered: a peer waiting for one is not idle
 
     def on_open(self) -> None:
         stats = self._stats
@@ -209,9 +210,11 @@ class ServerConnection(FrameConnection):
             future = asyncio.get_running_loop().create_task(result)
         else:
             future = asyncio.ensure_future(result)
+        self.in_flight += 1
         future.add_done_callback(partial(self._complete, request_id))
 
     def _complete(self, request_id: int, future: asyncio.Future[Any]) -> None:
+        self.in_flight -= 1
         if future.cancelled():
             self._reply(request_id, error_response(ServiceError("request cancelled (server closing)")))
             return
@@ -277,7 +280,11 @@ class ProtocolServer:
                     f"a frame started {now - started:.1f}s ago is still incomplete"
                     f" ({conn.buffered} bytes so far; frame timeout {limits.frame_timeout_s:g}s)",
                 )
-            elif now - conn.last_received > limits.idle_timeout_s and not self._holds_state(conn):
+            elif (
+                now - conn.last_received > limits.idle_timeout_s
+                and not conn.in_flight
+                and not self._holds_state(conn)
+            ):
                 conn.close_for(
                     IDLE,
                     api.RESOURCE_LIMIT,
