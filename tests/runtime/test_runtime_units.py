@@ -278,7 +278,7 @@ def test_transaction_buffer_outcomes_and_forgetting() -> None:
     buffer.ended(a, True, Position(1, 5))
     buffer.ended(b, False, Position(2, 0))
     assert buffer.outcome(a) is TxnOutcome.COMMITTED and buffer.outcome(b) is TxnOutcome.ABORTED
-    assert buffer.forget_before(Position(2, -1)) == 1  # ledger 1 was trimmed: a's entries are gone
+    assert buffer.forget_before(Position(2, -1)) == [(a, 0)]  # ledger 1 was trimmed: a's entries are gone
     assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1
 
 

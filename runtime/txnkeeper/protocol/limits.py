@@ -37,8 +37,8 @@ class ConnectionLimits:
 
     ``max_pending_bytes``: bytes of incomplete frames buffered across all connections; the connection
     whose data would exceed it is closed. ``idle_timeout_s``: a connection that sent nothing for this
-    long, awaits no answer and holds no server-side state (no subscribed consumer) is closed. ``frame_timeout_s``: a frame
-    whose first bytes arrived must be complete within this.
+    long, awaits no answer and holds no server-side state (no subscribed consumer) is closed.
+    ``frame_timeout_s``: a frame whose first bytes arrived must be complete within this.
     """
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE

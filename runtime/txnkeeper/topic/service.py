@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
@@ -22,6 +21,8 @@ from txnkeeper.protocol.errors import BadRequestError, InvalidTxnStatusError, No
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.txnfence import FENCE_GRACE_MS
+from txnkeeper.topic.txnfence import now_ms as _now_ms
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,6 @@ PendingAckOpener = Callable[[str, str], Awaitable[PendingAckHandle]]
 # How long a txn ended on a topic or subscription this pod does not hold stays fenced out of it when the
 # end did not say the txn's deadline (an old coordinator or a bare EndTxnOnPartition): the longest timeout.
 UNKNOWN_DEADLINE_FENCE_MS = 24 * 3600 * 1000
-FENCE_GRACE_MS = 20_000
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def validate_name(kind: str, name: str) -> None:
@@ -246,7 +242,7 @@ class TopicService:
                 self._fence(topic, "", txn_id, deadline_ms)
                 return
             partition = await self.partition(topic)
-        await partition.end_txn(txn_id, commit)
+        await partition.end_txn(txn_id, commit, deadline_ms)
 
     async def end_txn_on_subscription(
         self, topic: str, name: str, txn_id: TxnID, commit: bool, deadline_ms: int = 0
@@ -257,7 +253,7 @@ class TopicService:
                 self._fence(topic, name, txn_id, deadline_ms)
                 return
             subscription = await self.subscription(topic, name)
-        await subscription.end_txn(txn_id, commit)
+        await subscription.end_txn(txn_id, commit, deadline_ms)
 
     async def end_txn_on_store(
         self,
@@ -276,7 +272,7 @@ class TopicService:
         waiting: list[Awaitable[object]] = []
         first_error: BaseException | None = None
         ends = [
-            partition.end_txn(txn_id, commit)
+            partition.end_txn(txn_id, commit, deadline_ms)
             if (partition := self._partitions.get(topic)) is not None
             else self.end_txn_on_partition(topic, txn_id, commit, deadline_ms)
             for topic in topics
@@ -291,7 +287,7 @@ class TopicService:
                 if subscription is None:
                     waiting.append(self.end_txn_on_subscription(topic, name, txn_id, commit, deadline_ms))
                 else:
-                    waiting.append(subscription.end_txn(txn_id, commit))
+                    waiting.append(subscription.end_txn(txn_id, commit, deadline_ms))
             except Exception as exc:  # the others still end; the coordinator retries the whole end
                 first_error = first_error or exc
         for awaitable in waiting:
