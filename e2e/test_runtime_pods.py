@@ -46,6 +46,7 @@ def serve_statefulset(name: str, role: str, replicas: int, extra: list[str]) -> 
                                 "--admin-listen=$(POD_IP):8080",
                                 "--pod-name=$(POD_NAME)",
                                 "--admin-token-file=/etc/txnkeeper/token/token",
+                                "--cluster-secret-file=/etc/txnkeeper/token/cluster",
                                 *extra,
                             ],
                             "env": [
@@ -106,7 +107,11 @@ def test_runtime_pods_keep_committed_transactions_across_pod_deletion(
             "the client reaches pods by pod IP; on kind the operator tests cover this through port-forwards"
         )
     # Dict bodies where the signatures say V1Secret and V1StatefulSet: the client validates them into those.
-    secret = {"metadata": {"name": "admin-token"}, "stringData": {"token": "t0ken"}}
+    # One Secret holds the admin token and the cluster secret coordinator and store pods share.
+    secret = {
+        "metadata": {"name": "admin-token"},
+        "stringData": {"token": "t0ken", "cluster": "e2e-cluster-secret-0123456789"},
+    }
     cluster.core.create_namespaced_secret(namespace, secret)  # type: ignore[arg-type]
     tc_set = serve_statefulset("tc", "coordinator", 1, ["--coordinators=1", "--coordinator-ids=0"])
     cluster.apps.create_namespaced_stateful_set(namespace, tc_set)  # type: ignore[arg-type]

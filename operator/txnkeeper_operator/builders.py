@@ -68,6 +68,18 @@ def token_secret(cr: Resource, token: str) -> Manifest:
     }
 
 
+def cluster_secret(namespace: str, secret: str) -> Manifest:
+    """The namespace's cluster secret (coordinator <-> store authentication, txn tickets). Created once,
+    never updated, and owned by no resource: every resource's pods in the namespace mount it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": naming.CLUSTER_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {"secret": secret},
+    }
+
+
 def service_account(cr: Resource) -> Manifest:
     # The runtime never calls the Kubernetes API: no token is mounted.
     return {
@@ -125,6 +137,8 @@ def _args(cr: Resource, version: str) -> list[str]:
         "$(POD_NAME)",
         "--admin-token-file",
         naming.TOKEN_FILE,
+        "--cluster-secret-file",
+        naming.CLUSTER_SECRET_FILE,
         "--config",
         naming.CONFIG_FILE,
     ]
@@ -185,6 +199,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             {"name": "data", "mountPath": naming.DATA_DIR},
             {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
             {"name": "admin-token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
+            {"name": "cluster-secret", "mountPath": naming.CLUSTER_SECRET_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -217,6 +232,10 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
                         {
                             "name": "admin-token",
                             "secret": {"secretName": naming.token_secret(cr.name), "defaultMode": 0o440},
+                        },
+                        {
+                            "name": "cluster-secret",
+                            "secret": {"secretName": naming.CLUSTER_SECRET, "defaultMode": 0o440},
                         },
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                     ],

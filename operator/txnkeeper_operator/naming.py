@@ -24,6 +24,10 @@ CONFIG_DIR = "/etc/txnkeeper/config"
 CONFIG_FILE = f"{CONFIG_DIR}/config.json"
 TOKEN_DIR = "/etc/txnkeeper/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
+# One per namespace, shared by the coordinator and store pods of every resource there (they must agree).
+CLUSTER_SECRET = "txnkeeper-cluster-secret"
+CLUSTER_SECRET_DIR = "/etc/txnkeeper/cluster"
+CLUSTER_SECRET_FILE = f"{CLUSTER_SECRET_DIR}/secret"
 MARKERS_KEY = "markers.json"
 REPORT_KEY = "report.json"
 

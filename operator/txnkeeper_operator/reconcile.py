@@ -93,6 +93,7 @@ async def ensure_children(ctx: Context, cr: Resource) -> str:
         await ctx.kube.apply(manifest)
     await ctx.kube.create_if_absent(builders.markers_config_map(cr, {}, format_time(EPOCH)))
     await ctx.kube.create_if_absent(builders.report_config_map(cr))
+    await ctx.kube.create_if_absent(builders.cluster_secret(cr.namespace, secrets.token_urlsafe(32)))
     return await _token(ctx, cr)
 
 

@@ -132,6 +132,8 @@ def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path:
     token_file.chmod(next(v["secret"]["defaultMode"] for v in volumes if "secret" in v))
     files = {"/data": str(tmp_path / "data"), "/etc/txnkeeper/config/config.json": str(config_file)}
     files["/etc/txnkeeper/token/token"] = str(token_file)
+    (secret_file := tmp_path / "cluster-secret").write_text("the-namespace-cluster-secret")
+    files["/etc/txnkeeper/cluster/secret"] = str(secret_file)
     args = [
         files.get(a, a).replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", pod)
         for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -141,3 +143,4 @@ def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path:
     assert config.coordinator_ids == tuple(c for c in range(7) if c % 3 == ordinal)
     assert config.txnlog_batch.enabled and config.txnlog_batch.max_records == 64
     assert (config.release, config.pod_name, config.admin_token) == ("2.0.0", pod, "secret")
+    assert config.cluster_secret == b"the-namespace-cluster-secret"

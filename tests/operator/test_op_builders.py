@@ -89,6 +89,7 @@ def test_runtime_command_line_is_contract_section_6() -> None:
         "--admin-listen": "$(POD_IP):8080",
         "--pod-name": "$(POD_NAME)",
         "--admin-token-file": naming.TOKEN_FILE,
+        "--cluster-secret-file": naming.CLUSTER_SECRET_FILE,
         "--config": naming.CONFIG_FILE,
         "--coordinators": "6",
         "--coordinator-ids": "auto",
@@ -98,7 +99,7 @@ def test_runtime_command_line_is_contract_section_6() -> None:
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["TXNKEEPER_RELEASE"]["value"] == "1.0.0"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/data", naming.CONFIG_DIR, naming.TOKEN_DIR, "/tmp"} <= mounts
+    assert {"/data", naming.CONFIG_DIR, naming.TOKEN_DIR, naming.CLUSTER_SECRET_DIR, "/tmp"} <= mounts
     store = builders.statefulset(PAS, Template("2.0.0", ON), SETTINGS)["spec"]["template"]["spec"]
     assert "--coordinators" not in store["containers"][0]["args"]
     assert store["containers"][0]["args"][2] == "store"

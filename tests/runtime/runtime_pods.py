@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,6 +17,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.auth import load_cluster_secret
+from txnkeeper.protocol.rpc import RpcConnection, connect
 
 TOKEN = "test-admin-token"
 READY_TIMEOUT = 30.0
@@ -31,6 +36,7 @@ class ServePod:
         release: str = "2.0.0",
         config: dict[str, Any] | None = None,
         extra: list[str] | None = None,
+        secret: bool = True,
     ) -> None:
         self.workdir = workdir
         self.name = name
@@ -40,6 +46,9 @@ class ServePod:
         self.ports_file = workdir / name / "ports.json"
         self.log_path = workdir / name / "serve.log"
         self.token_file = workdir / "token"
+        # One per test's pods, shared by coordinator and store pods (as the operator's Secret is).
+        self.secret_file = workdir / "cluster-secret"
+        self.secret = secret
         self.config_path: Path | None = None
         if config is not None:
             self.config_path = workdir / name / "config.json"
@@ -54,6 +63,8 @@ class ServePod:
     def start(self, *, wait: bool = True) -> ServePod:
         self.token_file.write_text(TOKEN)
         self.token_file.chmod(0o600)  # serve refuses a token file others can read
+        if self.secret and not self.secret_file.exists():
+            self.secret_file.write_text(secrets.token_urlsafe(32))
         self.ports_file.parent.mkdir(parents=True, exist_ok=True)
         self.ports_file.unlink(missing_ok=True)
         # Keep the client port stable across restarts (clients and coordinators remember it).
@@ -79,6 +90,7 @@ class ServePod:
             str(self.ports_file),
             "--admin-token-file",
             str(self.token_file),
+            *(["--cluster-secret-file", str(self.secret_file)] if self.secret else []),
             *(["--config", str(self.config_path)] if self.config_path else []),
             *self.extra,
         ]
@@ -108,6 +120,14 @@ class ServePod:
                     pass
             time.sleep(0.05)
         raise TimeoutError(f"pod {self.name} not ready within {timeout}s:\n{self.log()}")
+
+    def rss_bytes(self) -> int:
+        """The process's resident set size, from /proc."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pod {self.name}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -151,3 +171,17 @@ def http(method: str, url: str, body: object = None, token: str | None = None) -
         return status, json.loads(raw)
     except json.JSONDecodeError:
         return status, raw.decode()
+
+
+async def coordinator_connection(store: ServePod) -> RpcConnection:
+    """A connection to ``store`` authenticated the way a coordinator pod does it (with the secret)."""
+    secret = load_cluster_secret(store.secret_file)
+    assert secret is not None
+    conn = await connect(store.listen)
+    challenge = api.Command()
+    challenge.auth_challenge.SetInParent()
+    nonce = (await conn.request(challenge, 10)).auth_nonce.nonce
+    proof = api.Command()
+    proof.authenticate.proof = secret.coordinator_proof(nonce)
+    await conn.request(proof, 10)
+    return conn

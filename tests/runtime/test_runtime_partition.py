@@ -1,15 +1,24 @@
-"""A partition on a real managed ledger: transaction markers, replay after reopening, housekeeping."""
+"""A partition on a real managed ledger: transaction markers, replay after reopening, housekeeping, and
+the fences that outlive forgotten outcomes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.pendingack import PendingAckStore
+from txnkeeper.protocol.errors import InvalidTxnStatusError
+from txnkeeper.topic import subscription as subscription_module
 from txnkeeper.topic.partition import Partition
+from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
+from txnkeeper.topic.service import TopicLedger, TopicService
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TxnOutcome
+from txnkeeper.topic.txnfence import now_ms
 
 
 async def test_replay_and_housekeeping_on_real_ledgers(tmp_path: Path) -> None:
@@ -41,4 +50,65 @@ async def test_replay_and_housekeeping_on_real_ledgers(tmp_path: Path) -> None:
     await partition.housekeeping()
     assert ledger.ledger_ids()[0] > first  # consumed ledgers were deleted
     assert partition.buffer.outcome(old) is TxnOutcome.OPEN  # forgotten: its marker's ledger is gone
+    await factory.close()
+
+
+async def test_a_forgotten_txn_stays_fenced_until_its_deadline(tmp_path: Path) -> None:
+    """A zombie holding a still-valid ticket cannot write into a txn whose outcome the partition already
+    forgot (its marker's ledger was trimmed): the deadline travels in the marker, also through a replay."""
+    config = ManagedLedgerConfig(max_entries_per_ledger=2)
+    factory = ManagedLedgerFactory(tmp_path)
+    ledger = await factory.open("persistent://t/ns/f", config)
+    partition = Partition("persistent://t/ns/f", ledger)
+    await partition.recover()
+    future_deadline = now_ms() + 3_600_000
+    alive, expired, unknown = TxnID(0, 1), TxnID(0, 2), TxnID(0, 3)
+    await partition.publish(b"a", "", alive)
+    await partition.end_txn(alive, commit=False, deadline_ms=future_deadline)
+    await partition.end_txn(expired, commit=False, deadline_ms=1)  # long past
+    await partition.end_txn(unknown, commit=False)  # a coordinator that did not say
+    for i in range(4):
+        await partition.publish(f"p{i}".encode(), "", None)
+    await factory.close()
+
+    factory = ManagedLedgerFactory(tmp_path)
+    ledger = await factory.open("persistent://t/ns/f", config)
+    partition = Partition("persistent://t/ns/f", ledger)
+    await partition.recover()
+    cursor = await ledger.open_cursor("sub")
+    partition.subscriptions["sub"] = cast(Subscription, cast(Any, object()))
+    await cursor.mark_delete(cast(Any, ledger.last_confirmed_entry()))
+    await partition.housekeeping()
+    assert partition.buffer.outcome(alive) is TxnOutcome.OPEN  # forgotten...
+    with pytest.raises(InvalidTxnStatusError, match="already ended"):
+        await partition.publish(b"zombie", "", alive)  # ...but still fenced
+    assert len(partition.late_fence) == 1  # the expired and the deadline-less ones are not kept
+    await partition.publish(b"other txn", "", TxnID(0, 4))
+    await factory.close()
+
+
+async def test_a_subscription_fences_what_its_bounded_memory_forgets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscription_module, "ENDED_MEMORY", 1)
+    factory = ManagedLedgerFactory(tmp_path / "ledgers")
+
+    async def open_ledger(topic: str) -> TopicLedger:
+        return await factory.open(topic)
+
+    async def open_pending_ack(topic: str, subscription: str) -> PendingAckLogAdapter:
+        return PendingAckLogAdapter(await PendingAckStore.open(factory, topic, subscription))
+
+    service = TopicService(tmp_path / "subscriptions.json", open_ledger, open_pending_ack)
+    await service.recover()
+    topic = "persistent://t/ns/s"
+    position = await service.publish(topic, b"m", "", None)
+    subscription = await service.subscription(topic, "s")
+    first, second = TxnID(0, 1), TxnID(0, 2)
+    await service.end_txn_on_subscription(topic, "s", first, False, now_ms() + 3_600_000)
+    await service.end_txn_on_subscription(topic, "s", second, False, now_ms() + 3_600_000)  # forgets first
+    with pytest.raises(InvalidTxnStatusError, match="already ended"):
+        await subscription.ack([position], False, first)
+    await subscription.ack([position], False, TxnID(0, 3))  # another txn's ack is taken
+    await service.close()
     await factory.close()

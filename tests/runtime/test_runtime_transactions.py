@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from runtime_pods import ServePod
+from runtime_pods import ServePod, coordinator_connection
 from runtime_waits import wait_until
 
 from txnkeeper.client import (
@@ -139,6 +139,7 @@ async def test_end_on_store_is_idempotent_and_the_per_partition_ends_still_work(
         # The coordinator ended it with one EndTxnOnStore; a repeat (a coordinator retry) and the older
         # per-partition and per-subscription ends are all answered Success, and change nothing.
         txn_pb = api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least)
+        as_coordinator = await coordinator_connection(store)
         for command in (
             api.Command(
                 end_txn_on_store=api.EndTxnOnStore(
@@ -157,11 +158,10 @@ async def test_end_on_store_is_idempotent_and_the_per_partition_ends_still_work(
                 )
             ),
         ):
-            response = await client.connections.request(store.listen, command)
+            response = await as_coordinator.request(command, 10)
             assert response.WhichOneof("body") == "success"
         with pytest.raises(InvalidTxnStatusError):
-            await client.connections.request(
-                store.listen,
+            await as_coordinator.request(
                 api.Command(
                     end_txn_on_store=api.EndTxnOnStore(txn_id=txn_pb, action=api.ABORT, topics=[OUT])
                 ),
@@ -172,7 +172,7 @@ async def test_end_on_store_is_idempotent_and_the_per_partition_ends_still_work(
         ends.add(txn_id=txn_pb, action=api.COMMIT, topics=[OUT])  # a repeat: applied (no-op)
         ends.add(txn_id=txn_pb, action=api.ABORT, topics=[OUT])  # the other way: refused
         ends.add(txn_id=txn_pb, action=api.COMMIT)  # names nothing: refused
-        answer = (await client.connections.request(store.listen, batch)).end_txns_on_store_result
+        answer = (await as_coordinator.request(batch, 10)).end_txns_on_store_result
         assert list(answer.failed) == [1, 2]
         assert [e.code for e in answer.errors] == [api.INVALID_TXN_STATUS, api.BAD_REQUEST]
         with pytest.raises(TimeoutError):

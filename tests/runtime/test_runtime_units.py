@@ -19,8 +19,10 @@ from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
 from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.auth import TICKET_GRACE_MS, ClusterSecret, UnauthorizedError
 from txnkeeper.protocol.errors import InvalidTxnStatusError, TxnConflictError, TxnNotFoundError
 from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_frame
+from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.topic.pending_acks import PendingAcks
 
 
@@ -97,6 +99,8 @@ class RecordingSink:
         commit: bool,
         topics: Sequence[str],
         subscriptions: Sequence[tuple[str, str]],
+        *,
+        deadline_ms: int = 0,
     ) -> None:
         self.requests.append(address)
         if self.failures_left:
@@ -176,18 +180,36 @@ async def test_add_to_txn_logs_the_same_records_as_the_two_separate_requests(tmp
     coordinator, log, _sink = make_coordinator(tmp_path, clock)
     coordinator.recover([])
     txn = await coordinator.new_txn(5_000)
-    handler = PodHandler({7: coordinator}, None)
-    body = api.AddToTxn(txn_id=api.TxnId(most=txn.most, least=txn.least), topics=["out"], store_address="s:1")
+    secret = ClusterSecret(b"unit-test-cluster-secret")
+    handler = PodHandler({7: coordinator}, None, secret)
+    body = api.AddToTxn(
+        txn_id=api.TxnId(most=txn.most, least=txn.least),
+        topics=["out"],
+        store_address="s:1",
+        owner_token=secret.owner_token(txn),
+    )
     body.subscriptions.add(topic="in", subscription="work")
     session = object()
     result = handler.handle(session, "add_to_txn", api.Command(add_to_txn=body))  # type: ignore[arg-type]
     assert result is not None and not isinstance(result, api.Command)
-    await result
+    answer = await result
+    # One ticket per registered partition and subscription, each valid only for itself.
+    tickets = {(t.topic, t.subscription): t for t in answer.txn_tickets.tickets}  # type: ignore[attr-defined]
+    assert set(tickets) == {("out", ""), ("in", "work")}
+    secret.check_ticket(tickets[("out", "")], txn, "out", "", now_ms=1_000)
+    secret.check_ticket(tickets[("in", "work")], txn, "in", "work", now_ms=1_000)
+    with pytest.raises(UnauthorizedError):
+        secret.check_ticket(tickets[("out", "")], txn, "in", "", now_ms=1_000)
+    with pytest.raises(UnauthorizedError):
+        secret.check_ticket(tickets[("out", "")], TxnID(7, txn.least + 1), "out", "", now_ms=1_000)
+    with pytest.raises(UnauthorizedError, match="deadline"):
+        secret.check_ticket(tickets[("out", "")], txn, "out", "", now_ms=1_000 + 5_000 + TICKET_GRACE_MS + 1)
     # The separate requests (older clients) log the same records.
     other = await coordinator.new_txn(5_000)
     other_pb = api.TxnId(most=other.most, least=other.least)
-    partition = api.AddPartitionToTxn(txn_id=other_pb, topics=["out"], store_address="s:1")
-    subscription = api.AddSubscriptionToTxn(txn_id=other_pb, store_address="s:1")
+    token = secret.owner_token(other)
+    partition = api.AddPartitionToTxn(txn_id=other_pb, topics=["out"], store_address="s:1", owner_token=token)
+    subscription = api.AddSubscriptionToTxn(txn_id=other_pb, store_address="s:1", owner_token=token)
     subscription.subscriptions.add(topic="in", subscription="work")
     for name, command in (
         ("add_partition", api.Command(add_partition=partition)),
@@ -256,7 +278,7 @@ def test_transaction_buffer_outcomes_and_forgetting() -> None:
     buffer.ended(a, True, Position(1, 5))
     buffer.ended(b, False, Position(2, 0))
     assert buffer.outcome(a) is TxnOutcome.COMMITTED and buffer.outcome(b) is TxnOutcome.ABORTED
-    assert buffer.forget_before(Position(2, -1)) == 1  # ledger 1 was trimmed: a's entries are gone
+    assert buffer.forget_before(Position(2, -1)) == [(a, 0)]  # ledger 1 was trimmed: a's entries are gone
     assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1
 
 
@@ -294,3 +316,34 @@ async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], InvalidTxnStatusError)
     await peers.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_pending_bytes": 1024}, "max_pending_bytes"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s"),
+        ({"frame_timeout_s": -1.0}, "frame_timeout_s"),
+    ],
+)
+def test_connection_limits_refuse_nonsense_naming_the_limit(kwargs: dict[str, float], named: str) -> None:
+    with pytest.raises(InvalidLimitsError, match=named):
+        ConnectionLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_owner_tokens_and_coordinator_proofs_are_bound_to_their_secret_and_subject() -> None:
+    secret, other = ClusterSecret(b"s" * 32), ClusterSecret(b"t" * 32)
+    txn = TxnID(1, 2)
+    secret.check_owner(txn, secret.owner_token(txn), "end-txn")
+    for token in (b"", other.owner_token(txn), secret.owner_token(TxnID(1, 3))):
+        with pytest.raises(UnauthorizedError):
+            secret.check_owner(txn, token, "end-txn")
+    nonce = secret.new_nonce()
+    assert secret.check_coordinator_proof(nonce, secret.coordinator_proof(nonce))
+    assert not secret.check_coordinator_proof(nonce, other.coordinator_proof(nonce))
+    assert not secret.check_coordinator_proof(secret.new_nonce(), secret.coordinator_proof(nonce))
+    # A ticket's MAC is not an owner token (labels keep derivations apart).
+    ticket = api.TxnTicket()
+    secret.fill_ticket(ticket, txn, "", "", 0)
+    assert ticket.mac != secret.owner_token(txn)

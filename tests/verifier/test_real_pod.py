@@ -36,12 +36,14 @@ class ServeProcess:
     def __init__(self, workdir: Path) -> None:
         (workdir / "token").write_text(TOKEN)
         (workdir / "token").chmod(0o600)  # serve refuses a token file others can read
+        (workdir / "cluster-secret").write_text("verifier-test-cluster-secret")  # transactions need one
         (workdir / "config.json").write_text(json.dumps({"batchedWrite": {"enabled": True}}))
         command = [
             sys.executable, "-m", "txnkeeper.cli", "serve", "--role", "coordinator",
             "--data-dir", str(workdir / "data"), "--release", "2.0.0", "--coordinators", "1",
             "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--pod-name", "tc-0",
             "--admin-token-file", str(workdir / "token"), "--config", str(workdir / "config.json"),
+            "--cluster-secret-file", str(workdir / "cluster-secret"),
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []

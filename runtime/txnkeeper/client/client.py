@@ -87,8 +87,9 @@ class Client:
         command = api.Command()
         command.new_txn.timeout_ms = timeout_ms
         response = await self.connections.request(address, command)
-        txn = response.new_txn_response.txn_id
-        return Transaction(self, TxnID(txn.most, txn.least), address)
+        answer = response.new_txn_response
+        txn = answer.txn_id
+        return Transaction(self, TxnID(txn.most, txn.least), address, answer.owner_token)
 
     async def transaction_status(self, txn: Transaction) -> str:
         body = api.GetTxnStatus(txn_id=api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least))

@@ -156,6 +156,7 @@ class Consumer:
 
         def ack() -> Awaitable[api.Command]:
             body.txn_id.CopyFrom(txn._pb_id)
+            body.ticket.CopyFrom(txn.ticket(registration, self.topic, self.subscription))
             return self._request_ack(command)
 
         return txn.operation(registration, ack, _nothing)

@@ -46,6 +46,7 @@ class Producer:
 
         def produce() -> Awaitable[api.Command]:
             body.txn_id.CopyFrom(txn._pb_id)
+            body.ticket.CopyFrom(txn.ticket(registration, self.topic, ""))
             return connections.request(self.store_address, command)
 
         return txn.operation(registration, produce, _receipt)

@@ -29,9 +29,13 @@ T = TypeVar("T")
 class Transaction:
     """Begun with ``Client.new_transaction``; pass it to ``send`` and ``acknowledge``."""
 
-    def __init__(self, client: Client, txn_id: TxnID, coordinator_address: str) -> None:
+    def __init__(
+        self, client: Client, txn_id: TxnID, coordinator_address: str, owner_token: bytes = b""
+    ) -> None:
         self._client = client
         self.txn_id = txn_id
+        # Proves to the coordinator that this client began the txn (sent with every add and the end).
+        self.owner_token = owner_token
         self._coordinator = coordinator_address
         self._registered: dict[object, asyncio.Future[api.Command]] = {}
         self._in_flight = 0
@@ -102,7 +106,9 @@ class Transaction:
         for topic, subscription, store_address, registration in unsent:
             body = by_store.get(store_address)
             if body is None:
-                body = by_store[store_address] = api.AddToTxn(store_address=store_address)
+                body = by_store[store_address] = api.AddToTxn(
+                    store_address=store_address, owner_token=self.owner_token
+                )
                 body.txn_id.CopyFrom(self._pb_id)
                 waiting[store_address] = []
             if subscription is None:
@@ -122,6 +128,15 @@ class Transaction:
                 _settle_all(registrations, exc, None)
                 continue
             response.add_done_callback(partial(_registered, registrations))
+
+    @staticmethod
+    def ticket(registration: asyncio.Future[api.Command], topic: str, subscription: str) -> api.TxnTicket:
+        """The coordinator's ticket for ``topic`` (and ``subscription``) from a resolved registration
+        (the store refuses a transactional produce or ack without it)."""
+        for ticket in registration.result().txn_tickets.tickets:
+            if ticket.topic == topic and ticket.subscription == subscription:
+                return ticket
+        return api.TxnTicket()  # the store says what is missing
 
     @staticmethod
     async def _shielded(registration: asyncio.Future[api.Command]) -> None:
@@ -236,6 +251,7 @@ class Transaction:
         body = command.end_txn
         body.txn_id.CopyFrom(self._pb_id)
         body.action = api.COMMIT if commit else api.ABORT
+        body.owner_token = self.owner_token
         try:
             await self._client.connections.request(self._coordinator, command)
         except ServiceError:

@@ -255,6 +255,10 @@ class TransactionCoordinator:
             raise TxnNotFoundError(f"transaction {txn_id} not found (never existed or long ended)")
         await self._decide_and_end(meta, commit)
 
+    def deadline_of(self, txn_id: TxnID) -> int:
+        """The open transaction's timeout deadline (ms since the epoch, this pod's clock)."""
+        return self._open_txn(txn_id).deadline_ms
+
     def status_of(self, txn_id: TxnID) -> str:
         meta = self._txns.get(txn_id)
         if meta is not None:
@@ -390,11 +394,16 @@ class TransactionCoordinator:
                 by_store = self._group_by_store(topics, subs)
                 if len(by_store) == 1:
                     ((address, (store_topics, store_subs)),) = by_store.items()
-                    await self._sink.end_on_store(address, txn_id, commit, store_topics, store_subs)
+                    await self._sink.end_on_store(
+                        address, txn_id, commit, store_topics, store_subs, deadline_ms=meta.deadline_ms
+                    )
                     return
                 stores = list(by_store.items())
                 results = await asyncio.gather(
-                    *(self._sink.end_on_store(a, txn_id, commit, t, s) for a, (t, s) in stores),
+                    *(
+                        self._sink.end_on_store(a, txn_id, commit, t, s, deadline_ms=meta.deadline_ms)
+                        for a, (t, s) in stores
+                    ),
                     return_exceptions=True,
                 )
                 outcomes = zip(stores, results, strict=True)

@@ -30,7 +30,9 @@ class TxnLog(Protocol):
 
 class EndTxnSink(Protocol):
     """Delivers the end of a transaction to one store pod: every partition (``topics``) and
-    subscription of it that the pod serves, in one request (success once all have applied it)."""
+    subscription of it that the pod serves, in one request (success once all have applied it).
+    ``deadline_ms`` is the txn's timeout deadline: the store fences the txn out of what it does not hold
+    until then."""
 
     def end_on_store(
         self,
@@ -39,4 +41,6 @@ class EndTxnSink(Protocol):
         commit: bool,
         topics: Sequence[str],
         subscriptions: Sequence[tuple[str, str]],
+        *,
+        deadline_ms: int = 0,
     ) -> Awaitable[object]: ...

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -45,6 +46,11 @@ class RuntimeProcess:
     @property
     def config_file(self) -> Path:
         return self.work_dir / f"{self.name}.config.json"
+
+    @property
+    def cluster_secret_file(self) -> Path:
+        # Next to the admin token, which every member of one fleet shares: so is this secret.
+        return self.token_file.parent / "cluster-secret"
 
     @property
     def log_file(self) -> Path:
@@ -83,6 +89,8 @@ class RuntimeProcess:
             self.name,
             "--admin-token-file",
             str(self.token_file),
+            "--cluster-secret-file",
+            str(self.cluster_secret_file),
             "--config",
             str(self.config_file),
             "--ports-file",
@@ -97,6 +105,11 @@ class RuntimeProcess:
             raise ProcessStartError(f"{self.name} is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.ports_file.unlink(missing_ok=True)
+        if not self.cluster_secret_file.exists():
+            tmp = self.cluster_secret_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(secrets.token_urlsafe(32))
+            tmp.chmod(0o600)
+            tmp.replace(self.cluster_secret_file)
         self.client_address = self.admin_address = None
         log = self.log_file.open("ab")
         try:

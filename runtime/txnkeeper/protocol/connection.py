@@ -56,6 +56,7 @@ class FrameConnection(asyncio.Protocol):
         self._closing = True
         self._transport = None
         self._outgoing.clear()
+        self._decoder.reset()
         if not self.closed.done():
             self.closed.set_result(None)
         self.on_lost(exc)

@@ -79,3 +79,7 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    def reset(self) -> None:
+        """Drop whatever is buffered (a closed connection's partial frame)."""
+        self._buffer = bytearray()

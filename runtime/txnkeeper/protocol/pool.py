@@ -13,8 +13,14 @@ from txnkeeper.protocol.rpc import RpcConnection, connect
 class ConnectionPool:
     """address -> live connection; pushes (consumer messages) go to the handler of that address."""
 
-    def __init__(self, operation_timeout: float) -> None:
+    def __init__(
+        self,
+        operation_timeout: float,
+        on_connect: Callable[[RpcConnection], Awaitable[None]] | None = None,
+    ) -> None:
         self._operation_timeout = operation_timeout
+        # Run on every new connection before any request uses it (a coordinator's handshake).
+        self._on_connect = on_connect
         self._connections: dict[str, RpcConnection] = {}
         self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
         self._push_handlers: dict[str, Callable[[RpcConnection, api.Command], None]] = {}
@@ -42,6 +48,12 @@ class ConnectionPool:
 
             conn = await connect(address, push)
             holder.append(conn)
+            if self._on_connect is not None:
+                try:
+                    await self._on_connect(conn)
+                except BaseException:
+                    conn.close()
+                    raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()

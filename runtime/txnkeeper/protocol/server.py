@@ -5,6 +5,10 @@ asynchronously: it returns a future (completed by callbacks, no task) or a corou
 An asynchronous result that is not a command is answered with Success, so handlers need no wrapper
 coroutine just to turn "done" into a response. Every response goes back through the connection's
 coalesced writes with the request id of its request.
+
+The server enforces ``ConnectionLimits`` (protocol/limits.py): at most so many connections, so many
+bytes of incomplete frames across all of them, so long for a started frame to complete and for an
+idle connection without state to stay open.
 """
 
 from __future__ import annotations
@@ -19,7 +23,16 @@ from typing import Any, Protocol
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.connection import FrameConnection
 from txnkeeper.protocol.errors import BadRequestError, ServiceError
-from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
+from txnkeeper.protocol.frames import FrameError
+from txnkeeper.protocol.limits import (
+    BAD_FRAME,
+    IDLE,
+    PENDING_BUDGET,
+    SLOW_FRAME,
+    TOO_MANY_CONNECTIONS,
+    ConnectionLimits,
+    ServerStats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,11 @@ class CommandHandler(Protocol):
     def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult: ...
 
     def session_closed(self, session: Session) -> None: ...
+
+    def session_holds_state(self, session: Session) -> bool:
+        """True while closing the session would lose something (a subscribed consumer): then it is
+        not closed for being idle."""
+        ...
 
 
 def _success() -> api.Command:
@@ -75,15 +93,99 @@ class ServerConnection(FrameConnection):
 
     _next_id = 0
 
-    def __init__(self, handler: CommandHandler, max_frame_size: int, registry: set[ServerConnection]) -> None:
-        super().__init__(max_frame_size)
+    def __init__(
+        self,
+        handler: CommandHandler,
+        limits: ConnectionLimits,
+        registry: set[ServerConnection],
+        stats: ServerStats,
+    ) -> None:
+        super().__init__(limits.max_frame_size)
         ServerConnection._next_id += 1
         self.session_id = ServerConnection._next_id
         self._handler = handler
         self._registry = registry
+        self._limits = limits
+        self._stats = stats
+        self._counted = 0  # this connection's bytes in stats.pending_bytes
+        self.last_received = asyncio.get_running_loop().time()
+        self.frame_started: float | None = None  # when the buffered partial frame began arriving
+        self.in_flight = 0  # requests still being answered: a peer waiting for one is not idle
 
     def on_open(self) -> None:
+        stats = self._stats
+        if len(self._registry) >= self._limits.max_connections:
+            stats.refused[TOO_MANY_CONNECTIONS] += 1
+            log.warning(
+                "refusing connection from %s: %d connections open (max_connections %d)",
+                self.peer,
+                len(self._registry),
+                self._limits.max_connections,
+            )
+            self.refuse(
+                api.RESOURCE_LIMIT,
+                f"server has {len(self._registry)} connections open, its limit (max connections);"
+                " retry later or use fewer connections",
+            )
+            return
+        stats.accepted += 1
         self._registry.add(self)
+        stats.open_connections = len(self._registry)
+
+    def refuse(self, code: int, message: str) -> None:
+        """Tell the peer why in an error frame (request id 0), then close."""
+        self.send(api.Command(request_id=0, error=api.Error(code=code, message=message)))  # type: ignore[arg-type]
+        self.close()
+
+    def close_for(self, reason: str, code: int, message: str) -> None:
+        if not self.is_open:
+            return
+        self._stats.closed[reason] += 1
+        log.warning("closing connection from %s: %s", self.peer, message)
+        self.refuse(code, message)
+        self._uncount()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        decoder = self._decoder
+        before = decoder.buffered
+        now = asyncio.get_running_loop().time()
+        self.last_received = now
+        try:
+            commands = decoder.feed(data)
+        except FrameError as exc:
+            self.close_for(BAD_FRAME, exc.code, str(exc))
+            return
+        after = decoder.buffered
+        if after != self._counted:
+            stats = self._stats
+            stats.pending_bytes += after - self._counted
+            self._counted = after
+            if after and stats.pending_bytes > self._limits.max_pending_bytes:
+                self.close_for(
+                    PENDING_BUDGET,
+                    api.RESOURCE_LIMIT,
+                    f"incomplete frames across this server's connections would hold"
+                    f" {stats.pending_bytes} bytes, over its limit of {self._limits.max_pending_bytes}"
+                    " (max pending bytes); retry later",
+                )
+                return
+        if not after:
+            self.frame_started = None
+        elif not before or commands:
+            self.frame_started = now
+        for command in commands:
+            self.on_command(command)
+
+    @property
+    def buffered(self) -> int:
+        return self._decoder.buffered
+
+    def _uncount(self) -> None:
+        self._decoder.reset()
+        self._stats.pending_bytes -= self._counted
+        self._counted = 0
 
     def push(self, command: api.Command) -> None:
         self.send(command)
@@ -108,9 +210,11 @@ class ServerConnection(FrameConnection):
             future = asyncio.get_running_loop().create_task(result)
         else:
             future = asyncio.ensure_future(result)
+        self.in_flight += 1
         future.add_done_callback(partial(self._complete, request_id))
 
     def _complete(self, request_id: int, future: asyncio.Future[Any]) -> None:
+        self.in_flight -= 1
         if future.cancelled():
             self._reply(request_id, error_response(ServiceError("request cancelled (server closing)")))
             return
@@ -126,7 +230,12 @@ class ServerConnection(FrameConnection):
         self.send(response)
 
     def on_lost(self, exc: Exception | None) -> None:
-        self._registry.discard(self)
+        self._uncount()
+        if self in self._registry:
+            self._registry.discard(self)
+            self._stats.open_connections = len(self._registry)
+        else:
+            return  # refused at accept: the handler never saw it
         try:
             self._handler.session_closed(self)
         except Exception:
@@ -136,18 +245,60 @@ class ServerConnection(FrameConnection):
 class ProtocolServer:
     """Listens on one address; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, handler: CommandHandler, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, handler: CommandHandler, limits: ConnectionLimits | None = None) -> None:
         self._handler = handler
-        self._max_frame_size = max_frame_size
+        self.limits = limits or ConnectionLimits()
+        self.stats = ServerStats()
         self._server: asyncio.Server | None = None
         self._connections: set[ServerConnection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         factory: Callable[[], ServerConnection] = lambda: ServerConnection(  # noqa: E731
-            self._handler, self._max_frame_size, self._connections
+            self._handler, self.limits, self._connections, self.stats
         )
         self._server = await loop.create_server(factory, host, port, reuse_address=True)
+        self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
+
+    @property
+    def _sweep_interval(self) -> float:
+        shortest = min(self.limits.idle_timeout_s, self.limits.frame_timeout_s)
+        return min(1.0, max(0.05, shortest / 4))
+
+    def _sweep(self) -> None:
+        """Close connections whose started frame is overdue, and idle ones that hold nothing."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        limits = self.limits
+        for conn in list(self._connections):
+            started = conn.frame_started
+            if started is not None and now - started > limits.frame_timeout_s:
+                conn.close_for(
+                    SLOW_FRAME,
+                    api.RESOURCE_LIMIT,
+                    f"a frame started {now - started:.1f}s ago is still incomplete"
+                    f" ({conn.buffered} bytes so far; frame timeout {limits.frame_timeout_s:g}s)",
+                )
+            elif (
+                now - conn.last_received > limits.idle_timeout_s
+                and not conn.in_flight
+                and not self._holds_state(conn)
+            ):
+                conn.close_for(
+                    IDLE,
+                    api.RESOURCE_LIMIT,
+                    f"connection sent nothing for {now - conn.last_received:.1f}s"
+                    f" (idle timeout {limits.idle_timeout_s:g}s); reconnect when needed",
+                )
+        self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
+
+    def _holds_state(self, conn: ServerConnection) -> bool:
+        try:
+            return self._handler.session_holds_state(conn)
+        except Exception:
+            log.exception("session state check failed")
+            return True
 
     @property
     def port(self) -> int:
@@ -160,6 +311,9 @@ class ProtocolServer:
         return self._server is not None and self._server.is_serving()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):

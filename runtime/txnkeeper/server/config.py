@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.bufferedwriter.config import STAT_KEYS, BatchedWriteConfig, InvalidBatchedWriteConfigError
+from txnkeeper.protocol.limits import ConnectionLimits
 
 ROLES = ("coordinator", "store")
 
@@ -43,6 +44,8 @@ class ServeConfig:
     txnlog_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     pending_ack_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     ports_file: Path | None = None
+    cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def env(name: str, default: str | None = None) -> str | None:

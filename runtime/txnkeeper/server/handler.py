@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -18,6 +19,7 @@ from txnkeeper.coordinator.futures import failure_of, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_configured
 from txnkeeper.protocol.errors import BadRequestError, NotServedHereError, UnavailableError
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.topic.service import TopicService
@@ -38,16 +40,45 @@ def _txn(txn: api.TxnId) -> TxnID:
     return TxnID(txn.most, txn.least)
 
 
-def _answer_new_txn(response: asyncio.Future[api.Command], begun: asyncio.Future[TxnID]) -> None:
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _answer_new_txn(
+    secret: ClusterSecret, response: asyncio.Future[api.Command], begun: asyncio.Future[TxnID]
+) -> None:
     failure = failure_of(begun)
     if failure is not None:
         settle(response, failure, api.Command())
         return
     txn_id = begun.result()
     command = api.Command()
-    txn = command.new_txn_response.txn_id
-    txn.most = txn_id.most
-    txn.least = txn_id.least
+    answer = command.new_txn_response
+    answer.txn_id.most = txn_id.most
+    answer.txn_id.least = txn_id.least
+    answer.owner_token = secret.owner_token(txn_id)
+    settle(response, None, command)
+
+
+def _answer_tickets(
+    grant: tuple[ClusterSecret, TxnID, int, list[str], list[tuple[str, str]]],
+    response: asyncio.Future[api.Command],
+    added: asyncio.Future[object],
+) -> None:
+    """Once the registration is durable, hand out one ticket per registered partition/subscription
+    (``grant``: the secret, txn id, deadline, topics and subscriptions)."""
+    secret, txn_id, deadline_ms, topics, subscriptions = grant
+    failure = failure_of(added)
+    if failure is not None:
+        settle(response, failure, api.Command())
+        return
+    command = api.Command()
+    tickets = command.txn_tickets
+    tickets.SetInParent()
+    for topic in topics:
+        secret.fill_ticket(tickets.tickets.add(), txn_id, topic, "", deadline_ms)
+    for topic, subscription in subscriptions:
+        secret.fill_ticket(tickets.tickets.add(), txn_id, topic, subscription, deadline_ms)
     settle(response, None, command)
 
 
@@ -97,8 +128,21 @@ class ConsumerEndpoint:
 class PodHandler:
     """The ``CommandHandler`` of a pod (either role)."""
 
-    def __init__(self, coordinators: dict[int, TransactionCoordinator], topics: TopicService | None) -> None:
+    def __init__(
+        self,
+        coordinators: dict[int, TransactionCoordinator],
+        topics: TopicService | None,
+        secret: ClusterSecret | None = None,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
         self._coordinators = coordinators
+        self._secret = secret
+        self._clock_ms = clock_ms
+        # Store role: the nonce each connection was challenged with, and the connections that proved
+        # they are coordinators (only they may end transactions here).
+        self._nonces: dict[int, bytes] = {}
+        self._coordinator_sessions: set[int] = set()
         self._coordinator_cycle = itertools.cycle(sorted(coordinators)) if coordinators else None
         self._topics = topics
         self._consumers: dict[int, dict[int, ConsumerEndpoint]] = {}
@@ -121,6 +165,8 @@ class PodHandler:
             "end_txn_on_subscription": self._end_on_subscription,
             "end_txn_on_store": self._end_on_store,
             "end_txns_on_store": self._ends_on_store,
+            "auth_challenge": self._auth_challenge,
+            "authenticate": self._authenticate,
         }
         self._routes = {**coordinator_routes, **store_routes}
         self._role_of = {name: "coordinator" for name in coordinator_routes} | {
@@ -135,8 +181,13 @@ class PodHandler:
         return route(session, command)
 
     def session_closed(self, session: Session) -> None:
+        self._nonces.pop(session.session_id, None)
+        self._coordinator_sessions.discard(session.session_id)
         for endpoint in self._consumers.pop(session.session_id, {}).values():
             endpoint.subscription.remove_consumer(endpoint.consumer_id)
+
+    def session_holds_state(self, session: Session) -> bool:
+        return bool(self._consumers.get(session.session_id))
 
     # --- coordinator role --------------------------------------------------------------------------
     def _coordinator(self, most: int) -> TransactionCoordinator:
@@ -150,34 +201,70 @@ class PodHandler:
     def _new_txn(self, session: Session, command: api.Command) -> HandlerResult:
         if self._coordinator_cycle is None:
             raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
+        if self._secret is None:
+            raise not_configured("beginning a transaction")
         coordinator = self._coordinators[next(self._coordinator_cycle)]
         begun = coordinator.new_txn(command.new_txn.timeout_ms)
         response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
-        begun.add_done_callback(partial(_answer_new_txn, response))
+        begun.add_done_callback(partial(_answer_new_txn, self._secret, response))
+        return response
+
+    def _owned(
+        self, what: str, txn_id: api.TxnId, owner_token: bytes
+    ) -> tuple[TransactionCoordinator, TxnID]:
+        """The coordinator of ``txn_id``, once the caller proved it began that transaction."""
+        coordinator = self._coordinator(txn_id.most)
+        if self._secret is None:
+            raise not_configured(what)
+        txn = _txn(txn_id)
+        self._secret.check_owner(txn, owner_token, what)
+        return coordinator, txn
+
+    def _ticketed(
+        self,
+        coordinator: TransactionCoordinator,
+        txn: TxnID,
+        topics: list[str],
+        subs: list[tuple[str, str]],
+        added: Awaitable[object],
+    ) -> asyncio.Future[api.Command]:
+        assert self._secret is not None
+        deadline_ms = coordinator.deadline_of(txn)
+        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        asyncio.ensure_future(added).add_done_callback(
+            partial(_answer_tickets, (self._secret, txn, deadline_ms, topics, subs), response)
+        )
         return response
 
     def _add_partition(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_partition
-        coordinator = self._coordinator(body.txn_id.most)
-        return coordinator.add_partitions(_txn(body.txn_id), list(body.topics), body.store_address)
+        coordinator, txn = self._owned("add-partition", body.txn_id, body.owner_token)
+        topics = list(body.topics)
+        added = coordinator.add_partitions(txn, topics, body.store_address)
+        return self._ticketed(coordinator, txn, topics, [], added)
 
     def _add_subscription(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_subscription
-        coordinator = self._coordinator(body.txn_id.most)
+        coordinator, txn = self._owned("add-subscription", body.txn_id, body.owner_token)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
-        return coordinator.add_subscriptions(_txn(body.txn_id), subs, body.store_address)
+        added = coordinator.add_subscriptions(txn, subs, body.store_address)
+        return self._ticketed(coordinator, txn, [], subs, added)
 
     def _add_to_txn(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.add_to_txn
-        coordinator = self._coordinator(body.txn_id.most)
+        coordinator, txn = self._owned("add-to-txn", body.txn_id, body.owner_token)
         require(len(body.topics) + len(body.subscriptions) > 0, "add names no partition or subscription")
-        txn = _txn(body.txn_id)
-        if not body.subscriptions:
-            return coordinator.add_partitions(txn, list(body.topics), body.store_address)
+        topics = list(body.topics)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
-        if not body.topics:
-            return coordinator.add_subscriptions(txn, subs, body.store_address)
-        partitions = coordinator.add_partitions(txn, list(body.topics), body.store_address)
+        if not subs:
+            return self._ticketed(
+                coordinator, txn, topics, [], coordinator.add_partitions(txn, topics, body.store_address)
+            )
+        if not topics:
+            return self._ticketed(
+                coordinator, txn, [], subs, coordinator.add_subscriptions(txn, subs, body.store_address)
+            )
+        partitions = coordinator.add_partitions(txn, topics, body.store_address)
         try:
             subscriptions = coordinator.add_subscriptions(txn, subs, body.store_address)
         except Exception:
@@ -185,12 +272,12 @@ class PodHandler:
             asyncio.ensure_future(partitions).add_done_callback(_consume)
             raise
         # Both records are queued; gathering futures costs no task.
-        return asyncio.gather(partitions, subscriptions)
+        return self._ticketed(coordinator, txn, topics, subs, asyncio.gather(partitions, subscriptions))
 
     def _end_txn(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn
-        coordinator = self._coordinator(body.txn_id.most)
-        return coordinator.end_txn(_txn(body.txn_id), body.action == api.COMMIT)
+        coordinator, txn = self._owned("end-txn", body.txn_id, body.owner_token)
+        return coordinator.end_txn(txn, body.action == api.COMMIT)
 
     def _get_txn_status(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.get_txn_status
@@ -208,8 +295,16 @@ class PodHandler:
     def _produce(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.produce
         topics = self._store()
-        txn = _txn(body.txn_id) if body.HasField("txn_id") else None
+        txn = None
+        if body.HasField("txn_id"):
+            txn = _txn(body.txn_id)
+            self._check_ticket(body.ticket, txn, body.topic, "")
         return self._produce_async(topics, body.topic, body.payload, body.key, txn)
+
+    def _check_ticket(self, ticket: api.TxnTicket, txn: TxnID, topic: str, subscription: str) -> None:
+        if self._secret is None:
+            raise not_configured("a transactional produce or ack")
+        self._secret.check_ticket(ticket, txn, topic, subscription, self._clock_ms())
 
     @staticmethod
     async def _produce_async(
@@ -275,31 +370,70 @@ class PodHandler:
         endpoint = self._endpoint(session, body.consumer_id)
         require(len(body.message_ids) > 0, "ack names no message")
         positions = [Position(m.ledger_id, m.entry_id) for m in body.message_ids]
-        txn = _txn(body.txn_id) if body.HasField("txn_id") else None
+        txn = None
+        if body.HasField("txn_id"):
+            txn = _txn(body.txn_id)
+            name = endpoint.subscription.name
+            self._check_ticket(body.ticket, txn, endpoint.topic, name)
+            topics = self._store()
+            topics.check_fence(endpoint.topic, name, txn)
         return endpoint.subscription.ack(positions, body.ack_type == api.CUMULATIVE, txn)
+
+    # --- coordinator authentication (store role) ---------------------------------------------------
+    def _auth_challenge(self, session: Session, command: api.Command) -> HandlerResult:
+        self._store()
+        if self._secret is None:
+            raise not_configured("coordinator authentication")
+        nonce = self._secret.new_nonce()
+        self._nonces[session.session_id] = nonce
+        return api.Command(auth_nonce=api.AuthNonce(nonce=nonce))
+
+    def _authenticate(self, session: Session, command: api.Command) -> HandlerResult:
+        self._store()
+        if self._secret is None:
+            raise not_configured("coordinator authentication")
+        nonce = self._nonces.pop(session.session_id, b"")
+        if not nonce:
+            raise BadRequestError("authenticate needs an auth_challenge first on this connection")
+        if not self._secret.check_coordinator_proof(nonce, command.authenticate.proof):
+            raise UnauthorizedError("coordinator authentication failed: the proof does not match the secret")
+        self._coordinator_sessions.add(session.session_id)
+        return _success()
+
+    def _coordinator_store(self, session: Session, what: str) -> TopicService:
+        """The topic service, for a request only a transaction coordinator may make."""
+        topics = self._store()
+        if self._secret is None:
+            raise not_configured(what)
+        if session.session_id not in self._coordinator_sessions:
+            raise UnauthorizedError(
+                f"{what} is accepted only from an authenticated coordinator connection"
+                " (auth_challenge + authenticate); clients end transactions through their coordinator"
+            )
+        return topics
 
     def _end_on_partition(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn_on_partition
-        topics = self._store()
+        topics = self._coordinator_store(session, "end-txn-on-partition")
         return topics.end_txn_on_partition(body.topic, _txn(body.txn_id), body.action == api.COMMIT)
 
     def _end_on_subscription(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn_on_subscription
-        topics = self._store()
+        topics = self._coordinator_store(session, "end-txn-on-subscription")
         commit = body.action == api.COMMIT
         return topics.end_txn_on_subscription(body.topic, body.subscription, _txn(body.txn_id), commit)
 
     def _end_on_store(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn_on_store
-        topics = self._store()
+        topics = self._coordinator_store(session, "end-txn-on-store")
         require(len(body.topics) + len(body.subscriptions) > 0, "end names no partition or subscription")
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
         commit = body.action == api.COMMIT
-        return topics.end_txn_on_store(_txn(body.txn_id), commit, body.topics, subs)
+        return topics.end_txn_on_store(_txn(body.txn_id), commit, body.topics, subs, body.deadline_ms)
 
     def _ends_on_store(self, session: Session, command: api.Command) -> HandlerResult:
         ends = command.end_txns_on_store.ends
-        topics = self._store()
+        topics = self._coordinator_store(session, "end-txns-on-store")
         require(len(ends) > 0, "the request names no end")
         return self._ends_on_store_async(topics, [self._one_end(topics, end) for end in ends])
 
@@ -307,7 +441,8 @@ class PodHandler:
     async def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> None:
         require(len(end.topics) + len(end.subscriptions) > 0, "end names no partition or subscription")
         subs = [(s.topic, s.subscription) for s in end.subscriptions]
-        await topics.end_txn_on_store(_txn(end.txn_id), end.action == api.COMMIT, end.topics, subs)
+        commit = end.action == api.COMMIT
+        await topics.end_txn_on_store(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)
 
     @staticmethod
     async def _ends_on_store_async(

@@ -15,8 +15,10 @@ from functools import partial
 from txnkeeper.coordinator.futures import failure_of, settle
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.auth import ClusterSecret
 from txnkeeper.protocol.errors import ServiceError, from_error_frame
 from txnkeeper.protocol.pool import ConnectionPool
+from txnkeeper.protocol.rpc import RpcConnection, expect
 
 REQUEST_TIMEOUT = 30.0
 
@@ -24,8 +26,9 @@ REQUEST_TIMEOUT = 30.0
 class StorePeers:
     """Connections from this pod to store pods, by address."""
 
-    def __init__(self) -> None:
-        self._pool = ConnectionPool(REQUEST_TIMEOUT)
+    def __init__(self, secret: ClusterSecret | None = None) -> None:
+        self._secret = secret
+        self._pool = ConnectionPool(REQUEST_TIMEOUT, on_connect=self._authenticate)
         # address -> (the EndTxnsOnStore being filled this turn, the waiters of its ends in order)
         self._queued: dict[str, tuple[api.Command, list[asyncio.Future[None]]]] = {}
 
@@ -36,6 +39,8 @@ class StorePeers:
         commit: bool,
         topics: Sequence[str],
         subscriptions: Sequence[tuple[str, str]],
+        *,
+        deadline_ms: int = 0,
     ) -> asyncio.Future[None]:
         """Queue the end for ``address``; the future resolves once that store applied it."""
         loop = asyncio.get_running_loop()
@@ -50,6 +55,7 @@ class StorePeers:
         end.txn_id.least = txn_id.least
         end.action = api.COMMIT if commit else api.ABORT
         end.topics.extend(topics)
+        end.deadline_ms = deadline_ms
         for topic, subscription in subscriptions:
             ref = end.subscriptions.add()
             ref.topic = topic
@@ -57,6 +63,18 @@ class StorePeers:
         done: asyncio.Future[None] = loop.create_future()
         waiting.append(done)
         return done
+
+    async def _authenticate(self, conn: RpcConnection) -> None:
+        """Prove to the store that this is a coordinator (stores accept ends only from coordinators):
+        answer its fresh nonce with an HMAC under the cluster secret, which never crosses the wire."""
+        if self._secret is None:
+            return  # the store refuses the ends, naming the flag; the coordinator logs it and retries
+        challenge = api.Command()
+        challenge.auth_challenge.SetInParent()
+        nonce = expect(await conn.request(challenge, REQUEST_TIMEOUT), "auth_nonce").auth_nonce.nonce
+        command = api.Command()
+        command.authenticate.proof = self._secret.coordinator_proof(nonce)
+        await conn.request(command, REQUEST_TIMEOUT)
 
     def _send(self, address: str) -> None:
         queued = self._queued.pop(address, None)

@@ -27,7 +27,10 @@ from txnkeeper.coordinator.recovery import highest_sequence, recovered_transacti
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger.metadata import METADATA_FILE
+from txnkeeper.ledger.names import encode_name
 from txnkeeper.pendingack import PendingAckStore
+from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
 from txnkeeper.protocol.rpc import split_address
 from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
@@ -63,7 +66,8 @@ class PodRuntime:
         self._txn_logs: dict[int, TransactionLogStore] = {}
         self.coordinators: dict[int, TransactionCoordinator] = {}
         self.topics: TopicService | None = None
-        self._peers = StorePeers()
+        self._secret = ClusterSecret(config.cluster_secret) if config.cluster_secret else None
+        self._peers = StorePeers(self._secret)
         self._protocol: ProtocolServer | None = None
         self._admin_runner: web.AppRunner | None = None
         self._admin_site: web.TCPSite | None = None
@@ -84,8 +88,12 @@ class PodRuntime:
                 await self._start_coordinators(data / "coordinator")
             else:
                 await self._start_store(data / "store")
-            handler = PodHandler(self.coordinators, self.topics)
-            self._protocol = ProtocolServer(handler)
+            if self._secret is None:
+                log.warning(
+                    "no cluster secret (%s): this pod refuses every transactional request", SECRET_FLAG
+                )
+            handler = PodHandler(self.coordinators, self.topics, self._secret)
+            self._protocol = ProtocolServer(handler, self.config.connection_limits)
             host, port = split_address(self.config.listen)
             await self._protocol.start(host, port)
             self.client_address = f"{host}:{self._protocol.port}"
@@ -139,7 +147,15 @@ class PodRuntime:
             )
             return PendingAckLogAdapter(store)
 
-        self.topics = TopicService(state_dir / "subscriptions.json", open_ledger, open_pending_ack)
+        root = factory.root
+
+        def ledger_exists(topic: str) -> bool:
+            # Checked without opening (an end for a topic this pod never held must not create it).
+            return (root / encode_name(topic) / METADATA_FILE).is_file()
+
+        self.topics = TopicService(
+            state_dir / "subscriptions.json", open_ledger, open_pending_ack, ledger_exists
+        )
         await self.topics.recover()
 
     def _write_ports_file(self) -> None:
@@ -288,3 +304,36 @@ class _PodCollector(Collector):
                 published.add_metric([topic], partition.published_count)
                 open_txns.add_metric([topic], partition.buffer.ongoing)
             yield from (published, open_txns)
+        protocol = pod._protocol
+        if protocol is not None:
+            stats = protocol.stats
+            yield GaugeMetricFamily(
+                "txnkeeper_server_open_connections",
+                "Client protocol connections open",
+                value=stats.open_connections,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_pending_bytes",
+                "Bytes of incomplete frames buffered across connections",
+                value=stats.pending_bytes,
+            )
+            yield CounterMetricFamily(
+                "txnkeeper_server_accepted_connections", "Connections accepted", value=stats.accepted
+            )
+            refused = CounterMetricFamily(
+                "txnkeeper_server_refused_connections", "Connections refused at accept", labels=["reason"]
+            )
+            for reason, count in sorted(stats.refused.items()):
+                refused.add_metric([reason], count)
+            closed = CounterMetricFamily(
+                "txnkeeper_server_closed_connections", "Connections closed by a limit", labels=["reason"]
+            )
+            for reason, count in sorted(stats.closed.items()):
+                closed.add_metric([reason], count)
+            yield from (refused, closed)
+        if pod.topics is not None:
+            yield GaugeMetricFamily(
+                "txnkeeper_store_txn_fences",
+                "Txns ended on topics/subscriptions this pod does not hold, fenced until their deadline",
+                value=pod.topics.fence_count,
+            )

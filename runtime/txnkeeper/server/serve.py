@@ -16,6 +16,8 @@ from pathlib import Path
 from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.process_settings import ProcessSettings
+from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
+from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
 from txnkeeper.server.config import (
     ROLES,
@@ -54,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
     parser.add_argument(
+        "--cluster-secret-file",
+        default=env("CLUSTER_SECRET_FILE"),
+        help=f"secret shared by coordinator and store pods (env {SECRET_ENV}); without it transactions"
+        " are refused",
+    )
+    parser.add_argument(
         "--config", type=Path, default=_path_env("CONFIG"), help="JSON/YAML batchedWrite settings"
     )
     parser.add_argument(
@@ -61,6 +69,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         default=_path_env("PORTS_FILE"),
         help="write {listen, admin} bound addresses here once ready (useful with port 0)",
+    )
+    defaults = ConnectionLimits()
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=_int_env("MAX_CONNECTIONS") or defaults.max_connections,
+        help="client protocol connections open at once; more are refused with an error frame",
+    )
+    parser.add_argument(
+        "--max-pending-bytes",
+        type=int,
+        default=_int_env("MAX_PENDING_BYTES") or defaults.max_pending_bytes,
+        help="bytes of incomplete frames buffered across all connections; the connection that would"
+        " exceed it is closed",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=_float_env("IDLE_TIMEOUT") or defaults.idle_timeout_s,
+        help="seconds a connection without consumers may send nothing before it is closed",
+    )
+    parser.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=_float_env("FRAME_TIMEOUT") or defaults.frame_timeout_s,
+        help="seconds a started frame has to arrive completely",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     process_settings.add_arguments(parser)
@@ -70,6 +104,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _int_env(name: str) -> int | None:
     value = env(name)
     return int(value) if value is not None else None
+
+
+def _float_env(name: str) -> float | None:
+    value = env(name)
+    return float(value) if value is not None else None
 
 
 def _path_env(name: str) -> Path | None:
@@ -90,6 +129,19 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         token = load_admin_token(ns.admin_token_file)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    try:
+        secret = load_cluster_secret(ns.cluster_secret_file)
+    except ClusterSecretError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        limits = ConnectionLimits(
+            max_connections=ns.max_connections,
+            max_pending_bytes=ns.max_pending_bytes,
+            idle_timeout_s=ns.idle_timeout,
+            frame_timeout_s=ns.frame_timeout,
+        )
+    except InvalidLimitsError as exc:
+        raise ConfigError(f"connection limits: {exc}") from exc
     txnlog_batch, pending_ack_batch = batch_configs(ns.config)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
@@ -106,6 +158,8 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         txnlog_batch=txnlog_batch,
         pending_ack_batch=pending_ack_batch,
         ports_file=ns.ports_file,
+        cluster_secret=secret.key if secret is not None else None,
+        connection_limits=limits,
     )
 
 

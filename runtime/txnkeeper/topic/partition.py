@@ -21,6 +21,7 @@ from txnkeeper.protocol.errors import InvalidTxnStatusError
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
+from txnkeeper.topic.txnfence import LateFence
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class Partition:
         self.buffer = TransactionBuffer()
         self.subscriptions: dict[str, Subscription] = {}
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
+        # Ended txns whose outcome was forgotten (trimmed) before their deadline: still refused.
+        self.late_fence = LateFence()
         self.published_count = 0
         # Recently written entries: subscriptions that keep up read the tail from memory, not disk.
         self._tail: OrderedDict[Position, bytes] = OrderedDict()
@@ -71,7 +74,7 @@ class Partition:
                 record = decode(data, self.topic, position)
                 if record.txn_id is not None:
                     if record.is_marker:
-                        self.buffer.ended(record.txn_id, record.commit, position)
+                        self.buffer.ended(record.txn_id, record.commit, position, record.deadline_ms)
                     else:
                         self.buffer.message_written(record.txn_id)
                 after = position
@@ -100,7 +103,7 @@ class Partition:
 
     async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
         if txn_id is not None:
-            if not self.buffer.accepts_message(txn_id):
+            if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
                 raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
             self.buffer.message_written(txn_id)
         data = encode_data(payload, key, txn_id, int(time.time() * 1000))
@@ -111,8 +114,11 @@ class Partition:
             self._notify()
         return position
 
-    async def end_txn(self, txn_id: TxnID, commit: bool) -> None:
-        """Write the transaction's marker (once) and let its messages be dispatched or dropped."""
+    async def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> None:
+        """Write the transaction's marker (once) and let its messages be dispatched or dropped.
+
+        ``deadline_ms`` (the txn's timeout deadline, in the marker) keeps it refusing the txn's late
+        messages until then, even once its outcome is forgotten."""
         if self.buffer.is_ended(txn_id):
             committed = self.buffer.outcome(txn_id).value == "committed"
             if committed != commit:
@@ -127,7 +133,7 @@ class Partition:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ending[txn_id] = done
         self.buffer.begin_end(txn_id)
-        marker = encode_marker(txn_id, commit)
+        marker = encode_marker(txn_id, commit, deadline_ms)
         try:
             position = await self.ledger.add_entry(marker)
             self._remember(position, marker)
@@ -138,7 +144,7 @@ class Partition:
             raise
         finally:
             del self._ending[txn_id]
-        self.buffer.ended(txn_id, commit, position)
+        self.buffer.ended(txn_id, commit, position, deadline_ms)
         done.set_result(None)
         self._notify()
 
@@ -153,7 +159,8 @@ class Partition:
         await self.ledger.trim()
         live = self.ledger.ledger_ids()
         if live:
-            self.buffer.forget_before(Position(live[0], -1))
+            for txn_id, deadline_ms in self.buffer.forget_before(Position(live[0], -1)):
+                self.late_fence.add(txn_id, deadline_ms)
 
     async def housekeeping_forever(self, interval: float = HOUSEKEEPING_INTERVAL) -> None:
         while True:

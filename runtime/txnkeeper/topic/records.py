@@ -21,6 +21,7 @@ class DecodedRecord:
     payload: bytes = b""
     key: str = ""
     commit: bool = False  # markers only
+    deadline_ms: int = 0  # markers only: the txn's timeout deadline, 0 if unknown
 
 
 # Both fill the entry in place: building the parts and passing them as arguments copies each of them
@@ -37,12 +38,14 @@ def encode_data(payload: bytes, key: str, txn_id: TxnID | None, publish_time_ms:
     return entry.SerializeToString()
 
 
-def encode_marker(txn_id: TxnID, commit: bool) -> bytes:
+def encode_marker(txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> bytes:
     entry = api.PartitionEntry()
     marker = entry.marker
     marker.txn_id.most = txn_id.most
     marker.txn_id.least = txn_id.least
     marker.action = api.COMMIT if commit else api.ABORT
+    if deadline_ms:
+        marker.deadline_ms = deadline_ms
     return entry.SerializeToString()
 
 
@@ -70,6 +73,9 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
     if kind == "marker":
         marker = entry.marker
         return DecodedRecord(
-            True, TxnID(marker.txn_id.most, marker.txn_id.least), commit=marker.action == api.COMMIT
+            True,
+            TxnID(marker.txn_id.most, marker.txn_id.least),
+            commit=marker.action == api.COMMIT,
+            deadline_ms=marker.deadline_ms,
         )
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")

@@ -15,11 +15,13 @@ from typing import Protocol, TypeVar, cast
 
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import BadRequestError, NotServedHereError
+from txnkeeper.protocol.errors import BadRequestError, InvalidTxnStatusError, NotServedHereError
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.txnfence import FENCE_GRACE_MS
+from txnkeeper.topic.txnfence import now_ms as _now_ms
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ class PendingAckHandle(PendingAckLog, Protocol):
 
 LedgerOpener = Callable[[str], Awaitable[TopicLedger]]
 PendingAckOpener = Callable[[str, str], Awaitable[PendingAckHandle]]
+# How long a txn ended on a topic or subscription this pod does not hold stays fenced out of it when the
+# end did not say the txn's deadline (an old coordinator or a bare EndTxnOnPartition): the longest timeout.
+UNKNOWN_DEADLINE_FENCE_MS = 24 * 3600 * 1000
 
 
 def validate_name(kind: str, name: str) -> None:
@@ -55,9 +60,22 @@ class TopicService:
     """All partitions and subscriptions of one store pod."""
 
     def __init__(
-        self, registry_path: Path, open_ledger: LedgerOpener, open_pending_ack: PendingAckOpener
+        self,
+        registry_path: Path,
+        open_ledger: LedgerOpener,
+        open_pending_ack: PendingAckOpener,
+        ledger_exists: Callable[[str], bool] | None = None,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
     ) -> None:
         self._registry_path = registry_path
+        # Whether a topic's managed ledger exists on disk (without creating it); None: assume it does.
+        self._ledger_exists = ledger_exists
+        self._clock_ms = clock_ms
+        # (topic, subscription or "", txn) -> until when (ms): ends applied to a topic or subscription
+        # this pod did not hold. Nothing was there to end, so nothing is created for them, but a later
+        # produce or ack of that txn (a zombie holding a still-valid ticket) must still be refused.
+        self._fences: dict[tuple[str, str, TxnID], int] = {}
         self._open_ledger = open_ledger
         self._open_pending_ack = open_pending_ack
         self._partitions: dict[str, Partition] = {}
@@ -167,19 +185,76 @@ class TopicService:
     # The lookups below try the dict first: an open partition (the usual case) then costs no
     # coroutine of its own on the produce and end paths.
     async def publish(self, topic: str, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
+        if txn_id is not None and self._fences:
+            self.check_fence(topic, "", txn_id)
         partition = self._partitions.get(topic) or await self.partition(topic)
         return await partition.publish(payload, key, txn_id)
 
-    async def end_txn_on_partition(self, topic: str, txn_id: TxnID, commit: bool) -> None:
-        partition = self._partitions.get(topic) or await self.partition(topic)
-        await partition.end_txn(txn_id, commit)
+    # --- fences: ends of transactions on topics or subscriptions this pod does not hold -------------
+    def _unknown_topic(self, topic: str) -> bool:
+        if topic in self._partitions or self._ledger_exists is None:
+            return False
+        validate_name("topic", topic)
+        return not self._ledger_exists(topic)
 
-    async def end_txn_on_subscription(self, topic: str, name: str, txn_id: TxnID, commit: bool) -> None:
-        subscription = await self.subscription(topic, name)
-        await subscription.end_txn(txn_id, commit)
+    def _unknown_subscription(self, topic: str, name: str) -> bool:
+        if (topic, name) in self._subscriptions:
+            return False
+        validate_name("subscription", name)
+        return name not in self._registry.get(topic, [])
+
+    def _fence(self, topic: str, subscription: str, txn_id: TxnID, deadline_ms: int) -> None:
+        now = self._clock_ms()
+        until = deadline_ms + FENCE_GRACE_MS if deadline_ms else now + UNKNOWN_DEADLINE_FENCE_MS
+        if until > now:
+            self._fences[(topic, subscription, txn_id)] = until
+        if len(self._fences) % 1024 == 0:
+            self._fences = {k: v for k, v in self._fences.items() if v > now}
+
+    def check_fence(self, topic: str, subscription: str, txn_id: TxnID) -> None:
+        """Refuse a produce or ack of a txn that already ended on this topic or subscription."""
+        until = self._fences.get((topic, subscription, txn_id))
+        if until is None:
+            return
+        if until <= self._clock_ms():
+            del self._fences[(topic, subscription, txn_id)]
+            return
+        where = f"{topic}/{subscription}" if subscription else topic
+        raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {where}")
+
+    @property
+    def fence_count(self) -> int:
+        return len(self._fences)
+
+    async def end_txn_on_partition(
+        self, topic: str, txn_id: TxnID, commit: bool, deadline_ms: int = 0
+    ) -> None:
+        partition = self._partitions.get(topic)
+        if partition is None:
+            if self._unknown_topic(topic):
+                self._fence(topic, "", txn_id, deadline_ms)
+                return
+            partition = await self.partition(topic)
+        await partition.end_txn(txn_id, commit, deadline_ms)
+
+    async def end_txn_on_subscription(
+        self, topic: str, name: str, txn_id: TxnID, commit: bool, deadline_ms: int = 0
+    ) -> None:
+        subscription = self._subscriptions.get((topic, name))
+        if subscription is None:
+            if self._unknown_subscription(topic, name):
+                self._fence(topic, name, txn_id, deadline_ms)
+                return
+            subscription = await self.subscription(topic, name)
+        await subscription.end_txn(txn_id, commit, deadline_ms)
 
     async def end_txn_on_store(
-        self, txn_id: TxnID, commit: bool, topics: Iterable[str], subscriptions: list[tuple[str, str]]
+        self,
+        txn_id: TxnID,
+        commit: bool,
+        topics: Iterable[str],
+        subscriptions: list[tuple[str, str]],
+        deadline_ms: int = 0,
     ) -> None:
         """End the transaction on these partitions and subscriptions of this pod, all at once.
 
@@ -190,9 +265,9 @@ class TopicService:
         waiting: list[Awaitable[object]] = []
         first_error: BaseException | None = None
         ends = [
-            partition.end_txn(txn_id, commit)
+            partition.end_txn(txn_id, commit, deadline_ms)
             if (partition := self._partitions.get(topic)) is not None
-            else self.end_txn_on_partition(topic, txn_id, commit)
+            else self.end_txn_on_partition(topic, txn_id, commit, deadline_ms)
             for topic in topics
         ]
         if len(ends) == 1:
@@ -201,8 +276,11 @@ class TopicService:
             waiting.append(asyncio.gather(*ends))
         for topic, name in subscriptions:
             try:
-                subscription = self._subscriptions.get((topic, name)) or await self.subscription(topic, name)
-                waiting.append(subscription.end_txn(txn_id, commit))
+                subscription = self._subscriptions.get((topic, name))
+                if subscription is None:
+                    waiting.append(self.end_txn_on_subscription(topic, name, txn_id, commit, deadline_ms))
+                else:
+                    waiting.append(subscription.end_txn(txn_id, commit, deadline_ms))
             except Exception as exc:  # the others still end; the coordinator retries the whole end
                 first_error = first_error or exc
         for awaitable in waiting:

@@ -26,6 +26,7 @@ from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.records import decode
 from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
+from txnkeeper.topic.txnfence import LateFence
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class Subscription:
         self._read_after: Position | None = cursor.mark_delete_position()
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
         self._ended: OrderedDict[TxnID, bool] = OrderedDict()
+        # Deadlines of ending/ended txns (when the end said it): what _ended forgets before its
+        # deadline goes to the late fence, so a zombie's ack with a still-valid ticket is refused.
+        self._end_deadlines: dict[TxnID, int] = {}
+        self.late_fence = LateFence()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         where = f"subscription {topic}/{name}"
@@ -172,7 +177,7 @@ class Subscription:
                 self._forget(position)
 
     def _txn_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[None]:
-        if txn_id in self._ended or txn_id in self._ending:
+        if txn_id in self._ended or txn_id in self._ending or self.late_fence.holds(txn_id):
             raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}/{self.name}")
         for position in positions:
             if not cumulative and self._cursor.is_deleted(position):
@@ -213,7 +218,7 @@ class Subscription:
         settle(done, None, None)
 
     # --- transaction end ---------------------------------------------------------------------------
-    def end_txn(self, txn_id: TxnID, commit: bool) -> asyncio.Future[None]:
+    def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
         """Apply (commit) or drop (abort) the transaction's acks; idempotent.
 
         The COMMIT/ABORT record is queued at the call and the future resolves once it is durable:
@@ -231,6 +236,8 @@ class Subscription:
         in_progress = self._ending.get(txn_id)
         if in_progress is not None:
             return asyncio.shield(in_progress)
+        if deadline_ms:
+            self._end_deadlines[txn_id] = deadline_ms
         acks = self._pending.txn_acks(txn_id)
         if acks is None:
             self._remember_ended(txn_id, commit)
@@ -254,6 +261,7 @@ class Subscription:
         del self._ending[txn_id]
         failure = failure_of(logged)
         if failure is not None:
+            self._end_deadlines.pop(txn_id, None)
             settle(done, failure, None)
             return
         if commit:
@@ -430,7 +438,10 @@ class Subscription:
     def _remember_ended(self, txn_id: TxnID, commit: bool) -> None:
         self._ended[txn_id] = commit
         while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            deadline_ms = self._end_deadlines.pop(forgotten, 0)
+            if deadline_ms:
+                self.late_fence.add(forgotten, deadline_ms)
 
     async def _cursor_delete(self, positions: list[Position]) -> None:
         await self._cursor.delete(positions)

@@ -26,8 +26,8 @@ class TransactionBuffer:
 
     def __init__(self) -> None:
         self._open: set[TxnID] = set()
-        # txn -> (committed?, its marker's position), in marker order
-        self._ended: OrderedDict[TxnID, tuple[bool, Position]] = OrderedDict()
+        # txn -> (committed?, its marker's position, its timeout deadline or 0), in marker order
+        self._ended: OrderedDict[TxnID, tuple[bool, Position, int]] = OrderedDict()
         self._ending: set[TxnID] = set()
 
     def outcome(self, txn_id: TxnID) -> TxnOutcome:
@@ -53,23 +53,25 @@ class TransactionBuffer:
     def cancel_end(self, txn_id: TxnID) -> None:
         self._ending.discard(txn_id)
 
-    def ended(self, txn_id: TxnID, committed: bool, marker: Position) -> None:
+    def ended(self, txn_id: TxnID, committed: bool, marker: Position, deadline_ms: int = 0) -> None:
         self._ending.discard(txn_id)
         self._open.discard(txn_id)
-        self._ended[txn_id] = (committed, marker)
+        self._ended[txn_id] = (committed, marker, deadline_ms)
         self._ended.move_to_end(txn_id)
 
-    def forget_before(self, position: Position) -> int:
+    def forget_before(self, position: Position) -> list[tuple[TxnID, int]]:
         """Forget outcomes whose marker is at or before ``position`` (the caller makes sure no reader
-        can reach those entries any more: a transaction's messages all precede its marker)."""
-        forgotten = 0
+        can reach those entries any more: a transaction's messages all precede its marker); returns
+        the forgotten transactions with their deadlines (the caller keeps refusing late messages of
+        those whose deadline has not passed)."""
+        forgotten: list[tuple[TxnID, int]] = []
         ended = self._ended
         while ended:
-            txn_id, (_, marker) = next(iter(ended.items()))
+            txn_id, (_, marker, deadline_ms) = next(iter(ended.items()))
             if marker > position:
                 break
             del ended[txn_id]
-            forgotten += 1
+            forgotten.append((txn_id, deadline_ms))
         return forgotten
 
     @property

@@ -1,0 +1,149 @@
+"""The cluster secret and what is derived from it: owner tokens, tickets, coordinator proofs.
+
+Why: stores and coordinators trust each other, clients are trusted with nothing. A secret shared by
+coordinator and store pods (never sent on the wire) lets a coordinator prove itself to a store
+(challenge-response), lets a store check that a coordinator registered a (txn, topic[, subscription])
+before it accepts a transactional produce or ack (a ticket: HMAC over those and the txn's deadline),
+and lets a coordinator check that an EndTxn or AddToTxn comes from the client that began the txn (the
+owner token returned by NewTxn, an HMAC of the txn id: stateless, so it survives client reconnects and
+coordinator restarts). Every derivation has its own label so one can never stand in for another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import struct
+from pathlib import Path
+
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.errors import ServiceError
+
+SECRET_ENV = "TXNKEEPER_CLUSTER_SECRET_FILE"
+SECRET_FLAG = "--cluster-secret-file"
+MIN_SECRET_BYTES = 16
+NONCE_BYTES = 32
+# A store accepts a ticket this long past its deadline (clock skew between coordinator and store pods);
+# a txn ended on a topic the store does not hold stays fenced out of it until deadline + 2 * grace.
+TICKET_GRACE_MS = 10_000
+_U64 = struct.Struct(">QQ")
+
+
+class UnauthorizedError(ServiceError):
+    code = api.UNAUTHORIZED
+
+
+class ClusterSecretError(ValueError):
+    """The cluster secret file is missing, unreadable or too short (the message names it)."""
+
+
+def load_cluster_secret(path: str | os.PathLike[str] | None) -> ClusterSecret | None:
+    """The secret from ``path`` (the flag or ``TXNKEEPER_CLUSTER_SECRET_FILE``); None if neither given."""
+    if path is None or str(path) == "":
+        return None
+    file = Path(path)
+    try:
+        raw = file.read_bytes().strip()
+    except OSError as exc:
+        raise ClusterSecretError(f"cannot read cluster secret file {file}: {exc}") from exc
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ClusterSecretError(
+            f"cluster secret file {file} holds {len(raw)} bytes; it needs at least {MIN_SECRET_BYTES}"
+            " (create one with: head -c 32 /dev/urandom | base64 > FILE)"
+        )
+    return ClusterSecret(raw)
+
+
+def not_configured(what: str) -> UnauthorizedError:
+    return UnauthorizedError(
+        f"{what} needs a cluster secret shared by coordinator and store pods; start this pod with"
+        f" {SECRET_FLAG} FILE (or {SECRET_ENV})"
+    )
+
+
+class ClusterSecret:
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def _mac(self, label: bytes, *parts: bytes) -> bytes:
+        mac = hmac.new(self._key, label, hashlib.sha256)
+        for part in parts:
+            # length-prefixed: ("ab", "c") and ("a", "bc") must differ
+            mac.update(struct.pack(">I", len(part)))
+            mac.update(part)
+        return mac.digest()
+
+    # --- owner tokens (coordinator only) -----------------------------------------------------------
+    def owner_token(self, txn_id: TxnID) -> bytes:
+        return self._mac(b"owner", _U64.pack(txn_id.most, txn_id.least))
+
+    def check_owner(self, txn_id: TxnID, token: bytes, what: str) -> None:
+        if not token:
+            raise UnauthorizedError(
+                f"{what} of transaction {txn_id} carries no owner token: only the client that began it"
+                " (with the token NewTxn returned) may extend or end it"
+            )
+        if not hmac.compare_digest(token, self.owner_token(txn_id)):
+            raise UnauthorizedError(f"{what}: the owner token is not transaction {txn_id}'s")
+
+    # --- tickets -----------------------------------------------------------------------------------
+    def _ticket_mac(self, txn_id: TxnID, topic: str, subscription: str, deadline_ms: int) -> bytes:
+        return self._mac(
+            b"ticket",
+            _U64.pack(txn_id.most, txn_id.least),
+            topic.encode(),
+            subscription.encode(),
+            struct.pack(">Q", deadline_ms),
+        )
+
+    def fill_ticket(
+        self, ticket: api.TxnTicket, txn_id: TxnID, topic: str, subscription: str, deadline_ms: int
+    ) -> None:
+        ticket.topic = topic
+        ticket.subscription = subscription
+        ticket.deadline_ms = deadline_ms
+        ticket.mac = self._ticket_mac(txn_id, topic, subscription, deadline_ms)
+
+    def check_ticket(
+        self, ticket: api.TxnTicket, txn_id: TxnID, topic: str, subscription: str, now_ms: int
+    ) -> None:
+        """Refuse unless ``ticket`` is the coordinator's for exactly this txn, topic and subscription
+        and the txn's deadline (plus the skew grace) has not passed on this pod's clock."""
+        what = f"transactional ack on {topic}/{subscription}" if subscription else f"produce to {topic}"
+        what = what if subscription else f"transactional {what}"
+        if not ticket.mac:
+            raise UnauthorizedError(
+                f"{what} in transaction {txn_id} carries no ticket: register it with the coordinator"
+                " (AddToTxn) and pass the ticket it returns"
+            )
+        if ticket.topic != topic or ticket.subscription != subscription:
+            raise UnauthorizedError(
+                f"{what}: the ticket is for {ticket.topic!r}/{ticket.subscription!r}, not this one"
+            )
+        expected = self._ticket_mac(txn_id, topic, subscription, ticket.deadline_ms)
+        if not hmac.compare_digest(ticket.mac, expected):
+            raise UnauthorizedError(f"{what}: the ticket was not issued for transaction {txn_id}")
+        if now_ms > ticket.deadline_ms + TICKET_GRACE_MS:
+            raise UnauthorizedError(
+                f"{what}: transaction {txn_id} passed its timeout deadline; it is being aborted"
+            )
+
+    # --- coordinator -> store handshake ------------------------------------------------------------
+    @staticmethod
+    def new_nonce() -> bytes:
+        return secrets.token_bytes(NONCE_BYTES)
+
+    def coordinator_proof(self, nonce: bytes) -> bytes:
+        return self._mac(b"coordinator", nonce)
+
+    def check_coordinator_proof(self, nonce: bytes, proof: bytes) -> bool:
+        return bool(nonce) and hmac.compare_digest(proof, self.coordinator_proof(nonce))

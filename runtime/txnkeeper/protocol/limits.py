@@ -1,0 +1,74 @@
+"""What one server process lets its connections hold, and the counters that show those limits at work.
+
+Why: every byte a peer sends before its frame is complete sits in the server's memory, and every
+connection costs a socket and buffers. Without bounds, 80 connections each sending most of a 5 MiB
+frame grow a pod by 400 MB, and connections that send nothing (or half a frame) stay forever. Each
+refusal is an error frame with code RESOURCE_LIMIT (or FRAME_TOO_LARGE) and a logged close naming the
+limit, and is counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
+
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+DEFAULT_FRAME_TIMEOUT_S = 30.0
+
+# close/refusal reasons (the metrics' label values)
+TOO_MANY_CONNECTIONS = "max_connections"
+PENDING_BUDGET = "max_pending_bytes"
+IDLE = "idle_timeout"
+SLOW_FRAME = "frame_timeout"
+BAD_FRAME = "bad_frame"
+
+
+class InvalidLimitsError(ValueError):
+    """A limit is out of range (the message names it)."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Per-process limits of the client protocol server.
+
+    ``max_pending_bytes``: bytes of incomplete frames buffered across all connections; the connection
+    whose data would exceed it is closed. ``idle_timeout_s``: a connection that sent nothing for this
+    long, awaits no answer and holds no server-side state (no subscribed consumer) is closed.
+    ``frame_timeout_s``: a frame whose first bytes arrived must be complete within this.
+    """
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_size", "max_connections", "max_pending_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidLimitsError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("idle_timeout_s", "frame_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise InvalidLimitsError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.max_pending_bytes < self.max_frame_size:
+            raise InvalidLimitsError(
+                f"max_pending_bytes ({self.max_pending_bytes}) must be at least max_frame_size"
+                f" ({self.max_frame_size}), or no frame of the maximum size could ever arrive"
+            )
+
+
+@dataclass
+class ServerStats:
+    """Live figures of one protocol server (read by the pod's /metrics collector)."""
+
+    open_connections: int = 0
+    pending_bytes: int = 0
+    accepted: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # reason -> connections refused at accept
+    closed: Counter[str] = field(default_factory=Counter)  # reason -> connections closed by a limit
