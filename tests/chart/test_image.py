@@ -133,6 +133,7 @@ def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path:
     files = {"/data": str(tmp_path / "data"), "/etc/txnkeeper/config/config.json": str(config_file)}
     files["/etc/txnkeeper/token/token"] = str(token_file)
     (secret_file := tmp_path / "cluster-secret").write_text("the-namespace-cluster-secret")
+    secret_file.chmod(next(v["secret"]["defaultMode"] for v in volumes if "secret" in v))
     files["/etc/txnkeeper/cluster/secret"] = str(secret_file)
     args = [
         files.get(a, a).replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", pod)

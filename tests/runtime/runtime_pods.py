@@ -65,6 +65,7 @@ class ServePod:
         self.token_file.chmod(0o600)  # serve refuses a token file others can read
         if self.secret and not self.secret_file.exists():
             self.secret_file.write_text(secrets.token_urlsafe(32))
+            self.secret_file.chmod(0o600)  # serve refuses a secret file others can read
         self.ports_file.parent.mkdir(parents=True, exist_ok=True)
         self.ports_file.unlink(missing_ok=True)
         # Keep the client port stable across restarts (clients and coordinators remember it).

@@ -28,6 +28,7 @@ from txnkeeper.admin.app import MAX_BODY_BYTES, MAX_JSON_DEPTH, build_admin_app
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.admin.views import PodView, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.protocol.auth import ClusterSecretError, load_cluster_secret
 
 
 def _raw(method: str, url: str, data: bytes | None, token: str | None = TOKEN) -> tuple[int, str, Any]:
@@ -252,3 +253,16 @@ def test_token_symlink_is_judged_by_its_target(tmp_path: Path) -> None:
     target.chmod(0o440)
     (tmp_path / "token").symlink_to(target)
     assert load_admin_token(str(tmp_path / "token")) == "s3cret"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o620])
+def test_cluster_secret_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    """The cluster secret is held to the admin token's rule: it signs every txn ticket and owner token."""
+    secret = tmp_path / "cluster-secret"
+    secret.write_text("a-cluster-secret-of-enough-bytes")
+    secret.chmod(mode)
+    with pytest.raises(ClusterSecretError, match=rf"has mode 0{mode:o}: .*chmod 600 {secret}"):
+        load_cluster_secret(secret)
+    secret.chmod(0o440)
+    loaded = load_cluster_secret(secret)
+    assert loaded is not None

@@ -37,6 +37,7 @@ class ServeProcess:
         (workdir / "token").write_text(TOKEN)
         (workdir / "token").chmod(0o600)  # serve refuses a token file others can read
         (workdir / "cluster-secret").write_text("verifier-test-cluster-secret")  # transactions need one
+        (workdir / "cluster-secret").chmod(0o600)
         (workdir / "config.json").write_text(json.dumps({"batchedWrite": {"enabled": True}}))
         command = [
             sys.executable, "-m", "txnkeeper.cli", "serve", "--role", "coordinator",

@@ -9,35 +9,22 @@ from __future__ import annotations
 
 import hmac
 import os
-import stat
 from pathlib import Path
 
+from txnkeeper.secretfile import SecretFileError, read_secret_file
+
 TOKEN_ENV = "TXNKEEPER_ADMIN_TOKEN"
-# Refused permission bits: any access by others, and write by the group. Group read stays allowed:
-# Kubernetes adds it to every file of a read-only Secret volume when the pod has an fsGroup (the
-# operator mounts the token with defaultMode 0440 and fsGroup = the runtime's own group).
-FORBIDDEN_TOKEN_MODE = stat.S_IRWXO | stat.S_IWGRP
 
 
 def load_admin_token(token_file: str | None) -> str | None:
     """The token from ``--admin-token-file`` (preferred) or ``TXNKEEPER_ADMIN_TOKEN``; None if neither."""
     if token_file:
         path = Path(token_file)
+        raw = read_secret_file(path, "admin token")
         try:
-            mode = path.stat().st_mode  # follows the symlinks of a Kubernetes Secret volume
-            token = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read admin token file {path}: {exc}") from exc
+            return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"admin token file {path} is not UTF-8 text (byte {exc.start})") from exc
-        if mode & FORBIDDEN_TOKEN_MODE:
-            raise ValueError(
-                f"admin token file {path} has mode {stat.S_IMODE(mode):04o}: other users could read it or"
-                f" group members change it; run `chmod 600 {path}` (0640 and 0440 are accepted too)"
-            )
-        if not token:
-            raise ValueError(f"admin token file {path} is empty")
-        return token
+            raise SecretFileError(f"admin token file {path} is not UTF-8 text (byte {exc.start})") from exc
     token = os.environ.get(TOKEN_ENV, "").strip()
     return token or None
 

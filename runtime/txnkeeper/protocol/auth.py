@@ -21,6 +21,7 @@ from pathlib import Path
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.errors import ServiceError
+from txnkeeper.secretfile import SecretFileError, read_secret_file
 
 SECRET_ENV = "TXNKEEPER_CLUSTER_SECRET_FILE"
 SECRET_FLAG = "--cluster-secret-file"
@@ -46,9 +47,9 @@ def load_cluster_secret(path: str | os.PathLike[str] | None) -> ClusterSecret | 
         return None
     file = Path(path)
     try:
-        raw = file.read_bytes().strip()
-    except OSError as exc:
-        raise ClusterSecretError(f"cannot read cluster secret file {file}: {exc}") from exc
+        raw = read_secret_file(file, "cluster secret")
+    except SecretFileError as exc:
+        raise ClusterSecretError(str(exc)) from exc
     if len(raw) < MIN_SECRET_BYTES:
         raise ClusterSecretError(
             f"cluster secret file {file} holds {len(raw)} bytes; it needs at least {MIN_SECRET_BYTES}"
