@@ -53,7 +53,7 @@ def load_cluster_secret(path: str | os.PathLike[str] | None) -> ClusterSecret | 
     if len(raw) < MIN_SECRET_BYTES:
         raise ClusterSecretError(
             f"cluster secret file {file} holds {len(raw)} bytes; it needs at least {MIN_SECRET_BYTES}"
-            " (create one with: head -c 32 /dev/urandom | base64 > FILE)"
+            " (create one with: (umask 077; head -c 32 /dev/urandom | base64 > FILE))"
         )
     return ClusterSecret(raw)
 
