@@ -90,12 +90,18 @@ async def test_torn_tail_of_the_open_ledger_is_cut(tmp_path: Path, tail: str) ->
     assert path.stat().st_size == intact  # cut back to the last whole record
 
 
-async def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+async def test_bad_checksum_on_a_complete_last_record_is_corruption(tmp_path: Path) -> None:
+    # Issue 11.1: cutting it would drop an acknowledged entry (a pending-ack log would redeliver).
     positions = await write_ledgers(tmp_path)
-    flip_byte(ledger_path(tmp_path, positions[0].ledger_id), record_offset(4) + RECORD_HEADER_SIZE + 3)
-    data, cut = await reopen_entries(tmp_path)
-    assert data == [bytes([i]) * s for i, s in enumerate(SIZES[:4])]
-    assert "bad data checksum" in cut[0]
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    before = path.read_bytes()
+    flip_byte(path, record_offset(4) + RECORD_HEADER_SIZE + 3)
+    with pytest.raises(CorruptEntryError, match="bad data checksum on a complete record") as info:
+        await reopen_entries(tmp_path)
+    err = info.value
+    assert (err.ledger_id, err.entry_id, err.offset, err.path) == (1, 4, record_offset(4), path)
+    assert f"truncate -s {record_offset(4)} {path}" in str(err), "says how to accept the loss"
+    assert len(path.read_bytes()) == len(before), "nothing was cut"
 
 
 async def test_after_a_clean_close_a_damaged_tail_is_corruption(tmp_path: Path) -> None:
