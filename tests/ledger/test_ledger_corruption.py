@@ -211,3 +211,46 @@ async def test_crash_while_creating_a_ledger_file_is_repaired(tmp_path: Path) ->
     assert "incomplete file header" in ml.torn_tails_cut[0]
     assert await ml.add_entry(b"x") == Position(ledger_id, 0)
     await factory.close()
+
+
+def zero_from_next_page(path: Path, after: int) -> None:
+    """Zero the file from the first 4 KiB boundary after ``after`` to its end (pages a power loss lost)."""
+    size = path.stat().st_size
+    boundary = (after // 4096 + 1) * 4096
+    assert boundary < size
+    with path.open("r+b") as f:
+        f.seek(boundary)
+        f.write(bytes(size - boundary))
+
+
+async def test_zero_filled_pages_after_the_last_acknowledged_entry_are_a_torn_tail(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)  # entries 0-4 acknowledged (the watermark says so)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    intact = path.stat().st_size
+    body = b"z" * 6000
+    with path.open("ab") as f:
+        f.write(record_header(5, body) + body)  # entry 5: written, never acknowledged
+    zero_from_next_page(path, intact + RECORD_HEADER_SIZE)
+    data, cut = await reopen_entries(tmp_path)
+    assert data == [bytes([i]) * s for i, s in enumerate(SIZES)]
+    assert "zero-filled from a page boundary" in cut[0]
+    assert path.stat().st_size == intact
+
+
+async def test_zero_filled_pages_in_an_acknowledged_entry_are_corruption(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    small = await ml.add_entry(b"a" * 10)
+    big = await ml.add_entry(b"z" * 6000)
+    await factory.close()  # the watermark now vouches for ``big``
+    meta_path = tmp_path / NAME / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["ledgers"][-1]["closed"] = False  # as a crash leaves it: only the watermark protects ``big``
+    meta_path.write_text(json.dumps(meta))
+    path = ledger_path(tmp_path, big.ledger_id)
+    big_offset = FILE_HEADER.size + RECORD_HEADER_SIZE + 10
+    zero_from_next_page(path, big_offset + RECORD_HEADER_SIZE)
+    with pytest.raises(CorruptEntryError, match="but entry 1 was acknowledged") as info:
+        await reopen_entries(tmp_path)
+    assert (info.value.entry_id, info.value.offset) == (big.entry_id, big_offset)
+    assert small.entry_id == 0
