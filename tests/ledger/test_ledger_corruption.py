@@ -254,3 +254,14 @@ async def test_zero_filled_pages_in_an_acknowledged_entry_are_corruption(tmp_pat
         await reopen_entries(tmp_path)
     assert (info.value.entry_id, info.value.offset) == (big.entry_id, big_offset)
     assert small.entry_id == 0
+
+
+async def test_ledger_file_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    raw = bytearray(path.read_bytes())
+    raw[4:6] = (2).to_bytes(2, "little")  # a format a newer txnkeeper might write
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptEntryError, match="unknown ledger file version 2 \\(this build reads 1\\)"):
+        await reopen_entries(tmp_path)
+    assert path.read_bytes() == bytes(raw), "not cut or rewritten"

@@ -258,3 +258,30 @@ def test_one_bad_record_in_a_batch_is_reported_in_its_place(capsys: pytest.Captu
 def test_bad_batch_framing_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "--kind", "txnlog", "--hex", (BATCH_HEADER + b"\x0a\xff").hex())
     assert code == 1 and "truncated or overlong varint (length of record 0)" in err
+
+
+def test_inspect_reads_a_directory_a_live_process_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No lock is taken (taking it would create LOCK and refuse a live pod's volume); reads are O_RDONLY.
+    _, plain, _ = write_entries(tmp_path)
+
+    async def inspect_while_open() -> tuple[int, dict[str, Any] | None, str]:
+        factory = ManagedLedgerFactory(tmp_path, io_threads=1)
+        try:
+            await factory.open("__transaction_log_2")  # holds the directory lock
+            return run_cli(
+                capsys,
+                "--data-dir",
+                str(tmp_path),
+                "--log",
+                "__transaction_log_2",
+                "--position",
+                f"{plain.ledger_id}:{plain.entry_id}",
+            )
+        finally:
+            await factory.close()
+
+    code, report, err = asyncio.run(inspect_while_open())
+    assert code == 0 and report is not None, err
+    assert report["batched"] is False and report["records"][0]["txnId"] == "(2,2)"
