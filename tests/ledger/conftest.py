@@ -32,14 +32,22 @@ class FaultyIO(FileIO):
         self.unlink_fails = False
         self.ledger_create_fails = False  # creating a new ledger file fails with ENOSPC
         self.writes_failed = 0
+        # A full disk fails writes that need new blocks: appends to ledger files, not the in-place
+        # overwrites of the watermark's fixed slots.
+        self.ledger_fds: set[int] = set()
 
     def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
         if self.ledger_create_fails and path.suffix == ".ledger" and flags & os.O_CREAT:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return super().open(path, flags, mode)
+        fd = super().open(path, flags, mode)
+        if path.suffix == ".ledger":
+            self.ledger_fds.add(fd)
+        else:
+            self.ledger_fds.discard(fd)
+        return fd
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
-        if self.disk_full:
+        if self.disk_full and fd in self.ledger_fds:
             self.writes_failed += 1
             if self.partial_bytes and len(data) > self.partial_bytes:
                 written = super().pwrite(fd, memoryview(data)[: self.partial_bytes], offset)

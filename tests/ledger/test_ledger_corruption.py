@@ -90,12 +90,18 @@ async def test_torn_tail_of_the_open_ledger_is_cut(tmp_path: Path, tail: str) ->
     assert path.stat().st_size == intact  # cut back to the last whole record
 
 
-async def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+async def test_bad_checksum_on_a_complete_last_record_is_corruption(tmp_path: Path) -> None:
+    # Issue 11.1: cutting it would drop an acknowledged entry (a pending-ack log would redeliver).
     positions = await write_ledgers(tmp_path)
-    flip_byte(ledger_path(tmp_path, positions[0].ledger_id), record_offset(4) + RECORD_HEADER_SIZE + 3)
-    data, cut = await reopen_entries(tmp_path)
-    assert data == [bytes([i]) * s for i, s in enumerate(SIZES[:4])]
-    assert "bad data checksum" in cut[0]
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    before = path.read_bytes()
+    flip_byte(path, record_offset(4) + RECORD_HEADER_SIZE + 3)
+    with pytest.raises(CorruptEntryError, match="bad data checksum on a complete record") as info:
+        await reopen_entries(tmp_path)
+    err = info.value
+    assert (err.ledger_id, err.entry_id, err.offset, err.path) == (1, 4, record_offset(4), path)
+    assert f"truncate -s {record_offset(4)} {path}" in str(err), "says how to accept the loss"
+    assert len(path.read_bytes()) == len(before), "nothing was cut"
 
 
 async def test_after_a_clean_close_a_damaged_tail_is_corruption(tmp_path: Path) -> None:
@@ -205,3 +211,57 @@ async def test_crash_while_creating_a_ledger_file_is_repaired(tmp_path: Path) ->
     assert "incomplete file header" in ml.torn_tails_cut[0]
     assert await ml.add_entry(b"x") == Position(ledger_id, 0)
     await factory.close()
+
+
+def zero_from_next_page(path: Path, after: int) -> None:
+    """Zero the file from the first 4 KiB boundary after ``after`` to its end (pages a power loss lost)."""
+    size = path.stat().st_size
+    boundary = (after // 4096 + 1) * 4096
+    assert boundary < size
+    with path.open("r+b") as f:
+        f.seek(boundary)
+        f.write(bytes(size - boundary))
+
+
+async def test_zero_filled_pages_after_the_last_acknowledged_entry_are_a_torn_tail(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)  # entries 0-4 acknowledged (the watermark says so)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    intact = path.stat().st_size
+    body = b"z" * 6000
+    with path.open("ab") as f:
+        f.write(record_header(5, body) + body)  # entry 5: written, never acknowledged
+    zero_from_next_page(path, intact + RECORD_HEADER_SIZE)
+    data, cut = await reopen_entries(tmp_path)
+    assert data == [bytes([i]) * s for i, s in enumerate(SIZES)]
+    assert "zero-filled from a page boundary" in cut[0]
+    assert path.stat().st_size == intact
+
+
+async def test_zero_filled_pages_in_an_acknowledged_entry_are_corruption(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open(NAME)
+    small = await ml.add_entry(b"a" * 10)
+    big = await ml.add_entry(b"z" * 6000)
+    await factory.close()  # the watermark now vouches for ``big``
+    meta_path = tmp_path / NAME / "meta.json"
+    meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+    meta.ledgers[-1].closed = False  # as a crash leaves it: only the watermark protects ``big``
+    meta_path.write_bytes(meta.encode())
+    path = ledger_path(tmp_path, big.ledger_id)
+    big_offset = FILE_HEADER.size + RECORD_HEADER_SIZE + 10
+    zero_from_next_page(path, big_offset + RECORD_HEADER_SIZE)
+    with pytest.raises(CorruptEntryError, match="but entry 1 was acknowledged") as info:
+        await reopen_entries(tmp_path)
+    assert (info.value.entry_id, info.value.offset) == (big.entry_id, big_offset)
+    assert small.entry_id == 0
+
+
+async def test_ledger_file_of_an_unknown_version_is_refused(tmp_path: Path) -> None:
+    positions = await write_ledgers(tmp_path)
+    path = ledger_path(tmp_path, positions[0].ledger_id)
+    raw = bytearray(path.read_bytes())
+    raw[4:6] = (2).to_bytes(2, "little")  # a format a newer txnkeeper might write
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptEntryError, match="unknown ledger file version 2 \\(this build reads 1\\)"):
+        await reopen_entries(tmp_path)
+    assert path.read_bytes() == bytes(raw), "not cut or rewritten"

@@ -12,6 +12,7 @@ import pytest
 from txnkeeper.bufferedwriter import BATCH_HEADER, BatchedWriteConfig, WritePosition
 from txnkeeper.cli import main
 from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger.metadata import ManagedLedgerMetadata
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.txnlog import TransactionLogStore, TxnID
@@ -154,3 +155,134 @@ def test_missing_log_and_position_are_clear_errors(
         capsys, "--data-dir", str(tmp_path), "--log", "__transaction_log_2", "--position", "x"
     )
     assert code == 1 and "ledgerId:entryId" in err
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every file's bytes and every entry's mtime under ``root`` (directories too: new names show)."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_inspect_never_changes_the_inspected_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 11.3: a crashed pod's volume (last ledger still open, a torn tail after it) is exactly
+    # what opening a ledger would repair: meta.json rewritten, the tail cut, LOCK and a ledger created.
+    batch, plain, _ = write_entries(tmp_path)
+    log_dir = tmp_path / "__transaction_log_2"
+    meta = ManagedLedgerMetadata.decode((log_dir / "meta.json").read_bytes(), log_dir / "meta.json")
+    meta.ledgers[-1].closed = False
+    (log_dir / "meta.json").write_bytes(meta.encode())
+    ledger_file = log_dir / "ledgers" / f"{plain.ledger_id:020d}.ledger"
+    with ledger_file.open("ab") as f:
+        f.write(b"\x01\x02\x03")  # an incomplete record header: what a killed append leaves
+    (log_dir / "LOCK").unlink(missing_ok=True)
+    before = snapshot(tmp_path)
+    for position in (batch[0], plain):
+        code, report, err = run_cli(
+            capsys,
+            "--data-dir",
+            str(tmp_path),
+            "--log",
+            "__transaction_log_2",
+            "--position",
+            f"{position.ledger_id}:{position.entry_id}",
+        )
+        assert code == 0 and report is not None, err
+        assert "incomplete record header" in report["tornTails"][0], "reported, not cut"
+    assert snapshot(tmp_path) == before, "no byte, mtime or name changed"
+
+
+def test_inspect_refuses_a_corrupt_stored_entry_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, plain, _ = write_entries(tmp_path)
+    ledger_file = tmp_path / "__transaction_log_2" / "ledgers" / f"{plain.ledger_id:020d}.ledger"
+    raw = bytearray(ledger_file.read_bytes())
+    raw[-1] ^= 0xFF  # the last record's data, complete: corruption, never a torn tail
+    ledger_file.write_bytes(bytes(raw))
+    code, _, err = run_cli(
+        capsys,
+        "--data-dir",
+        str(tmp_path),
+        "--log",
+        "__transaction_log_2",
+        "--position",
+        f"{plain.ledger_id}:{plain.entry_id}",
+    )
+    assert code == 1 and "Traceback" not in err
+    assert f"corrupt entry {plain.entry_id} in ledger {plain.ledger_id}" in err and str(ledger_file) in err
+
+
+BAD_RECORDS = {
+    # Issue 11.7: protobuf hands invalid UTF-8 in a proto2 string field over as bytes (json crashed).
+    "invalid UTF-8": ("txnlog", "3201ff", "string field partitions[0] is not valid UTF-8 (bytes ff)"),
+    "missing required": (
+        "txnlog",
+        "3a00",
+        "lacks required field(s) subscriptions[0].topic, subscriptions[0].subscription",
+    ),
+    "missing required (pending ack)": ("pendingack", "2a00", "lacks required field(s)"),
+    "truncated varint": ("txnlog", "08ff", "not a valid TransactionMetadataEntry"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS), ids=list(BAD_RECORDS))
+def test_undecodable_records_are_reported_not_crashed_on(
+    case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kind, entry, message = BAD_RECORDS[case]
+    code = main(["inspect", "--kind", kind, "--hex", entry])
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert "record 0: " in captured.err and message in captured.err
+    report = json.loads(captured.out)
+    assert report["records"] == [{"index": 0, "error": report["records"][0]["error"]}]
+
+
+def test_one_bad_record_in_a_batch_is_reported_in_its_place(capsys: pytest.CaptureFixture[str]) -> None:
+    good = new_txn(0, 9).SerializeToString()
+    bad = bytes.fromhex("3201ff")
+    entry = BATCH_HEADER + b"".join(bytes([0x0A, len(r)]) + r for r in (good, bad, good))
+    code = main(["inspect", "--kind", "txnlog", "--hex", entry.hex()])
+    captured = capsys.readouterr()
+    assert code == 1
+    report = json.loads(captured.out)
+    assert report["batchSize"] == 3
+    assert [r.get("txnId") for r in report["records"]] == ["(0,9)", None, "(0,9)"]
+    assert "not valid UTF-8" in report["records"][1]["error"]
+    assert "record 1: string field partitions[0]" in captured.err
+
+
+def test_bad_batch_framing_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--kind", "txnlog", "--hex", (BATCH_HEADER + b"\x0a\xff").hex())
+    assert code == 1 and "truncated or overlong varint (length of record 0)" in err
+
+
+def test_inspect_reads_a_directory_a_live_process_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No lock is taken (taking it would create LOCK and refuse a live pod's volume); reads are O_RDONLY.
+    _, plain, _ = write_entries(tmp_path)
+
+    async def inspect_while_open() -> tuple[int, dict[str, Any] | None, str]:
+        factory = ManagedLedgerFactory(tmp_path, io_threads=1)
+        try:
+            await factory.open("__transaction_log_2")  # holds the directory lock
+            return run_cli(
+                capsys,
+                "--data-dir",
+                str(tmp_path),
+                "--log",
+                "__transaction_log_2",
+                "--position",
+                f"{plain.ledger_id}:{plain.entry_id}",
+            )
+        finally:
+            await factory.close()
+
+    code, report, err = asyncio.run(inspect_while_open())
+    assert code == 0 and report is not None, err
+    assert report["batched"] is False and report["records"][0]["txnId"] == "(2,2)"

@@ -5,12 +5,19 @@ Record = u32 data length, u64 entry id, u32 CRC32 of the data, u32 CRC32 of thos
 then the data. All little-endian. The header CRC covers the length and the entry id, the data CRC the
 data, so a flipped length, id or data byte is always caught.
 
-A torn tail is what an interrupted append leaves at the end of the file: an incomplete header, a body
-running past the end, a bad data CRC on the very last record, or a zero-filled remainder. Only the
-ledger that was being written may have one, and it is cut. Any other failure is a CorruptEntryError.
-A process crash (SIGKILL) only ever leaves a prefix of the last write. A power loss could in principle
-persist a later page of the last, unacknowledged group but not an earlier one; that shows up as a bad
-record followed by good ones and is reported as corruption (safe, but it needs a human).
+What a crash can leave, and so what is cut as a torn tail, only at the end of the ledger that was
+open for writing and only after its last acknowledged entry (the watermark, see watermark.py):
+- an incomplete record header, or a record whose body runs past the end of the file (a process
+  killed mid-write leaves a prefix of its last write, never a whole record with wrong bytes);
+- a zero-filled remainder past the last durable point (a power loss can persist the file size but not
+  the pages): a record header whose checksum fails with nothing but zeros from it to the end, or a
+  last record whose data checksum fails and whose bytes are zero from a 4 KiB page boundary to the end.
+Everything else is corruption, a CorruptEntryError naming file, ledger, entry, byte offset and what to
+do: a full-length record whose data or header checksum fails (silently cutting it could drop an
+acknowledged entry: exactly-once broken on a pending-ack log), a bad record followed by more data, an
+id out of sequence, any damage in a closed ledger, and a file holding fewer entries than the watermark
+(a log shortened on a record boundary) or than a closed ledger's count in the metadata.
+The file version is checked: a version this build does not know is refused, not guessed at.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CorruptEntryError
+from .errors import RESTORE_REMEDY, CorruptEntryError, truncate_remedy
 
 FILE_MAGIC = b"TKLG"
 FILE_VERSION = 1
@@ -31,6 +38,7 @@ RECORD_HEADER = struct.Struct("<IQII")  # ... plus the CRC of the prefix
 HEADER_CRC = struct.Struct("<I")
 RECORD_HEADER_SIZE = RECORD_HEADER.size
 MAX_ENTRY_SIZE = 64 * 1024 * 1024
+PAGE_SIZE = 4096  # the unit in which a power loss can drop written data
 
 _crc32 = zlib.crc32
 _pack_prefix = RECORD_PREFIX.pack
@@ -69,15 +77,31 @@ def check_file_header(data: bytes, ledger_id: int, path: Path) -> None:
         raise CorruptEntryError(ledger_id, None, path, 0, f"file header names ledger {stored_id}")
 
 
-def scan(data: bytes, ledger_id: int, path: Path, *, tail_allowed: bool) -> ScanResult:
-    """Check every record of a whole ledger file.
+def scan(
+    data: bytes,
+    ledger_id: int,
+    path: Path,
+    *,
+    tail_allowed: bool,
+    acknowledged: int | None = None,
+    watermark_path: Path | None = None,
+) -> ScanResult:
+    """Check every record of a whole ledger file (read-only: cutting is the caller's decision).
 
     ``tail_allowed``: this ledger was open for writing, so a torn tail is expected after a crash and
-    reported (to be cut) instead of raised.
+    reported (to be cut) instead of raised. ``acknowledged``: the newest entry id the watermark
+    (``watermark_path``) records as durable in this ledger; it and everything before it must be intact.
     """
     size = len(data)
+    floor = -1 if acknowledged is None else acknowledged
+
+    def remedy(entry_id: int, offset: int) -> str:
+        if tail_allowed and watermark_path is not None:
+            return truncate_remedy(entry_id, path, offset, watermark_path)
+        return RESTORE_REMEDY
+
     if size < FILE_HEADER.size:
-        if tail_allowed:
+        if tail_allowed and floor < 0:
             return ScanResult(array("q"), 0, 0, f"incomplete file header ({size} bytes)")
         raise CorruptEntryError(ledger_id, None, path, 0, f"file is only {size} bytes long")
     check_file_header(data, ledger_id, path)
@@ -88,9 +112,11 @@ def scan(data: bytes, ledger_id: int, path: Path, *, tail_allowed: bool) -> Scan
     view = memoryview(data)
 
     def bad(reason: str, *, torn: bool) -> ScanResult:
-        if torn and tail_allowed:
+        if torn and tail_allowed and entry_id > floor:
             return ScanResult(offsets, data_bytes, offset, f"{reason} at offset {offset}")
-        raise CorruptEntryError(ledger_id, entry_id, path, offset, reason)
+        if torn and entry_id <= floor:
+            reason += f", but entry {floor} was acknowledged (watermark {watermark_path})"
+        raise CorruptEntryError(ledger_id, entry_id, path, offset, reason, remedy=remedy(entry_id, offset))
 
     while offset < size:
         if size - offset < RECORD_HEADER_SIZE:
@@ -98,7 +124,10 @@ def scan(data: bytes, ledger_id: int, path: Path, *, tail_allowed: bool) -> Scan
         length, stored_id, data_crc, header_crc = RECORD_HEADER.unpack_from(data, offset)
         if _crc32(view[offset : offset + RECORD_PREFIX.size]) != header_crc:
             zero_tail = not any(view[offset:])
-            return bad("bad record header checksum", torn=zero_tail)
+            return bad(
+                "bad record header checksum" + (" (zeros to the end of the file)" if zero_tail else ""),
+                torn=zero_tail,
+            )
         if stored_id != entry_id:
             return bad(f"entry id {stored_id} out of sequence (expected {entry_id})", torn=False)
         if length > MAX_ENTRY_SIZE:
@@ -107,12 +136,42 @@ def scan(data: bytes, ledger_id: int, path: Path, *, tail_allowed: bool) -> Scan
         if end > size:
             return bad(f"record body runs past the end of the file ({end} > {size})", torn=True)
         if _crc32(view[offset + RECORD_HEADER_SIZE : end]) != data_crc:
-            return bad("bad data checksum", torn=end == size)
+            lost_pages = end == size and _zero_pages_to_end(view, offset + RECORD_HEADER_SIZE)
+            return bad(
+                "bad data checksum"
+                + (
+                    " (zero-filled from a page boundary to the end of the file)"
+                    if lost_pages
+                    else " on a complete record (a crash only ever shortens a record)"
+                ),
+                torn=lost_pages,
+            )
         offsets.append(offset)
         data_bytes += length
         offset = end
         entry_id += 1
+    if len(offsets) <= floor:
+        raise CorruptEntryError(
+            ledger_id,
+            len(offsets),
+            path,
+            offset,
+            f"the file ends after {len(offsets)} entries, but entry {floor} was acknowledged "
+            f"(watermark {watermark_path}): the log was shortened",
+            remedy=(
+                "restore the volume from a backup or replica; or, accepting the loss of entries "
+                f"{len(offsets)}..{floor} of this ledger, delete {watermark_path} before reopening"
+            ),
+        )
     return ScanResult(offsets, data_bytes, offset, None)
+
+
+def _zero_pages_to_end(view: memoryview, body_start: int) -> bool:
+    """True if the bytes from some page boundary at or after ``body_start`` to the end are all zero."""
+    size = len(view)
+    last = body_start + len(bytes(view[body_start:]).rstrip(b"\x00"))
+    boundary = -(-last // PAGE_SIZE) * PAGE_SIZE  # first page boundary at or after the last non-zero
+    return boundary < size
 
 
 def decode_records(

@@ -19,19 +19,43 @@ class CorruptEntryError(LedgerError):
     """A stored entry (or ledger file) fails its checks somewhere other than a torn tail.
 
     Never skipped: the data behind it could be acknowledged, so the ledger refuses to open or read.
+    ``remedy`` says what the operator can do; the default fits any file (restore it).
     """
 
-    def __init__(self, ledger_id: int, entry_id: int | None, path: Path, offset: int, reason: str) -> None:
+    def __init__(
+        self,
+        ledger_id: int,
+        entry_id: int | None,
+        path: Path,
+        offset: int,
+        reason: str,
+        *,
+        remedy: str | None = None,
+    ) -> None:
         where = f"entry {entry_id}" if entry_id is not None else "file header"
         super().__init__(
             f"corrupt {where} in ledger {ledger_id} (file {path}, offset {offset}): {reason}; "
-            "the data is not skipped: restore the file from a replica or backup, or move the managed "
-            "ledger directory aside if its data may be discarded"
+            f"the data is not skipped: {remedy or RESTORE_REMEDY}"
         )
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.path = path
         self.offset = offset
+
+
+RESTORE_REMEDY = (
+    "restore the volume from a backup or replica, or move the managed ledger directory aside if its "
+    "data may be discarded"
+)
+
+
+def truncate_remedy(entry_id: int, path: Path, offset: int, watermark: Path) -> str:
+    """What to do about a damaged record in the ledger that was open for writing."""
+    return (
+        f"restore the volume from a backup or replica; or, accepting the loss of entry {entry_id} and "
+        f"every entry after it, cut the file there (truncate -s {offset} {path}) and delete {watermark} "
+        "(the acknowledged-entry watermark, rebuilt on open) before reopening"
+    )
 
 
 class CorruptMetadataError(LedgerError, StateFileError):

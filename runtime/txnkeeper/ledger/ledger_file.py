@@ -13,7 +13,7 @@ import time
 from array import array
 from pathlib import Path
 
-from .entry_format import FILE_HEADER, decode_records, file_header, scan
+from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan
 from .errors import CorruptEntryError, LedgerWriteError, NoSuchEntryError
 from .fileio import FileIO
 
@@ -58,41 +58,85 @@ class LedgerFile:
         self.on_disk = True
         self.created_mono = time.monotonic()
 
-    def recover(self, *, writable_tail: bool, expected_entries: int | None) -> str | None:
-        """Scan the existing file and build the index. Blocking.
+    def check(
+        self,
+        *,
+        writable_tail: bool,
+        expected_entries: int | None,
+        acknowledged: int | None,
+        watermark_path: Path | None,
+    ) -> ScanResult:
+        """Scan the existing file, opened read-only, and check it against what is known. Blocking.
 
-        ``writable_tail``: the ledger was open for writing, so a torn tail is cut (truncate + fsync)
-        and the reason is returned. ``expected_entries``: the count a closed ledger recorded.
+        ``writable_tail``: the ledger was open for writing, so a torn tail is reported, not raised.
+        ``expected_entries``: the count a closed ledger recorded. ``acknowledged``: the newest entry
+        id the watermark records in this ledger.
         """
-        fd = self.io.open(self.path, os.O_RDWR if writable_tail else os.O_RDONLY)
+        fd = self.io.open(self.path, os.O_RDONLY)
         try:
-            size = self.io.file_size(fd)
-            data = self.io.read_all(fd, size, 0)
-            result = scan(data, self.ledger_id, self.path, tail_allowed=writable_tail)
-            if expected_entries is not None and len(result.offsets) != expected_entries:
-                raise CorruptEntryError(
-                    self.ledger_id,
-                    len(result.offsets),
-                    self.path,
-                    result.valid_end,
-                    f"closed ledger should hold {expected_entries} entries, the file holds "
-                    f"{len(result.offsets)}",
-                )
-            if result.torn_reason is not None:
-                if result.valid_end < FILE_HEADER.size:
-                    self.io.pwrite_all(fd, file_header(self.ledger_id), 0)
-                    self.io.truncate(fd, FILE_HEADER.size)
-                else:
-                    self.io.truncate(fd, result.valid_end)
-                self.io.sync(fd)
+            data = self.io.read_all(fd, self.io.file_size(fd), 0)
         finally:
             self.io.close(fd)
+        result = scan(
+            data,
+            self.ledger_id,
+            self.path,
+            tail_allowed=writable_tail,
+            acknowledged=acknowledged,
+            watermark_path=watermark_path,
+        )
+        if expected_entries is not None and len(result.offsets) != expected_entries:
+            raise CorruptEntryError(
+                self.ledger_id,
+                len(result.offsets),
+                self.path,
+                result.valid_end,
+                f"closed ledger should hold {expected_entries} entries, the file holds {len(result.offsets)}",
+            )
+        return result
+
+    def recover(
+        self,
+        *,
+        writable_tail: bool,
+        expected_entries: int | None,
+        acknowledged: int | None = None,
+        watermark_path: Path | None = None,
+    ) -> str | None:
+        """Check the file (see check), cut a torn tail (truncate + fsync) and build the index.
+
+        Returns the torn tail's reason, if one was cut. The ledger that was being written is fsynced
+        even when nothing is cut: a killed process's last writes may sit only in the page cache, and
+        the entries found here become the recovered ledger's durable count (and the watermark).
+        """
+        result = self.check(
+            writable_tail=writable_tail,
+            expected_entries=expected_entries,
+            acknowledged=acknowledged,
+            watermark_path=watermark_path,
+        )
+        if writable_tail:
+            fd = self.io.open(self.path, os.O_RDWR)
+            try:
+                if result.torn_reason is not None:
+                    if result.valid_end < FILE_HEADER.size:
+                        self.io.pwrite_all(fd, file_header(self.ledger_id), 0)
+                        self.io.truncate(fd, FILE_HEADER.size)
+                    else:
+                        self.io.truncate(fd, result.valid_end)
+                self.io.sync(fd)
+            finally:
+                self.io.close(fd)
+        self.adopt(result)
+        return result.torn_reason
+
+    def adopt(self, result: ScanResult) -> None:
+        """Take a checked file's index as this ledger's confirmed state (nothing is written)."""
         self.offsets = result.offsets
         self.entries = self.assigned_entries = len(result.offsets)
         self.data_bytes = self.assigned_bytes = result.data_bytes
         self.file_bytes = self.assigned_end = max(result.valid_end, FILE_HEADER.size)
         self.on_disk = True
-        return result.torn_reason
 
     # --- writing (group-commit writer) ---------------------------------------------------------
 

@@ -38,6 +38,7 @@ from .names import encode_name
 from .position import Entry, Position
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
+from .watermark import WatermarkKeeper
 from .writer import GroupCommitWriter
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class ManagedLedger:
         self._cursor_lock = asyncio.Lock()
         self._closed_event = asyncio.Event()
         self.torn_tails_cut = recovered.torn_tails
+        self._watermark = WatermarkKeeper(recovered.watermark, executor, name=name, enabled=config.fsync)
         self._writer = GroupCommitWriter(
             executor,
             group_commit=config.group_commit,
@@ -188,8 +190,9 @@ class ManagedLedger:
             cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id)
         )
 
-    def _count_added(self, entries: int) -> None:
+    def _count_added(self, ledger: LedgerFile, entries: int) -> None:
         self._entries_added += entries
+        self._watermark.note(ledger.ledger_id, ledger.entries - 1)
 
     @staticmethod
     def _coerce(data: object) -> bytes:
@@ -532,6 +535,7 @@ class ManagedLedger:
             await self._writer.drain()
             if not failed:
                 await self._close_current_ledger()
+            await self._watermark.close()
             if self._age_timer is not None:
                 self._age_timer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -544,6 +548,7 @@ class ManagedLedger:
             for ledger in self._files.values():
                 ledger.close()
             self._cur.close()
+            self._watermark.release()
             release_directory_lock(self._lock_fd)
             self._state = _State.CLOSED
             self._closed_event.set()

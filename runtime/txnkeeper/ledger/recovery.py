@@ -1,7 +1,8 @@
 """Opening a managed ledger directory after a clean close or a crash (runs on an executor thread).
 
-Steps: take the directory lock; read the metadata; drop leftovers of interrupted operations (temp files,
-files of trimmed ledgers); scan every ledger (closed ones strictly, the ledger that was open for writing
+Steps: take the directory lock; read the metadata and the acknowledged-entry watermark; drop leftovers
+of interrupted operations (temp files, files of trimmed ledgers); scan every ledger (closed ones
+strictly against their recorded count, the ledger that was open for writing against the watermark,
 with its torn tail cut); then, like Pulsar, close the recovered ledger and start a new one, unless the
 recovered ledger is empty, in which case it is simply reused (nothing in it was ever acknowledged).
 """
@@ -22,6 +23,7 @@ from .ledger_file import LedgerFile
 from .lock import acquire_directory_lock, release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
 from .names import decode_name
+from .watermark import WATERMARK_FILE, WatermarkFile, WatermarkState, load_watermark
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class Recovered:
     current: LedgerFile
     cursors: dict[str, tuple[Path, CursorState]]
     lock_fd: int
+    watermark: WatermarkFile
     torn_tails: list[str] = field(default_factory=list)
 
 
@@ -72,28 +75,10 @@ def _recover_locked(name: str, directory: Path, io: FileIO, lock_fd: int) -> Rec
         leftover.unlink()
     _remove_trimmed_files(io, ledgers_dir, meta, meta_path)
 
-    files: dict[int, LedgerFile] = {}
-    torn: list[str] = []
-    for index, info in enumerate(meta.ledgers):
-        ledger = LedgerFile(io, ledgers_dir, info.ledger_id)
-        was_open = index == len(meta.ledgers) - 1 and not info.closed
-        if not ledger.path.exists():
-            if not was_open and info.entries > 0:
-                raise CorruptEntryError(
-                    info.ledger_id,
-                    None,
-                    ledger.path,
-                    0,
-                    f"file missing; metadata records {info.entries} entries",
-                )
-        else:
-            reason = ledger.recover(
-                writable_tail=was_open, expected_entries=None if was_open else info.entries
-            )
-            if reason is not None:
-                torn.append(f"ledger {info.ledger_id}: cut torn tail ({reason})")
-                log.warning("managed ledger %s: ledger %d: cut torn tail (%s)", name, info.ledger_id, reason)
-        files[info.ledger_id] = ledger
+    watermark = load_watermark(io, directory)
+    files, torn = check_ledgers(io, directory, meta, meta_path, watermark, cut=True)
+    for note in torn:
+        log.warning("managed ledger %s: %s", name, note)
 
     last = meta.ledgers[-1] if meta.ledgers else None
     if last is not None and not last.closed and files[last.ledger_id].entries == 0:
@@ -117,15 +102,106 @@ def _recover_locked(name: str, directory: Path, io: FileIO, lock_fd: int) -> Rec
         current.create()
         files[new_id] = current
 
+    cursors = read_cursors(cursors_dir, files)
+    # The file is created empty-handed (nothing vouched for) when missing: a directory from before the
+    # watermark existed, or one whose watermark the operator deleted to accept a shortened log.
+    if watermark is None:
+        watermark_file = WatermarkFile.create(io, directory, None)
+    else:
+        watermark_file = WatermarkFile(io, directory, watermark)
+    return Recovered(meta, files, current, cursors, lock_fd, watermark_file, torn)
+
+
+def read_cursors(cursors_dir: Path, files: dict[int, LedgerFile]) -> dict[str, tuple[Path, CursorState]]:
+    """Every persisted cursor's state, checked against the ledgers ``files`` (files are only read)."""
+    ledger_entries = {ledger_id: ledger.entries for ledger_id, ledger in files.items()}
     cursors: dict[str, tuple[Path, CursorState]] = {}
-    entries = {ledger_id: ledger.entries for ledger_id, ledger in files.items()}
+    if not cursors_dir.is_dir():
+        return cursors
     for path in sorted(cursors_dir.glob("*.json")):
         cursor_name = decode_name(path.stem)
         if cursor_name is None:
             continue
         # checked against the recovered ledgers: a position past them is refused, not adopted
-        cursors[cursor_name] = (path, CursorState.load(path, cursor_name, entries))
-    return Recovered(meta, files, current, cursors, lock_fd, torn)
+        cursors[cursor_name] = (path, CursorState.load(path, cursor_name, ledger_entries))
+    return cursors
+
+
+def check_ledgers(
+    io: FileIO,
+    directory: Path,
+    meta: ManagedLedgerMetadata,
+    meta_path: Path,
+    watermark: WatermarkState | None,
+    *,
+    cut: bool,
+) -> tuple[dict[int, LedgerFile], list[str]]:
+    """Check every ledger the metadata lists; index them; return them and the torn tails found.
+
+    ``cut``: cut torn tails (recovery); otherwise only report them (the read-only view of inspect).
+    """
+    ledgers_dir = directory / LEDGERS_DIR
+    watermark_path = directory / WATERMARK_FILE
+    acknowledged = watermark.confirmed if watermark is not None else None
+    ids = [info.ledger_id for info in meta.ledgers]
+    if (
+        acknowledged is not None
+        and acknowledged.ledger_id not in ids
+        and (not ids or acknowledged.ledger_id > ids[0])
+    ):
+        raise CorruptMetadataError(
+            meta_path,
+            f"the watermark {watermark_path} records entry {acknowledged} as acknowledged, but the metadata "
+            f"lists ledgers {ids} only (was it replaced by an older copy, or a ledger's entry lost?)",
+        )
+    files: dict[int, LedgerFile] = {}
+    torn: list[str] = []
+    for index, info in enumerate(meta.ledgers):
+        ledger = LedgerFile(io, ledgers_dir, info.ledger_id)
+        was_open = index == len(meta.ledgers) - 1 and not info.closed
+        floor = watermark.entry_in(info.ledger_id) if watermark is not None else None
+        if not ledger.path.exists():
+            # The ledger that was open may never have had its file created (rollover records the id
+            # first); any other missing file, or one holding acknowledged entries, is lost data.
+            if not was_open and info.entries > 0:
+                raise CorruptEntryError(
+                    info.ledger_id,
+                    None,
+                    ledger.path,
+                    0,
+                    f"file missing; metadata records {info.entries} entries",
+                )
+            if floor is not None and floor >= 0:
+                raise CorruptEntryError(
+                    info.ledger_id,
+                    None,
+                    ledger.path,
+                    0,
+                    f"file missing; the watermark {watermark_path} records entry {floor} as acknowledged",
+                )
+        else:
+            expected = None if was_open else info.entries
+            if cut:
+                reason = ledger.recover(
+                    writable_tail=was_open,
+                    expected_entries=expected,
+                    acknowledged=floor,
+                    watermark_path=watermark_path,
+                )
+            else:
+                result = ledger.check(
+                    writable_tail=was_open,
+                    expected_entries=expected,
+                    acknowledged=floor,
+                    watermark_path=watermark_path,
+                )
+                ledger.adopt(result)
+                reason = result.torn_reason
+            if reason is not None:
+                verb = "cut torn tail" if cut else "torn tail (cut when the ledger is next opened)"
+                torn.append(f"ledger {info.ledger_id}: {verb} ({reason})")
+        files[info.ledger_id] = ledger
+    return files, torn
 
 
 def _remove_trimmed_files(

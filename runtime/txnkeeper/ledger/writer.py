@@ -5,6 +5,8 @@ takes everything queued for the same ledger, writes it with one pwrite and one f
 thread (so the loop keeps queuing meanwhile), and only then resolves the appends' futures. Ordered
 "barriers" (ledger rollovers) run between groups, so a new ledger's file exists before its first write.
 With group_commit off every append is its own group: the fsync-per-append baseline.
+``on_durable`` hears of every confirmed group (the managed ledger counts entries and moves the
+acknowledged-entry watermark, whose write then runs alongside the next group's).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class GroupCommitWriter:
         group_commit: bool,
         sync: bool,
         on_failure: FailureHandler,
-        on_durable: Callable[[int], None] | None = None,
+        on_durable: Callable[[LedgerFile, int], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_durable = on_durable
@@ -161,7 +163,7 @@ class GroupCommitWriter:
         for group in groups:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
         if self._on_durable is not None:
-            self._on_durable(count)
+            self._on_durable(ledger, count)  # e.g. the watermark: after confirm, before the acks
         for group in groups:
             for future, result in zip(group.futures, group.results, strict=True):
                 if not future.done():

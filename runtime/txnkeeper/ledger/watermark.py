@@ -1,0 +1,216 @@
+"""The acknowledged-entry watermark: the newest entry of a managed ledger known to be durable.
+
+Why it exists: a ledger file's records only prove what is in the file. A file cut exactly on a record
+boundary (a bad restore, a filesystem losing a tail) or a ledger file that vanished looks like a log
+that simply had fewer entries, and acknowledged entries would be lost in silence; on a pending-ack log
+that redelivers messages acked in committed transactions. Closed ledgers have their entry count in the
+metadata; the ledger being written has only this watermark, kept in its own small file because it
+moves with every group commit while meta.json changes only at rollover and trim.
+
+File ``watermark`` in the managed ledger's directory: 128 bytes, two 64-byte slots. A slot is
+magic b"TKWM", u16 version 1, u16 kind 0, u64 sequence, i64 ledger id, i64 entry id (-1/-1: none),
+u32 CRC32 of those 32 bytes, zero padding; little-endian. Write n goes to slot n % 2, in place, so a
+torn write damages at most the slot being written and the other one still holds the previous value.
+The file is created whole (temp file, fsync, rename), so any other size, two bad slots, or a slot
+with a good checksum but a version or kind this build does not know is refused, never guessed at.
+
+Ordering, which is what makes it safe: a value is written only after the entry it names was fsynced,
+so after any crash the watermark is at or behind the durable data and never causes a false refusal.
+It costs the appends nothing: the group commit notes the newest confirmed entry and a write runs on
+the I/O pool alongside the next group's data (one in flight, always carrying the newest value; a
+failure is logged and retried with the next group); close writes the final value and waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import zlib
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CorruptMetadataError
+from .fileio import FileIO
+from .position import Position
+
+log = logging.getLogger(__name__)
+
+WATERMARK_FILE = "watermark"
+WATERMARK_MAGIC = b"TKWM"
+WATERMARK_VERSION = 1
+WATERMARK_KIND = 0
+_SLOT_BODY = struct.Struct("<4sHHQqq")
+_SLOT_CRC = struct.Struct("<I")
+SLOT_SIZE = 64
+FILE_SIZE = 2 * SLOT_SIZE
+_PADDING = bytes(SLOT_SIZE - _SLOT_BODY.size - _SLOT_CRC.size)
+
+
+@dataclass(frozen=True)
+class WatermarkState:
+    sequence: int
+    confirmed: Position | None  # newest durable entry; None: nothing recorded yet
+
+    def entry_in(self, ledger_id: int) -> int | None:
+        """The acknowledged entry id this watermark records in ``ledger_id`` (None: none there)."""
+        if self.confirmed is None or self.confirmed.ledger_id != ledger_id:
+            return None
+        return self.confirmed.entry_id
+
+
+def encode_slot(sequence: int, confirmed: Position | None) -> bytes:
+    ledger_id, entry_id = confirmed if confirmed is not None else (-1, -1)
+    body = _SLOT_BODY.pack(WATERMARK_MAGIC, WATERMARK_VERSION, WATERMARK_KIND, sequence, ledger_id, entry_id)
+    return body + _SLOT_CRC.pack(zlib.crc32(body)) + _PADDING
+
+
+def _refuse(path: Path, reason: str) -> CorruptMetadataError:
+    return CorruptMetadataError(
+        path,
+        f"{reason}; this file records the last acknowledged entry. Restore the volume from a backup or "
+        "replica; deleting the file skips the shortened-log check once (it is rebuilt on open)",
+    )
+
+
+def decode_watermark(raw: bytes, path: Path) -> WatermarkState:
+    if len(raw) != FILE_SIZE:
+        raise _refuse(path, f"it is {len(raw)} bytes long, a watermark file is {FILE_SIZE}")
+    best: WatermarkState | None = None
+    damaged: list[str] = []
+    for slot in range(2):
+        start = slot * SLOT_SIZE
+        body = raw[start : start + _SLOT_BODY.size]
+        (crc,) = _SLOT_CRC.unpack_from(raw, start + _SLOT_BODY.size)
+        magic, version, kind, sequence, ledger_id, entry_id = _SLOT_BODY.unpack(body)
+        if magic != WATERMARK_MAGIC or zlib.crc32(body) != crc:
+            damaged.append(f"slot {slot} at offset {start} fails its checksum")
+            continue
+        if version != WATERMARK_VERSION or kind != WATERMARK_KIND:
+            raise _refuse(
+                path,
+                f"slot {slot} has format version {version} kind {kind}; this build reads version "
+                f"{WATERMARK_VERSION} kind {WATERMARK_KIND} only (written by a newer txnkeeper?)",
+            )
+        confirmed = None if ledger_id < 0 else Position(ledger_id, entry_id)
+        if best is None or sequence > best.sequence:
+            best = WatermarkState(sequence, confirmed)
+    if best is None:
+        raise _refuse(path, " and ".join(damaged))
+    return best
+
+
+def load_watermark(io: FileIO, directory: Path) -> WatermarkState | None:
+    """Read the watermark (opened read-only); None if the directory has none yet. Blocking."""
+    path = directory / WATERMARK_FILE
+    try:
+        fd = io.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        raw = io.read_all(fd, FILE_SIZE + 1, 0)
+    finally:
+        io.close(fd)
+    return decode_watermark(raw, path)
+
+
+class WatermarkFile:
+    """The open watermark file of a managed ledger being written. Blocking methods: executor only."""
+
+    def __init__(self, io: FileIO, directory: Path, state: WatermarkState) -> None:
+        self.io = io
+        self.path = directory / WATERMARK_FILE
+        self.sequence = state.sequence
+        self.confirmed = state.confirmed
+        self._fd = io.open(self.path, os.O_RDWR)
+
+    @classmethod
+    def create(cls, io: FileIO, directory: Path, confirmed: Position | None) -> WatermarkFile:
+        """Write a new file whole (both slots) atomically; ``confirmed`` must already be durable."""
+        io.write_file_atomically(directory / WATERMARK_FILE, encode_slot(0, confirmed) * 2)
+        return cls(io, directory, WatermarkState(0, confirmed))
+
+    def write(self, confirmed: Position) -> None:
+        """Record ``confirmed`` (already fsynced) in the older slot and make it durable."""
+        sequence = self.sequence + 1
+        self.io.pwrite_all(self._fd, encode_slot(sequence, confirmed), (sequence % 2) * SLOT_SIZE)
+        self.io.sync_data(self._fd)
+        # Only now: after a failed write the next attempt goes to the same (damaged) slot again and
+        # the other slot keeps the last good value.
+        self.sequence = sequence
+        self.confirmed = confirmed
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.io.close(self._fd)
+            self._fd = -1
+
+
+class WatermarkKeeper:
+    """Moves the watermark behind the group commit without ever delaying an acknowledgement."""
+
+    def __init__(self, file: WatermarkFile, executor: Executor, *, name: str, enabled: bool) -> None:
+        self._file = file
+        self._executor = executor
+        self._name = name
+        self._enabled = enabled  # False with fsync off: data that is never synced must not be vouched for
+        self._latest = file.confirmed
+        self._in_flight: asyncio.Future[None] | None = None
+        self._settled = asyncio.Event()  # no write in flight
+        self._settled.set()
+        self._failing = False
+
+    def note(self, ledger_id: int, entry_id: int) -> None:
+        """Entry ``ledger_id:entry_id`` (and everything before it) is durable now. On the loop."""
+        if not self._enabled:
+            return
+        self._latest = Position(ledger_id, entry_id)
+        if self._in_flight is None:
+            self._start()
+
+    def _start(self) -> None:
+        target = self._latest
+        assert target is not None
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._file.write, target)
+        self._in_flight = future
+        self._settled.clear()
+        future.add_done_callback(lambda done: self._written(done, target))
+
+    def _written(self, future: asyncio.Future[None], target: Position) -> None:
+        self._in_flight = None
+        self._settled.set()
+        exc = None if future.cancelled() else future.exception()
+        if exc is not None or future.cancelled():
+            if not self._failing:  # once per failure spell: the next group retries
+                log.warning(
+                    "managed ledger %s: could not update the watermark %s: %s; appends are unaffected, "
+                    "the watermark lags until a later write succeeds",
+                    self._name,
+                    self._file.path,
+                    exc,
+                )
+            self._failing = True
+            return
+        self._failing = False
+        if self._latest != target:
+            self._start()
+
+    async def close(self) -> None:
+        """Write the newest value (the ledger has drained) and close the file."""
+        try:
+            await self._settled.wait()  # a write in flight may chain one more, with the newest value
+            if self._enabled and self._latest is not None and self._latest != self._file.confirmed:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._file.write, self._latest
+                )
+        except OSError as exc:
+            log.warning("managed ledger %s: could not write the final watermark: %s", self._name, exc)
+        finally:
+            self._file.close()
+
+    def release(self) -> None:
+        """Close the file if close() could not run to the end (never under a write in flight)."""
+        if self._in_flight is None:
+            self._file.close()
