@@ -11,6 +11,8 @@ import pytest
 from txnkeeper.ledger.offload import (
     BlobNotFound,
     BlobStore,
+    BlobStoreError,
+    BlobUpload,
     FileSystemBlobStore,
     OffloadConfig,
     OffloadCorruptionError,
@@ -83,8 +85,11 @@ async def test_ledger_infos_are_merged_into_the_index(tmp_path: Path) -> None:
     idx = await SegmentReader(store, seg.uuid).index()
     led = idx.ledger(2)
     assert led is not None
-    assert (led.info.entries, led.info.size, led.info.timestamp) == (100, 999, 1700000000000)
+    # entries says what the segment holds (0..2), not the ledger's 100, so later entries are not promised.
+    assert (led.info.entries, led.info.size, led.info.timestamp) == (3, 999, 1700000000000)
     assert set(led.info.block_crcs()) == {1}
+    with pytest.raises(OffloadRangeError, match=r"holds entries 0\.\.2 of ledger 2, not 0\.\.3"):
+        await SegmentReader(store, seg.uuid).read_entries(2, 0, 3)
 
 
 async def test_writer_refuses_bad_input_naming_it(tmp_path: Path) -> None:
@@ -241,3 +246,34 @@ async def test_bad_index_magic_and_missing_data_are_refused(tmp_path: Path) -> N
     (tmp_path / data_key(seg.uuid)).unlink()
     with pytest.raises(OffloadCorruptionError, match="data object is missing"):
         await SegmentReader(store, seg.uuid).index()
+
+
+class FailingSecondWrite(FileSystemBlobStore):
+    """A real filesystem store whose uploads fail on their second write, as a full volume would."""
+
+    def open_upload(self, key: str) -> BlobUpload:
+        upload = super().open_upload(key)
+        original = upload.write
+        calls = 0
+
+        async def write(data: bytes) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise BlobStoreError(self.location, key, "write failed: No space left on device")
+            await original(data)
+
+        upload.write = write  # type: ignore[method-assign]
+        return upload
+
+
+async def test_store_error_while_uploading_aborts_the_segment(tmp_path: Path) -> None:
+    store = FailingSecondWrite(tmp_path)
+    writer = SegmentWriter(store, CONFIG)
+    with pytest.raises(BlobStoreError, match="No space left"):
+        for i in range(40):
+            await writer.add_entry(1, i, bytes(100))
+    assert await store.list() == []
+    assert [p for p in await asyncio.to_thread(lambda: list(tmp_path.iterdir()))] == []
+    with pytest.raises(OffloadInputError, match="is aborted; start a new SegmentWriter"):
+        await writer.add_entry(1, 40, b"x")

@@ -147,10 +147,10 @@ class SegmentWriter:
     async def finish(self, ledger_infos: Mapping[int, LedgerInfo] | None = None) -> SegmentDescription:
         """Upload the last block, complete the data object, then write the index.
 
-        ``ledger_infos`` (optional) supplies what the managed ledger knows of each ledger (entries of a
-        closed ledger, size, timestamp, properties), as Pulsar merges the ledger's LedgerInfo; without it
-        ``entries`` is the last entry written + 1 and ``size`` the bytes written, as Pulsar does for a
-        ledger still open.
+        ``ledger_infos`` (optional) supplies what the managed ledger knows of each ledger (size,
+        timestamp, properties), as Pulsar merges the ledger's LedgerInfo. ``entries`` is always the last
+        entry written + 1 (what Pulsar writes for a ledger still open), and ``size`` defaults to the
+        payload bytes written.
         """
         self._check_open()
         if self._last is None or self._first is None:
@@ -186,7 +186,9 @@ class SegmentWriter:
             crcs = tuple(crc_property(b.part_id, b.crc32) for b in blocks)
             info = replace(
                 info,
-                entries=info.entries if info.entries else blocks[-1].last_entry_id + 1,
+                # What this segment holds, not the ledger's total (which Pulsar copies): a segment may end
+                # mid-ledger, and a reader must learn from the index that later entries are elsewhere.
+                entries=blocks[-1].last_entry_id + 1,
                 size=info.size if info.size is not None else self._ledger_bytes[ledger_id],
                 properties=tuple(p for p in info.properties if not p[0].startswith(CRC_PROPERTY_PREFIX))
                 + crcs,
