@@ -135,6 +135,25 @@ def test_multi_ledger_index_round_trip_orders_ledgers_and_offsets() -> None:
     assert decoded.block_length(decoded.blocks()[-1]) == 160
 
 
+def test_index_in_pulsars_hashmap_order_is_read_and_a_repeated_ledger_refused() -> None:
+    led7 = LedgerIndex(LedgerInfo(7, entries=10, size=2), (IndexEntry(7, 5, 1, 0), IndexEntry(7, 8, 2, 160)))
+    led9 = LedgerIndex(LedgerInfo(9, entries=4, size=1), (IndexEntry(9, 0, 3, 320),))
+    rec7 = index.encode(640, [led7])[24:]
+    rec9 = index.encode(640, [led9])[24:]
+
+    def whole(body: bytes) -> bytes:
+        return (
+            h("3D1FB0BC")
+            + (24 + len(body)).to_bytes(4, "big")
+            + h("0000000000000280 0000000000000080")
+            + body
+        )
+
+    assert index.decode(whole(rec9 + rec7)).ledgers == (led7, led9)
+    with pytest.raises(OffloadFormatError, match="ledger 7 appears twice"):
+        index.decode(whole(rec7 + rec7))
+
+
 @pytest.mark.parametrize(
     ("raw", "offset", "problem"),
     [

@@ -4,7 +4,7 @@ Layout (big-endian):
 
     magic 0x3D1FB0BC (int32), index_len (int32, the whole object), data_object_length (int64),
     data_header_length (int64, =128)
-    per ledger, ascending ledger id:
+    per ledger (written in ascending ledger id; any order is read, as Pulsar writes HashMap order):
         ledger_id (int64), index_entry_count (int32), ledger_metadata_len (int32),
         ledger_metadata (a serialized LedgerInfo protobuf, see ledgerinfo.py),
         index_entry_count x [first_entry_id (int64), part_id (int32), offset (int64)]
@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import ledgerinfo
 from .block import HEADER_SIZE
@@ -64,10 +65,15 @@ class OffloadIndex:
         """Every block of the data object, in object order."""
         return sorted((e for led in self.ledgers for e in led.entries), key=lambda e: e.offset)
 
+    @cached_property
+    def _block_ends(self) -> dict[int, int]:
+        # Computed once per (cached, immutable) index: a block ends where the next one starts.
+        starts = [e.offset for e in self.blocks()]
+        return dict(zip(starts, [*starts[1:], self.data_object_length], strict=True))
+
     def block_length(self, entry: IndexEntry) -> int:
         """A block ends where the next one starts, the last at the end of the data object."""
-        later = [e.offset for e in self.blocks() if e.offset > entry.offset]
-        return (min(later) if later else self.data_object_length) - entry.offset
+        return self._block_ends[entry.offset] - entry.offset
 
 
 def encode(data_object_length: int, ledgers: Sequence[LedgerIndex]) -> bytes:
@@ -104,8 +110,9 @@ def decode(data: bytes) -> OffloadIndex:
         if pos + _LEDGER.size > len(data):
             raise OffloadFormatError(pos, "index ends inside a ledger record")
         ledger_id, count, meta_len = _LEDGER.unpack_from(data, pos)
-        if ledgers and ledger_id <= ledgers[-1].info.ledger_id:
-            raise OffloadFormatError(pos, f"ledger {ledger_id} is out of order or repeated")
+        # Pulsar writes ledgers in HashMap order, so any order is accepted; a repeat is not.
+        if any(led.info.ledger_id == ledger_id for led in ledgers):
+            raise OffloadFormatError(pos, f"ledger {ledger_id} appears twice")
         if count <= 0 or meta_len < 0:
             raise OffloadFormatError(
                 pos + 8, f"ledger {ledger_id}: {count} blocks, metadata of {meta_len} bytes"
@@ -139,4 +146,4 @@ def decode(data: bytes) -> OffloadIndex:
     offsets = sorted(e.offset for led in ledgers for e in led.entries)
     if offsets[0] != 0 or len(set(offsets)) != len(offsets):
         raise OffloadFormatError(_PREFIX.size, "block offsets do not tile the data object from 0")
-    return OffloadIndex(data_len, header_len, tuple(ledgers))
+    return OffloadIndex(data_len, header_len, tuple(sorted(ledgers, key=lambda x: x.info.ledger_id)))
