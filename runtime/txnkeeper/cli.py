@@ -17,6 +17,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "txnkeeper.server.serve",
     "txnkeeper.admin.cli",
     "txnkeeper.inspect_cmd",
+    "txnkeeper.ledger.offload.inspect",
     "txnkeeper.fleet.demo",
 )
 

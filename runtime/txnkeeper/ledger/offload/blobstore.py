@@ -1,0 +1,92 @@
+"""The blob-store seam of offload: what a segment writer and reader need from S3 or a directory.
+
+Keeping the interface this small (streaming upload, ranged get, length, list by prefix, delete) lets the
+same PIP-76 objects live in any S3-compatible bucket or in a plain directory (an RWX volume), and lets
+one conformance suite hold both drivers to the same behaviour.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+
+from .errors import BlobStoreError
+
+_KEY_CHARS = re.compile(r"^[A-Za-z0-9._\-/]+$")
+MAX_KEY_LENGTH = 1024
+
+
+def check_key(location: str, key: str) -> str:
+    """Refuse keys a driver could not map safely (both drivers accept exactly the same keys)."""
+    if not key or len(key.encode()) > MAX_KEY_LENGTH or not _KEY_CHARS.match(key):
+        raise BlobStoreError(
+            location, key, "invalid key", f"use 1-{MAX_KEY_LENGTH} characters from A-Z a-z 0-9 . _ - /"
+        )
+    parts = key.split("/")
+    if key.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[-1].startswith(".txnkeeper-"):
+        raise BlobStoreError(
+            location,
+            key,
+            "invalid key",
+            "keys are relative paths without empty, '.', '..' or '.txnkeeper-' parts",
+        )
+    return key
+
+
+class BlobUpload(abc.ABC):
+    """One object being written in pieces; invisible to readers until ``complete`` returns."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Append ``data``; drivers may buffer it to their part size before sending."""
+
+    @abc.abstractmethod
+    async def complete(self) -> int:
+        """Make the object durable and visible under its key; returns its length."""
+
+    @abc.abstractmethod
+    async def abort(self) -> None:
+        """Discard what was written; the key keeps whatever it held before. Safe to call twice."""
+
+
+class BlobStore(abc.ABC):
+    """An async object store; errors (BlobNotFound, BlobStoreUnavailable, BlobStoreError) name the key."""
+
+    #: where objects live, for messages: ``s3://bucket`` or ``file:///dir``
+    location: str
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes) -> None:
+        """Store a whole object atomically (replacing any previous one)."""
+
+    @abc.abstractmethod
+    def open_upload(self, key: str) -> BlobUpload:
+        """Start a streaming upload (multipart on S3) for an object too large to hold in memory."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset+length)`` (to the end when length is None).
+
+        Returns fewer bytes only when the object ends first, so a caller can tell a truncated object
+        from a short one it asked for.
+        """
+
+    @abc.abstractmethod
+    async def length(self, key: str) -> int:
+        """The object's size in bytes (a HEAD request on S3)."""
+
+    @abc.abstractmethod
+    async def list(self, prefix: str = "") -> list[str]:
+        """Every key starting with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove the object; deleting a missing key is not an error (as on S3)."""
+
+    async def close(self) -> None:  # noqa: B027 - drivers without resources need not override
+        """Release connections and threads."""
+
+
+def check_range(location: str, key: str, offset: int, length: int | None) -> None:
+    if offset < 0 or (length is not None and length < 0):
+        raise BlobStoreError(location, key, f"invalid byte range offset={offset} length={length}")

@@ -1,0 +1,193 @@
+"""The ``filesystem`` blob-store driver: the same PIP-76 objects as files in a directory.
+
+For clusters without object storage, a directory (typically an RWX volume) holds the segment objects
+under their keys. Writes go to a hidden temporary file, are fsynced, renamed into place and the
+directory fsynced, so a reader (or a crash) never sees a half-written object under its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import uuid as uuidlib
+from pathlib import Path
+
+from .blobstore import BlobStore, BlobUpload, check_key, check_range
+from .errors import BlobNotFound, BlobStoreError, BlobStoreUnavailable
+
+_TEMP_PREFIX = ".txnkeeper-upload-"
+
+
+class FileSystemBlobStore(BlobStore):
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.location = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(self.location, key)
+
+    def _error(self, key: str | None, exc: OSError, doing: str) -> BlobStoreError:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and key is not None:
+            return BlobNotFound(self.location, key, "no such object")
+        if exc.errno in (errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.ETIMEDOUT):
+            return BlobStoreUnavailable(
+                self.location, key, f"{doing} failed: {exc.strerror}", "check the volume's mount"
+            )
+        return BlobStoreError(self.location, key, f"{doing} failed: {exc.strerror or exc}")
+
+    def _check_root(self) -> None:
+        if not self.root.is_dir():
+            raise BlobStoreUnavailable(
+                self.location, None, "the offload directory does not exist", "create it or mount the volume"
+            )
+
+    # Blocking helpers, run in a worker thread.
+
+    def _write_file(self, key: str, data: bytes) -> None:
+        self._check_root()
+        final = self._path(key)
+        upload = _FileUpload(self, key, final)
+        upload.write_sync(data)
+        upload.complete_sync()
+
+    def _read_range(self, key: str, offset: int, length: int | None) -> bytes:
+        """The one place object bytes are read (tests count calls to it)."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if length is None else f.read(length)
+        except IsADirectoryError:
+            raise BlobNotFound(self.location, key, "no such object") from None
+        except OSError as exc:
+            raise self._error(key, exc, "read") from exc
+
+    def _length(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise self._error(key, exc, "stat") from exc
+        if not path.is_file():
+            raise BlobNotFound(self.location, key, "no such object")
+        return st.st_size
+
+    def _list(self, prefix: str) -> list[str]:
+        self._check_root()
+        keys: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel_dir = Path(dirpath).relative_to(self.root)
+            for name in filenames:
+                if name.startswith(_TEMP_PREFIX):
+                    continue
+                key = str(rel_dir / name) if str(rel_dir) != "." else name
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def _delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error(key, exc, "delete") from exc
+        _sync_dir(path.parent)
+
+    # BlobStore API.
+
+    async def put(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write_file, key, data)
+
+    def open_upload(self, key: str) -> BlobUpload:
+        return _FileUpload(self, key, self._path(key))
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(self.location, key, offset, length)
+        return await asyncio.to_thread(self._read_range, key, offset, length)
+
+    async def length(self, key: str) -> int:
+        return await asyncio.to_thread(self._length, key)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        return await asyncio.to_thread(self._list, prefix)
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(self._delete, key)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _FileUpload(BlobUpload):
+    """Appends to a hidden temporary file beside the target; rename on complete makes it visible."""
+
+    def __init__(self, store: FileSystemBlobStore, key: str, final: Path) -> None:
+        self.store = store
+        self.key = key
+        self.final = final
+        self.temp = final.parent / f"{_TEMP_PREFIX}{final.name}-{uuidlib.uuid4().hex}"
+        self.fd: int | None = None
+        self.size = 0
+        self.done = False
+
+    def write_sync(self, data: bytes) -> None:
+        if self.done:
+            raise BlobStoreError(self.store.location, self.key, "upload already completed or aborted")
+        try:
+            if self.fd is None:
+                self.store._check_root()
+                self.final.parent.mkdir(parents=True, exist_ok=True)
+                self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            view = memoryview(data)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+            self.size += len(data)
+        except OSError as exc:
+            self.abort_sync()
+            raise self.store._error(None, exc, f"write of {self.key!r}") from exc
+
+    def complete_sync(self) -> int:
+        if self.done:
+            raise BlobStoreError(self.store.location, self.key, "upload already completed or aborted")
+        try:
+            if self.fd is None:
+                self.write_sync(b"")
+            assert self.fd is not None
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = None
+            os.replace(self.temp, self.final)
+            _sync_dir(self.final.parent)
+        except OSError as exc:
+            self.abort_sync()
+            raise self.store._error(None, exc, f"completing {self.key!r}") from exc
+        self.done = True
+        return self.size
+
+    def abort_sync(self) -> None:
+        self.done = True
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        with contextlib.suppress(FileNotFoundError):
+            self.temp.unlink()
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.to_thread(self.write_sync, data)
+
+    async def complete(self) -> int:
+        return await asyncio.to_thread(self.complete_sync)
+
+    async def abort(self) -> None:
+        await asyncio.to_thread(self.abort_sync)

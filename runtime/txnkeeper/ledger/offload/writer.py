@@ -1,0 +1,213 @@
+"""Streaming segment writer: entries of one or more ledgers in, one PIP-76 segment (data + index) out.
+
+A segment is what Pulsar's streaming offloader (BlobStoreManagedLedgerOffloader.streamingOffload)
+produces: a data object ``${uuid}`` made of blocks (one ledger each, cut at maxBlockSize, uploaded as
+they fill so memory stays at one block) and then an index object ``${uuid}-index``. The index is written
+last, so a segment without an index was never finished and must not be read (the later read-through
+slice ignores and deletes such leftovers). The returned SegmentDescription is what a later slice
+records in the ledger metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from txnkeeper.ledger.position import Position
+
+from . import index as index_format
+from .blobstore import BlobStore, BlobUpload
+from .block import ENTRY_HEADER_SIZE, HEADER_SIZE, MAX_ENTRY_SIZE, block_crc, encode_block
+from .config import OffloadConfig
+from .errors import OffloadInputError
+from .index import IndexEntry, LedgerIndex
+from .ledgerinfo import CRC_PROPERTY_PREFIX, LedgerInfo, crc_property
+
+INDEX_SUFFIX = "-index"
+
+
+def data_key(uuid: str) -> str:
+    return uuid
+
+
+def index_key(uuid: str) -> str:
+    return f"{uuid}{INDEX_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class BlockDescription:
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    part_id: int
+    offset: int
+    length: int
+    crc32: int
+
+
+@dataclass(frozen=True)
+class SegmentDescription:
+    uuid: str
+    begin: Position  # first entry written
+    end: Position  # last entry written
+    blocks: tuple[BlockDescription, ...]
+    data_length: int
+    index_length: int
+
+
+class SegmentWriter:
+    """Feed ``add_entry`` in ledger order, then ``finish``; ``abort`` discards an unfinished segment.
+
+    Entries of a ledger must have consecutive ids; ledgers must come in ascending id order (a segment
+    covers a stretch of one managed ledger). Not safe for concurrent calls: one offload task owns it.
+    """
+
+    def __init__(self, store: BlobStore, config: OffloadConfig, *, uuid: str | None = None) -> None:
+        self.store = store
+        self.max_block_size = config.managedLedgerOffloadMaxBlockSizeInBytes
+        self.uuid = uuid or str(uuidlib.uuid4())
+        self._upload: BlobUpload | None = None
+        self._pending: list[tuple[int, bytes]] = []
+        self._pending_ledger: int | None = None
+        self._pending_bytes = 0
+        self._blocks: list[BlockDescription] = []
+        self._offset = 0
+        self._last: Position | None = None
+        self._first: Position | None = None
+        self._ledger_bytes: dict[int, int] = {}
+        self._state = "open"
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise OffloadInputError(f"segment {self.uuid} is {self._state}; start a new SegmentWriter")
+
+    async def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        self._check_open()
+        if ledger_id < 0 or entry_id < 0:
+            raise OffloadInputError(
+                f"entry {ledger_id}:{entry_id}: ledger and entry ids must be non-negative"
+            )
+        if len(data) > MAX_ENTRY_SIZE - ENTRY_HEADER_SIZE - HEADER_SIZE:
+            raise OffloadInputError(
+                f"entry {ledger_id}:{entry_id} of {len(data)} bytes is too large to offload"
+            )
+        last = self._last
+        if last is not None:
+            if ledger_id < last.ledger_id:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{entry_id} comes after ledger {last.ledger_id}; "
+                    "feed ledgers in ascending order"
+                )
+            if ledger_id == last.ledger_id and entry_id != last.entry_id + 1:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{entry_id} after {last}: entries of a ledger must be consecutive"
+                )
+        framed = ENTRY_HEADER_SIZE + len(data)
+        if self._pending and (
+            ledger_id != self._pending_ledger
+            or HEADER_SIZE + self._pending_bytes + framed > self.max_block_size
+        ):
+            await self._flush_block()
+        self._pending.append((entry_id, bytes(data)))
+        self._pending_ledger = ledger_id
+        self._pending_bytes += framed
+        self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + len(data)
+        self._last = Position(ledger_id, entry_id)
+        if self._first is None:
+            self._first = self._last
+
+    async def _flush_block(self) -> None:
+        assert self._pending_ledger is not None
+        block = encode_block(self._pending_ledger, self._pending, self.max_block_size)
+        part_id = len(self._blocks) + 1
+        if self._upload is None:
+            self._upload = self.store.open_upload(data_key(self.uuid))
+        try:
+            await self._upload.write(block)
+        except BaseException:
+            await self.abort()
+            raise
+        self._blocks.append(
+            BlockDescription(
+                ledger_id=self._pending_ledger,
+                first_entry_id=self._pending[0][0],
+                last_entry_id=self._pending[-1][0],
+                part_id=part_id,
+                offset=self._offset,
+                length=len(block),
+                crc32=block_crc(block),
+            )
+        )
+        self._offset += len(block)
+        self._pending = []
+        self._pending_bytes = 0
+
+    async def finish(self, ledger_infos: Mapping[int, LedgerInfo] | None = None) -> SegmentDescription:
+        """Upload the last block, complete the data object, then write the index.
+
+        ``ledger_infos`` (optional) supplies what the managed ledger knows of each ledger (size,
+        timestamp, properties), as Pulsar merges the ledger's LedgerInfo. ``entries`` is always the last
+        entry written + 1 (what Pulsar writes for a ledger still open), and ``size`` defaults to the
+        payload bytes written.
+        """
+        self._check_open()
+        if self._last is None or self._first is None:
+            raise OffloadInputError(f"segment {self.uuid} has no entries; there is nothing to offload")
+        await self._flush_block()
+        assert self._upload is not None
+        try:
+            data_length = await self._upload.complete()
+            index_bytes = index_format.encode(data_length, self._ledger_indexes(ledger_infos or {}))
+            await self.store.put(index_key(self.uuid), index_bytes)
+        except BaseException:
+            self._state = "failed"
+            await self._delete_objects()
+            raise
+        self._state = "finished"
+        return SegmentDescription(
+            uuid=self.uuid,
+            begin=self._first,
+            end=self._last,
+            blocks=tuple(self._blocks),
+            data_length=data_length,
+            index_length=len(index_bytes),
+        )
+
+    def _ledger_indexes(self, ledger_infos: Mapping[int, LedgerInfo]) -> list[LedgerIndex]:
+        out: list[LedgerIndex] = []
+        for ledger_id in sorted({b.ledger_id for b in self._blocks}):
+            blocks = [b for b in self._blocks if b.ledger_id == ledger_id]
+            given = ledger_infos.get(ledger_id)
+            if given is not None and given.ledger_id != ledger_id:
+                raise OffloadInputError(f"ledger_infos[{ledger_id}] describes ledger {given.ledger_id}")
+            info = given or LedgerInfo(ledger_id)
+            crcs = tuple(crc_property(b.part_id, b.crc32) for b in blocks)
+            info = replace(
+                info,
+                # What this segment holds, not the ledger's total (which Pulsar copies): a segment may end
+                # mid-ledger, and a reader must learn from the index that later entries are elsewhere.
+                entries=blocks[-1].last_entry_id + 1,
+                size=info.size if info.size is not None else self._ledger_bytes[ledger_id],
+                properties=tuple(p for p in info.properties if not p[0].startswith(CRC_PROPERTY_PREFIX))
+                + crcs,
+            )
+            entries = tuple(IndexEntry(ledger_id, b.first_entry_id, b.part_id, b.offset) for b in blocks)
+            out.append(LedgerIndex(info, entries))
+        return out
+
+    async def abort(self) -> None:
+        """Discard the segment: the upload in progress, or the objects of a failed finish."""
+        if self._state == "finished":
+            raise OffloadInputError(f"segment {self.uuid} is finished; delete it instead of aborting")
+        self._state = "aborted"
+        if self._upload is not None:
+            upload, self._upload = self._upload, None
+            await upload.abort()
+
+    async def _delete_objects(self) -> None:
+        for key in (index_key(self.uuid), data_key(self.uuid)):
+            # Best effort: the error that made finish fail is the one the caller must see.
+            with contextlib.suppress(Exception):
+                await self.store.delete(key)

@@ -1,0 +1,147 @@
+"""Fixtures of the offload tests: a blob store of each driver, the S3 one on a real MinIO.
+
+MinIO is built by ``make minio`` from the Go module proxy into $CACHE_DIR/bin (tests only; it is never
+shipped). One MinIO process serves the whole session on a free 127.0.0.1 port with a temporary
+directory; each test gets its own bucket, so listings never see another test's objects.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from txnkeeper.ledger.offload import BlobStore, FileSystemBlobStore
+
+ACCESS_KEY = "txnkeeper-test"
+SECRET_KEY = "txnkeeper-test-secret"
+
+
+def minio_binary() -> str | None:
+    explicit = os.environ.get("MINIO")
+    if explicit and Path(explicit).exists():
+        return explicit
+    cache = Path(os.environ.get("CACHE_DIR", Path.home() / ".cache" / "txnkeeper"))
+    candidate = cache / "bin" / "minio"
+    return str(candidate) if candidate.exists() else shutil.which("minio")
+
+
+MINIO_MISSING = (
+    "MinIO not found: run `make minio` (needs Go; builds it from the Go module proxy into $CACHE_DIR/bin)"
+)
+
+
+@dataclass(frozen=True)
+class MinioServer:
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    binary = minio_binary()
+    if binary is None:
+        pytest.skip(MINIO_MISSING)
+    root = tmp_path_factory.mktemp("minio")
+    log = root / "minio.log"
+    port, console = _free_port(), _free_port()
+    env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY}
+    env["MINIO_BROWSER"] = "off"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                binary,
+                "server",
+                str(root / "data"),
+                "--address",
+                f"127.0.0.1:{port}",
+                "--console-address",
+                f"127.0.0.1:{console}",
+                "--quiet",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120  # a cold start on a loaded 2-core machine can be slow
+    ready = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2) as resp:
+                ready = resp.status == 200
+        except (urllib.error.URLError, OSError):
+            ready = False
+        if ready:
+            break
+        time.sleep(0.2)  # polling interval of a readiness condition with a deadline, not a synchronisation
+    if not ready:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"MinIO did not become ready within 120s; its log:\n{log.read_text(errors='replace')}")
+    try:
+        yield MinioServer(endpoint, proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def make_bucket(server: MinioServer) -> str:
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=name)
+    client.close()
+    return name
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    """The same conformance tests run against both drivers."""
+    if request.param == "filesystem":
+        (tmp_path / "blobs-root").mkdir()
+        yield FileSystemBlobStore(tmp_path / "blobs-root")
+        return
+    server: MinioServer = request.getfixturevalue("minio")
+    from txnkeeper.ledger.offload.s3 import S3BlobStore
+
+    s3 = S3BlobStore(
+        make_bucket(server),
+        endpoint=server.endpoint,
+        region="us-east-1",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+    )
+    try:
+        yield s3
+    finally:
+        await s3.close()
