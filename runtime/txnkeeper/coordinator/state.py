@@ -1,4 +1,4 @@
-"""The coordinator's view of one transaction and the only transitions it may make (FACTS.md).
+"""The coordinator's view of one transaction and the only transitions it may make (docs/reference.md).
 
 Pure data and rules, no I/O: the coordinator service asks ``check_transition`` before writing an
 UPDATE record so the log never holds a transition Pulsar would reject.

@@ -480,7 +480,7 @@ class ManagedLedger:
     # --- stats and lifecycle --------------------------------------------------------------------------
 
     def internal_stats(self) -> dict[str, Any]:
-        """Pulsar's ManagedLedgerInternalStats shape (FACTS.md)."""
+        """Pulsar's ManagedLedgerInternalStats shape (docs/reference.md)."""
         cur = self._cur
         state = self._state.value
         if self._state is _State.OPEN and self._rollovers_in_flight:

@@ -1,4 +1,4 @@
-"""Pulsar's ManagedLedgerInternalStats shape, built from plain values (see FACTS.md)."""
+"""Pulsar's ManagedLedgerInternalStats shape, built from plain values (see docs/reference.md)."""
 
 from __future__ import annotations
 
