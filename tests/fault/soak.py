@@ -281,8 +281,11 @@ class Stats:
             examples.append({"trial_seed": trial_seed, "message": message[:500], **extra})
 
 
-def run_child(root: Path, seed: int, mode: str, rng: random.Random, seen: Observed) -> str | None:
-    """Run one workload child to a kill point ``rng`` chooses; returns an error if it died by itself."""
+def run_child(
+    root: Path, seed: int, mode: str, rng: random.Random, seen: Observed, *, target: int | None = None
+) -> str | None:
+    """Run one workload child to a kill point ``rng`` chooses (or after ``target`` reported events);
+    returns an error if it died by itself."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *sys.path]))
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.fault.workload", str(root), str(seed), mode],
@@ -296,7 +299,8 @@ def run_child(root: Path, seed: int, mode: str, rng: random.Random, seen: Observ
     error = None
     roll = rng.random()
     # kill at start-up/recovery, right after recovery, or after a random number of reported events
-    target = -1 if roll < 0.05 else 0 if roll < 0.15 else rng.randint(1, 400)
+    if target is None:
+        target = -1 if roll < 0.05 else 0 if roll < 0.15 else rng.randint(1, 400)
     try:
         deadline = time.monotonic() + HANG_GUARD_SECONDS
         events = 0
