@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -156,9 +157,10 @@ async def verify(root: Path, seen: Observed) -> Verdict:
         for key in sorted(registered - seen.subscription_intents):
             v.wrong(f"subscription {key} was never registered")
     finally:
-        for store in reversed(opened):
-            await store.close()
-        await factory.close()
+        # a close failing after a refusal must not replace the refusal's message
+        for closable in [*reversed(opened), factory]:
+            with contextlib.suppress(Exception):
+                await closable.close()
     return v
 
 
