@@ -80,9 +80,16 @@ e2e-if-possible:
 	  echo "e2e: SKIPPED: the local node runs pods in private mount namespaces, which needs root"; \
 	else $(MAKE) --no-print-directory e2e; fi
 
-# Longer soak/crash runs than CI's bounded ones.
+# Longer soak/crash runs than the bounded ones every test run includes: first the fault soak's JSON
+# verdict (tests/fault/soak.py: SOAK_KILLS SIGKILLs, bit flips and truncations of every file kind; it
+# fails if any silent loss, wrong data or bad refusal was seen), then every soak-marked test with
+# SOAK_SCALE times its bounded kills. SOAK_ARGS adds options (e.g. --seed N, --kinds routes).
+SOAK_KILLS ?= 1000
+SOAK_SCALE ?= 10
+SOAK_ARGS ?=
 soak: install
-	SOAK_SCALE=10 $(BIN)/pytest -m soak $(PYTEST_ARGS)
+	@status=0; $(BIN)/python -m tests.fault.soak --kills $(SOAK_KILLS) --json $(SOAK_ARGS) || status=$$?; \
+	SOAK_SCALE=$(SOAK_SCALE) $(BIN)/pytest -m soak $(PYTEST_ARGS) && exit $$status
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b; done

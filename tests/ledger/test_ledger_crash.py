@@ -25,6 +25,7 @@ from .crash_child import NAME, payload
 CHILD = Path(__file__).with_name("crash_child.py")
 KILLS = 50 * int(os.environ.get("SOAK_SCALE", "1"))
 SEQ_STRIDE = 10_000_000
+HANG_GUARD_SECONDS = 120.0  # catches a stuck child only; never judges speed
 
 
 @dataclass
@@ -56,23 +57,30 @@ def run_child(root: Path, run: int, rng: random.Random) -> list[bytes]:
         if mode < 0.1:
             time.sleep(rng.uniform(0.0, 0.3))  # a random kill moment in start-up or recovery
         else:
-            target = 0 if mode < 0.3 else rng.randint(1, 200)
+            # A fifth of the runs are killed right after a trim that deleted a ledger, so the trims
+            # and batch-index deletes the test counts happened by choice, not by the machine's speed.
+            after_trim = 0.3 <= mode < 0.5
+            target = 0 if mode < 0.5 else rng.randint(1, 200)
             acks = 0
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + HANG_GUARD_SECONDS
             while True:
-                assert time.monotonic() < deadline, f"child {run} made no progress in 30 s"
+                assert time.monotonic() < deadline, f"child {run} made no progress in {HANG_GUARD_SECONDS}s"
                 line = child.stdout.readline()
                 assert line, f"child {run} exited early with status {child.poll()}"
                 lines.append(line)
                 acks += line.startswith(b"A ")
-                if (target == 0 and line == b"R\n") or (target and acks >= target):
+                if after_trim:
+                    if line.startswith(b"T ") and line.strip() != b"T":
+                        break
+                elif (target == 0 and line == b"R\n") or (target and acks >= target):
                     break
     finally:
         child.send_signal(signal.SIGKILL)
-        rest = child.stdout.read()  # lines already in the pipe were acknowledged as well
+        rest = child.stdout.read()  # written before the kill: to EOF, every line was promised
         child.stdout.close()
         child.wait(timeout=30)
-    return lines + rest.splitlines(keepends=True)
+    # each line is one os.write (whole or absent), but never judge a line without its end
+    return lines + [line for line in rest.splitlines(keepends=True) if line.endswith(b"\n")]
 
 
 def record(lines: list[bytes], history: History) -> None:
@@ -156,5 +164,5 @@ async def test_sigkill_never_loses_an_acknowledged_entry(tmp_path: Path) -> None
         await verify(tmp_path, history, run)
     assert total_acked > KILLS * 50, "too few appends acknowledged for the test to mean anything"
     assert len(history.ledgers) > KILLS, "the runs did not cross ledger rollovers"
-    assert history.trims > KILLS // 5, "too few trims happened between kills"
+    assert history.trims >= KILLS // 10, "too few trims happened between kills"
     assert history.batch_checks > KILLS, "too few batch-index deletes were checked after a kill"

@@ -1,13 +1,16 @@
 """Child process of the store crash test: writes and ends transactions until it is killed.
 
-It prints ``ack <seq> <ledger> <entry> <size> <index>`` once a record is acknowledged and
-``deleted <seq>`` once a transaction's delete returned, each line flushed, so the parent knows exactly
-what was promised before its SIGKILL.
+Every line goes out in one ``os.write`` (shorter than PIPE_BUF, so it is in the pipe whole or not at
+all) and is written BEFORE the child acts further on what it reports:
+``ack <seq> <ledger> <entry> <size> <index>`` once a record is acknowledged, ``deleting <seq>`` just
+before a transaction's delete starts (after that the delete may or may not have happened at a kill),
+and ``deleted <seq>`` once the delete returned (from then on the transaction must stay gone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +20,12 @@ from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.txnlog import TransactionLogStore, TxnID
 
 WRITERS = 32
+DELETE_EVERY = 3  # every third transaction is ended once its records are acknowledged
+RECORDS_PER_TXN = 2
+
+
+def report(line: str) -> None:
+    os.write(1, (line + "\n").encode())
 
 
 async def main(root: Path) -> None:
@@ -27,7 +36,6 @@ async def main(root: Path) -> None:
         BatchedWriteConfig(enabled=True, max_records=16, max_delay_millis=1),
         ledger_config=ManagedLedgerConfig(max_entries_per_ledger=40),
     )
-    out = sys.stdout
     seqs = iter(range(1, 1 << 40))
 
     async def writer() -> None:
@@ -38,12 +46,11 @@ async def main(root: Path) -> None:
                     metadata_op=op, txnid_most_bits=0, txnid_least_bits=seq, partitions=[f"p{seq}"]
                 )
                 p = await store.append(record)
-                out.write(f"ack {seq} {p.ledger_id} {p.entry_id} {p.batch_size} {p.batch_index}\n")
-                out.flush()
-            if seq % 3 == 0:  # test_store_crash.DELETE_EVERY
+                report(f"ack {seq} {p.ledger_id} {p.entry_id} {p.batch_size} {p.batch_index}")
+            if seq % DELETE_EVERY == 0:
+                report(f"deleting {seq}")
                 await store.delete_txn(TxnID(0, seq))
-                out.write(f"deleted {seq}\n")
-                out.flush()
+                report(f"deleted {seq}")
 
     await asyncio.gather(*(writer() for _ in range(WRITERS)))
 

@@ -1,0 +1,1 @@
+"""Fault and soak tests: crash-and-mutate trials against the stores, judged on what was observed."""
