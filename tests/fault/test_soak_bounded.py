@@ -18,17 +18,6 @@ from .soak import FAILURES, soak
 SCALE = int(os.environ.get("SOAK_SCALE", "1"))
 SEED = int(os.environ.get("SOAK_SEED", "20261124"))
 
-# File kinds whose damage this branch's product code does not yet always detect (issue 11): a ledger
-# file shortened on a record boundary or in its last ledger is taken for a torn tail, and the cursor,
-# sequence, route and subscription files carry no checksum. The fixes are other items of the issue;
-# remove a kind from here when its fix is merged (the test then must pass: see the module doc).
-PENDING_FIXES = {
-    "ledger-data": "a truncated ledger file can be taken for a torn tail (issue 11: ledger watermark)",
-    "cursor": "cursor files carry no checksum yet (issue 11: checksummed side files)",
-    "sequence": "the sequence file carries no checksum yet (issue 11: checksummed side files)",
-    "routes": "routes.json carries no checksum yet (issue 11: checksummed side files)",
-    "subscriptions": "subscriptions.json carries no checksum yet (issue 11: checksummed side files)",
-}
 KINDS = ["ledger-data", "meta", "cursor", "sequence", "routes", "subscriptions", "side-file"]
 
 
@@ -51,12 +40,7 @@ def test_plain_kills_lose_nothing_and_never_refuse(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "kind",
-    [
-        pytest.param(k, marks=pytest.mark.xfail(reason=PENDING_FIXES[k], strict=False))
-        if k in PENDING_FIXES
-        else k
-        for k in KINDS
-    ],
+    KINDS,
 )
 def test_a_damaged_file_is_refused_by_name_or_served_intact(kind: str, tmp_path: Path) -> None:
     report = soak(kills=4 * SCALE, mutations_per_kill=4, seed=SEED, workdir=tmp_path, kinds=frozenset({kind}))
