@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import struct
 import threading
 import zlib
@@ -18,18 +19,23 @@ from txnkeeper.ledger import (
     FileIO,
     ManagedLedgerFactory,
     Position,
+    recovery,
 )
+from txnkeeper.ledger.entry_format import RECORD_HEADER_SIZE
+from txnkeeper.ledger.errors import LedgerWriteError
+from txnkeeper.ledger.ledger_file import ledger_file_name
 from txnkeeper.ledger.metadata import ManagedLedgerMetadata
 from txnkeeper.ledger.watermark import (
     FILE_SIZE,
     SLOT_SIZE,
     WATERMARK_FILE,
+    WatermarkState,
     decode_watermark,
     encode_slot,
     load_watermark,
 )
 
-from .conftest import wait_for
+from .conftest import FaultyIO, wait_for
 from .test_ledger_corruption import NAME, SIZES, ledger_path, record_offset, reopen_entries, write_ledgers
 
 
@@ -161,7 +167,7 @@ def test_watermark_file_damage_and_unknown_versions_are_refused(tmp_path: Path) 
         decode_watermark(bytes(FILE_SIZE), path)
     with pytest.raises(CorruptMetadataError, match="is 100 bytes long"):
         decode_watermark(good[:100], path)
-    body = struct.pack("<4sHHQqq", b"TKWM", 2, 0, 9, 1, 4)
+    body = struct.pack("<4sHHQqqqq16s", b"TKWM", 2, 0, 9, 1, 4, -1, -1, bytes(16))
     newer = body + struct.pack("<I", zlib.crc32(body)) + bytes(SLOT_SIZE - len(body) - 4)
     with pytest.raises(CorruptMetadataError, match="format version 2 kind 0; this build reads version 1"):
         decode_watermark(newer + good[SLOT_SIZE:], path)
@@ -176,3 +182,83 @@ async def test_concurrent_groups_keep_the_watermark_at_or_behind_durable_entries
     assert seen is None or seen <= last
     await factory.close()
     assert acknowledged(tmp_path) == last
+
+
+async def _crash_copy_with_lagging_confirmation(tmp_path: Path) -> tuple[Path, list[Position], Position]:
+    """Entries written while the confirmed value is held back; a copy of the directory as a SIGKILL leaves it.
+
+    Returns the copy's root, the acknowledged positions and the confirmed value the copy's watermark holds.
+    """
+    io = SlowWatermarkIO()
+    live = tmp_path / "live"
+    factory = ManagedLedgerFactory(live, io=io)
+    try:
+        ml = await factory.open(NAME)
+        first = await ml.add_entry(b"a" * 40)
+        await wait_for(lambda: io.held == 1, what="the confirmed write for the first entry")
+        later = [await ml.add_entry(b"b%d" % i * 10) for i in range(5)]
+        crashed = tmp_path / "crashed"
+        # The page cache as a killed process leaves it: every pwrite that returned is in the files.
+        shutil.copytree(live, crashed, ignore=shutil.ignore_patterns("LOCK"))
+    finally:
+        io.release.set()
+        await factory.close()
+    state = load_watermark(FileIO(), crashed / NAME)
+    assert state is not None and state.written == later[-1]
+    assert state.confirmed is None or state.confirmed < later[-1], "the confirmation lags (held)"
+    return crashed, [first, *later], later[-1]
+
+
+async def test_last_group_cut_after_a_process_crash_is_refused(tmp_path: Path) -> None:
+    # Issue 11.1 / the soak: the confirmed value lags one group, so the written mark (a plain pwrite
+    # between the group's data write and its fsync) is what protects the newest acknowledged group.
+    crashed, _, last = await _crash_copy_with_lagging_confirmation(tmp_path)
+    path = crashed / NAME / "ledgers" / ledger_file_name(last.ledger_id)
+    data = path.read_bytes()
+    os.truncate(path, len(data) - (RECORD_HEADER_SIZE + len(b"b4" * 10)))  # exactly the last record
+    with pytest.raises(CorruptEntryError, match="the log was shortened") as info:
+        await reopen_entries(crashed)
+    assert info.value.entry_id == last.entry_id and info.value.path == path
+
+
+async def test_written_mark_is_not_trusted_after_a_reboot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a power loss (another boot id) only fsynced entries are vouched for: the page cache that
+    # held the rest is gone, so a shorter last group is a torn tail, not corruption.
+    crashed, positions, last = await _crash_copy_with_lagging_confirmation(tmp_path)
+    path = crashed / NAME / "ledgers" / ledger_file_name(last.ledger_id)
+    os.truncate(path, path.stat().st_size - (RECORD_HEADER_SIZE + len(b"b4" * 10)))
+    monkeypatch.setattr(recovery, "current_boot_id", lambda: b"\x01" * 16)
+    entries, _ = await reopen_entries(crashed)
+    assert len(entries) == len(positions) - 1
+
+
+def test_vouched_position_depends_on_the_boot() -> None:
+    boot = b"\x07" * 16
+    state = WatermarkState(5, Position(1, 3), Position(1, 9), boot)
+    assert state.vouched(boot) == Position(1, 9)
+    assert state.vouched(b"\x08" * 16) == Position(1, 3)
+    assert state.entry_in(1, boot) == 9 and state.entry_in(2, boot) is None
+    unknown = WatermarkState(5, Position(1, 3), Position(1, 9), bytes(16))
+    assert unknown.vouched(bytes(16)) == Position(1, 3), "an unknown boot never vouches for written data"
+    assert decode_watermark(encode_slot(5, Position(1, 3), Position(1, 9), boot) * 2, Path("w")) == state
+
+
+async def test_a_failed_group_takes_its_written_mark_back(tmp_path: Path) -> None:
+    io = FaultyIO()
+    factory = ManagedLedgerFactory(tmp_path, io=io)
+    try:
+        ml = await factory.open(NAME)
+        kept = await ml.add_entry(b"kept")
+        io.disk_full = True
+        with pytest.raises(LedgerWriteError):
+            await ml.add_entry(b"lost" * 100)
+        io.disk_full = False
+        state = load_watermark(FileIO(), tmp_path / NAME)
+        assert state is not None and state.written == kept, "the failed group is not vouched for"
+    finally:
+        io.disk_full = False
+        await factory.close()
+    entries, _ = await reopen_entries(tmp_path)
+    assert entries[0] == b"kept"

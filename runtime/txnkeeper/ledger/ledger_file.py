@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan
@@ -140,19 +141,31 @@ class LedgerFile:
 
     # --- writing (group-commit writer) ---------------------------------------------------------
 
-    def write_and_sync(self, buffers: list[bytes], offset: int, sync: bool) -> None:
+    def write_and_sync(
+        self,
+        buffers: list[bytes],
+        offset: int,
+        sync: bool,
+        mark_written: Callable[[], Callable[[], None] | None] | None = None,
+    ) -> None:
         """Write one group at ``offset`` and make it durable. Blocking.
 
-        On failure the partial write is cut back to ``offset`` so nothing unacknowledged survives;
-        if even that fails, GroupWriteFailed carries ``cut_failure`` and the ledger must be
-        reopened, which cuts it as a torn tail.
+        ``mark_written`` runs between the data pwrite and the fsync (the watermark's written mark) and
+        returns what takes the mark back if the group fails. On failure the partial write is cut
+        back to ``offset`` so nothing unacknowledged survives; if even that fails, GroupWriteFailed
+        carries ``cut_failure`` and the ledger must be reopened, which cuts it as a torn tail.
         """
         data = b"".join(buffers)
+        undo: Callable[[], None] | None = None
         try:
             self.io.pwrite_all(self._write_fd, data, offset)
+            if mark_written is not None:
+                undo = mark_written()
             if sync:
                 self.io.sync_data(self._write_fd)
         except OSError as exc:
+            if undo is not None:
+                undo()  # before the cut: a crash in between must not find the mark past the file's end
             try:
                 self.io.truncate(self._write_fd, offset)
                 self.io.sync_data(self._write_fd)

@@ -113,6 +113,7 @@ class ManagedLedger:
             sync=config.fsync,
             on_failure=self._on_write_failure,
             on_durable=self._count_added,
+            mark_written=self._watermark.mark_written,
         )
         self._cursors: dict[str, ManagedCursor] = {
             cursor_name: ManagedCursor(cursor_name, path, state=state, layout=self, io=io, executor=executor)

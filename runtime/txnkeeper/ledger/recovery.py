@@ -23,7 +23,7 @@ from .ledger_file import LedgerFile
 from .lock import acquire_directory_lock, release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
 from .names import decode_name
-from .watermark import WATERMARK_FILE, WatermarkFile, WatermarkState, load_watermark
+from .watermark import WATERMARK_FILE, WatermarkFile, WatermarkState, current_boot_id, load_watermark
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ def check_ledgers(
     """
     ledgers_dir = directory / LEDGERS_DIR
     watermark_path = directory / WATERMARK_FILE
-    acknowledged = watermark.confirmed if watermark is not None else None
+    boot_id = current_boot_id()
+    acknowledged = watermark.vouched(boot_id) if watermark is not None else None
     ids = [info.ledger_id for info in meta.ledgers]
     if (
         acknowledged is not None
@@ -159,7 +160,7 @@ def check_ledgers(
     for index, info in enumerate(meta.ledgers):
         ledger = LedgerFile(io, ledgers_dir, info.ledger_id)
         was_open = index == len(meta.ledgers) - 1 and not info.closed
-        floor = watermark.entry_in(info.ledger_id) if watermark is not None else None
+        floor = watermark.entry_in(info.ledger_id, boot_id) if watermark is not None else None
         if not ledger.path.exists():
             # The ledger that was open may never have had its file created (rollover records the id
             # first); any other missing file, or one holding acknowledged entries, is lost data.

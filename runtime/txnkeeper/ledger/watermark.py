@@ -7,18 +7,27 @@ that redelivers messages acked in committed transactions. Closed ledgers have th
 metadata; the ledger being written has only this watermark, kept in its own small file because it
 moves with every group commit while meta.json changes only at rollover and trim.
 
-File ``watermark`` in the managed ledger's directory: 128 bytes, two 64-byte slots. A slot is
-magic b"TKWM", u16 version 1, u16 kind 0, u64 sequence, i64 ledger id, i64 entry id (-1/-1: none),
-u32 CRC32 of those 32 bytes, zero padding; little-endian. Write n goes to slot n % 2, in place, so a
-torn write damages at most the slot being written and the other one still holds the previous value.
-The file is created whole (temp file, fsync, rename), so any other size, two bad slots, or a slot
-with a good checksum but a version or kind this build does not know is refused, never guessed at.
+File ``watermark`` in the managed ledger's directory: 256 bytes, two 128-byte slots. A slot is
+magic b"TKWM", u16 version 1, u16 kind 0, u64 sequence, i64 ledger id + i64 entry id of the newest
+*confirmed* (fsynced) entry, i64 ledger id + i64 entry id of the newest *written* entry, the 16-byte
+boot id of the machine that wrote the slot (-1/-1: none), then u32 CRC32 of those 64 bytes and zero
+padding; little-endian. Write n goes to slot n % 2, in place, so a torn write damages at most the slot
+being written and the other one still holds the previous value. The file is created whole (temp file,
+fsync, rename), so any other size, two bad slots, or a slot with a good checksum but a version or kind
+this build does not know is refused, never guessed at.
 
-Ordering, which is what makes it safe: a value is written only after the entry it names was fsynced,
-so after any crash the watermark is at or behind the durable data and never causes a false refusal.
-It costs the appends nothing: the group commit notes the newest confirmed entry and a write runs on
-the I/O pool alongside the next group's data (one in flight, always carrying the newest value; a
-failure is logged and retried with the next group); close writes the final value and waits for it.
+Two values, because two kinds of crash lose different things:
+- *written*: every group commit records its last entry here with a plain pwrite, on the I/O thread,
+  after the group's data pwrite returned and before its fsync (no fsync of its own, so it costs an
+  acknowledgement nothing). A process crash (SIGKILL, OOM kill) loses nothing the kernel already has,
+  so on the same boot every written entry must still be in the file: a shorter file is corruption,
+  refused, even for the very last group. A group whose write fails rolls the value back before its
+  data is cut.
+- *confirmed*: a value written only after the entry it names was fsynced, by a write that runs on the
+  I/O pool alongside the next group's data (one in flight, always carrying the newest value; a failure
+  is logged and retried with the next group); close writes the final value and waits for it. After a
+  power loss or kernel crash (the boot id differs) only this value is trusted: it is at or behind the
+  durable data, so it never causes a false refusal; it lags by about one group commit.
 """
 
 from __future__ import annotations
@@ -27,7 +36,10 @@ import asyncio
 import logging
 import os
 import struct
+import threading
+import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,28 +54,59 @@ WATERMARK_FILE = "watermark"
 WATERMARK_MAGIC = b"TKWM"
 WATERMARK_VERSION = 1
 WATERMARK_KIND = 0
-_SLOT_BODY = struct.Struct("<4sHHQqq")
+_SLOT_BODY = struct.Struct("<4sHHQqqqq16s")
 _SLOT_CRC = struct.Struct("<I")
-SLOT_SIZE = 64
+SLOT_SIZE = 128
+_NO_BOOT = bytes(16)
 FILE_SIZE = 2 * SLOT_SIZE
 _PADDING = bytes(SLOT_SIZE - _SLOT_BODY.size - _SLOT_CRC.size)
+
+
+def current_boot_id() -> bytes:
+    """This boot of the machine (Linux's random boot id); all zeros, which never matches, if unknown."""
+    try:
+        return uuid.UUID(Path("/proc/sys/kernel/random/boot_id").read_text().strip()).bytes
+    except (OSError, ValueError):
+        return _NO_BOOT
 
 
 @dataclass(frozen=True)
 class WatermarkState:
     sequence: int
-    confirmed: Position | None  # newest durable entry; None: nothing recorded yet
+    confirmed: Position | None  # newest fsynced entry; None: nothing recorded yet
+    written: Position | None = None  # newest entry whose data pwrite returned (same boot only)
+    boot_id: bytes = _NO_BOOT
 
-    def entry_in(self, ledger_id: int) -> int | None:
-        """The acknowledged entry id this watermark records in ``ledger_id`` (None: none there)."""
-        if self.confirmed is None or self.confirmed.ledger_id != ledger_id:
+    def vouched(self, boot_id: bytes) -> Position | None:
+        """The newest entry the ledger must still hold, seen from a process running on ``boot_id``."""
+        if self.written is not None and boot_id == self.boot_id and boot_id != _NO_BOOT:
+            return max(self.written, self.confirmed) if self.confirmed is not None else self.written
+        return self.confirmed
+
+    def entry_in(self, ledger_id: int, boot_id: bytes) -> int | None:
+        """The newest entry id the ledger ``ledger_id`` must hold (None: the watermark names none there)."""
+        floor = self.vouched(boot_id)
+        if floor is None or floor.ledger_id != ledger_id:
             return None
-        return self.confirmed.entry_id
+        return floor.entry_id
 
 
-def encode_slot(sequence: int, confirmed: Position | None) -> bytes:
-    ledger_id, entry_id = confirmed if confirmed is not None else (-1, -1)
-    body = _SLOT_BODY.pack(WATERMARK_MAGIC, WATERMARK_VERSION, WATERMARK_KIND, sequence, ledger_id, entry_id)
+def encode_slot(
+    sequence: int, confirmed: Position | None, written: Position | None = None, boot_id: bytes = _NO_BOOT
+) -> bytes:
+    c_ledger, c_entry = confirmed if confirmed is not None else (-1, -1)
+    w_ledger, w_entry = written if written is not None else (-1, -1)
+    body = _SLOT_BODY.pack(
+        WATERMARK_MAGIC,
+        WATERMARK_VERSION,
+        WATERMARK_KIND,
+        sequence,
+        c_ledger,
+        c_entry,
+        w_ledger,
+        w_entry,
+        boot_id,
+    )
     return body + _SLOT_CRC.pack(zlib.crc32(body)) + _PADDING
 
 
@@ -84,7 +127,9 @@ def decode_watermark(raw: bytes, path: Path) -> WatermarkState:
         start = slot * SLOT_SIZE
         body = raw[start : start + _SLOT_BODY.size]
         (crc,) = _SLOT_CRC.unpack_from(raw, start + _SLOT_BODY.size)
-        magic, version, kind, sequence, ledger_id, entry_id = _SLOT_BODY.unpack(body)
+        magic, version, kind, sequence, ledger_id, entry_id, w_ledger, w_entry, boot_id = _SLOT_BODY.unpack(
+            body
+        )
         if magic != WATERMARK_MAGIC or zlib.crc32(body) != crc:
             damaged.append(f"slot {slot} at offset {start} fails its checksum")
             continue
@@ -95,8 +140,9 @@ def decode_watermark(raw: bytes, path: Path) -> WatermarkState:
                 f"{WATERMARK_VERSION} kind {WATERMARK_KIND} only (written by a newer txnkeeper?)",
             )
         confirmed = None if ledger_id < 0 else Position(ledger_id, entry_id)
+        written = None if w_ledger < 0 else Position(w_ledger, w_entry)
         if best is None or sequence > best.sequence:
-            best = WatermarkState(sequence, confirmed)
+            best = WatermarkState(sequence, confirmed, written, boot_id)
     if best is None:
         raise _refuse(path, " and ".join(damaged))
     return best
@@ -117,13 +163,21 @@ def load_watermark(io: FileIO, directory: Path) -> WatermarkState | None:
 
 
 class WatermarkFile:
-    """The open watermark file of a managed ledger being written. Blocking methods: executor only."""
+    """The open watermark file of a managed ledger being written. Blocking methods: executor only.
+
+    Two threads write it (a group's I/O thread marks what it wrote, the pool confirms what was
+    fsynced), so the slot sequence and both values change under one lock.
+    """
 
     def __init__(self, io: FileIO, directory: Path, state: WatermarkState) -> None:
         self.io = io
         self.path = directory / WATERMARK_FILE
+        self.boot_id = current_boot_id()
         self.sequence = state.sequence
         self.confirmed = state.confirmed
+        # What an earlier process of this boot wrote is still vouched for until the next write
+        self.written = state.written if state.boot_id == self.boot_id else None
+        self._lock = threading.Lock()
         self._fd = io.open(self.path, os.O_RDWR)
 
     @classmethod
@@ -132,15 +186,34 @@ class WatermarkFile:
         io.write_file_atomically(directory / WATERMARK_FILE, encode_slot(0, confirmed) * 2)
         return cls(io, directory, WatermarkState(0, confirmed))
 
-    def write(self, confirmed: Position) -> None:
-        """Record ``confirmed`` (already fsynced) in the older slot and make it durable."""
+    def _put(self, confirmed: Position | None, written: Position | None) -> None:
+        """Write the next slot (caller holds the lock); the state moves only once the write returned."""
         sequence = self.sequence + 1
-        self.io.pwrite_all(self._fd, encode_slot(sequence, confirmed), (sequence % 2) * SLOT_SIZE)
-        self.io.sync_data(self._fd)
+        slot = encode_slot(sequence, confirmed, written, self.boot_id)
+        self.io.pwrite_all(self._fd, slot, (sequence % 2) * SLOT_SIZE)
         # Only now: after a failed write the next attempt goes to the same (damaged) slot again and
         # the other slot keeps the last good value.
         self.sequence = sequence
         self.confirmed = confirmed
+        self.written = written
+
+    def write(self, confirmed: Position) -> None:
+        """Record ``confirmed`` (already fsynced) in the older slot and make it durable."""
+        with self._lock:
+            self._put(confirmed, self.written)
+        self.io.sync_data(self._fd)
+
+    def mark_written(self, written: Position) -> Position | None:
+        """Record that ``written``'s data pwrite returned (no fsync); returns the value it replaced."""
+        with self._lock:
+            previous = self.written
+            self._put(self.confirmed, written)
+        return previous
+
+    def unmark_written(self, previous: Position | None) -> None:
+        """A marked group's write failed and is being cut: vouch again only for what came before."""
+        with self._lock:
+            self._put(self.confirmed, previous)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -161,6 +234,37 @@ class WatermarkKeeper:
         self._settled = asyncio.Event()  # no write in flight
         self._settled.set()
         self._failing = False
+
+    def mark_written(self, ledger_id: int, entry_id: int) -> Callable[[], None] | None:
+        """On the group's I/O thread, after its data pwrite: vouch for it (no fsync); returns the undo.
+
+        A failed mark is logged and leaves the previous value: the group is still acknowledged once
+        fsynced, only the shortened-log check covers a little less until the next mark.
+        """
+        if not self._enabled:
+            return None
+        file = self._file
+        try:
+            previous = file.mark_written(Position(ledger_id, entry_id))
+        except OSError as exc:
+            log.warning("managed ledger %s: could not mark the watermark %s: %s", self._name, file.path, exc)
+            return None
+
+        def undo() -> None:
+            try:
+                file.unmark_written(previous)
+            except OSError as exc:
+                log.error(
+                    "managed ledger %s: could not take back the watermark of a failed write (%s): %s; if "
+                    "this process dies before its ledger is reopened, the next open refuses the shortened "
+                    "ledger and the watermark %s must be deleted by hand",
+                    self._name,
+                    Position(ledger_id, entry_id),
+                    exc,
+                    file.path,
+                )
+
+        return undo
 
     def note(self, ledger_id: int, entry_id: int) -> None:
         """Entry ``ledger_id:entry_id`` (and everything before it) is durable now. On the loop."""

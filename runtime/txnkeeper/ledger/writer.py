@@ -5,8 +5,10 @@ takes everything queued for the same ledger, writes it with one pwrite and one f
 thread (so the loop keeps queuing meanwhile), and only then resolves the appends' futures. Ordered
 "barriers" (ledger rollovers) run between groups, so a new ledger's file exists before its first write.
 With group_commit off every append is its own group: the fsync-per-append baseline.
-``on_durable`` hears of every confirmed group (the managed ledger counts entries and moves the
-acknowledged-entry watermark, whose write then runs alongside the next group's).
+``mark_written`` runs on the I/O thread between a group's data pwrite and its fsync (the watermark's
+written mark, which a process crash cannot lose); ``on_durable`` hears of every confirmed group (the
+managed ledger counts entries and moves the watermark's confirmed value, whose write then runs
+alongside the next group's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import Any, TypeVar
 
 from .errors import LedgerWriteError
@@ -57,9 +60,11 @@ class GroupCommitWriter:
         sync: bool,
         on_failure: FailureHandler,
         on_durable: Callable[[LedgerFile, int], None] | None = None,
+        mark_written: Callable[[int, int], Callable[[], None] | None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_durable = on_durable
+        self._mark_written = mark_written
         self._executor = executor
         self._group_commit = group_commit
         self._sync = sync
@@ -147,9 +152,12 @@ class GroupCommitWriter:
             return
         buffers = groups[0].buffers if len(groups) == 1 else [b for g in groups for b in g.buffers]
         start = groups[0].start
+        mark = None
+        if self._mark_written is not None:
+            mark = partial(self._mark_written, ledger.ledger_id, ledger.entries + count - 1)
         try:
             await self._loop.run_in_executor(
-                self._executor, ledger.write_and_sync, buffers, start, self._sync
+                self._executor, ledger.write_and_sync, buffers, start, self._sync, mark
             )
         except GroupWriteFailed as failure:
             self._fail(groups, self._on_failure(ledger, failure))
