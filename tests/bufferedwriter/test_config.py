@@ -33,6 +33,8 @@ def test_defaults_are_pulsars() -> None:
         ({"max_size_bytes": 16 * 1024 * 1024 + 1}, r"maxSizeBytes .* to 16777216 \(16 MiB\)"),
         ({"max_size_bytes": 1.5e6}, r"maxSizeBytes"),
         ({"enabled": "yes"}, r"enabled must be true or false"),
+        ({"flush_mode": "fast"}, r"flushMode must be one of \['adaptive', 'delay'\], got 'fast'"),
+        ({"flush_mode": None}, r"flushMode"),
     ],
 )
 def test_invalid_values_are_refused(kwargs: dict[str, Any], message: str) -> None:
@@ -53,8 +55,10 @@ def test_stat_round_trip_uses_pulsar_field_names() -> None:
         "batchedWriteMaxRecords": 100,
         "batchedWriteMaxSize": 1 << 20,
         "batchedWriteMaxDelayInMillis": 5,
+        "batchedWriteFlushMode": "adaptive",
     }
     assert BatchedWriteConfig.from_stat(stat) == c
+    assert c.with_stat({"batchedWriteFlushMode": "delay"}).flush_mode == "delay"
     assert c.with_stat({"batchEnabled": False}) == BatchedWriteConfig(
         enabled=False, max_records=100, max_size_bytes=1 << 20, max_delay_millis=5
     )

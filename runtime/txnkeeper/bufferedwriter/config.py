@@ -25,7 +25,12 @@ _STAT_FIELDS = {
     "batchedWriteMaxRecords": "max_records",
     "batchedWriteMaxSize": "max_size_bytes",
     "batchedWriteMaxDelayInMillis": "max_delay_millis",
+    "batchedWriteFlushMode": "flush_mode",
 }
+
+# "adaptive" (the default) hands a batch to the ledger at once while no batch entry is in flight;
+# "delay" is Pulsar's pure timer behaviour, kept for byte-for-byte behavioural parity.
+FLUSH_MODES = ("adaptive", "delay")
 
 
 class InvalidBatchedWriteConfigError(ValueError):
@@ -34,12 +39,17 @@ class InvalidBatchedWriteConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BatchedWriteConfig:
-    """PIP-160 settings; defaults are Pulsar's (off, 512 records, 4 MiB, 1 ms)."""
+    """PIP-160 settings; defaults are Pulsar's (off, 512 records, 4 MiB, 1 ms), plus the flush mode.
+
+    ``flush_mode`` is ours, not Pulsar's: "adaptive" (default) never holds a batch while the ledger is
+    idle; "delay" waits for Pulsar's timer tick exactly as Pulsar does (see writer.py).
+    """
 
     enabled: bool = False
     max_records: int = 512
     max_size_bytes: int = 4 * 1024 * 1024
     max_delay_millis: float = 1.0
+    flush_mode: str = "adaptive"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -69,6 +79,11 @@ class BatchedWriteConfig:
             raise InvalidBatchedWriteConfigError(
                 f"batchedWrite.maxDelayMillis must be a finite number >= 0, got {delay!r}"
             )
+        if self.flush_mode not in FLUSH_MODES:
+            raise InvalidBatchedWriteConfigError(
+                f"batchedWrite.flushMode must be one of {list(FLUSH_MODES)}, got {self.flush_mode!r}"
+                ' ("delay" is Pulsar\'s behaviour, "adaptive" flushes at once while the ledger is idle)'
+            )
 
     @property
     def batching(self) -> bool:
@@ -82,6 +97,7 @@ class BatchedWriteConfig:
             "batchedWriteMaxRecords": self.max_records,
             "batchedWriteMaxSize": self.max_size_bytes,
             "batchedWriteMaxDelayInMillis": _delay_for_stat(self.max_delay_millis),
+            "batchedWriteFlushMode": self.flush_mode,
         }
 
     def with_stat(self, partial: Mapping[str, Any]) -> BatchedWriteConfig:
