@@ -42,7 +42,7 @@ def parity_config(**cfg: object) -> BatchedWriteConfig:
 
 
 def writer(log: MemLog, **cfg: object) -> BufferedWriter[tm.TransactionMetadataEntry]:
-    return BufferedWriter(log, TXN_LOG_CODEC, parity_config(**cfg))  # type: ignore[arg-type]
+    return BufferedWriter(log, TXN_LOG_CODEC, parity_config(**cfg))
 
 
 def records_of(log: MemLog) -> list[tuple[bool, list[int]]]:
