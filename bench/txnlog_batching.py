@@ -3,7 +3,9 @@
 For each writer count (1, 16, 256, 1024 by default), N coroutines each append transaction-log records
 (NEW, ADD_PARTITION, ADD_SUBSCRIPTION, UPDATE, UPDATE: a transaction's life; with --with-deletes also
 delete_txn in the background as the coordinator does) to a TransactionLogStore on a fresh data
-directory, as fast as their own acknowledgements allow, for a fixed time. The same run
+directory, as fast as their own acknowledgements allow, for a fixed time. "batched" is the default
+adaptive flush mode, "batched-delay" Pulsar's pure-delay mode; the summary gives each writer count's
+ratio and p99 against "unbatched" and whether issue 12's goal is met. The same run
 measures two unbatched baselines (batching disabled with the ledger's group commit still on, and with
 one fsync per entry) so the ratios are fair on a noisy machine. fsyncs are counted through the ledger's
 FileIO seam.
@@ -200,7 +202,18 @@ async def run_one(
 
 
 def batched_mode(delay_ms: float) -> Mode:
-    return Mode(BatchedWriteConfig(enabled=True, max_delay_millis=delay_ms), ManagedLedgerConfig())
+    # The default flush mode, adaptive: no batch is held while the ledger is idle.
+    return Mode(
+        BatchedWriteConfig(enabled=True, max_delay_millis=delay_ms, flush_mode="adaptive"),
+        ManagedLedgerConfig(),
+    )
+
+
+def batched_delay_mode(delay_ms: float) -> Mode:
+    # Pulsar's pure-delay flush, for comparison with the adaptive mode.
+    return Mode(
+        BatchedWriteConfig(enabled=True, max_delay_millis=delay_ms, flush_mode="delay"), ManagedLedgerConfig()
+    )
 
 
 def unbatched_mode(_delay_ms: float) -> Mode:
@@ -215,6 +228,7 @@ def unbatched_fsync_each_mode(_delay_ms: float) -> Mode:
 
 MODES: dict[str, Callable[[float], Mode]] = {
     "batched": batched_mode,
+    "batched-delay": batched_delay_mode,
     "unbatched": unbatched_mode,
     "unbatched-fsync-each": unbatched_fsync_each_mode,
 }
@@ -241,6 +255,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "batchedRecordsPerEntry": b["recordsPerEntry"],
             "batchedP99Ms": b["latencyMs"]["p99"],
         }
+        if "batched-delay" in by_mode:
+            row["batchedDelayRecordsPerSecond"] = by_mode["batched-delay"]["recordsPerSecond"]
+            row["batchedDelayP99Ms"] = by_mode["batched-delay"]["latencyMs"]["p99"]
+        u = by_mode.get("unbatched")
+        if u is not None:
+            # Issue 12's goal for the adaptive mode: >= 0.95x unbatched records/s and p99 <= 1.1x
+            # unbatched p99 at every writer count, and >= 100k records/s, >= 100 records/entry at 1024.
+            ratio = b["recordsPerSecond"] / max(u["recordsPerSecond"], 1)
+            p99_ratio = b["latencyMs"]["p99"] / max(u["latencyMs"]["p99"], 1e-9)
+            row["unbatchedP99Ms"] = u["latencyMs"]["p99"]
+            row["ratioVsUnbatched"] = round(ratio, 2)
+            row["p99RatioVsUnbatched"] = round(p99_ratio, 2)
+            goal = ratio >= 0.95 and p99_ratio <= 1.1
+            if writers == 1024:
+                goal = goal and b["recordsPerSecond"] >= 100_000 and b["recordsPerEntry"] >= 100
+            row["meetsIssue12Goal"] = goal
         for base in ("unbatched", "unbatched-fsync-each"):
             if base in by_mode:
                 rate = by_mode[base]["recordsPerSecond"]
@@ -256,6 +286,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "warmupSeconds": args.warmup,
             "maxDelayMillis": args.max_delay_ms,
             "maxRecords": 512,
+            "flushModes": {"batched": "adaptive", "batched-delay": "delay (Pulsar)"},
             "ledger": "fsync; group commit except in unbatched-fsync-each",
             "deleteEndedTxns": args.with_deletes,
             "gcThreshold": list(gc.get_threshold()),
@@ -273,7 +304,9 @@ def main() -> int:
         "--writers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 256, 1024]
     )
     parser.add_argument(
-        "--modes", type=lambda s: s.split(","), default=["batched", "unbatched", "unbatched-fsync-each"]
+        "--modes",
+        type=lambda s: s.split(","),
+        default=["batched", "batched-delay", "unbatched", "unbatched-fsync-each"],
     )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)

@@ -39,6 +39,8 @@ def test_defaults_are_pulsars() -> None:
         ({"enabled": "yes"}, r"enabled must be true or false"),
         ({"max_delay_millis": [1]}, r"maxDelayMillis .* got a JSON array$"),
         ({"max_size_bytes": "x" * 1000}, r"maxSizeBytes .* got 'x{30,40}\.\.\.$"),
+        ({"flush_mode": "fast"}, r"flushMode must be one of \['adaptive', 'delay'\], got 'fast'"),
+        ({"flush_mode": None}, r"flushMode"),
     ],
 )
 def test_invalid_values_are_refused(kwargs: dict[str, Any], message: str) -> None:
@@ -81,8 +83,10 @@ def test_stat_round_trip_uses_pulsar_field_names() -> None:
         "batchedWriteMaxRecords": 100,
         "batchedWriteMaxSize": 1 << 20,
         "batchedWriteMaxDelayInMillis": 5,
+        "batchedWriteFlushMode": "adaptive",
     }
     assert BatchedWriteConfig.from_stat(stat) == c
+    assert c.with_stat({"batchedWriteFlushMode": "delay"}).flush_mode == "delay"
     assert c.with_stat({"batchEnabled": False}) == BatchedWriteConfig(
         enabled=False, max_records=100, max_size_bytes=1 << 20, max_delay_millis=5
     )

@@ -1,4 +1,8 @@
-"""The buffered writer's PIP-160 semantics against the ``add_entry`` seam (pure logic, in memory)."""
+"""The buffered writer's PIP-160 semantics against the ``add_entry`` seam (pure logic, in memory).
+
+These are the Pulsar-parity tests, so they run in the "delay" flush mode (Pulsar's); the adaptive
+mode has its own tests in test_adaptive_flush.py.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +36,13 @@ def rec(n: int, owner: str = "") -> tm.TransactionMetadataEntry:
     )
 
 
+def parity_config(**cfg: object) -> BatchedWriteConfig:
+    """A config in Pulsar's pure-delay flush mode (what every test here checks parity against)."""
+    return BatchedWriteConfig(**{"flush_mode": "delay", **cfg})  # type: ignore[arg-type]
+
+
 def writer(log: MemLog, **cfg: object) -> BufferedWriter[tm.TransactionMetadataEntry]:
-    return BufferedWriter(log, TXN_LOG_CODEC, BatchedWriteConfig(**cfg))  # type: ignore[arg-type]
+    return BufferedWriter(log, TXN_LOG_CODEC, parity_config(**cfg))
 
 
 def records_of(log: MemLog) -> list[tuple[bool, list[int]]]:
@@ -71,7 +80,7 @@ async def test_max_records_is_checked_before_max_size() -> None:
     w = BufferedWriter(
         log,
         TXN_LOG_CODEC,
-        BatchedWriteConfig(enabled=True, max_records=2, max_size_bytes=2 * size, max_delay_millis=NEVER_MS),
+        parity_config(enabled=True, max_records=2, max_size_bytes=2 * size, max_delay_millis=NEVER_MS),
         metrics,
     )
     await asyncio.gather(w.write(rec(0, "x" * 20)), w.write(rec(1, "x" * 20)))
@@ -210,7 +219,7 @@ async def test_disable_flushes_pending_first_and_keeps_order() -> None:
     log = MemLog()
     w = writer(log, enabled=True, max_records=100, max_delay_millis=NEVER_MS)
     futs = [w.submit(rec(i)) for i in range(3)]
-    await w.configure(BatchedWriteConfig(enabled=False))
+    await w.configure(parity_config(enabled=False))
     futs += [w.submit(rec(i)) for i in range(3, 5)]
     await asyncio.gather(*futs)
     assert records_of(log) == [(True, [0, 1, 2]), (False, [3]), (False, [4])]
@@ -220,7 +229,7 @@ async def test_lowering_limits_flushes_an_overfull_pending_batch() -> None:
     log = MemLog()
     w = writer(log, enabled=True, max_records=100, max_delay_millis=NEVER_MS)
     futs = [w.submit(rec(i)) for i in range(5)]
-    await w.configure(BatchedWriteConfig(enabled=True, max_records=4, max_delay_millis=NEVER_MS))
+    await w.configure(parity_config(enabled=True, max_records=4, max_delay_millis=NEVER_MS))
     await asyncio.gather(*futs)
     assert records_of(log) == [(True, [0, 1, 2, 3, 4])]
 
@@ -229,7 +238,7 @@ async def test_shortening_the_delay_applies_to_the_pending_batch() -> None:
     log = MemLog()
     w = writer(log, enabled=True, max_records=100, max_delay_millis=NEVER_MS)
     fut = w.submit(rec(1))
-    await w.configure(BatchedWriteConfig(enabled=True, max_records=100, max_delay_millis=1))
+    await w.configure(parity_config(enabled=True, max_records=100, max_delay_millis=1))
     assert (await asyncio.wait_for(fut, timeout=5)).batch_size == 1
 
 
@@ -252,7 +261,7 @@ async def test_ordering_under_concurrency_and_toggling_under_load() -> None:
         for i in range(40):
             enabled = i % 2 == 0
             await w.configure(
-                BatchedWriteConfig(
+                parity_config(
                     enabled=enabled,
                     max_records=rnd.randint(1, 9),
                     max_size_bytes=400,
@@ -286,10 +295,10 @@ async def test_metrics_count_records_entries_and_delay() -> None:
         "pulsar_txn_pending_ack_store", {"topic": "t", "subscription": "s"}, registry
     )
     w = BufferedWriter(
-        log, TXN_LOG_CODEC, BatchedWriteConfig(enabled=True, max_records=10, max_delay_millis=1), metrics
+        log, TXN_LOG_CODEC, parity_config(enabled=True, max_records=10, max_delay_millis=1), metrics
     )
     await asyncio.gather(*(w.write(rec(i)) for i in range(3)))
-    await w.configure(BatchedWriteConfig(enabled=False))
+    await w.configure(parity_config(enabled=False))
     await w.write(rec(9))
     labels = {"topic": "t", "subscription": "s"}
     p = "pulsar_txn_pending_ack_store_bufferedwriter"
@@ -318,10 +327,10 @@ async def test_sinks_receive_every_outcome_even_for_cancelled_callers() -> None:
     failed = [w.submit(rec(3), sink), w.submit(rec(4), sink)]
     await asyncio.gather(*failed, return_exceptions=True)
     assert sink[2:] == [FAILED, FAILED]
-    await w.configure(BatchedWriteConfig(enabled=False))
+    await w.configure(parity_config(enabled=False))
     await w.submit(rec(5), sink)
     assert unpack_position(sink[4]) == WritePosition(1, 1, 0, 0)
-    await w.configure(BatchedWriteConfig(enabled=True, max_records=10, max_delay_millis=NEVER_MS))
+    await w.configure(parity_config(enabled=True, max_records=10, max_delay_millis=NEVER_MS))
     buffered = w.submit(rec(6), sink)
     await w.close()
     with pytest.raises(BufferedWriterClosedError):

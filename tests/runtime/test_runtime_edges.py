@@ -124,6 +124,7 @@ async def test_admin_documents_have_the_pulsar_shapes(cluster: tuple[ServePod, S
                 "batchedWriteMaxRecords": 512,
                 "batchedWriteMaxSize": 4194304,
                 "batchedWriteMaxDelayInMillis": 1,
+                "batchedWriteFlushMode": "adaptive",
             },
         }
     ]

@@ -23,7 +23,9 @@ from .helpers import ack, add_subscription, new_txn, update
 def write_entries(data_dir: Path) -> tuple[list[WritePosition], WritePosition, WritePosition]:
     async def go() -> tuple[list[WritePosition], WritePosition, WritePosition]:
         factory = ManagedLedgerFactory(data_dir, io_threads=1)
-        store = await TransactionLogStore.open(factory, 2, BatchedWriteConfig(enabled=True, max_records=3))
+        store = await TransactionLogStore.open(
+            factory, 2, BatchedWriteConfig(enabled=True, max_records=3, flush_mode="delay")
+        )
         batch = list(
             await asyncio.gather(
                 store.append(new_txn(2, 1, owner="alice")),

@@ -51,7 +51,11 @@ async def test_replay_restores_open_acks_and_logged_outcomes(factory: ManagedLed
 async def test_stores_have_separate_writers_and_settings(factory: ManagedLedgerFactory) -> None:
     registry = CollectorRegistry()
     acks = await PendingAckStore.open(
-        factory, TOPIC, "s1", BatchedWriteConfig(enabled=True, max_records=4), registry=registry
+        factory,
+        TOPIC,
+        "s1",
+        BatchedWriteConfig(enabled=True, max_records=4, flush_mode="delay"),
+        registry=registry,
     )
     log = await TransactionLogStore.open(factory, 0, BatchedWriteConfig(enabled=False), registry=registry)
     await asyncio.gather(*(acks.append(ack(s, 1, s)) for s in range(4)), log.append(new_txn(0, 1)))

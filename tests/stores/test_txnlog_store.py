@@ -82,7 +82,9 @@ async def test_replay_of_mixed_batched_unbatched_and_oversized_entries(factory: 
 async def test_delete_txn_deletes_at_batch_index_level_and_replay_skips(
     factory: ManagedLedgerFactory,
 ) -> None:
-    store = await TransactionLogStore.open(factory, 0, BatchedWriteConfig(enabled=True, max_records=4))
+    store = await TransactionLogStore.open(
+        factory, 0, BatchedWriteConfig(enabled=True, max_records=4, flush_mode="delay")
+    )
     positions = await asyncio.gather(*(store.append(new_txn(0, s)) for s in range(4)))
     assert {p.entry_id for p in positions} == {positions[0].entry_id}, "four NEW records fill one batch"
     await store.delete_txn(TxnID(0, 1))
@@ -240,6 +242,7 @@ async def test_stats_census_and_metrics(factory: ManagedLedgerFactory) -> None:
         "batchedWriteMaxRecords": 8,
         "batchedWriteMaxSize": 4194304,
         "batchedWriteMaxDelayInMillis": 1,
+        "batchedWriteFlushMode": "adaptive",
     }
     stats = store.internal_stats()
     assert stats["managedLedgerName"] == "__transaction_log_9"

@@ -66,7 +66,9 @@ async def test_ledger_write_failure_fails_the_whole_batch_and_keeps_what_was_ack
     try:
         ledger = await factory.open("writer-failure")
         writer = BufferedWriter(
-            ledger, TXN_LOG_CODEC, BatchedWriteConfig(enabled=True, max_records=5, max_delay_millis=1000)
+            ledger,
+            TXN_LOG_CODEC,
+            BatchedWriteConfig(enabled=True, max_records=5, max_delay_millis=1000, flush_mode="delay"),
         )
         good = await asyncio.gather(*(writer.write(new_txn(0, n)) for n in range(5)))
         io.failing = True

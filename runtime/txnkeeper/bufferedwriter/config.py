@@ -13,9 +13,11 @@ from typing import Any
 
 from txnkeeper.contract.batching import (
     DEFAULT_ENABLED,
+    DEFAULT_FLUSH_MODE,
     DEFAULT_MAX_DELAY_MILLIS,
     DEFAULT_MAX_RECORDS,
     DEFAULT_MAX_SIZE_BYTES,
+    FLUSH_MODES,
     MAX_MAX_DELAY_MILLIS,
     MAX_MAX_RECORDS,
     MAX_MAX_SIZE_BYTES,
@@ -30,6 +32,7 @@ _STAT_FIELDS = {
     "batchedWriteMaxRecords": "max_records",
     "batchedWriteMaxSize": "max_size_bytes",
     "batchedWriteMaxDelayInMillis": "max_delay_millis",
+    "batchedWriteFlushMode": "flush_mode",
 }
 
 
@@ -39,12 +42,17 @@ class InvalidBatchedWriteConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BatchedWriteConfig:
-    """PIP-160 settings; defaults are Pulsar's (off, 512 records, 4 MiB, 1 ms)."""
+    """PIP-160 settings; defaults are Pulsar's (off, 512 records, 4 MiB, 1 ms), plus the flush mode.
+
+    ``flush_mode`` is ours, not Pulsar's: "adaptive" (default) never holds a batch while the ledger is
+    idle; "delay" waits for Pulsar's timer tick exactly as Pulsar does (see writer.py).
+    """
 
     enabled: bool = DEFAULT_ENABLED
     max_records: int = DEFAULT_MAX_RECORDS
     max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES
     max_delay_millis: float = float(DEFAULT_MAX_DELAY_MILLIS)
+    flush_mode: str = DEFAULT_FLUSH_MODE
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -77,6 +85,11 @@ class BatchedWriteConfig:
                 f" to {MAX_MAX_DELAY_MILLIS} (every transactional call waits up to this long), got"
                 f" {_shown(delay)}"
             )
+        if self.flush_mode not in FLUSH_MODES:
+            raise InvalidBatchedWriteConfigError(
+                f"batchedWrite.flushMode must be one of {list(FLUSH_MODES)}, got {self.flush_mode!r}"
+                ' ("delay" is Pulsar\'s behaviour, "adaptive" flushes at once while the ledger is idle)'
+            )
 
     @property
     def batching(self) -> bool:
@@ -90,6 +103,7 @@ class BatchedWriteConfig:
             "batchedWriteMaxRecords": self.max_records,
             "batchedWriteMaxSize": self.max_size_bytes,
             "batchedWriteMaxDelayInMillis": _delay_for_stat(self.max_delay_millis),
+            "batchedWriteFlushMode": self.flush_mode,
         }
 
     def with_stat(self, partial: Mapping[str, Any]) -> BatchedWriteConfig:

@@ -28,12 +28,15 @@ OLDEST_RECORD_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5
 
 
 class FlushTrigger(Enum):
-    """Why a batch was flushed (Pulsar's four trigger counters), plus flushes Pulsar does not count."""
+    """Why a batch was flushed (Pulsar's four trigger counters, our idle one), plus uncounted flushes."""
 
     MAX_RECORDS = "max_records"
     MAX_SIZE = "max_size"
     MAX_DELAY = "max_delay"
     LARGE_DATA = "large_data"
+    # Ours (adaptive flush mode): the batch left because no batch entry of its writer was in flight.
+    # Counted as ..._flush_trigger_idle_total, so a scrape shows which mode is doing the flushing.
+    IDLE = "idle"
     # Not counted by a trigger metric: reconfiguration or an explicit flush (e.g. graceful close).
     FORCED = "forced"
 

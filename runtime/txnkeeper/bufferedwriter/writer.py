@@ -9,6 +9,14 @@ Why it is shaped like this: the record path is the throughput limit, so a record
 serialization, one list append and one future; batches go to the ledger as tasks started in flush
 order (entry order equals flush order), and the next batch fills while the previous one is being
 fsync'd, which feeds the ledger's group commit. At most one timer is ever armed (see _arm_timer).
+
+Flush modes (``BatchedWriteConfig.flush_mode``). "delay" is Pulsar's behaviour, byte for byte: a
+partial batch waits for the timer tick. "adaptive" (the default) never holds a batch while the ledger
+is idle, because a lone or sequential writer would otherwise pay maxDelay on every record: a record
+that arrives while no batch entry of this writer is in flight leaves at once as its own batch (trigger
+``idle``); records arriving while one is in flight accumulate, and leave together when that entry
+settles (trigger ``idle``), or earlier on maxRecords/maxSize, and maxDelay still bounds their wait. The
+byte format, the large-record rule, order, and close/fail semantics are the same in both modes.
 """
 
 from __future__ import annotations
@@ -139,6 +147,9 @@ class BufferedWriter(Generic[R]):
         self._epoch: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Future[LedgerPosition]] = set()
+        # Batched entries (not plain ones) handed to the ledger and not yet settled: adaptive mode
+        # flushes at once only when this is zero.
+        self._batches_in_flight = 0
         self._closed = asyncio.Event()
         self._apply(config)
 
@@ -223,7 +234,9 @@ class BufferedWriter(Generic[R]):
             self._flush(FlushTrigger.MAX_SIZE)
         elif len(waiters) == 1:
             self._oldest_at = now = loop.time()
-            if self._timer is None:
+            if self._adaptive and not self._batches_in_flight:
+                self._flush(FlushTrigger.IDLE)
+            elif self._timer is None:
                 self._arm_timer(loop, now)
         return fut
 
@@ -254,6 +267,8 @@ class BufferedWriter(Generic[R]):
             self._flush(FlushTrigger.MAX_RECORDS)
         elif self._pending_bytes >= self._max_size:
             self._flush(FlushTrigger.MAX_SIZE)
+        elif self._adaptive and not self._batches_in_flight:
+            self._flush(FlushTrigger.IDLE)
         else:
             # The pending batch follows the new delay, on a tick grid that starts now.
             if self._timer is not None:
@@ -315,6 +330,7 @@ class BufferedWriter(Generic[R]):
         self._max_records = config.max_records
         self._max_size = config.max_size_bytes
         self._delay_s = config.max_delay_millis / 1000.0
+        self._adaptive = config.flush_mode == "adaptive"
 
     def _check_open(self) -> None:
         if self._state is not WriterState.OPEN:
@@ -347,6 +363,7 @@ class BufferedWriter(Generic[R]):
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
         task = self._start_entry(loop, b"".join(framed))
         self._in_flight.add(task)
+        self._batches_in_flight += 1
         task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
 
     def _start_entry(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[LedgerPosition]:
@@ -366,6 +383,11 @@ class BufferedWriter(Generic[R]):
         task: asyncio.Future[LedgerPosition],
     ) -> None:
         self._in_flight.discard(task)
+        self._batches_in_flight -= 1
+        if self._waiters and self._adaptive and not self._batches_in_flight and self._batching:
+            # The ledger just went idle: what accumulated meanwhile leaves now. Flushed before this
+            # entry's callers wake, so their next records fill the following batch.
+            self._flush(FlushTrigger.IDLE)
         error = _failure(task)
         if error is not None:
             if self._metrics is not None:

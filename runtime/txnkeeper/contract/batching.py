@@ -14,6 +14,10 @@ DEFAULT_ENABLED = False
 DEFAULT_MAX_RECORDS = 512
 DEFAULT_MAX_SIZE_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_DELAY_MILLIS = 1
+# How a batch leaves (ours, not Pulsar's): "adaptive" hands it to the ledger at once while no batch
+# entry is in flight and accumulates while one is; "delay" is Pulsar's pure timer, for parity.
+FLUSH_MODES = ("adaptive", "delay")
+DEFAULT_FLUSH_MODE = "adaptive"
 
 # maxRecords 1 means "every record is its own (plain) entry", as in Pulsar. The upper bound keeps a
 # batch's ack set (one bit per record, kept per entry by every cursor) small.

@@ -24,6 +24,7 @@ _CR_KEYS = {
     "maxRecords": "max_records",
     "maxSizeBytes": "max_size_bytes",
     "maxDelayMillis": "max_delay_millis",
+    "flushMode": "flush_mode",
 }
 
 
