@@ -10,6 +10,10 @@ processes on it and measures the time from spawning the process to ``/ready`` an
   cover is replayed;
 - ``empty_s``: an empty data directory, the process's own start-up cost.
 
+Then, for each of --records, it writes that many live transaction-log records (open transactions) for
+coordinator 0 and measures a ``txnkeeper serve --role coordinator`` pod's time to ``/ready``
+(``coordinator``: the whole log is replayed; there is no snapshot of it).
+
 Prints one JSON document with the sizes, times and the growth ratio of the largest to the smallest size
 (``growth``; data grows by ``data_ratio``). Figures depend on the machine and its load.
 
@@ -31,11 +35,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.bufferedwriter import BatchedWriteConfig
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import SNAPSHOT_DIR, TopicLedger, TopicService
+from txnkeeper.txnlog import TransactionLogStore
 
 TOPIC = "persistent://bench/ns/recovery"
 READY_TIMEOUT = 600.0
@@ -68,7 +75,42 @@ async def write_data(data_dir: Path, size: int, payload_size: int, txn_size: int
     return entries
 
 
-def time_to_ready(data_dir: Path, workdir: Path) -> float:
+async def write_txn_log(data_dir: Path, records: int) -> None:
+    """``records`` live records of coordinator 0: open transactions (NEW, ADD_PARTITION,
+    ADD_SUBSCRIPTION each) with an hour's timeout, so the restarted coordinator only loads them."""
+    factory = ManagedLedgerFactory(data_dir / "ledgers")
+    batching = BatchedWriteConfig(enabled=True, max_records=512, max_size_bytes=4 << 20, max_delay_millis=1)
+    store = await TransactionLogStore.open(factory, 0, batching)
+    now = int(time.time() * 1000)
+    pending: list[Any] = []
+    op = tm.TransactionMetadataEntry.TransactionMetadataOp
+    for seq in range(1, records // 3 + 1):
+        for record in (
+            tm.TransactionMetadataEntry(
+                metadata_op=op.NEW, timeout_ms=3_600_000, start_time=now, last_modification_time=now,
+                max_local_txn_id=seq, owner="bench",
+            ),
+            tm.TransactionMetadataEntry(
+                metadata_op=op.ADD_PARTITION, partitions=[f"persistent://bench/ns/t-{seq % 16}"],
+                last_modification_time=now,
+            ),
+            tm.TransactionMetadataEntry(
+                metadata_op=op.ADD_SUBSCRIPTION, last_modification_time=now,
+                subscriptions=[tm.Subscription(topic="persistent://bench/ns/t", subscription="s")],
+            ),
+        ):  # fmt: skip
+            record.txnid_most_bits = 0
+            record.txnid_least_bits = seq
+            pending.append(store.append(record))
+        if len(pending) >= 6000:
+            await asyncio.gather(*pending)
+            pending = []
+    await asyncio.gather(*pending)
+    await store.close()
+    await factory.close()
+
+
+def time_to_ready(data_dir: Path, workdir: Path, role: str = "store") -> float:
     """Seconds from spawning ``txnkeeper serve --role store`` on ``data_dir`` to /ready; stops it
     gracefully afterwards (which writes a fresh snapshot)."""
     token = workdir / "token"
@@ -77,8 +119,8 @@ def time_to_ready(data_dir: Path, workdir: Path) -> float:
     ports = workdir / "ports.json"
     ports.unlink(missing_ok=True)
     cmd = [
-        sys.executable, "-m", "txnkeeper.cli", "serve", "--role", "store", "--data-dir", str(data_dir),
-        "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--pod-name", "pas-0",
+        sys.executable, "-m", "txnkeeper.cli", "serve", "--role", role, "--data-dir", str(data_dir),
+        "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--pod-name", f"{role}-0",
         "--ports-file", str(ports), "--admin-token-file", str(token), "--log-level", "WARNING",
     ]  # fmt: skip
     with open(workdir / "serve.log", "ab") as log:
@@ -107,6 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mib", default="64,256,1024")
     parser.add_argument("--payload", type=int, default=8192)
+    parser.add_argument("--records", default="100000,300000,1000000", help="live txn-log records")
     parser.add_argument("--txn-size", type=int, default=100, help="messages per transaction")
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write the data (default: a temp dir)"
@@ -134,6 +177,18 @@ def main() -> None:
                  "full_replay_s": round(full, 3), "snapshot_s": round(snapshot, 3)}
             )  # fmt: skip
             shutil.rmtree(workdir)
+        coordinator: list[dict[str, Any]] = []
+        for records in (int(r) for r in args.records.split(",")):
+            workdir = root / f"{records}records"
+            workdir.mkdir()
+            began = time.monotonic()
+            asyncio.run(write_txn_log(workdir / "data", records))
+            write_s = time.monotonic() - began
+            ready = time_to_ready(workdir / "data", workdir, "coordinator")
+            coordinator.append(
+                {"live_records": records, "write_s": round(write_s, 2), "ready_s": round(ready, 3)}
+            )
+            shutil.rmtree(workdir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     first, last = results[0], results[-1]
@@ -146,6 +201,11 @@ def main() -> None:
                 "data_ratio": round(last["topic_data_mib"] / first["topic_data_mib"], 2),
                 "growth_full_replay": round(last["full_replay_s"] / first["full_replay_s"], 2),
                 "growth": round(last["snapshot_s"] / first["snapshot_s"], 2),
+                "coordinator": coordinator,
+                "coordinator_records_ratio": round(
+                    coordinator[-1]["live_records"] / coordinator[0]["live_records"], 2
+                ),
+                "coordinator_growth": round(coordinator[-1]["ready_s"] / coordinator[0]["ready_s"], 2),
             },
             indent=2,
         )
