@@ -4,6 +4,9 @@ cover, yet restores every outcome; a damaged or stale snapshot is never used (fu
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +137,40 @@ def test_snapshot_round_trip_and_shape_errors(tmp_path: Path) -> None:
     statefile.write(path, snapshots.KIND, snapshots.VERSION, body)
     with pytest.raises(snapshots.SnapshotError, match=r"s\.snapshot.*ended\[0\] must have 6 fields"):
         snapshots.read(path, TOPIC)
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.topic import snapshot as s
+path = Path(sys.argv[1])
+for n in range(1, 10**9):
+    ended = [s.EndedTxn(TxnID(1, i), i % 2 == 0, Position(3, i), 0) for i in range(n % 500)]
+    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), ended, [TxnID(2, n)]))
+    print(n, flush=True)
+"""
+
+
+def test_a_process_killed_while_writing_snapshots_leaves_a_whole_one(tmp_path: Path) -> None:
+    """SIGKILL at an arbitrary point of a stream of snapshot writes: the file is always one whole
+    snapshot (the previous or the next), never a mix or a torn one."""
+    path = snapshots.snapshot_path(tmp_path, TOPIC)
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), TOPIC], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    last = 0
+    for line in process.stdout:  # wait until it has replaced the file a number of times
+        last = int(line)
+        if last >= 30:
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    loaded = snapshots.read(path, TOPIC)
+    assert loaded is not None
+    n = loaded.covers.entry_id
+    assert n >= last  # at least the last write it reported finished
+    assert loaded.open == [TxnID(2, n)]  # and all of that one write
+    assert len(loaded.ended) == n % 500

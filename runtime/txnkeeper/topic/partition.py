@@ -81,6 +81,7 @@ class Partition:
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_lock = asyncio.Lock()  # one writer of the file at a time, captures in order
+        self._writing: asyncio.Future[None] | None = None
         self.replayed_entries = 0  # by the last recover(): what the snapshot did not cover
 
     def _load_snapshot(self) -> Position | None:
@@ -162,7 +163,11 @@ class Partition:
             if captured is None:
                 return False
             written_before = self._since_snapshot
-            await asyncio.to_thread(snapshots.write, path, captured)
+            if self._writing is not None and not self._writing.done():
+                # A write whose waiter was cancelled still runs in its thread: never two at once.
+                await asyncio.wait([self._writing])
+            self._writing = asyncio.ensure_future(asyncio.to_thread(snapshots.write, path, captured))
+            await asyncio.shield(self._writing)
             self._since_snapshot -= written_before
             return True
 
@@ -186,6 +191,8 @@ class Partition:
         """Finish a background snapshot and take a last one, so a clean restart replays nothing."""
         if self._snapshot_task is not None:
             await asyncio.gather(self._snapshot_task, return_exceptions=True)
+        if self._writing is not None:
+            await asyncio.wait([self._writing])
         if self._since_snapshot:
             await self._snapshot_in_background()
 
