@@ -13,11 +13,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
+from pathlib import Path
 from typing import Protocol
 
 from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.protocol.errors import InvalidTxnStatusError
+from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
@@ -29,6 +31,10 @@ REPLAY_BATCH = 1000
 TAIL_CACHE_ENTRIES = 20_000
 TAIL_CACHE_BYTES = 32 * 1024 * 1024
 HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
+# A snapshot of the transaction buffer is taken once this many entries were written since the last one
+# (and at housekeeping and close when anything was): a restart replays at most about this many entries
+# plus one housekeeping interval of traffic.
+SNAPSHOT_EVERY_ENTRIES = 20_000
 
 
 class PartitionLedger(Protocol):
@@ -50,7 +56,14 @@ class PartitionLedger(Protocol):
 class Partition:
     """A partition and everything that reads from it."""
 
-    def __init__(self, topic: str, ledger: PartitionLedger) -> None:
+    def __init__(
+        self,
+        topic: str,
+        ledger: PartitionLedger,
+        snapshot_path: Path | None = None,
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY_ENTRIES,
+    ) -> None:
         self.topic = topic
         self.ledger = ledger
         self.buffer = TransactionBuffer()
@@ -62,14 +75,56 @@ class Partition:
         # Recently written entries: subscriptions that keep up read the tail from memory, not disk.
         self._tail: OrderedDict[Position, bytes] = OrderedDict()
         self._tail_bytes = 0
+        # Transaction buffer snapshots (None: never taken, every restart replays all live entries).
+        self._snapshot_path = snapshot_path
+        self._snapshot_every = snapshot_every
+        self._since_snapshot = 0
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_lock = asyncio.Lock()  # one writer of the file at a time, captures in order
+        self._writing: asyncio.Future[None] | None = None
+        self.replayed_entries = 0  # by the last recover(): what the snapshot did not cover
+
+    def _load_snapshot(self) -> Position | None:
+        """Restore the buffer from the snapshot; the position it covers, or None to replay everything."""
+        if self._snapshot_path is None:
+            return None
+        try:
+            loaded = snapshots.read(self._snapshot_path, self.topic)
+        except snapshots.SnapshotError as exc:
+            log.warning("%s; rebuilding it by a full replay of %s", exc, self.topic)
+            return None
+        if loaded is None:
+            return None
+        last = self.ledger.last_confirmed_entry()
+        if last is None or loaded.covers > last:
+            log.warning(
+                "transaction buffer snapshot %s covers up to %s but the ledger of %s ends at %s; "
+                "ignoring it and rebuilding it by a full replay",
+                self._snapshot_path,
+                loaded.covers,
+                self.topic,
+                last,
+            )
+            return None
+        self.buffer.restore(
+            [(e.txn_id, e.committed, e.marker, e.deadline_ms) for e in loaded.ended], loaded.open
+        )
+        live = self.ledger.ledger_ids()
+        if live:  # outcomes whose markers were trimmed since the snapshot: forgotten, but still fenced
+            for txn_id, deadline_ms in self.buffer.forget_before(Position(live[0], -1)):
+                self.late_fence.add(txn_id, deadline_ms)
+        return loaded.covers
 
     async def recover(self) -> None:
-        """Rebuild the transaction buffer from the live entries (markers say how each txn ended)."""
-        after: Position | None = None
+        """Rebuild the transaction buffer: from the snapshot if there is a usable one, then from the
+        live entries after it (markers say how each txn ended)."""
+        after = await asyncio.to_thread(self._load_snapshot)
+        replayed = 0
         while True:
             entries = await self.read_after(after, REPLAY_BATCH)
             if not entries:
-                return
+                break
+            replayed += len(entries)
             for position, data in entries:
                 record = decode(data, self.topic, position)
                 if record.txn_id is not None:
@@ -78,6 +133,68 @@ class Partition:
                     else:
                         self.buffer.message_written(record.txn_id)
                 after = position
+        self.replayed_entries = replayed
+        self._since_snapshot = replayed
+        if replayed >= self._snapshot_every:  # so that the next restart does not replay them again
+            await self.write_snapshot()
+
+    def capture_snapshot(self) -> snapshots.BufferSnapshot | None:
+        """The buffer's state and the position it covers, or None while a marker is being written.
+
+        Taken synchronously: every marker up to the last confirmed entry has been applied to the buffer
+        when no end is in flight (an end applies its outcome in the same step it leaves ``_ending``)."""
+        if self._ending:
+            return None
+        covers = self.ledger.last_confirmed_entry()
+        if covers is None:
+            return None
+        ended, opened = self.buffer.export()
+        return snapshots.BufferSnapshot(
+            self.topic, covers, [snapshots.EndedTxn(t, c, m, d) for t, c, m, d in ended], opened
+        )
+
+    async def write_snapshot(self) -> bool:
+        """Persist a snapshot now if one can be captured; whether one was written."""
+        path = self._snapshot_path
+        if path is None:
+            return False
+        async with self._snapshot_lock:
+            captured = self.capture_snapshot()
+            if captured is None:
+                return False
+            written_before = self._since_snapshot
+            if self._writing is not None and not self._writing.done():
+                # A write whose waiter was cancelled still runs in its thread: never two at once.
+                await asyncio.wait([self._writing])
+            self._writing = asyncio.ensure_future(asyncio.to_thread(snapshots.write, path, captured))
+            await asyncio.shield(self._writing)
+            self._since_snapshot -= written_before
+            return True
+
+    def _count_written(self) -> None:
+        self._since_snapshot += 1
+        if (
+            self._since_snapshot >= self._snapshot_every
+            and self._snapshot_path is not None
+            and (self._snapshot_task is None or self._snapshot_task.done())
+            and not self._ending
+        ):
+            self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_in_background())
+
+    async def _snapshot_in_background(self) -> None:
+        try:
+            await self.write_snapshot()
+        except Exception:  # the ledger still has everything: the next restart only replays more
+            log.exception("writing the transaction buffer snapshot of %s failed; retrying later", self.topic)
+
+    async def close(self) -> None:
+        """Finish a background snapshot and take a last one, so a clean restart replays nothing."""
+        if self._snapshot_task is not None:
+            await asyncio.gather(self._snapshot_task, return_exceptions=True)
+        if self._writing is not None:
+            await asyncio.wait([self._writing])
+        if self._since_snapshot:
+            await self._snapshot_in_background()
 
     async def read_after(self, position: Position | None, max_entries: int) -> list[tuple[Position, bytes]]:
         """Up to ``max_entries`` durable entries after ``position`` (None: from the oldest live entry)."""
@@ -110,6 +227,7 @@ class Partition:
         position = await self.ledger.add_entry(data)
         self._remember(position, data)
         self.published_count += 1
+        self._count_written()
         if txn_id is None:
             self._notify()
         return position
@@ -146,6 +264,7 @@ class Partition:
             del self._ending[txn_id]
         self.buffer.ended(txn_id, commit, position, deadline_ms)
         done.set_result(None)
+        self._count_written()
         self._notify()
 
     async def housekeeping(self) -> None:
@@ -153,7 +272,10 @@ class Partition:
         whose markers were in them (their entries are gone for every reader, present or future).
 
         Only with at least one subscription: without any, retained messages wait for a future one.
+        Also snapshots the transaction buffer if anything was written since the last snapshot.
         """
+        if self._since_snapshot:
+            await self._snapshot_in_background()
         if not self.subscriptions:
             return
         await self.ledger.trim()

@@ -19,6 +19,7 @@ from txnkeeper.protocol.errors import BadRequestError, InvalidTxnStatusError, No
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
+from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
@@ -26,6 +27,7 @@ from txnkeeper.topic.txnfence import now_ms as _now_ms
 log = logging.getLogger(__name__)
 
 PENDING_ACK_SUFFIX = "__transaction_pending_ack"
+SNAPSHOT_DIR = "txnbuffer-snapshots"  # next to the registry: one snapshot file per topic
 MAX_NAME = 512
 T = TypeVar("T")
 
@@ -100,6 +102,8 @@ class TopicService:
         for task in self._housekeepers:
             task.cancel()
         await asyncio.gather(*self._housekeepers, return_exceptions=True)
+        for partition in self._partitions.values():
+            await partition.close()
         for subscription in self._subscriptions.values():
             await subscription.close()
         for handle in self._pending_acks.values():
@@ -149,7 +153,8 @@ class TopicService:
     async def _create_partition(self, topic: str) -> Partition:
         ledger = await self._open_ledger(topic)
         self._ledgers[topic] = ledger
-        partition = Partition(topic, ledger)
+        snapshot = snapshot_path(self._registry_path.parent / SNAPSHOT_DIR, topic)
+        partition = Partition(topic, ledger, snapshot)
         await partition.recover()
         self._partitions[topic] = partition
         self._housekeepers.append(asyncio.get_running_loop().create_task(partition.housekeeping_forever()))

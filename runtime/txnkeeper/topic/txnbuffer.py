@@ -74,6 +74,18 @@ class TransactionBuffer:
             forgotten.append((txn_id, deadline_ms))
         return forgotten
 
+    def export(self) -> tuple[list[tuple[TxnID, bool, Position, int]], list[TxnID]]:
+        """The ended transactions (in marker order) and the open ones, for a snapshot."""
+        ended = [(txn_id, c, marker, d) for txn_id, (c, marker, d) in self._ended.items()]
+        return ended, list(self._open)
+
+    def restore(self, ended: list[tuple[TxnID, bool, Position, int]], opened: list[TxnID]) -> None:
+        """Start from a snapshot's state (before replaying the entries after it)."""
+        for txn_id, committed, marker, deadline_ms in ended:
+            self.ended(txn_id, committed, marker, deadline_ms)
+        for txn_id in opened:
+            self.message_written(txn_id)
+
     @property
     def ongoing(self) -> int:
         return len(self._open)

@@ -1,0 +1,122 @@
+"""The transaction buffer snapshot of one partition (Pulsar's __transaction_buffer_snapshot idea).
+
+Without it a restarted store replays every live entry of every topic to learn which transactions
+ended how; with it, recovery loads the ended (committed and aborted) transactions with their marker
+positions, the open ones, and the position the snapshot covers, then replays only the entries after
+that position. Recovery time then grows with the traffic since the last snapshot, not with the
+retained data.
+
+The snapshot is a checksummed state file (txnkeeper.statefile), replaced atomically. It is derivable
+from the ledger, so one that is damaged, of another topic, or ahead of the ledger is never used: the
+partition logs a WARNING naming the file and what was wrong, and rebuilds by a full replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from txnkeeper import statefile
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.names import encode_name
+from txnkeeper.ledger.position import Position
+
+KIND = "txn-buffer-snapshot"
+VERSION = 1
+REMEDY = "it is rebuilt from the topic's ledger by a full replay; nothing needs to be done"
+
+
+@dataclass(frozen=True)
+class EndedTxn:
+    txn_id: TxnID
+    committed: bool
+    marker: Position
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class BufferSnapshot:
+    """The transaction buffer's state once every entry up to and including ``covers`` was applied."""
+
+    topic: str
+    covers: Position
+    ended: list[EndedTxn]  # in marker order
+    open: list[TxnID]
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that must not be used (the message names the file and the problem)."""
+
+
+def snapshot_path(directory: Path, topic: str) -> Path:
+    return directory / f"{encode_name(topic, 'topic')}.snapshot"
+
+
+def encode_body(snapshot: BufferSnapshot) -> dict[str, object]:
+    return {
+        "topic": snapshot.topic,
+        "covers": [snapshot.covers.ledger_id, snapshot.covers.entry_id],
+        "ended": [
+            [
+                e.txn_id.most,
+                e.txn_id.least,
+                int(e.committed),
+                e.marker.ledger_id,
+                e.marker.entry_id,
+                e.deadline_ms,
+            ]
+            for e in snapshot.ended
+        ],
+        "open": [[t.most, t.least] for t in snapshot.open],
+    }
+
+
+def write(path: Path, snapshot: BufferSnapshot) -> None:
+    """Durably replace the snapshot at ``path`` (temporary file, fsync, rename, fsync directory)."""
+    statefile.write(path, KIND, VERSION, encode_body(snapshot))
+
+
+def _position(value: object, what: str) -> Position:
+    pair = statefile.array(value, what)
+    if len(pair) != 2:
+        raise statefile.StateShapeError(f"{what} must be [ledger id, entry id]")
+    return Position(statefile.integer(pair[0], what, 0), statefile.integer(pair[1], what, -1))
+
+
+def _decode_body(body: object) -> BufferSnapshot:
+    doc = statefile.obj(body, "the snapshot", {"topic", "covers", "ended", "open"})
+    ended: list[EndedTxn] = []
+    for i, row in enumerate(statefile.array(doc["ended"], "ended")):
+        fields = statefile.array(row, f"ended[{i}]")
+        if len(fields) != 6:
+            raise statefile.StateShapeError(f"ended[{i}] must have 6 fields, has {len(fields)}")
+        most, least, committed, ledger_id, entry_id, deadline = (
+            statefile.integer(f, f"ended[{i}]", 0) for f in fields
+        )
+        ended.append(EndedTxn(TxnID(most, least), bool(committed), Position(ledger_id, entry_id), deadline))
+    opened: list[TxnID] = []
+    for i, row in enumerate(statefile.array(doc["open"], "open")):
+        fields = statefile.array(row, f"open[{i}]")
+        if len(fields) != 2:
+            raise statefile.StateShapeError(f"open[{i}] must be [most, least]")
+        opened.append(TxnID(statefile.integer(fields[0], "open", 0), statefile.integer(fields[1], "open", 0)))
+    return BufferSnapshot(
+        statefile.string(doc["topic"], "topic"), _position(doc["covers"], "covers"), ended, opened
+    )
+
+
+def read(path: Path, topic: str) -> BufferSnapshot | None:
+    """The snapshot at ``path``; None if there is none. Raises SnapshotError naming the file if it is
+    damaged or is not this topic's."""
+    try:
+        document = statefile.read(path, KIND, frozenset({VERSION}), remedy=REMEDY)
+        if document is None:
+            return None
+        snapshot = _decode_body(document.body)
+    except (statefile.StateFileError, statefile.StateShapeError) as exc:
+        raise SnapshotError(f"transaction buffer snapshot {path} is unusable: {exc}") from exc
+    if snapshot.topic != topic:
+        raise SnapshotError(
+            f"transaction buffer snapshot {path} belongs to topic {snapshot.topic!r}, not {topic!r}"
+        )
+    return snapshot

@@ -1,0 +1,183 @@
+"""Transaction buffer snapshots on real ledgers: recovery replays only what the snapshot does not
+cover, yet restores every outcome; a damaged or stale snapshot is never used (full replay, WARNING)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from txnkeeper import statefile
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger.position import Position
+from txnkeeper.topic import snapshot as snapshots
+from txnkeeper.topic.partition import Partition
+from txnkeeper.topic.txnbuffer import TxnOutcome
+from txnkeeper.topic.txnfence import now_ms
+
+TOPIC = "persistent://t/ns/snap"
+COMMITTED, ABORTED, OPEN, LATE = TxnID(1, 1), TxnID(1, 2), TxnID(1, 3), TxnID(1, 4)
+
+
+async def open_partition(
+    root: Path, every: int = 1_000_000, per_ledger: int = 50
+) -> tuple[Partition, ManagedLedgerFactory]:
+    factory = ManagedLedgerFactory(root / "ledgers")
+    ledger = await factory.open(TOPIC, ManagedLedgerConfig(max_entries_per_ledger=per_ledger))
+    partition = Partition(
+        TOPIC, ledger, snapshots.snapshot_path(root / "snapshots", TOPIC), snapshot_every=every
+    )
+    await partition.recover()
+    return partition, factory
+
+
+async def write_history(partition: Partition, filler: int) -> None:
+    await partition.publish(b"c", "", COMMITTED)
+    await partition.publish(b"a", "", ABORTED)
+    await partition.publish(b"o", "", OPEN)
+    await partition.end_txn(COMMITTED, commit=True)
+    await partition.end_txn(ABORTED, commit=False, deadline_ms=now_ms() + 600_000)
+    for i in range(filler):
+        await partition.publish(f"m{i}".encode(), "", None)
+
+
+def assert_outcomes(partition: Partition) -> None:
+    assert partition.buffer.outcome(COMMITTED) is TxnOutcome.COMMITTED
+    assert partition.buffer.outcome(ABORTED) is TxnOutcome.ABORTED
+    assert partition.buffer.outcome(OPEN) is TxnOutcome.OPEN
+    assert not partition.buffer.accepts_message(ABORTED)  # still fences zombies after the restart
+    assert partition.buffer.ongoing >= 1
+
+
+async def test_recovery_replays_only_entries_after_the_snapshot(tmp_path: Path) -> None:
+    partition, factory = await open_partition(tmp_path, every=10)
+    path = snapshots.snapshot_path(tmp_path / "snapshots", TOPIC)
+    await write_history(partition, filler=100)
+    deadline = time.monotonic() + 30
+    while not path.exists():  # taken on its own every 10 entries, in the background
+        assert time.monotonic() < deadline, "no periodic snapshot was written"
+        await asyncio.sleep(0.01)
+    assert await partition.write_snapshot()
+    await partition.end_txn(LATE, commit=False)  # after the last snapshot
+    await factory.close()  # no close(): as after a crash, the marker is only in the ledger
+    partition, factory = await open_partition(tmp_path, every=10)
+    assert partition.replayed_entries == 1  # only LATE's marker, not the 105 entries before it
+    assert_outcomes(partition)
+    assert partition.buffer.outcome(LATE) is TxnOutcome.ABORTED  # from the replay after the snapshot
+    await partition.close()
+    await factory.close()
+    partition, factory = await open_partition(tmp_path, every=10)
+    assert partition.replayed_entries == 0  # a clean close snapshots everything
+    assert_outcomes(partition)
+    assert partition.buffer.outcome(LATE) is TxnOutcome.ABORTED
+    await factory.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "other-topic", "ahead"])
+async def test_an_unusable_snapshot_is_rebuilt_by_a_full_replay(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    partition, factory = await open_partition(tmp_path)
+    await write_history(partition, filler=20)
+    await partition.close()
+    await factory.close()
+    path = snapshots.snapshot_path(tmp_path / "snapshots", TOPIC)
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[-5] ^= 0x01
+        path.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        path.write_bytes(bytes(raw[: len(raw) // 2]))
+    else:
+        loaded = snapshots.read(path, TOPIC)
+        assert loaded is not None
+        if damage == "other-topic":
+            wrong = snapshots.BufferSnapshot("persistent://t/ns/other", loaded.covers, [], [])
+        else:  # claims entries the ledger does not have, and says every txn is committed
+            wrong = snapshots.BufferSnapshot(
+                TOPIC,
+                Position(loaded.covers.ledger_id + 5, 0),
+                [snapshots.EndedTxn(ABORTED, True, loaded.covers, 0)],
+                [],
+            )
+        snapshots.write(path, wrong)
+    with caplog.at_level(logging.WARNING):
+        partition, factory = await open_partition(tmp_path)
+    assert partition.replayed_entries == 25  # everything: the snapshot was not used
+    assert_outcomes(partition)
+    assert any(str(path) in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    await factory.close()
+
+
+async def test_outcomes_trimmed_since_the_snapshot_are_forgotten_but_fenced(tmp_path: Path) -> None:
+    partition, factory = await open_partition(tmp_path, per_ledger=4)
+    await write_history(partition, filler=10)
+    await partition.close()  # the snapshot still lists COMMITTED and ABORTED
+    cursor = await partition.ledger.open_cursor("sub")  # type: ignore[attr-defined]
+    await cursor.mark_delete(partition.ledger.last_confirmed_entry())
+    await partition.ledger.trim()  # their markers' ledgers are gone, the snapshot is older
+    await factory.close()
+    partition, factory = await open_partition(tmp_path, per_ledger=4)
+    assert partition.buffer.outcome(ABORTED) is TxnOutcome.OPEN  # forgotten with its ledger
+    assert partition.late_fence.holds(ABORTED)  # its deadline has not passed: still refused
+    assert partition.buffer.ended_count == 0
+    await factory.close()
+
+
+def test_snapshot_round_trip_and_shape_errors(tmp_path: Path) -> None:
+    path = tmp_path / "s.snapshot"
+    snap = snapshots.BufferSnapshot(
+        TOPIC, Position(3, 7), [snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9)], [OPEN]
+    )
+    snapshots.write(path, snap)
+    assert snapshots.read(path, TOPIC) == snap
+    assert snapshots.read(tmp_path / "missing", TOPIC) is None
+    body = snapshots.encode_body(snap)
+    body["ended"] = [[1, 1, 1, 3]]
+    statefile.write(path, snapshots.KIND, snapshots.VERSION, body)
+    with pytest.raises(snapshots.SnapshotError, match=r"s\.snapshot.*ended\[0\] must have 6 fields"):
+        snapshots.read(path, TOPIC)
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.ledger.position import Position
+from txnkeeper.topic import snapshot as s
+path = Path(sys.argv[1])
+for n in range(1, 10**9):
+    ended = [s.EndedTxn(TxnID(1, i), i % 2 == 0, Position(3, i), 0) for i in range(n % 500)]
+    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), ended, [TxnID(2, n)]))
+    print(n, flush=True)
+"""
+
+
+def test_a_process_killed_while_writing_snapshots_leaves_a_whole_one(tmp_path: Path) -> None:
+    """SIGKILL at an arbitrary point of a stream of snapshot writes: the file is always one whole
+    snapshot (the previous or the next), never a mix or a torn one."""
+    path = snapshots.snapshot_path(tmp_path, TOPIC)
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), TOPIC], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    last = 0
+    for line in process.stdout:  # wait until it has replaced the file a number of times
+        last = int(line)
+        if last >= 30:
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    loaded = snapshots.read(path, TOPIC)
+    assert loaded is not None
+    n = loaded.covers.entry_id
+    assert n >= last  # at least the last write it reported finished
+    assert loaded.open == [TxnID(2, n)]  # and all of that one write
+    assert len(loaded.ended) == n % 500
