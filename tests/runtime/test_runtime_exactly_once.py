@@ -21,7 +21,7 @@ from runtime_pods import ServePod
 from runtime_waits import wait_for_line, wait_until
 
 from txnkeeper.client import Client, Transaction
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.txnid import TxnID
 
 pytestmark = pytest.mark.timeout(120)
 

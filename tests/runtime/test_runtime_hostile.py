@@ -17,13 +17,13 @@ from runtime_waits import wait_until
 
 from txnkeeper.client import Client
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import ServiceError
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, load_cluster_secret
-from txnkeeper.protocol.errors import ServiceError
 from txnkeeper.protocol.frames import FrameDecoder
 from txnkeeper.protocol.rpc import RpcConnection, connect, split_address
+from txnkeeper.txnid import TxnID
 
 pytestmark = pytest.mark.timeout(180)
 TOPIC = "persistent://t/ns/hostile"

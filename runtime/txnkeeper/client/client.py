@@ -12,10 +12,10 @@ import zlib
 from txnkeeper.client.consumer import Consumer
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
+from txnkeeper.txnid import TxnID
 
 DEFAULT_TXN_TIMEOUT_MS = 60_000
 DEFAULT_OPERATION_TIMEOUT = 30.0  # seconds, Pulsar's default

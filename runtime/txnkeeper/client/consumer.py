@@ -17,8 +17,8 @@ from txnkeeper.client.errors import ClientClosedError
 from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.errors import ServiceError
 from txnkeeper.protocol.rpc import RpcConnection
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from txnkeeper.aio import failure_of, settle
 from txnkeeper.client.errors import TransactionFailedError
 from txnkeeper.client.futures import converted
-from txnkeeper.coordinator.futures import failure_of, settle
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.errors import InvalidTxnStatusError, ServiceError
+from txnkeeper.txnid import TxnID
 
 if TYPE_CHECKING:
     from txnkeeper.client.client import Client

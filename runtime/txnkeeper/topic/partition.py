@@ -15,13 +15,13 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
 from typing import Protocol
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError
 from txnkeeper.ledger.position import Entry, Position
-from txnkeeper.protocol.errors import InvalidTxnStatusError
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 

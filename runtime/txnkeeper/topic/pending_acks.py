@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import TxnConflictError
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import TxnConflictError
+from txnkeeper.txnid import TxnID
 
 
 @dataclass(slots=True)

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import BadRequestError, InvalidTxnStatusError, NotServedHereError
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import BadRequestError, InvalidTxnStatusError, NotServedHereError
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from txnkeeper.bufferedwriter.writer import (
     pack_position,
     unpack_position,
 )
-from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
+from txnkeeper.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
 S = TypeVar("S")
