@@ -175,7 +175,7 @@ async def test_only_the_owner_ends_or_extends_its_txn_across_reconnects_and_rest
         # new connection, with the same token.
         tc.restart()
         async with Client(coordinators=[tc.listen], stores=[store.listen]) as reconnected:
-            resumed = Transaction(reconnected, txn.txn_id, tc.listen, txn.owner_token)
+            resumed = Transaction(reconnected.connections, txn.txn_id, tc.listen, txn.owner_token)
             await resumed.commit()
         assert (await consumer.receive(timeout=20)).data == b"owned"
 
