@@ -8,6 +8,9 @@ Futures: on the hot path of every transaction a coroutine per step costs a task 
 and an extra wake-up) in the pod's event loop; a log append already returns a future, so a request
 whose only wait is that append can hand back a future resolved from the append's done callback.
 
+Single flight: opening a partition or subscription (or a ledger) takes disk I/O and must happen once even
+when several requests ask for it at the same time; the first caller does it, the others share its outcome.
+
 Deferred batches: deleting an ended transaction's records and applying committed acks to a cursor each
 end in a metadata persist (a small file rewritten and fsync'd twice). Done per transaction they compete
 with the log appends for the disk's fsyncs; done in one go every few tens of milliseconds they cost
@@ -22,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 log = logging.getLogger(__name__)
 
 
@@ -102,3 +107,31 @@ class DeferredBatch(Generic[T]):
     @property
     def queued(self) -> int:
         return len(self._items)
+
+
+class SingleFlight(Generic[K, V]):
+    """``run(key, make)``: concurrent callers with the same key share one ``make()`` and its outcome.
+
+    Only while it runs: once ``make()`` ends the key is free again (the caller keeps what it made).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[K, asyncio.Future[V]] = {}
+
+    async def run(self, key: K, make: Callable[[], Awaitable[V]]) -> V:
+        pending = self._pending.get(key)
+        if pending is not None:
+            # Shielded: one waiter giving up must not cancel the work the others wait for.
+            return await asyncio.shield(pending)
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            value = await make()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: concurrent callers (if any) re-raise it themselves
+            raise
+        finally:
+            del self._pending[key]
+        future.set_result(value)
+        return value
