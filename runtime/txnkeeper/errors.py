@@ -22,10 +22,6 @@ class ServiceError(Exception):
         if code is not None:
             self.code = code
 
-    @property
-    def code_name(self) -> str:
-        return api.ErrorCode.Name(self.code)  # type: ignore[arg-type]
-
 
 class BadRequestError(ServiceError):
     code = api.BAD_REQUEST

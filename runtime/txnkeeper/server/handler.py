@@ -169,9 +169,6 @@ class PodHandler:
             "authenticate": self._authenticate,
         }
         self._routes = {**coordinator_routes, **store_routes}
-        self._role_of = {name: "coordinator" for name in coordinator_routes} | {
-            name: "store" for name in store_routes
-        }
 
     # --- CommandHandler ----------------------------------------------------------------------------
     def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult:

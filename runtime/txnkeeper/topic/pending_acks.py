@@ -35,9 +35,6 @@ class PendingAcks:
     def txn_acks(self, txn_id: TxnID) -> TxnAcks | None:
         return self._by_txn.get(txn_id)
 
-    def owner_of(self, position: Position) -> TxnID | None:
-        return self._owner.get(position)
-
     def is_pending(self, position: Position) -> bool:
         if position in self._owner:
             return True

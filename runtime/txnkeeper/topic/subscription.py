@@ -144,10 +144,6 @@ class Subscription:
     def redeliver_unacknowledged(self, consumer_id: int) -> None:
         self._redeliver_where(lambda u: u.consumer_id == consumer_id)
 
-    @property
-    def consumer_count(self) -> int:
-        return len(self._consumers)
-
     # --- acks --------------------------------------------------------------------------------------
     def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:
         """Acknowledge ``positions``; the awaitable resolves once the ack is durable.

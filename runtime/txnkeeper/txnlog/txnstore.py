@@ -23,7 +23,6 @@ from txnkeeper.bufferedwriter.writer import (
     FAILED,
     PositionSink,
     WritePosition,
-    WriterState,
     pack_position,
     unpack_position,
 )
@@ -190,10 +189,6 @@ class TxnRecordStore(ABC, Generic[R, S]):
     @property
     def format_level(self) -> int:
         return self._log.format_level
-
-    @property
-    def writer_state(self) -> WriterState:
-        return self._log.writer.state
 
     def batched_write_stat(self) -> dict[str, Any]:
         """Pulsar's TxnBufferedWriterStat of this store's writer."""
