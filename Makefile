@@ -36,6 +36,8 @@ proto: $(GENERATED)
 lint: install
 	$(BIN)/ruff check runtime operator tests e2e bench
 	$(BIN)/ruff format --check runtime operator tests e2e bench
+	# The import contract (docs/contracts.md section 0): layer order, forbidden imports, no cycles.
+	$(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy

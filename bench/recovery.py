@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.bufferedwriter import BatchedWriteConfig
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import SNAPSHOT_DIR, TopicLedger, TopicService
+from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog import TransactionLogStore
 
 TOPIC = "persistent://bench/ns/recovery"

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import NODE_NAME, ClusterInfo, Layout, k8s_version, venv_bin_dir
+from .containers import now
 from .kubeapi import ApiError, KubeClient, informer
-from .podworker import PodWorker, now
+from .nodecontext import PodRef
+from .podworker import PodWorker
 from .procs import stop
 from .provisioner import Provisioner
 
@@ -104,12 +106,12 @@ class NodeAgent:
             "KUBERNETES_PORT_443_TCP_ADDR": "127.0.0.1",
         }
 
-    def forget(self, worker: PodWorker) -> None:
+    def forget(self, worker: PodRef) -> None:
         if self.workers.get(worker.uid) is worker:
             del self.workers[worker.uid]
 
     async def event_for(
-        self, worker: PodWorker, type_: str, reason: str, message: str, container: str | None = None
+        self, worker: PodRef, type_: str, reason: str, message: str, container: str | None = None
     ) -> None:
         ts = now()
         involved: Obj = {

@@ -21,7 +21,7 @@ from runtime_pods import ServePod
 from runtime_waits import wait_for_line, wait_until
 
 from txnkeeper.client import Client, Transaction
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.txnid import TxnID
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,7 +95,7 @@ async def test_exactly_once_with_killed_instance_and_zombie(
         start_processor(processors, tmp_path, "B", tc, store)
 
         most, least = zombie_line.split()[1].split(",")
-        zombie_txn = Transaction(client, TxnID(int(most), int(least)), tc.listen)
+        zombie_txn = Transaction(client.connections, TxnID(int(most), int(least)), tc.listen)
 
         async def zombie_txn_aborted() -> bool:
             return await client.transaction_status(zombie_txn) == "ABORTED"

@@ -17,13 +17,13 @@ from runtime_waits import wait_until
 
 from txnkeeper.client import Client
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import ServiceError
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, load_cluster_secret
-from txnkeeper.protocol.errors import ServiceError
 from txnkeeper.protocol.frames import FrameDecoder
 from txnkeeper.protocol.rpc import RpcConnection, connect, split_address
+from txnkeeper.txnid import TxnID
 
 pytestmark = pytest.mark.timeout(180)
 TOPIC = "persistent://t/ns/hostile"
@@ -175,7 +175,7 @@ async def test_only_the_owner_ends_or_extends_its_txn_across_reconnects_and_rest
         # new connection, with the same token.
         tc.restart()
         async with Client(coordinators=[tc.listen], stores=[store.listen]) as reconnected:
-            resumed = Transaction(reconnected, txn.txn_id, tc.listen, txn.owner_token)
+            resumed = Transaction(reconnected.connections, txn.txn_id, tc.listen, txn.owner_token)
             await resumed.commit()
         assert (await consumer.receive(timeout=20)).data == b"owned"
 

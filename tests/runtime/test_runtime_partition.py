@@ -8,10 +8,9 @@ from typing import Any, cast
 
 import pytest
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pendingack import PendingAckStore
-from txnkeeper.protocol.errors import InvalidTxnStatusError
 from txnkeeper.topic import subscription as subscription_module
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
@@ -19,6 +18,7 @@ from txnkeeper.topic.service import TopicLedger, TopicService
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TxnOutcome
 from txnkeeper.topic.txnfence import now_ms
+from txnkeeper.txnid import TxnID
 
 
 async def test_replay_and_housekeeping_on_real_ledgers(tmp_path: Path) -> None:

@@ -15,15 +15,15 @@ from txnkeeper.coordinator.ports import RecoveredTxn
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.coordinator.state import TxnStatus
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError, TxnConflictError, TxnNotFoundError
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import TICKET_GRACE_MS, ClusterSecret, UnauthorizedError
-from txnkeeper.protocol.errors import InvalidTxnStatusError, TxnConflictError, TxnNotFoundError
 from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_frame
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.topic.pending_acks import PendingAcks
+from txnkeeper.txnid import TxnID
 
 
 @given(st.lists(st.binary(max_size=64), min_size=1, max_size=20), st.integers(min_value=1, max_value=50))

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from txnkeeper import statefile
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.txnbuffer import TxnOutcome
 from txnkeeper.topic.txnfence import now_ms
+from txnkeeper.txnid import TxnID
 
 TOPIC = "persistent://t/ns/snap"
 COMMITTED, ABORTED, OPEN, LATE = TxnID(1, 1), TxnID(1, 2), TxnID(1, 3), TxnID(1, 4)
@@ -149,7 +149,7 @@ def test_snapshot_round_trip_and_shape_errors(tmp_path: Path) -> None:
 WRITER = """
 import sys
 from pathlib import Path
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic import snapshot as s
 path = Path(sys.argv[1])

@@ -6,7 +6,7 @@ from txnkeeper.client.errors import ClientClosedError, OperationTimeoutError, Tr
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.protocol.errors import (
+from txnkeeper.errors import (
     InvalidTxnStatusError,
     ServiceError,
     TxnConflictError,

@@ -12,10 +12,10 @@ import zlib
 from txnkeeper.client.consumer import Consumer
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
+from txnkeeper.txnid import TxnID
 
 DEFAULT_TXN_TIMEOUT_MS = 60_000
 DEFAULT_OPERATION_TIMEOUT = 30.0  # seconds, Pulsar's default
@@ -59,13 +59,13 @@ class Client:
         return self._stores[zlib.crc32(topic.encode()) % len(self._stores)]
 
     async def create_producer(self, topic: str) -> Producer:
-        producer = Producer(self, topic, self.store_for(topic))
+        producer = Producer(self.connections, topic, self.store_for(topic))
         await self.connections.get(producer.store_address)
         return producer
 
     async def subscribe(self, topic: str, subscription: str, *, receiver_queue_size: int = 1000) -> Consumer:
         consumer = Consumer(
-            self,
+            self.connections,
             topic,
             subscription,
             store_address=self.store_for(topic),
@@ -89,18 +89,18 @@ class Client:
         response = await self.connections.request(address, command)
         answer = response.new_txn_response
         txn = answer.txn_id
-        return Transaction(self, TxnID(txn.most, txn.least), address, answer.owner_token)
+        return Transaction(self.connections, TxnID(txn.most, txn.least), address, answer.owner_token)
 
     async def transaction_status(self, txn: Transaction) -> str:
         body = api.GetTxnStatus(txn_id=api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least))
-        response = await self.connections.request(txn._coordinator, api.Command(get_txn_status=body))
+        response = await self.connections.request(txn.coordinator_address, api.Command(get_txn_status=body))
         return response.txn_status.status
 
     def _on_push(self, conn: RpcConnection, command: api.Command) -> None:
         if command.HasField("message"):
             consumer = self._consumers.get(command.message.consumer_id)
             if consumer is not None:
-                consumer._on_message(conn, command.message)
+                consumer.on_message(conn, command.message)
 
     async def close(self) -> None:
         for consumer in list(self._consumers.values()):

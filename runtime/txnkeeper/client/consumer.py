@@ -17,12 +17,12 @@ from txnkeeper.client.errors import ClientClosedError
 from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.errors import ServiceError
 from txnkeeper.protocol.rpc import RpcConnection
 
 if TYPE_CHECKING:
-    from txnkeeper.client.client import Client
+    from txnkeeper.protocol.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ RESUBSCRIBE_BACKOFF = (0.05, 1.0)
 class Consumer:
     def __init__(
         self,
-        client: Client,
+        connections: ConnectionPool,
         topic: str,
         subscription: str,
         *,
@@ -42,7 +42,7 @@ class Consumer:
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"receiver_queue_size must be >= 1, got {queue_size}")
-        self._client = client
+        self._connections = connections
         self.topic = topic
         self.subscription = subscription
         self.store_address = store_address
@@ -55,7 +55,7 @@ class Consumer:
         self._resubscriber: asyncio.Task[None] | None = None
 
     async def subscribe(self) -> None:
-        conn = await self._client.connections.get(self.store_address)
+        conn = await self._connections.get(self.store_address)
         # Messages may arrive in the same read as the Subscribe response, before this coroutine
         # resumes: the consumer must already accept pushes from this connection.
         self._conn = conn
@@ -96,7 +96,8 @@ class Consumer:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESUBSCRIBE_BACKOFF[1])
 
-    def _on_message(self, conn: RpcConnection, message: api.Message) -> None:
+    def on_message(self, conn: RpcConnection, message: api.Message) -> None:
+        """A message the store pushed (routed by consumer id); one from a stale connection is dropped."""
         if conn is not self._conn:
             return
         self._queue.put_nowait(
@@ -152,10 +153,10 @@ class Consumer:
         body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
         if txn is None:
             return then(self._request_ack(command), _nothing)
-        registration = txn._subscription_registration(self.topic, self.subscription, self.store_address)
+        registration = txn.subscription_registration(self.topic, self.subscription, self.store_address)
 
         def ack() -> Awaitable[api.Command]:
-            body.txn_id.CopyFrom(txn._pb_id)
+            body.txn_id.CopyFrom(txn.pb_id)
             body.ticket.CopyFrom(txn.ticket(registration, self.topic, self.subscription))
             return self._request_ack(command)
 

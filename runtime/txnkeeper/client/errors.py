@@ -1,8 +1,8 @@
-"""Client-side errors (the server's errors arrive as ``txnkeeper.protocol.errors.ServiceError``)."""
+"""Client-side errors (the server's errors arrive as ``txnkeeper.errors.ServiceError``)."""
 
 from __future__ import annotations
 
-from txnkeeper.protocol.errors import RequestTimeoutError, ServiceError
+from txnkeeper.errors import RequestTimeoutError, ServiceError
 
 
 class TransactionFailedError(ServiceError):

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar, cast
 
-from txnkeeper.coordinator.futures import failure_of, settle
+from txnkeeper.aio import failure_of, settle
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 T = TypeVar("T")

@@ -17,9 +17,6 @@ class MessageId:
     def __str__(self) -> str:
         return f"{self.ledger_id}:{self.entry_id}"
 
-    def to_pb(self) -> api.MessageIdData:
-        return api.MessageIdData(ledger_id=self.ledger_id, entry_id=self.entry_id)
-
     @classmethod
     def from_pb(cls, data: api.MessageIdData) -> MessageId:
         return cls(data.ledger_id, data.entry_id)

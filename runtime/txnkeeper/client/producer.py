@@ -13,12 +13,12 @@ from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 if TYPE_CHECKING:
-    from txnkeeper.client.client import Client
+    from txnkeeper.protocol.pool import ConnectionPool
 
 
 class Producer:
-    def __init__(self, client: Client, topic: str, store_address: str) -> None:
-        self._client = client
+    def __init__(self, connections: ConnectionPool, topic: str, store_address: str) -> None:
+        self._connections = connections
         self.topic = topic
         self.store_address = store_address
         self._closed = False
@@ -39,13 +39,13 @@ class Producer:
         body.topic = self.topic
         body.payload = bytes(data)
         body.key = key
-        connections = self._client.connections
+        connections = self._connections
         if txn is None:
             return then(connections.request(self.store_address, command), _receipt)
-        registration = txn._partition_registration(self.topic, self.store_address)
+        registration = txn.partition_registration(self.topic, self.store_address)
 
         def produce() -> Awaitable[api.Command]:
-            body.txn_id.CopyFrom(txn._pb_id)
+            body.txn_id.CopyFrom(txn.pb_id)
             body.ticket.CopyFrom(txn.ticket(registration, self.topic, ""))
             return connections.request(self.store_address, command)
 

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from txnkeeper.aio import failure_of, settle
 from txnkeeper.client.errors import TransactionFailedError
 from txnkeeper.client.futures import converted
-from txnkeeper.coordinator.futures import failure_of, settle
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.errors import InvalidTxnStatusError, ServiceError
+from txnkeeper.txnid import TxnID
 
 if TYPE_CHECKING:
-    from txnkeeper.client.client import Client
+    from txnkeeper.protocol.pool import ConnectionPool
 
 T = TypeVar("T")
 
@@ -30,13 +30,13 @@ class Transaction:
     """Begun with ``Client.new_transaction``; pass it to ``send`` and ``acknowledge``."""
 
     def __init__(
-        self, client: Client, txn_id: TxnID, coordinator_address: str, owner_token: bytes = b""
+        self, connections: ConnectionPool, txn_id: TxnID, coordinator_address: str, owner_token: bytes = b""
     ) -> None:
-        self._client = client
+        self._connections = connections
         self.txn_id = txn_id
         # Proves to the coordinator that this client began the txn (sent with every add and the end).
         self.owner_token = owner_token
-        self._coordinator = coordinator_address
+        self.coordinator_address = coordinator_address
         self._registered: dict[object, asyncio.Future[api.Command]] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -52,7 +52,8 @@ class Transaction:
         return f"Transaction{self.txn_id}[{self.state}]"
 
     @property
-    def _pb_id(self) -> api.TxnId:
+    def pb_id(self) -> api.TxnId:
+        """The id as the wire carries it (producers and consumers copy it into their requests)."""
         # Built once: every request of the transaction copies it into its own message.
         pb = self._pb
         if pb is None:
@@ -63,18 +64,14 @@ class Transaction:
         if self.state != "OPEN":
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
 
-    async def register_partition(self, topic: str, store_address: str) -> None:
-        await self._shielded(self._partition_registration(topic, store_address))
-
-    async def register_subscription(self, topic: str, subscription: str, store_address: str) -> None:
-        await self._shielded(self._subscription_registration(topic, subscription, store_address))
-
-    def _partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
+    def partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
+        """Registers ``topic`` with the coordinator once per transaction; a send waits on the future."""
         return self._registration(("p", topic), topic, None, store_address)
 
-    def _subscription_registration(
+    def subscription_registration(
         self, topic: str, subscription: str, store_address: str
     ) -> asyncio.Future[api.Command]:
+        """Registers the subscription with the coordinator once per transaction; an ack waits on it."""
         return self._registration(("s", topic, subscription), topic, subscription, store_address)
 
     def _registration(
@@ -109,7 +106,7 @@ class Transaction:
                 body = by_store[store_address] = api.AddToTxn(
                     store_address=store_address, owner_token=self.owner_token
                 )
-                body.txn_id.CopyFrom(self._pb_id)
+                body.txn_id.CopyFrom(self.pb_id)
                 waiting[store_address] = []
             if subscription is None:
                 body.topics.append(topic)
@@ -122,7 +119,7 @@ class Transaction:
             registrations = waiting[store_address]
             try:
                 response = asyncio.ensure_future(
-                    self._client.connections.request(self._coordinator, api.Command(add_to_txn=body))
+                    self._connections.request(self.coordinator_address, api.Command(add_to_txn=body))
                 )
             except Exception as exc:
                 _settle_all(registrations, exc, None)
@@ -137,11 +134,6 @@ class Transaction:
             if ticket.topic == topic and ticket.subscription == subscription:
                 return ticket
         return api.TxnTicket()  # the store says what is missing
-
-    @staticmethod
-    async def _shielded(registration: asyncio.Future[api.Command]) -> None:
-        # Shared by every operation on that topic: one caller giving up must not cancel it.
-        await asyncio.shield(registration)
 
     def operation(
         self,
@@ -249,11 +241,11 @@ class Transaction:
         self._end_attempt = commit
         command = api.Command()
         body = command.end_txn
-        body.txn_id.CopyFrom(self._pb_id)
+        body.txn_id.CopyFrom(self.pb_id)
         body.action = api.COMMIT if commit else api.ABORT
         body.owner_token = self.owner_token
         try:
-            await self._client.connections.request(self._coordinator, command)
+            await self._connections.request(self.coordinator_address, command)
         except ServiceError:
             self.state = "ERROR"
             raise

@@ -1,1 +1,1 @@
-"""Transaction coordinator (layer 4): TxnIDs, the transaction state machine, timeouts, end-txn fan-out."""
+"""Transaction coordinator (layer 4): mints TxnIDs; the txn state machine, timeouts, end-txn fan-out."""

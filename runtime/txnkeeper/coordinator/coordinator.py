@@ -19,20 +19,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TypeVar
 
-from txnkeeper.coordinator.deferred import DeferredBatch
-from txnkeeper.coordinator.futures import failure_of, resolved, settle
+from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.coordinator.state import TERMINAL, TxnMeta, TxnStatus, check_transition, ending_status
-from txnkeeper.coordinator.txnid import TxnID
-from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
-from txnkeeper.protocol.errors import (
+from txnkeeper.errors import (
     BadRequestError,
     InvalidTxnStatusError,
     TxnNotFoundError,
     UnavailableError,
 )
+from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 _Items = TypeVar("_Items")

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from txnkeeper.coordinator.state import TxnMeta
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.txnid import TxnID
 
 # A transaction as the log replay left it (not yet deleted, so not wholly ended). The replay builds it
 # with lists of its own, and the coordinator adopts it as its live state as it is.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from txnkeeper.coordinator.ports import RecoveredTxn
 from txnkeeper.coordinator.state import TxnStatus
-from txnkeeper.txnlog import TxnID as StoreTxnID
+from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog import TxnLogState
 
 
-def recovered_transactions(replayed: dict[StoreTxnID, TxnLogState]) -> list[RecoveredTxn]:
+def recovered_transactions(replayed: dict[TxnID, TxnLogState]) -> list[RecoveredTxn]:
     result = []
     for store_id, state in sorted(replayed.items()):
         status = TxnStatus(state.status)
@@ -35,6 +35,6 @@ def recovered_transactions(replayed: dict[StoreTxnID, TxnLogState]) -> list[Reco
     return result
 
 
-def highest_sequence(replayed: dict[StoreTxnID, TxnLogState], coordinator_id: int) -> int:
+def highest_sequence(replayed: dict[TxnID, TxnLogState], coordinator_id: int) -> int:
     """The largest sequence the log still shows for this coordinator (0 if none)."""
     return max((t.least for t in replayed if t.most == coordinator_id), default=0)

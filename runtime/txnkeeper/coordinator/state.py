@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from txnkeeper.coordinator.txnid import TxnID
-from txnkeeper.protocol.errors import InvalidTxnStatusError
+from txnkeeper.errors import InvalidTxnStatusError
+from txnkeeper.txnid import TxnID
 
 
 class TxnStatus(IntEnum):

@@ -11,7 +11,7 @@ from txnkeeper.bufferedwriter.recordlog import (
     StoreAlreadyOpenError,
 )
 from txnkeeper.pendingack.store import CURSOR_NAME, PendingAckState, PendingAckStore, pending_ack_log_name
-from txnkeeper.txnlog.txnid import TxnID
+from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog.txnstore import StoreClosedError
 
 __all__ = [

@@ -20,7 +20,7 @@ from txnkeeper.bufferedwriter.writer import WritePosition
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 from txnkeeper.release import BATCHED_LEVEL
-from txnkeeper.txnlog.txnid import TxnID
+from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog.txnstore import TxnRecordStore
 
 # Pulsar's MLPendingAckStore cursor name.

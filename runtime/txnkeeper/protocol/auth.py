@@ -18,10 +18,10 @@ import secrets
 import struct
 from pathlib import Path
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.errors import ServiceError
 from txnkeeper.secretfile import SecretFileError, read_secret_file
+from txnkeeper.txnid import TxnID
 
 SECRET_ENV = "TXNKEEPER_CLUSTER_SECRET_FILE"
 SECRET_FLAG = "--cluster-secret-file"

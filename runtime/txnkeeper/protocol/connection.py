@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import cast
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -105,6 +104,3 @@ class FrameConnection(asyncio.Protocol):
 
     def on_lost(self, exc: Exception | None) -> None:
         """Called once when the connection is gone."""
-
-
-OnPush = Callable[[api.Command], None]

@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.connection import FrameConnection
-from txnkeeper.protocol.errors import (
+from txnkeeper.errors import (
     ConnectionClosedError,
     RequestTimeoutError,
     ServiceError,
     from_error_frame,
 )
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.connection import FrameConnection
 from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
 
 SWEEP_INTERVAL = 0.25

@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol
 
+from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.connection import FrameConnection
-from txnkeeper.protocol.errors import BadRequestError, ServiceError
 from txnkeeper.protocol.frames import FrameError
 from txnkeeper.protocol.limits import (
     BAD_FRAME,

@@ -14,16 +14,16 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
+from txnkeeper.aio import failure_of, settle
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
-from txnkeeper.coordinator.futures import failure_of, settle
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import BadRequestError, NotServedHereError, UnavailableError
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_configured
-from txnkeeper.protocol.errors import BadRequestError, NotServedHereError, UnavailableError
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.subscription import Subscription
+from txnkeeper.txnid import TxnID
 
 
 def _success() -> api.Command:
@@ -169,9 +169,6 @@ class PodHandler:
             "authenticate": self._authenticate,
         }
         self._routes = {**coordinator_routes, **store_routes}
-        self._role_of = {name: "coordinator" for name in coordinator_routes} | {
-            name: "store" for name in store_routes
-        }
 
     # --- CommandHandler ----------------------------------------------------------------------------
     def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult:

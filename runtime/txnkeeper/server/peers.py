@@ -12,13 +12,13 @@ import asyncio
 from collections.abc import Sequence
 from functools import partial
 
-from txnkeeper.coordinator.futures import failure_of, settle
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.aio import failure_of, settle
+from txnkeeper.errors import ServiceError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret
-from txnkeeper.protocol.errors import ServiceError, from_error_frame
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, expect
+from txnkeeper.txnid import TxnID
 
 REQUEST_TIMEOUT = 30.0
 

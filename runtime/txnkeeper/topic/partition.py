@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import InvalidTxnStatusError
 from txnkeeper.ledger.position import Entry, Position
-from txnkeeper.protocol.errors import InvalidTxnStatusError
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 
 from txnkeeper.bufferedwriter.writer import WritePosition
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.topic.ports import RecoveredPendingAck
+from txnkeeper.txnid import TxnID
 
 
 class PendingAckLogAdapter:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.errors import TxnConflictError
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import TxnConflictError
+from txnkeeper.txnid import TxnID
 
 
 @dataclass(slots=True)
@@ -34,9 +34,6 @@ class PendingAcks:
 
     def txn_acks(self, txn_id: TxnID) -> TxnAcks | None:
         return self._by_txn.get(txn_id)
-
-    def owner_of(self, position: Position) -> TxnID | None:
-        return self._owner.get(position)
 
     def is_pending(self, position: Position) -> bool:
         if position in self._owner:

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
+from txnkeeper.txnid import TxnID
 
 
 class Consumer(Protocol):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.txnid import TxnID
 
 
 @dataclass(frozen=True, slots=True)

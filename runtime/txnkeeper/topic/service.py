@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.aio import SingleFlight
+from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import BadRequestError, InvalidTxnStatusError, NotServedHereError
 from txnkeeper.topic.partition import Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
@@ -23,6 +23,7 @@ from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class TopicService:
         self._ledgers: dict[str, TopicLedger] = {}
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._pending_acks: dict[tuple[str, str], PendingAckHandle] = {}
-        self._opening: dict[object, asyncio.Future[object]] = {}
+        self._opening: SingleFlight[object, object] = SingleFlight()
         self._registry: dict[str, list[str]] = {}
         self._registry_lock = asyncio.Lock()
         self._housekeepers: list[asyncio.Task[None]] = []
@@ -124,9 +125,6 @@ class TopicService:
         validate_name("subscription", name)
         return await self._single_flight(("s", topic, name), lambda: self._create_subscription(topic, name))
 
-    def existing_subscription(self, topic: str, name: str) -> Subscription | None:
-        return self._subscriptions.get((topic, name))
-
     def partitions(self) -> dict[str, Partition]:
         return self._partitions
 
@@ -134,21 +132,7 @@ class TopicService:
         return self._pending_acks
 
     async def _single_flight(self, key: object, make: Callable[[], Awaitable[T]]) -> T:
-        opening = self._opening.get(key)
-        if opening is not None:
-            return cast(T, await asyncio.shield(opening))
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._opening[key] = future
-        try:
-            value = await make()
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()
-            raise
-        finally:
-            del self._opening[key]
-        future.set_result(value)
-        return value
+        return cast(T, await self._opening.run(key, make))
 
     async def _create_partition(self, topic: str) -> Partition:
         ledger = await self._open_ledger(topic)
@@ -295,7 +279,3 @@ class TopicService:
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
-
-    def require_recovered(self) -> None:
-        if not self.recovered:
-            raise NotServedHereError("store is still recovering")

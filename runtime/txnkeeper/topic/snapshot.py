@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txnkeeper import statefile
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.position import Position
+from txnkeeper.txnid import TxnID
 
 KIND = "txn-buffer-snapshot"
 VERSION = 1

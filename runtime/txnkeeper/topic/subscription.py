@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from txnkeeper.coordinator.deferred import DeferredBatch
-from txnkeeper.coordinator.futures import failure_of, resolved, settle
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
+from txnkeeper.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
 from txnkeeper.ledger.position import Position
-from txnkeeper.protocol.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.records import decode
 from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
 from txnkeeper.topic.txnfence import LateFence
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +143,6 @@ class Subscription:
 
     def redeliver_unacknowledged(self, consumer_id: int) -> None:
         self._redeliver_where(lambda u: u.consumer_id == consumer_id)
-
-    @property
-    def consumer_count(self) -> int:
-        return len(self._consumers)
 
     # --- acks --------------------------------------------------------------------------------------
     def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:

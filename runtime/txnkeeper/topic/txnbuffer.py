@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from enum import Enum
 
-from txnkeeper.coordinator.txnid import TxnID
 from txnkeeper.ledger.position import Position
+from txnkeeper.txnid import TxnID
 
 
 class TxnOutcome(Enum):

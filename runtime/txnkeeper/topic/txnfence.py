@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from txnkeeper.coordinator.txnid import TxnID
+from txnkeeper.txnid import TxnID
 
 # Longer than a store's ticket grace (protocol.auth.TICKET_GRACE_MS, 10 s): clock skew between pods.
 FENCE_GRACE_MS = 20_000

@@ -7,6 +7,7 @@ from txnkeeper.bufferedwriter.recordlog import (
     ReplayError,
     StoreAlreadyOpenError,
 )
+from txnkeeper.txnid import TxnID, TxnIdLike
 from txnkeeper.txnlog.store import (
     CURSOR_NAME,
     TransactionLogStore,
@@ -14,7 +15,6 @@ from txnkeeper.txnlog.store import (
     TxnLogState,
     transaction_log_name,
 )
-from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
 from txnkeeper.txnlog.txnstore import StoreClosedError
 
 __all__ = [

@@ -23,11 +23,10 @@ from txnkeeper.bufferedwriter.writer import (
     FAILED,
     PositionSink,
     WritePosition,
-    WriterState,
     pack_position,
     unpack_position,
 )
-from txnkeeper.txnlog.txnid import TxnID, TxnIdLike
+from txnkeeper.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
 S = TypeVar("S")
@@ -203,10 +202,6 @@ class TxnRecordStore(ABC, Generic[R, S]):
     @property
     def format_level(self) -> int:
         return self._log.format_level
-
-    @property
-    def writer_state(self) -> WriterState:
-        return self._log.writer.state
 
     def batched_write_stat(self) -> dict[str, Any]:
         """Pulsar's TxnBufferedWriterStat of this store's writer."""

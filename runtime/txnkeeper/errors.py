@@ -2,6 +2,9 @@
 
 Keeping one exception type per meaning lets the client library turn an error frame back into the
 exception the caller can act on (a conflict means "abort", unavailable means "retry").
+
+They live in the shared low layer, not in ``protocol``, because they are domain errors: the coordinator
+and topics raise them without knowing about frames, and the wire only carries their code and message.
 """
 
 from __future__ import annotations
@@ -18,10 +21,6 @@ class ServiceError(Exception):
         super().__init__(message)
         if code is not None:
             self.code = code
-
-    @property
-    def code_name(self) -> str:
-        return api.ErrorCode.Name(self.code)  # type: ignore[arg-type]
 
 
 class BadRequestError(ServiceError):

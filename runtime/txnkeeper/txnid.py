@@ -1,7 +1,8 @@
-"""The transaction id as the stores key records by it: (most = coordinator id, least = sequence).
+"""The transaction id: (most = coordinator id, least = sequence), Pulsar's TxnID.
 
-It lives in layer 3 because both stores group records by it and the coordinator (layer 4) hands it
-down; ``txnkeeper.coordinator.txnid`` re-exports this very class.
+Why here, in the shared low layer: the stores key their records by it, the coordinator mints it, topics,
+the wire and the client carry it. One class, imported from this one module, so every layer's id compares
+and hashes as the same value and no layer has to import another just to name a transaction.
 """
 
 from __future__ import annotations
