@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from txnkeeper.contract import batching as limits
-from txnkeeper_operator.engine.releases import known_majors
+from txnkeeper.contract.formats import known_majors
 
 GROUP = "txnkeeper.io"
 VERSION = "v1"

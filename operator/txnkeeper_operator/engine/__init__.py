@@ -4,6 +4,12 @@ No I/O, no clock, no kopf import: callers translate the world into ``Desired``/`
 call ``decide`` and carry out the single action it returns.
 """
 
+from txnkeeper.contract.formats import (
+    BATCHED_LEVEL,
+    UNBATCHED_LEVEL,
+    UnknownReleaseError,
+    format_level,
+)
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -26,12 +32,6 @@ from txnkeeper_operator.engine.model import (
     VerifierReport,
     VerifierState,
     describe,
-)
-from txnkeeper_operator.engine.releases import (
-    BATCHED_LEVEL,
-    UNBATCHED_LEVEL,
-    UnknownReleaseError,
-    format_level,
 )
 from txnkeeper_operator.engine.rollout import (
     DEFAULT_CONFIG,

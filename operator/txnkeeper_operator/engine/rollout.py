@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from txnkeeper.contract.formats import BATCHED_LEVEL, UnknownReleaseError, format_level
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -36,7 +37,6 @@ from txnkeeper_operator.engine.model import (
     Template,
     VerifierReport,
 )
-from txnkeeper_operator.engine.releases import BATCHED_LEVEL, UnknownReleaseError, format_level
 
 PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
 
