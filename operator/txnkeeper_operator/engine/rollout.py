@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from txnkeeper.contract.formats import BATCHED_LEVEL, UnknownReleaseError, format_level
+from txnkeeper.contract.freshness import staleness
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -446,12 +447,16 @@ class _Planner:
 
 
 def _is_fresh(report: VerifierReport, progress: DowngradeProgress, markers: dict[str, int]) -> bool:
-    """A report counts only if it was computed after the markers, against exactly these markers."""
-    if progress.markers_complete_at is None or report.generated_at < progress.markers_complete_at:
-        return False
-    if report.markers_taken_at is not None and report.markers_taken_at != progress.markers_complete_at:
-        return False
-    return all(report.markers.get(store) == ledger for store, ledger in markers.items())
+    """The shared freshness rule (contracts §7): a report counts only if it names these markers'
+    takenAt, was computed against exactly these markers, and was collected after they were taken."""
+    reason = staleness(
+        markers_taken_at=progress.markers_complete_at,
+        markers=markers,
+        report_markers_taken_at=report.markers_taken_at,
+        report_markers=report.markers,
+        generated_at=report.generated_at,
+    )
+    return reason is None
 
 
 def _version_key(version: str) -> tuple[int, ...]:

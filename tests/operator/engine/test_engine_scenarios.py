@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from txnkeeper_operator.engine import (
+    ApplyTemplate,
     ConditionStatus,
     Decision,
     Observed,
@@ -294,6 +295,39 @@ def test_report_against_markers_taken_at_another_time_is_not_accepted() -> None:
     matching = replace(report, markers_taken_at=progress.downgrade.markers_complete_at)
     obs = replace(obs, verifier=replace(obs.verifier, report=matching))
     assert decide(desired("1.0.0"), obs, progress, CONFIG).condition("DowngradeSafe").status == "True"
+
+
+def _gate_with_report(make: Callable[[dict[str, int], datetime], VerifierReport]) -> Decision:
+    """Stop a downgrade at its gate, hand the engine the report `make` builds, return its decision."""
+    sim = installed("2.0.0", ON)
+    sim.run(desired("1.0.0"), until=phase_is(Phase.VERIFYING_DOWNGRADE))
+    progress = sim.progress()
+    assert progress.downgrade is not None and progress.downgrade.markers_complete_at is not None
+    report = make(progress.downgrade.flat_markers(), progress.downgrade.markers_complete_at)
+    obs = sim.observe()
+    obs = Observed(
+        obs.template, obs.pods, sim.now + timedelta(seconds=2), replace(obs.verifier, report=report)
+    )
+    return decide(desired("1.0.0"), obs, progress, CONFIG)
+
+
+def test_safe_report_that_names_no_markers_taken_at_is_stale() -> None:
+    d = _gate_with_report(lambda markers, taken: VerifierReport(taken + timedelta(seconds=1), markers, True))
+    assert d.condition("DowngradeSafe").status != "True"
+    assert not isinstance(d.action, RestartPod | ApplyTemplate)
+
+
+def test_safe_report_over_more_markers_than_the_current_ones_is_stale() -> None:
+    def superset(markers: dict[str, int], taken: datetime) -> VerifierReport:
+        return VerifierReport(taken + timedelta(seconds=1), {**markers, "gone/s9": 4}, True, (), taken)
+
+    d = _gate_with_report(superset)
+    assert d.condition("DowngradeSafe").status != "True"
+    assert not isinstance(d.action, RestartPod | ApplyTemplate)
+    exact = _gate_with_report(
+        lambda markers, taken: VerifierReport(taken + timedelta(seconds=1), markers, True, (), taken)
+    )
+    assert exact.condition("DowngradeSafe").status == "True"
 
 
 def test_batching_reenabled_during_gate_invalidates_markers() -> None:
