@@ -4,6 +4,7 @@ No I/O, no clock, no kopf import: callers translate the world into ``Desired``/`
 call ``decide`` and carry out the single action it returns.
 """
 
+from txnkeeper.contract.batching import BatchSettings
 from txnkeeper.contract.formats import (
     BATCHED_LEVEL,
     UNBATCHED_LEVEL,
@@ -13,7 +14,6 @@ from txnkeeper.contract.formats import (
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
-    BatchSettings,
     Condition,
     ConditionStatus,
     ConfigureBatchLog,

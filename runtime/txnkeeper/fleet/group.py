@@ -162,13 +162,7 @@ class MemberGroup:
     def _start(self, member: RuntimeProcess) -> None:
         assert self.template is not None
         member.release = self.template.version
-        block = {
-            "enabled": self.template.batch.enabled,
-            "maxRecords": self.template.batch.max_records,
-            "maxSizeBytes": self.template.batch.max_size_bytes,
-            "maxDelayMillis": self.template.batch.max_delay_millis,
-        }
-        member.config_file.write_text(json.dumps({"batchedWrite": block}))
+        member.config_file.write_text(json.dumps({"batchedWrite": self.template.batch.to_block()}))
         member.start()
 
     def client_addresses(self) -> list[str]:
