@@ -18,7 +18,7 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
-from txnkeeper_operator.admin_client import AdminClient
+from txnkeeper.contract.admin import AdminClient
 from txnkeeper_operator.kube import KubernetesClient
 from txnkeeper_operator.naming import API_VERSION, GROUP, KINDS
 from txnkeeper_operator.reconcile import Context, reconcile
