@@ -20,8 +20,8 @@ import yaml
 
 from txnkeeper.contract import batching as limits
 from txnkeeper.contract.formats import known_majors
+from txnkeeper.contract.names import GROUP
 
-GROUP = "txnkeeper.io"
 VERSION = "v1"
 
 Schema = dict[str, Any]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from txnkeeper_operator import naming
 from txnkeeper_operator.engine import BatchSettings, Desired
 from txnkeeper_operator.naming import KINDS, PAUSE_ANNOTATION, Kind
 
@@ -67,7 +68,7 @@ class Resource:
 
     def owner_reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": "txnkeeper.io/v1",
+            "apiVersion": f"{naming.GROUP}/{naming.API_VERSION}",
             "kind": self.kind.kind,
             "name": self.name,
             "uid": self.uid,

@@ -11,6 +11,7 @@ from txnkeeper.contract.formats import (
     UnknownReleaseError,
     format_level,
 )
+from txnkeeper.contract.names import PAUSE_ANNOTATION
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -35,7 +36,6 @@ from txnkeeper_operator.engine.model import (
 )
 from txnkeeper_operator.engine.rollout import (
     DEFAULT_CONFIG,
-    PAUSE_ANNOTATION,
     EngineConfig,
     decide,
     record_rollover,

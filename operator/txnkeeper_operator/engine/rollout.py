@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from txnkeeper.contract.formats import BATCHED_LEVEL, UnknownReleaseError, format_level
 from txnkeeper.contract.freshness import staleness
+from txnkeeper.contract.names import PAUSE_ANNOTATION
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -38,8 +39,6 @@ from txnkeeper_operator.engine.model import (
     Template,
     VerifierReport,
 )
-
-PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
 
 
 @dataclass(frozen=True, slots=True)
