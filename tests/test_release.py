@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from txnkeeper.contract import formats
 from txnkeeper.contract.formats import known_majors
 from txnkeeper.release import BATCHED_LEVEL, UNBATCHED_LEVEL, FormatLevel, UnknownReleaseError, format_level
 
@@ -22,7 +23,8 @@ def test_unknown_release_is_a_clear_error(release: str) -> None:
 
 def test_format_levels_are_named_ordered_and_newest_is_batched() -> None:
     assert FormatLevel.UNBATCHED < FormatLevel.BATCHED == FormatLevel.newest()
-    assert format_level("1.4.2") is FormatLevel.UNBATCHED and format_level("2.0.0") is FormatLevel.BATCHED
+    assert formats.format_level("1.4.2") is FormatLevel.UNBATCHED
+    assert formats.format_level("2.0.0") is FormatLevel.BATCHED
     assert known_majors() == (1, 2)
 
 
