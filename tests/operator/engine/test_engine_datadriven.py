@@ -9,7 +9,9 @@ from the engine's current behaviour (then review the diff: that diff is the beha
 Commands:
   new                              an empty cluster (no StatefulSet yet)
   install VERSION [on]             a cluster already reconciled to VERSION (batch log on with ``on``)
-  run VERSION [on] [until=PHASE]   reconcile until Ready with nothing to do (or until PHASE); prints
+  run VERSION [on] [until=PHASE] [after=ACTION]
+                                   reconcile until Ready with nothing to do (or until PHASE, or until
+                                   ACTION, which may hold spaces, was the last action taken); prints
                                    the actions taken, the phases passed, the last decision's phase and
                                    conditions, and every pod
   step VERSION [on]                one decision; prints its phase, action and reason
@@ -21,6 +23,7 @@ Commands:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,7 @@ class _Runner:
         return self.sim
 
     def execute(self, command: str) -> str:
+        command, _, after = command.partition(" after=")
         word, *args = command.split()
         flags = [a for a in args[1:] if "=" not in a]
         options = dict(a.split("=", 1) for a in args[1:] if "=" in a)
@@ -90,7 +94,11 @@ class _Runner:
                 d = sim.step(want)
                 return f"phase {d.phase}; action {_describe(d)}; reason {d.reason}"
             until = options.get("until")
-            stop = (lambda d: d.phase == Phase(until)) if until else None
+            stop: Callable[[Decision], bool] | None = None
+            if until:
+                stop = lambda d: d.phase == Phase(until)  # noqa: E731
+            elif after:
+                stop = lambda d: sim.actions()[-1:] == [after]  # noqa: E731
             last = sim.run(want, until=stop)
             return self._report(sim, seen, decided, last)
         if word == "tick":
