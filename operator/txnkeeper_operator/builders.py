@@ -14,7 +14,7 @@ from typing import Any
 
 from txnkeeper_operator import naming
 from txnkeeper_operator.engine import BatchSettings, Template
-from txnkeeper_operator.resource import Resource, batch_from_block, batch_to_block
+from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
 
 Manifest = dict[str, Any]
@@ -46,7 +46,7 @@ def _meta(cr: Resource, name: str, extra_labels: Mapping[str, str] | None = None
 
 def startup_config(batch: BatchSettings) -> str:
     """The --config file (contracts §6) a pod starts with."""
-    return json.dumps({"batchedWrite": batch_to_block(batch)}, sort_keys=True)
+    return json.dumps({"batchedWrite": batch.to_block()}, sort_keys=True)
 
 
 def config_map(cr: Resource, batch: BatchSettings) -> Manifest:
@@ -263,7 +263,7 @@ def template_of(statefulset_obj: Mapping[str, Any] | None) -> Template | None:
         return None
     raw = (meta.get("annotations") or {}).get(naming.STARTUP_BATCH_ANNOTATION, "{}")
     block = json.loads(raw).get("batchedWrite", {})
-    return Template(version=str(version), batch=batch_from_block(block))
+    return Template(version=str(version), batch=BatchSettings.from_block(block))
 
 
 # ---- the verifier: RBAC, markers, on-demand Job and periodic CronJob ----------------------------------

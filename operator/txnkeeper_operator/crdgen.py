@@ -19,9 +19,9 @@ from typing import Any
 import yaml
 
 from txnkeeper.contract import batching as limits
-from txnkeeper_operator.engine.releases import known_majors
+from txnkeeper.contract.formats import known_majors
+from txnkeeper.contract.names import GROUP
 
-GROUP = "txnkeeper.io"
 VERSION = "v1"
 
 Schema = dict[str, Any]

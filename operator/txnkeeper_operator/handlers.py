@@ -18,7 +18,7 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
-from txnkeeper_operator.admin_client import AdminClient
+from txnkeeper.contract.admin import AdminClient
 from txnkeeper_operator.kube import KubernetesClient
 from txnkeeper_operator.naming import API_VERSION, GROUP, KINDS
 from txnkeeper_operator.reconcile import Context, reconcile
@@ -36,9 +36,9 @@ class KopfEvents:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="txnkeeper.io")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="txnkeeper.io", key="last-handled-configuration"
+        prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300

@@ -8,14 +8,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GROUP = "txnkeeper.io"
-API_VERSION = "v1"
+from txnkeeper.contract.admin import COORDINATOR_LOG, PENDING_ACK_LOG
+from txnkeeper.contract.names import (
+    GROUP,
+    PAUSE_ANNOTATION,
+    STARTUP_BATCH_ANNOTATION,
+    VERIFIER_OF_LABEL,
+    VERSION_LABEL,
+)
+from txnkeeper.contract.names import VERSION as API_VERSION
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "PAUSE_ANNOTATION",
+    "STARTUP_BATCH_ANNOTATION",
+    "VERIFIER_OF_LABEL",
+    "VERSION_LABEL",
+]
+
 FIELD_MANAGER = "txnkeeper-operator"
 
-PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
-VERSION_LABEL = "txnkeeper.io/version"
-STARTUP_BATCH_ANNOTATION = "txnkeeper.io/startup-batch"
-VERIFIER_OF_LABEL = "txnkeeper.io/verifier-of"
 
 CLIENT_PORT = 6650
 ADMIN_PORT = 8080
@@ -50,18 +63,18 @@ TRANSACTION_COORDINATOR = Kind(
     "transactioncoordinators",
     "tc",
     "coordinator",
-    "coordinator",
-    "coordinatorArray",
-    "transactionLogBatchedWriteStat",
+    COORDINATOR_LOG.stat_key,
+    COORDINATOR_LOG.array_key,
+    COORDINATOR_LOG.array_stat_key,
 )
 PENDING_ACK_STORE = Kind(
     "PendingAckStore",
     "pendingackstores",
     "pas",
     "store",
-    "pendingAck",
-    "subscriptionArray",
-    "transactionPendingAckBatchedWriteStat",
+    PENDING_ACK_LOG.stat_key,
+    PENDING_ACK_LOG.array_key,
+    PENDING_ACK_LOG.array_stat_key,
 )
 KINDS = (TRANSACTION_COORDINATOR, PENDING_ACK_STORE)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from txnkeeper.contract.admin import PodBatchLog
 from txnkeeper_operator import naming
-from txnkeeper_operator.admin_client import PodBatchLog
 from txnkeeper_operator.engine import PodState, VerifierReport, VerifierState
 from txnkeeper_operator.engine.persist import MalformedReportError, parse_time, report_from_json
 

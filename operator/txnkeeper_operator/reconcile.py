@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from txnkeeper.contract.admin import AdminClient, AdminError
 from txnkeeper_operator import builders, naming
-from txnkeeper_operator.admin_client import AdminClient, AdminError
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from txnkeeper_operator import naming
 from txnkeeper_operator.engine import BatchSettings, Desired
 from txnkeeper_operator.naming import KINDS, PAUSE_ANNOTATION, Kind
 
@@ -56,7 +57,7 @@ class Resource:
 
     @property
     def batch(self) -> BatchSettings:
-        return batch_from_block(self.spec.get("batchedWrite") or {})
+        return BatchSettings.from_block(self.spec.get("batchedWrite") or {})
 
     def section(self, key: str) -> Mapping[str, Any]:
         value = self.spec.get(key) or {}
@@ -67,30 +68,10 @@ class Resource:
 
     def owner_reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": "txnkeeper.io/v1",
+            "apiVersion": f"{naming.GROUP}/{naming.API_VERSION}",
             "kind": self.kind.kind,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
             "blockOwnerDeletion": True,
         }
-
-
-def batch_from_block(block: Mapping[str, Any]) -> BatchSettings:
-    """The CR's batchedWrite block (also the --config file's) -> BatchSettings."""
-    default = BatchSettings()
-    return BatchSettings(
-        enabled=bool(block.get("enabled", default.enabled)),
-        max_records=int(block.get("maxRecords", default.max_records)),
-        max_size_bytes=int(block.get("maxSizeBytes", default.max_size_bytes)),
-        max_delay_millis=int(block.get("maxDelayMillis", default.max_delay_millis)),
-    )
-
-
-def batch_to_block(batch: BatchSettings) -> dict[str, Any]:
-    return {
-        "enabled": batch.enabled,
-        "maxRecords": batch.max_records,
-        "maxSizeBytes": batch.max_size_bytes,
-        "maxDelayMillis": batch.max_delay_millis,
-    }

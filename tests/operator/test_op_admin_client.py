@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from txnkeeper.contract.admin import AdminClient, AdminError, parse_batch_log
 from txnkeeper.fleet.process import RuntimeProcess
-from txnkeeper_operator.admin_client import AdminClient, AdminError, parse_batch_log
 from txnkeeper_operator.engine import BatchSettings
 from txnkeeper_operator.naming import PENDING_ACK_STORE, TRANSACTION_COORDINATOR
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from txnkeeper.fleet.admin import FleetAdmin
+from txnkeeper.contract.admin import COORDINATOR_LOG, AdminClient
 from txnkeeper.fleet.demo import BATCHED, Fleet
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, MemberGroup
@@ -27,7 +27,7 @@ async def test_fleet_upgrade_enable_and_dynamic_disable(tmp_path: Path) -> None:
     token.chmod(0o600)  # serve refuses a token file others can read
     out = io.StringIO()
     async with aiohttp.ClientSession() as session:
-        admin = FleetAdmin(session, token.read_text())
+        admin = AdminClient(session, timeout_seconds=10, token=token.read_text())
         group = MemberGroup("tc", COORDINATOR, tmp_path, token, admin, replicas=2, coordinators=4)
         fleet = Fleet([group], Display(out))
         try:
@@ -46,9 +46,7 @@ async def test_fleet_upgrade_enable_and_dynamic_disable(tmp_path: Path) -> None:
             ]
             for member in group.members:
                 base = group.admin_base(member)
-                state = await admin.batch_settings(
-                    base, "coordinator", "coordinatorArray", "transactionLogBatchedWriteStat"
-                )
+                state = (await admin.batch_log(base, COORDINATOR_LOG)).effective()
                 assert state == BATCHED
             pids = [m.proc.pid for m in group.members if m.proc is not None]
             group.history.clear()

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from txnkeeper.contract.admin import AdminError, PodBatchLog
 from txnkeeper_operator import naming
-from txnkeeper_operator.admin_client import AdminError, PodBatchLog
 from txnkeeper_operator.engine import BatchSettings, Phase
 from txnkeeper_operator.engine.persist import format_time
 from txnkeeper_operator.naming import Kind

@@ -16,9 +16,9 @@ import pytest
 from runtime_pods import ServePod
 
 from txnkeeper import statefile
+from txnkeeper.contract.admin import AdminClient
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
-from txnkeeper.fleet.admin import FleetAdmin
 from txnkeeper.fleet.group import COORDINATOR, MemberGroup
 from txnkeeper.statefile import StateFileError
 from txnkeeper.topic.registry import load_registry, save_registry
@@ -337,7 +337,14 @@ async def test_fleet_progress_is_checksummed_and_previous_release_file_read(tmp_
     started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     progress = Progress(DowngradeProgress(started, "2.0.0", {"tc-0": {"__transaction_log_0": 7}}))
     async with aiohttp.ClientSession() as session:
-        group = MemberGroup("tc", COORDINATOR, tmp_path, tmp_path / "token", FleetAdmin(session, ""), 1)
+        group = MemberGroup(
+            "tc",
+            COORDINATOR,
+            tmp_path,
+            tmp_path / "token",
+            AdminClient(session, timeout_seconds=10, token=""),
+            1,
+        )
         assert group.load_progress() == Progress()
         group.save_progress(Progress())  # no downgrade: a null body
         assert group.load_progress() == Progress()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from txnkeeper.contract.freshness import staleness
 from txnkeeper.verifier import report_is_fresh, staleness_reason
 from txnkeeper.verifier.decide import finalize, judge_document
 from txnkeeper.verifier.model import PodEndpoint, Report, RolloverMarkers
@@ -72,3 +73,35 @@ def test_garbage_is_never_fresh() -> None:
     assert staleness_reason({"kind": "Other"}, markers) == "not a VerifierReport document"
     assert not report_is_fresh({"kind": "VerifierReport"}, markers)
     assert not report_is_fresh({"kind": "VerifierReport", "markersTakenAt": "x"}, {"takenAt": "yesterday"})
+
+
+def test_the_typed_rule_the_engine_uses_is_the_document_rule() -> None:
+    """contract.freshness.staleness (the operator's entry point) refuses exactly what documents refuse."""
+    markers = {"log0": 7}
+    fresh = staleness(
+        markers_taken_at=T0,
+        markers=markers,
+        report_markers_taken_at=T0,
+        report_markers=markers,
+        generated_at=T0 + timedelta(seconds=5),
+    )
+    assert fresh is None
+    no_taken_at = staleness(
+        markers_taken_at=T0,
+        markers=markers,
+        report_markers_taken_at=None,
+        report_markers=markers,
+        generated_at=T0 + timedelta(seconds=5),
+    )
+    assert no_taken_at == "report does not say which rollover markers it was computed against"
+    superset = staleness(
+        markers_taken_at=T0,
+        markers=markers,
+        report_markers_taken_at=T0,
+        report_markers={**markers, "log1": 3},
+        generated_at=T0 + timedelta(seconds=5),
+    )
+    assert superset == "report was computed against different LastBatchedLedger markers"
+    report = report_for(RolloverMarkers(taken_at=T0, ledgers=markers), T0 + timedelta(seconds=5)).to_dict()
+    del report["markersTakenAt"]
+    assert staleness_reason(report, {"takenAt": "2026-11-21T20:00:00Z", "stores": markers}) == no_taken_at

@@ -4,10 +4,17 @@ No I/O, no clock, no kopf import: callers translate the world into ``Desired``/`
 call ``decide`` and carry out the single action it returns.
 """
 
+from txnkeeper.contract.batching import BatchSettings
+from txnkeeper.contract.formats import (
+    BATCHED_LEVEL,
+    UNBATCHED_LEVEL,
+    UnknownReleaseError,
+    format_level,
+)
+from txnkeeper.contract.names import PAUSE_ANNOTATION
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
-    BatchSettings,
     Condition,
     ConditionStatus,
     ConfigureBatchLog,
@@ -27,15 +34,8 @@ from txnkeeper_operator.engine.model import (
     VerifierState,
     describe,
 )
-from txnkeeper_operator.engine.releases import (
-    BATCHED_LEVEL,
-    UNBATCHED_LEVEL,
-    UnknownReleaseError,
-    format_level,
-)
 from txnkeeper_operator.engine.rollout import (
     DEFAULT_CONFIG,
-    PAUSE_ANNOTATION,
     EngineConfig,
     decide,
     record_rollover,

@@ -7,75 +7,12 @@ one action it returns. Nothing in this module performs I/O or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
-from txnkeeper.contract import batching
-
-
-@dataclass(frozen=True, slots=True)
-class BatchSettings:
-    """The PIP-160 batchedWrite block (also Pulsar's TxnBufferedWriterStat) for one pod's stores."""
-
-    # Defaults (and the CRD's limits) come from the contract the runtime enforces too.
-    enabled: bool = batching.DEFAULT_ENABLED
-    max_records: int = batching.DEFAULT_MAX_RECORDS
-    max_size_bytes: int = batching.DEFAULT_MAX_SIZE_BYTES
-    max_delay_millis: int = batching.DEFAULT_MAX_DELAY_MILLIS
-
-    def disabled(self) -> BatchSettings:
-        return replace(self, enabled=False)
-
-    @classmethod
-    def from_stat(cls, stat: Mapping[str, Any]) -> BatchSettings:
-        """From Pulsar's TxnBufferedWriterStat, as a pod's admin API reports it."""
-        return cls(
-            enabled=bool(stat["batchEnabled"]),
-            max_records=int(stat["batchedWriteMaxRecords"]),
-            max_size_bytes=int(stat["batchedWriteMaxSize"]),
-            max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
-        )
-
-    @classmethod
-    def effective(cls, pod_level: BatchSettings, stores: Iterable[BatchSettings]) -> BatchSettings:
-        """One value for a whole pod from its pod-level settings and its stores' own.
-
-        Stores that disagree with the pod level make it a value that satisfies no spec (so the engine
-        configures the pod again), enabled if any store batches (so a downgrade never mistakes a
-        half-disabled pod for a disabled one).
-        """
-        stores = list(stores)
-        if all(s == pod_level for s in stores):
-            return pod_level
-        any_enabled = pod_level.enabled or any(s.enabled for s in stores)
-        return cls(enabled=any_enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
-
-    def to_stat(self) -> dict[str, Any]:
-        """As Pulsar's TxnBufferedWriterStat (what a pod's admin API takes)."""
-        return {
-            "batchEnabled": self.enabled,
-            "batchedWriteMaxRecords": self.max_records,
-            "batchedWriteMaxSize": self.max_size_bytes,
-            "batchedWriteMaxDelayInMillis": self.max_delay_millis,
-        }
-
-    def satisfies(self, wanted: BatchSettings) -> bool:
-        """True when a store running with these settings is what ``wanted`` asks for.
-
-        Limits only matter while batching is on: a disabled writer writes every record directly.
-        """
-        if self.enabled != wanted.enabled:
-            return False
-        if not wanted.enabled:
-            return True
-        return (
-            self.max_records == wanted.max_records
-            and self.max_size_bytes == wanted.max_size_bytes
-            and self.max_delay_millis == wanted.max_delay_millis
-        )
+from txnkeeper.contract.batching import BatchSettings
 
 
 @dataclass(frozen=True, slots=True)

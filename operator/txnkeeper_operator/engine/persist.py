@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from txnkeeper.contract.names import API_VERSION
 from txnkeeper_operator.engine.model import DowngradeProgress, Progress, StoreVerdict, VerifierReport
 
 
@@ -116,7 +117,7 @@ def report_from_json(doc: Any) -> VerifierReport:
 
 def report_to_json(report: VerifierReport) -> dict[str, Any]:
     return {
-        "apiVersion": "txnkeeper.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "VerifierReport",
         "generatedAt": format_time(report.generated_at),
         "markers": dict(report.markers),

@@ -2,14 +2,33 @@
 -> the next single action. Pure and deterministic, in the style of etcd-io/raft's Ready loop.
 
 The safety rule everything else serves: no pod is ever (re)started at a format level below what its
-live data needs. Two mechanisms keep it:
-- the template (what a crashed or evicted pod comes back with) stays at a batched-capable version until
-  the verifier has proven, against rollover markers taken after batching was disabled everywhere, that
-  no live batched entry remains;
-- pods are only rolled to a level-1 version after that proof, and the proof is thrown away the moment any
-  pod reports batching enabled again.
-Everything is recomputed from what pods report plus the persisted progress, so an operator restart in
-any phase resumes where it left off (Strimzi's KafkaRoller reads pod versions the same way).
+live data needs. Everything is recomputed from what pods report plus the persisted progress, so an
+operator restart in any phase resumes where it left off (Strimzi's KafkaRoller reads pod versions the
+same way). Each call runs this algorithm and stops at the first step that has something to do:
+
+ 1. Place the desired version, every pod's and the template's on the release table
+    (contract.formats); an unknown release is FAILED. The data level is the highest of them.
+ 2. Paused by annotation: PAUSED, nothing else.
+ 3. No StatefulSet: create it (CREATING) at a version the data can live with, never below what the
+    running pods or an unfinished downgrade say the volumes may hold (``_create_template``).
+ 4. A pod missing or not ready: a not-ready pod at a version other than the template's is restarted
+    from the template (always at a level its data can live with); otherwise wait (``_wait_for_pods``).
+ 5. Desired level below the data level: the downgrade (``_downgrade``):
+    a. batching re-enabled on any pod throws away markers and proof taken so far;
+    b. proof already held: roll the template, then the pods highest ordinal first (ROLLING_DOWNGRADE);
+    c. gate 1, DISABLING_BATCH_LOG: template unbatched, every pod told and confirmed unbatched,
+       while the template stays at a batched-capable version (``_batch_log_off``);
+    d. gate 2, ROLLING_OVER_LEDGERS: every pod rolls its stores over and reports LastBatchedLedger
+       (``_rollover_next``);
+    e. gate 3, VERIFYING_DOWNGRADE / DOWNGRADE_BLOCKED: only a report fresh by the shared rule
+       (contract.freshness: same markers, same takenAt, collected after it) counts; safe opens the
+       gate (go to b), unsafe holds it and asks again after ``verifier_retry``; no fresh report runs,
+       awaits or retries the verifier (``_verify``).
+ 6. Otherwise a downgrade not yet finished is cancelled, and the upgrade / toggle runs
+    (``_upgrade_or_toggle``): batching disabled in the spec is switched off (template, then pods, live);
+    the template moves to the desired version, then pods restart highest ordinal first; batching is
+    switched on (template, then pods, live) only once every pod can read batched entries; READY.
+The downgrade steps return their new progress inside the Decision rather than mutating the planner.
 """
 
 from __future__ import annotations
@@ -17,6 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from txnkeeper.contract.formats import BATCHED_LEVEL, UnknownReleaseError, format_level
+from txnkeeper.contract.freshness import staleness
+from txnkeeper.contract.names import PAUSE_ANNOTATION
 from txnkeeper_operator.engine.model import (
     Action,
     ApplyTemplate,
@@ -36,9 +58,6 @@ from txnkeeper_operator.engine.model import (
     Template,
     VerifierReport,
 )
-from txnkeeper_operator.engine.releases import BATCHED_LEVEL, UnknownReleaseError, format_level
-
-PAUSE_ANNOTATION = "txnkeeper.io/pause-reconciliation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,19 +249,24 @@ class _Planner:
         if enabled and (progress.markers or progress.verified_at is not None):
             # Batched data may have been written after the markers: they prove nothing any more.
             progress = progress.invalidated()
-        self.progress = replace(self.progress, downgrade=progress)
-        if progress.verified_at is None:
-            return self._downgrade_gate(template, progress, enabled)
-        return self._downgrade_roll(template)
+        if progress.verified_at is not None:
+            return self._downgrade_roll(template, progress)
+        return (
+            self._batch_log_off(template, progress, enabled)
+            or self._rollover_next(progress)
+            or self._verify(template, progress)
+        )
 
     def _highest_batched_version(self, template: Template) -> str | None:
         versions = [p.version for p in self.pods] + [template.version]
         capable = [v for v in versions if format_level(v) >= BATCHED_LEVEL]
         return max(capable, key=_version_key) if capable else None
 
-    def _downgrade_gate(
+    def _batch_log_off(
         self, template: Template, progress: DowngradeProgress, enabled: list[PodState]
-    ) -> Decision:
+    ) -> Decision | None:
+        """Gate step 1: the template and every pod run with the batch log disabled (else the next
+        action towards that), confirmed by every pod."""
         if format_level(template.version) < BATCHED_LEVEL:
             # Only reachable when a verified downgrade lost its proof mid-roll: a pod recreated now
             # must still be able to read what the remaining batched-capable pods wrote.
@@ -253,11 +277,13 @@ class _Planner:
             return self._act(
                 ApplyTemplate(version, template.batch.disabled(), "keep restarted pods batched-capable"),
                 Phase.DISABLING_BATCH_LOG,
+                progress,
             )
         if template.batch.enabled:
             return self._act(
                 ApplyTemplate(template.version, template.batch.disabled(), "pods start unbatched"),
                 Phase.DISABLING_BATCH_LOG,
+                progress,
             )
         if enabled:
             pod = enabled[0]
@@ -269,6 +295,7 @@ class _Planner:
                     f"disable the batch log before downgrading to {self.desired.version}",
                 ),
                 Phase.DISABLING_BATCH_LOG,
+                progress,
             )
         unknown = [p.name for p in self.pods if p.batch is None]
         if unknown:
@@ -276,13 +303,24 @@ class _Planner:
                 None,
                 Phase.DISABLING_BATCH_LOG,
                 "waiting to confirm the batch log is disabled on " + ", ".join(unknown),
+                progress,
             )
+        return None
+
+    def _rollover_next(self, progress: DowngradeProgress) -> Decision | None:
+        """Gate step 2: every pod in scope has rolled its stores over and reported LastBatchedLedger."""
         for pod in self.pods:
             if pod.name not in progress.markers:
                 return self._act(
                     RolloverStores(pod.name, pod.ordinal, "record LastBatchedLedger for every store"),
                     Phase.ROLLING_OVER_LEDGERS,
+                    progress,
                 )
+        return None
+
+    def _verify(self, template: Template, progress: DowngradeProgress) -> Decision:
+        """Gate step 3: a fresh safe report opens the gate; a fresh unsafe one holds it (asking again
+        after verifier_retry); otherwise the verifier is run, awaited or retried."""
         now = self.observed.now
         if progress.markers_complete_at is None:
             progress = replace(progress, markers_complete_at=now)
@@ -297,28 +335,33 @@ class _Planner:
         report = self.observed.verifier.report
         fresh = report if report is not None and _is_fresh(report, progress, markers) else None
         if fresh is not None and fresh.safe:
-            progress = replace(progress, verified_at=now, blocked_since=None)
-            self.progress = replace(self.progress, downgrade=progress)
-            return self._downgrade_roll(template)
-        self.progress = replace(self.progress, downgrade=progress)
-        verifier = self.observed.verifier
+            return self._downgrade_roll(template, replace(progress, verified_at=now, blocked_since=None))
         if fresh is not None:
-            blocked_since = progress.blocked_since or fresh.generated_at
-            progress = replace(progress, blocked_since=blocked_since)
-            self.progress = replace(self.progress, downgrade=progress)
-            blockers = [f"{v.pod}/{v.store} ({v.reason})" for v in fresh.stores if not v.safe]
-            why = f"downgrade to {self.desired.version} held since {_fmt_time(blocked_since)}: " + (
-                ", ".join(blockers) if blockers else "the verifier reported not safe"
-            )
-            retry_at = fresh.generated_at + self.config.verifier_retry
-            if not verifier.running and now >= retry_at and not self._verifier_pending(progress, fresh):
-                return self._run_verifier(
-                    progress, markers, why + "; verifying again", Phase.DOWNGRADE_BLOCKED
-                )
-            return self._decision(None, Phase.DOWNGRADE_BLOCKED, why)
+            return self._blocked(progress, markers, fresh)
+        return self._await_verifier(progress, markers)
+
+    def _blocked(
+        self, progress: DowngradeProgress, markers: dict[str, int], fresh: VerifierReport
+    ) -> Decision:
+        """A fresh report says live batched entries remain: hold, and verify again after a while."""
+        blocked_since = progress.blocked_since or fresh.generated_at
+        progress = replace(progress, blocked_since=blocked_since)
+        blockers = [f"{v.pod}/{v.store} ({v.reason})" for v in fresh.stores if not v.safe]
+        why = f"downgrade to {self.desired.version} held since {_fmt_time(blocked_since)}: " + (
+            ", ".join(blockers) if blockers else "the verifier reported not safe"
+        )
+        retry_at = fresh.generated_at + self.config.verifier_retry
+        running = self.observed.verifier.running
+        if not running and self.observed.now >= retry_at and not self._verifier_pending(progress, fresh):
+            return self._run_verifier(progress, markers, why + "; verifying again", Phase.DOWNGRADE_BLOCKED)
+        return self._decision(None, Phase.DOWNGRADE_BLOCKED, why, progress)
+
+    def _await_verifier(self, progress: DowngradeProgress, markers: dict[str, int]) -> Decision:
+        """No fresh report: retry a failed run, wait for a running or just-requested one, else run it."""
+        verifier = self.observed.verifier
         failed = self._failed_run(progress)
         if failed is not None and not verifier.running:
-            if now >= failed + self.config.verifier_retry:
+            if self.observed.now >= failed + self.config.verifier_retry:
                 return self._run_verifier(
                     progress, markers, f"the last verifier run failed ({verifier.failure}); running it again"
                 )
@@ -326,10 +369,14 @@ class _Planner:
                 None,
                 Phase.VERIFYING_DOWNGRADE,
                 f"the last verifier run failed ({verifier.failure}); retrying",
+                progress,
             )
         if verifier.running or self._verifier_pending(progress, None):
             return self._decision(
-                None, Phase.VERIFYING_DOWNGRADE, f"waiting for the verifier ({len(markers)} store(s))"
+                None,
+                Phase.VERIFYING_DOWNGRADE,
+                f"waiting for the verifier ({len(markers)} store(s))",
+                progress,
             )
         return self._run_verifier(
             progress, markers, f"prove no live batched entry remains in {len(markers)} store(s)"
@@ -360,11 +407,11 @@ class _Planner:
         phase: Phase = Phase.VERIFYING_DOWNGRADE,
     ) -> Decision:
         progress = replace(progress, verifier_requested_at=self.observed.now)
-        self.progress = replace(self.progress, downgrade=progress)
         taken_at = progress.markers_complete_at or self.observed.now
-        return self._act(RunVerifier(markers, taken_at, reason), phase)
+        return self._act(RunVerifier(markers, taken_at, reason), phase, progress)
 
-    def _downgrade_roll(self, template: Template) -> Decision:
+    def _downgrade_roll(self, template: Template, progress: DowngradeProgress) -> Decision:
+        """After the proof: the template, then every pod (highest ordinal first), to the old line."""
         desired = self.desired
         if template.version != desired.version or template.batch.enabled:
             return self._act(
@@ -374,30 +421,38 @@ class _Planner:
                     "verifier proved every store free of live batched entries",
                 ),
                 Phase.ROLLING_DOWNGRADE,
+                progress,
             )
-        restart = self._restart_next(desired.version, "down to", Phase.ROLLING_DOWNGRADE)
+        restart = self._restart_next(desired.version, "down to", Phase.ROLLING_DOWNGRADE, progress)
         if restart is not None:
             return restart
         # Unreachable while data_level > target_level, kept so the planner never falls off its end.
-        return self._decision(None, Phase.ROLLING_DOWNGRADE, "waiting for the downgraded pods")
+        return self._decision(None, Phase.ROLLING_DOWNGRADE, "waiting for the downgraded pods", progress)
 
-    def _restart_next(self, version: str, to: str, phase: Phase) -> Decision | None:
+    def _restart_next(
+        self, version: str, to: str, phase: Phase, downgrade: DowngradeProgress | None = None
+    ) -> Decision | None:
         """Restart the first pod (in the planner's order) not yet at ``version``; None if none is left."""
         for pod in self.pods:
             if pod.version != version:
                 reason = f"roll {pod.name} from {pod.version} {to} {version}"
-                return self._act(RestartPod(pod.name, pod.ordinal, pod.version, version, reason), phase)
+                restart = RestartPod(pod.name, pod.ordinal, pod.version, version, reason)
+                return self._act(restart, phase, downgrade)
         return None
 
     # ---- results ---------------------------------------------------------------------------------
 
-    def _act(self, action: Action, phase: Phase) -> Decision:
-        return self._decision(action, phase, action.reason)
+    def _act(self, action: Action, phase: Phase, downgrade: DowngradeProgress | None = None) -> Decision:
+        return self._decision(action, phase, action.reason, downgrade)
 
-    def _decision(self, action: Action | None, phase: Phase, reason: str) -> Decision:
-        return Decision(action, phase, reason, self.progress, self._conditions(phase, reason))
+    def _decision(
+        self, action: Action | None, phase: Phase, reason: str, downgrade: DowngradeProgress | None = None
+    ) -> Decision:
+        """The decision, carrying ``downgrade`` (the downgrade steps' new progress) when given."""
+        progress = self.progress if downgrade is None else replace(self.progress, downgrade=downgrade)
+        return Decision(action, phase, reason, progress, self._conditions(phase, reason, progress))
 
-    def _conditions(self, phase: Phase, reason: str) -> tuple[Condition, ...]:
+    def _conditions(self, phase: Phase, reason: str, progress: Progress) -> tuple[Condition, ...]:
         t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
         ready_pods = sum(1 for p in self.pods if p.ready)
         all_ready = ready_pods == self.desired.replicas and len(self.pods) == self.desired.replicas
@@ -421,7 +476,7 @@ class _Planner:
             )
         else:
             batch_cond = Condition("BatchLogEnabled", f, "Disabled", "no pod has the batch log enabled")
-        downgrade = self.progress.downgrade
+        downgrade = progress.downgrade
         if downgrade is None:
             safe = Condition("DowngradeSafe", u, "NoDowngrade", "no downgrade in progress")
         elif downgrade.verified_at is not None:
@@ -446,12 +501,16 @@ class _Planner:
 
 
 def _is_fresh(report: VerifierReport, progress: DowngradeProgress, markers: dict[str, int]) -> bool:
-    """A report counts only if it was computed after the markers, against exactly these markers."""
-    if progress.markers_complete_at is None or report.generated_at < progress.markers_complete_at:
-        return False
-    if report.markers_taken_at is not None and report.markers_taken_at != progress.markers_complete_at:
-        return False
-    return all(report.markers.get(store) == ledger for store, ledger in markers.items())
+    """The shared freshness rule (contracts §7): a report counts only if it names these markers'
+    takenAt, was computed against exactly these markers, and was collected after they were taken."""
+    reason = staleness(
+        markers_taken_at=progress.markers_complete_at,
+        markers=markers,
+        report_markers_taken_at=report.markers_taken_at,
+        report_markers=report.markers,
+        generated_at=report.generated_at,
+    )
+    return reason is None
 
 
 def _version_key(version: str) -> tuple[int, ...]:

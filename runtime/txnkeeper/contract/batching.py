@@ -4,10 +4,15 @@ and the CRDs all enforce.
 Why a module of its own: before it, the CRD accepted a maxSizeBytes the runtime refused (up to 64 MiB
 against the runtime's 16 MiB cap) and the runtime accepted a maxDelayMillis of 10^12 that stalls every
 transaction. Every layer now reads its bounds from here. It imports only the standard library so the
-operator (which never imports runtime internals, docs/contracts.md §0) can import it too.
+operator (which never imports runtime internals, docs/contracts.md §0) can import it too; the
+``BatchSettings`` value every layer passes around lives here for the same reason.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 # Defaults are Pulsar's (transactionLogBatchedWriteEnabled=false, 512 records, 4 MiB, 1 ms).
 DEFAULT_ENABLED = False
@@ -37,3 +42,87 @@ MAX_MAX_SIZE_BYTES = 16 * 1024 * 1024
 # so the delay is added to every transactional call: past a minute, every client times out first.
 MIN_MAX_DELAY_MILLIS = 0
 MAX_MAX_DELAY_MILLIS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The PIP-160 batchedWrite settings for one pod's stores, and every spelling of them.
+
+    Spellings: the CRD's and the --config file's ``batchedWrite`` block (``from_block``/``to_block``)
+    and Pulsar's TxnBufferedWriterStat, which the admin API takes and reports (``from_stat``/``to_stat``).
+    """
+
+    enabled: bool = DEFAULT_ENABLED
+    max_records: int = DEFAULT_MAX_RECORDS
+    max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES
+    max_delay_millis: int = DEFAULT_MAX_DELAY_MILLIS
+
+    def disabled(self) -> BatchSettings:
+        return replace(self, enabled=False)
+
+    @classmethod
+    def from_stat(cls, stat: Mapping[str, Any]) -> BatchSettings:
+        """From Pulsar's TxnBufferedWriterStat, as a pod's admin API reports it."""
+        return cls(
+            enabled=bool(stat["batchEnabled"]),
+            max_records=int(stat["batchedWriteMaxRecords"]),
+            max_size_bytes=int(stat["batchedWriteMaxSize"]),
+            max_delay_millis=round(float(stat["batchedWriteMaxDelayInMillis"])),
+        )
+
+    @classmethod
+    def effective(cls, pod_level: BatchSettings, stores: Iterable[BatchSettings]) -> BatchSettings:
+        """One value for a whole pod from its pod-level settings and its stores' own.
+
+        Stores that disagree with the pod level make it a value that satisfies no spec (so the engine
+        configures the pod again), enabled if any store batches (so a downgrade never mistakes a
+        half-disabled pod for a disabled one).
+        """
+        stores = list(stores)
+        if all(s == pod_level for s in stores):
+            return pod_level
+        any_enabled = pod_level.enabled or any(s.enabled for s in stores)
+        return cls(enabled=any_enabled, max_records=0, max_size_bytes=0, max_delay_millis=0)
+
+    @classmethod
+    def from_block(cls, block: Mapping[str, Any]) -> BatchSettings:
+        """From a CR's (or the --config file's) batchedWrite block; a missing field takes its default."""
+        return cls(
+            enabled=bool(block.get("enabled", DEFAULT_ENABLED)),
+            max_records=int(block.get("maxRecords", DEFAULT_MAX_RECORDS)),
+            max_size_bytes=int(block.get("maxSizeBytes", DEFAULT_MAX_SIZE_BYTES)),
+            max_delay_millis=int(block.get("maxDelayMillis", DEFAULT_MAX_DELAY_MILLIS)),
+        )
+
+    def to_block(self) -> dict[str, Any]:
+        """As a CR's (or the --config file's) batchedWrite block."""
+        return {
+            "enabled": self.enabled,
+            "maxRecords": self.max_records,
+            "maxSizeBytes": self.max_size_bytes,
+            "maxDelayMillis": self.max_delay_millis,
+        }
+
+    def to_stat(self) -> dict[str, Any]:
+        """As Pulsar's TxnBufferedWriterStat (what a pod's admin API takes)."""
+        return {
+            "batchEnabled": self.enabled,
+            "batchedWriteMaxRecords": self.max_records,
+            "batchedWriteMaxSize": self.max_size_bytes,
+            "batchedWriteMaxDelayInMillis": self.max_delay_millis,
+        }
+
+    def satisfies(self, wanted: BatchSettings) -> bool:
+        """True when a store running with these settings is what ``wanted`` asks for.
+
+        Limits only matter while batching is on: a disabled writer writes every record directly.
+        """
+        if self.enabled != wanted.enabled:
+            return False
+        if not wanted.enabled:
+            return True
+        return (
+            self.max_records == wanted.max_records
+            and self.max_size_bytes == wanted.max_size_bytes
+            and self.max_delay_millis == wanted.max_delay_millis
+        )

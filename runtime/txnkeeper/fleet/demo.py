@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import secrets
 import shutil
 import sys
@@ -29,7 +30,7 @@ import aiohttp
 
 from txnkeeper.client.client import Client
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.fleet.admin import FleetAdmin, FleetAdminError
+from txnkeeper.contract.admin import AdminClient, AdminError
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
 from txnkeeper.fleet.load import TransactionalLoad
@@ -69,7 +70,7 @@ class Fleet:
                 seen = len(group.history)
                 try:
                     decision = await group.step(desired[group.name])
-                except FleetAdminError as err:
+                except AdminError as err:
                     self.display.line(f"{group.name:>3}: action failed, retrying: {err}")
                     continue
                 last[group.name] = decision
@@ -91,14 +92,32 @@ def _summary(group: MemberGroup, decision: Decision) -> str:
     return f"{decision.phase} [{members}]"
 
 
-async def _figures(groups: list[MemberGroup], admin: FleetAdmin, display: Display) -> None:
+def batch_figures(metrics: str, prefix: str) -> dict[str, float]:
+    """Records per batch and flush triggers, summed over labels, from a member's Prometheus text."""
+    figures: dict[str, float] = {}
+    for name in (
+        "bufferedwriter_batch_records_sum",
+        "bufferedwriter_batch_records_count",
+        "bufferedwriter_flush_trigger_max_records_total",
+        "bufferedwriter_flush_trigger_max_size_total",
+        "bufferedwriter_flush_trigger_max_delay_total",
+        "bufferedwriter_flush_trigger_large_data_total",
+    ):
+        total = 0.0
+        for match in re.finditer(rf"^{prefix}_{name}(?:{{[^}}]*}})? (\S+)$", metrics, re.MULTILINE):
+            total += float(match.group(1))
+        figures[name] = total
+    return figures
+
+
+async def _figures(groups: list[MemberGroup], admin: AdminClient, display: Display) -> None:
     for group in groups:
         for member in group.members:
             base = group.admin_base(member)
             try:
-                figures = await admin.batch_figures(base, group.role.metrics_prefix)
+                figures = batch_figures(await admin.metrics(base), group.role.metrics_prefix)
                 ledgers = await admin.ledgers(base)
-            except FleetAdminError as err:
+            except AdminError as err:
                 display.line(f"{member.name}: figures unavailable: {err}")
                 continue
             batches = figures["bufferedwriter_batch_records_count"]
@@ -125,7 +144,7 @@ async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int
     token_file.chmod(0o600)  # serve refuses a token file others can read
     config = EngineConfig(verifier_retry=timedelta(seconds=3), verifier_timeout=timedelta(seconds=90))
     async with aiohttp.ClientSession() as session:
-        admin = FleetAdmin(session, token_file.read_text())
+        admin = AdminClient(session, timeout_seconds=10, token=token_file.read_text())
         tc = MemberGroup("tc", COORDINATOR, work_dir, token_file, admin, replicas=3, coordinators=3)
         pas = MemberGroup("pas", STORE, work_dir, token_file, admin, replicas=2)
         for group in (tc, pas):
@@ -144,7 +163,7 @@ async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int
             display.line(f"stopped every process{'; LEFT RUNNING: ' + str(leftovers) if leftovers else ''}")
 
 
-async def _lifecycle(fleet: Fleet, admin: FleetAdmin, load_seconds: float) -> int:
+async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float) -> int:
     display = fleet.display
     tc, pas = fleet.groups
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper import statefile
-from txnkeeper.fleet.admin import FleetAdmin, FleetAdminError
+from txnkeeper.contract.admin import COORDINATOR_LOG, PENDING_ACK_LOG, AdminClient, AdminError, BatchLog
 from txnkeeper.fleet.process import RuntimeProcess
 from txnkeeper.statefile import StateFileError, StateShapeError
 from txnkeeper_operator.engine import (
@@ -64,22 +64,12 @@ class Role:
     """What differs between a coordinator group and a store group (mirrors the operator's Kind)."""
 
     name: str  # --role
-    stat_key: str
-    array_key: str
-    entry_key: str
+    log: BatchLog  # where the admin API keeps this role's batch-log settings
     metrics_prefix: str
 
 
-COORDINATOR = Role(
-    "coordinator", "coordinator", "coordinatorArray", "transactionLogBatchedWriteStat", "pulsar_txn_tc"
-)
-STORE = Role(
-    "store",
-    "pendingAck",
-    "subscriptionArray",
-    "transactionPendingAckBatchedWriteStat",
-    "pulsar_txn_pending_ack_store",
-)
+COORDINATOR = Role("coordinator", COORDINATOR_LOG, "pulsar_txn_tc")
+STORE = Role("store", PENDING_ACK_LOG, "pulsar_txn_pending_ack_store")
 
 
 def free_port() -> int:
@@ -96,7 +86,7 @@ class MemberGroup:
     role: Role
     work_dir: Path
     token_file: Path
-    admin: FleetAdmin
+    admin: AdminClient
     replicas: int
     coordinators: int = 0
     engine_config: EngineConfig = field(default_factory=EngineConfig)
@@ -162,13 +152,7 @@ class MemberGroup:
     def _start(self, member: RuntimeProcess) -> None:
         assert self.template is not None
         member.release = self.template.version
-        block = {
-            "enabled": self.template.batch.enabled,
-            "maxRecords": self.template.batch.max_records,
-            "maxSizeBytes": self.template.batch.max_size_bytes,
-            "maxDelayMillis": self.template.batch.max_delay_millis,
-        }
-        member.config_file.write_text(json.dumps({"batchedWrite": block}))
+        member.config_file.write_text(json.dumps({"batchedWrite": self.template.batch.to_block()}))
         member.start()
 
     def client_addresses(self) -> list[str]:
@@ -185,10 +169,8 @@ class MemberGroup:
         if not member.running() or not member.ports_file.exists() or not await self.admin.ready(base):
             return PodState(ordinal, member.name, member.release, False, None)
         try:
-            batch = await self.admin.batch_settings(
-                base, self.role.stat_key, self.role.array_key, self.role.entry_key
-            )
-        except FleetAdminError:
+            batch = (await self.admin.batch_log(base, self.role.log)).effective()
+        except AdminError:
             return PodState(ordinal, member.name, member.release, True, None)
         return PodState(ordinal, member.name, member.release, True, batch)
 
@@ -241,7 +223,7 @@ class MemberGroup:
                 await member.stop()
                 self._start(member)
             case ConfigureBatchLog(ordinal=ordinal, batch=batch):
-                await self.admin.set_batch(self.admin_base(self.members[ordinal]), self.role.stat_key, batch)
+                await self.admin.set_batch_log(self.admin_base(self.members[ordinal]), self.role.log, batch)
             case RolloverStores(ordinal=ordinal, pod=pod):
                 markers = await self.admin.rollover(self.admin_base(self.members[ordinal]))
                 progress = record_rollover(progress, pod, markers)

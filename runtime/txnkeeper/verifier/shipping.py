@@ -13,9 +13,12 @@ from pathlib import Path
 
 import txnkeeper
 
-# Everything a partition imports: the package roots and the stdlib-only verifier modules.
+# Everything a partition imports: the package roots, the stdlib-only verifier modules and the
+# contract's freshness rule they re-export.
 EXECUTOR_MODULES = (
     "__init__.py",
+    "contract/__init__.py",
+    "contract/freshness.py",
     "verifier/__init__.py",
     "verifier/decide.py",
     "verifier/fetch.py",
