@@ -6,9 +6,11 @@ run on, so the event loop never blocks on the disk.
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+
+from txnkeeper.aio import SingleFlight
 
 from .config import ManagedLedgerConfig
 from .errors import LedgerClosedError
@@ -26,7 +28,7 @@ class ManagedLedgerFactory:
         self._io = io if io is not None else DEFAULT_IO
         self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="ledger-io")
         self._ledgers: dict[str, ManagedLedger] = {}
-        self._opening: dict[str, asyncio.Future[ManagedLedger]] = {}
+        self._opening: SingleFlight[str, ManagedLedger] = SingleFlight()  # concurrent opens of one name
         self._closed = False
 
     async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
@@ -40,28 +42,18 @@ class ManagedLedgerFactory:
         ledger = self._ledgers.get(name)
         if ledger is not None:
             return ledger
-        pending = self._opening.get(name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[ManagedLedger] = asyncio.get_running_loop().create_future()
-        self._opening[name] = future
-        try:
-            ledger = await ManagedLedger.open(
-                name,
-                self.root,
-                config=config or ManagedLedgerConfig(),
-                io=self._io,
-                executor=self._executor,
-                on_close=self._forget,
-            )
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: concurrent openers (if any) re-raise it themselves
-            raise
-        finally:
-            del self._opening[name]
+        return await self._opening.run(name, partial(self._open, name, config))
+
+    async def _open(self, name: str, config: ManagedLedgerConfig | None) -> ManagedLedger:
+        ledger = await ManagedLedger.open(
+            name,
+            self.root,
+            config=config or ManagedLedgerConfig(),
+            io=self._io,
+            executor=self._executor,
+            on_close=self._forget,
+        )
         self._ledgers[name] = ledger
-        future.set_result(ledger)
         return ledger
 
     def list_names(self) -> list[str]:
