@@ -39,6 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 START_TIMEOUT_S = 180.0
+FIRST_COMMIT_TIMEOUT_S = 30.0
 # JVM flags the pulsar launcher script passes too: without them the broker logs access errors while
 # reading container limits and GC stats.
 JVM_OPENS = [
@@ -234,7 +235,18 @@ class Runner:
 
             wait_for(f"{threads} perf consumers to subscribe", subscribed, START_TIMEOUT_S, log)
             first = committed(broker)
-            wait_for("the first commits", lambda: committed(broker) > first, 60.0, log)
+            try:
+                wait_for("the first commits", lambda: committed(broker) > first, FIRST_COMMIT_TIMEOUT_S, log)
+            except PeerError:
+                # Seen at 256 threads: every thread holds an open transaction and none commits. That is
+                # a figure (0 txn/s, and why), not a reason to lose the other levels' figures.
+                return {
+                    "concurrency": threads,
+                    "transactions": 0,
+                    "txn_per_s": 0.0,
+                    "stalled": f"no commit within {FIRST_COMMIT_TIMEOUT_S:.0f}s after all {threads} "
+                    f"perf consumers subscribed: {perf_summary(log)}",
+                }
             warmup_until = time.monotonic() + min(3.0, seconds)
             wait_for("the warm-up (JIT)", lambda: time.monotonic() >= warmup_until, seconds + 5, log)
             before = (
@@ -267,6 +279,14 @@ class Runner:
         }
 
 
+def perf_summary(log: Path) -> str:
+    """The perf tool's last interval report (it prints one every 10 s), for a stalled level."""
+    lines = [
+        line for line in log.read_text(errors="replace").splitlines() if "Throughput transaction:" in line
+    ]
+    return lines[-1].split(" - ", 2)[-1][:160] if lines else "the perf tool reported no interval yet"
+
+
 def committed(broker: Broker) -> int:
     text = http("GET", f"{broker.web}/metrics/", timeout=30)
     return int(sum(float(v) for v in COMMITTED.findall(text)))
@@ -285,7 +305,7 @@ def run_pulsar(runner: Runner, levels: list[int], seconds: float) -> dict[str, A
                 prefill = int((seconds + 10) * (300 if threads == 1 else 2500))
                 result = runner.perf_level(broker, mode, threads, seconds, prefill)
                 print(json.dumps({"system": "pulsar", "mode": mode, **result}), file=sys.stderr)
-                if result["input_left"] == 0:
+                if result.get("input_left") == 0:
                     raise PeerError(f"{mode} at {threads}: the input ran out; raise the prefill")
                 results[mode].append(result)
         finally:
