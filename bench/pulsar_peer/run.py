@@ -266,17 +266,24 @@ class Runner:
         backlog = json.loads(
             http("GET", f"{broker.web}/admin/v2/persistent/{topic_in.removeprefix('persistent://')}/stats")
         )
-        return {
+        result: dict[str, Any] = {
             "concurrency": threads,
             "transactions": done,
             "seconds": round(after[0] - before[0], 3),
             "txn_per_s": round(done / (after[0] - before[0]), 1),
             "cpu_ms_per_txn": {
-                "broker": round((after[2] - before[2]) * 1000 / max(done, 1), 3),
-                "client": round((after[3] - before[3]) * 1000 / max(done, 1), 3),
+                "broker": round((after[2] - before[2]) * 1000 / done, 3) if done else None,
+                "client": round((after[3] - before[3]) * 1000 / done, 3) if done else None,
+            },
+            "cpu_s_in_window": {
+                "broker": round(after[2] - before[2], 3),
+                "client": round(after[3] - before[3], 3),
             },
             "input_left": backlog["subscriptions"]["sub"]["msgBacklog"],
         }
+        if not done:
+            result["stalled"] = f"commits began, then none in the window: {perf_summary(log)}"
+        return result
 
 
 def perf_summary(log: Path) -> str:
