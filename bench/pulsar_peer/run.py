@@ -106,6 +106,7 @@ class Runner:
         self.classpath = f"{lib}/*"
         self.work = work
         self.children: list[subprocess.Popen[bytes]] = []
+        self.perf_args: list[str] = []
         self.client_conf = work / "client.conf"
         self.client_conf.write_text("")  # pulsar-perf wants a client config file; defaults suffice
 
@@ -222,6 +223,7 @@ class Runner:
                 "--topics-c", topic_in, "--topics-p", topic_out, "-ss", "sub",
                 "-threads", str(threads), "-nmp", "1", "-nmc", "1", "-ntxn", "0",
                 "-time", str(int(seconds * 3 + 60)), "-tto", "60",
+                *self.perf_args,
             ],
             log,
             heap="1g",
@@ -368,6 +370,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per level")
     parser.add_argument("--rounds", type=int, default=1, help="txn_e2e.py rounds per level and mode")
     parser.add_argument("--skip-txnkeeper", action="store_true", help="only the Pulsar half")
+    parser.add_argument(
+        "--perf-arg",
+        action="append",
+        default=[],
+        help="extra `pulsar-perf transaction` flag (repeat), e.g. -q",
+    )
     ns = parser.parse_args()
     if not any(ns.lib.glob("pulsar-broker-*.jar")):
         parser.error(f"--lib {ns.lib}: no pulsar-broker jar there; run `make bench-pulsar` to fetch the jars")
@@ -380,6 +388,7 @@ def main() -> int:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="pulsar-peer-") as tmp, interrupts_as_exit():
         runner = Runner(ns.lib.resolve(), Path(tmp))
+        runner.perf_args = list(ns.perf_arg)
         try:
             pulsar = run_pulsar(runner, levels, ns.seconds)
             txnkeeper = {} if ns.skip_txnkeeper else run_txnkeeper(levels, ns.seconds, ns.rounds)
@@ -402,6 +411,7 @@ def main() -> int:
                     "version": next(ns.lib.glob("pulsar-broker-*.jar")).stem.removeprefix("pulsar-broker-"),
                     "setup": "standalone (broker + 1 bookie, journalSyncData=true), pulsar-perf transaction",
                     "concurrency_means": "perf threads (each waits for begin and receive, not for commit)",
+                    "perf_extra_args": ns.perf_arg,
                     **pulsar,
                 },
                 "txnkeeper": txnkeeper,
