@@ -14,7 +14,7 @@ GENERATED := runtime/txnkeeper/pb/.generated
 PROTOS := $(wildcard proto/*.proto)
 PYTEST_ARGS ?=
 
-.PHONY: all install proto lint typecheck unit test demo soak bench clean
+.PHONY: all install proto lint typecheck unit test demo soak bench bench-pulsar clean
 .PHONY: cluster-deps k8s-bins cluster-up cluster-down e2e e2e-kind e2e-if-possible
 
 all: test
@@ -98,6 +98,22 @@ bench: install
 
 demo: install
 	$(BIN)/txnkeeper demo
+
+# --- Pulsar side by side (bench/pulsar_peer/README.md): optional, not part of `make test` -----------
+# Pulsar's jars from Maven Central only (settings.xml mirrors every repository to Central) into
+# $(CACHE_DIR)/pulsar-peer/lib; the stamp names the pom's hash so an edited pom re-resolves.
+PULSAR_PEER_LIB := $(CACHE_DIR)/pulsar-peer/lib
+PULSAR_PEER_STAMP := $(CACHE_DIR)/pulsar-peer/.resolved-$(shell sha256sum bench/pulsar_peer/pom.xml | cut -c1-16)
+PULSAR_PEER_ARGS ?=
+
+$(PULSAR_PEER_STAMP): bench/pulsar_peer/pom.xml bench/pulsar_peer/settings.xml
+	@mkdir -p $(CACHE_DIR)/pulsar-peer && rm -rf $(PULSAR_PEER_LIB) $(CACHE_DIR)/pulsar-peer/.resolved-*
+	nice -n 19 mvn -B -q -s bench/pulsar_peer/settings.xml -f bench/pulsar_peer/pom.xml \
+		dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(PULSAR_PEER_LIB)
+	@touch $@
+
+bench-pulsar: install $(PULSAR_PEER_STAMP)
+	$(BIN)/python bench/pulsar_peer/run.py --lib $(PULSAR_PEER_LIB) $(PULSAR_PEER_ARGS)
 
 clean:
 	rm -rf $(VENV) runtime/txnkeeper/pb/*_pb2.py runtime/txnkeeper/pb/*_pb2.pyi $(GENERATED) .mypy_cache .ruff_cache .pytest_cache
