@@ -276,8 +276,8 @@ async def test_well_checksummed_but_malformed_files_are_refused_with_the_field_n
     path.write_bytes(statefile.encode("managed-ledger-metadata", 1, body))
     with pytest.raises(CorruptMetadataError, match=r"missing field\(s\) \['nextLedgerId'\]"):
         await reopen(tmp_path)
-    path.write_bytes(statefile.encode("managed-ledger-metadata", 2, body))
-    with pytest.raises(CorruptMetadataError, match="version 2 is not one this release reads"):
+    path.write_bytes(statefile.encode("managed-ledger-metadata", 3, body))
+    with pytest.raises(CorruptMetadataError, match="version 3 is not one this release reads"):
         await reopen(tmp_path)
     path.write_bytes(statefile.encode("cursor", 1, body))
     with pytest.raises(CorruptMetadataError, match="it is a 'cursor' state file, not a 'managed-ledger"):

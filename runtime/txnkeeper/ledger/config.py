@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .offload.offloader import OffloadPolicy
+
 
 @dataclass(frozen=True)
 class ManagedLedgerConfig:
@@ -14,6 +16,8 @@ class ManagedLedgerConfig:
     max_ledger_age_seconds: float | None = 4 * 3600.0
     fsync: bool = True
     group_commit: bool = True
+    # PIP-76 offload to a blob store; None (the default) never offloads and never reads a tier.
+    offload: OffloadPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.max_entries_per_ledger < 1:

@@ -10,6 +10,10 @@ LedgerWriteError; the partial write is cut, that ledger is closed at its last du
 append (or rollover()) starts a new ledger, so the managed ledger recovers by itself once the disk has
 room again. Only if cutting the partial write also fails does it go to the failed state ("WriteFailed"):
 every append then fails until it is closed and reopened (reopening cuts the partial write as a torn tail).
+
+Offload (opt-in, ``config.offload``): an Offloader task uploads closed ledgers to a blob store and
+records segments in the metadata; a ledger whose local file it deleted is read from the tier. The
+ledger only hosts it (metadata changes, local reads, local deletes): see ``offload/offloader.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .ledger_file import GroupWriteFailed, LedgerFile
 from .lock import release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, MetadataStore
 from .names import encode_name
+from .offload.offloader import Offloader
 from .position import Entry, Position
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
@@ -124,6 +129,10 @@ class ManagedLedger:
             self._age_timer = asyncio.get_running_loop().create_task(
                 self._age_rollover_loop(self._max_age), name=f"ledger-age-rollover:{name}"
             )
+        self.offloader: Offloader | None = None
+        if config.offload is not None:
+            self.offloader = Offloader(self, config.offload)
+            self.offloader.start()
 
     @classmethod
     async def open(
@@ -251,6 +260,8 @@ class ManagedLedger:
             if old.ledger_id in self._files:
                 old.close_for_writes()
             self._last_created = time.time()
+            if self.offloader is not None:
+                self.offloader.notify()
             return new.ledger_id
         except LedgerWriteError:
             raise
@@ -321,37 +332,71 @@ class ManagedLedger:
         _check_position(start)
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1 (got {max_entries})")
-        plan: list[tuple[LedgerFile, int, int]] = []
+        plan: list[tuple[int, int, int]] = []
         remaining = max_entries
         for ledger_id in self._store.ids[bisect_left(self._store.ids, start.ledger_id) :]:
-            ledger = self._files[ledger_id]
             first = max(start.entry_id, 0) if ledger_id == start.ledger_id else 0
-            count = min(ledger.entries - first, remaining)
+            count = min(self.confirmed_entries(ledger_id) - first, remaining)
             if count > 0:
-                plan.append((ledger, first, count))
+                plan.append((ledger_id, first, count))
                 remaining -= count
                 if remaining == 0:
                     break
         if not plan:
             return []
-        chunks = await self._read(plan)
+        chunks = await self._read_through(plan)
         return [
-            Entry(Position(ledger.ledger_id, first + i), data)
-            for (ledger, first, _), datas in zip(plan, chunks, strict=True)
+            Entry(Position(ledger_id, first + i), data)
+            for (ledger_id, first, _), datas in zip(plan, chunks, strict=True)
             for i, data in enumerate(datas)
         ]
 
     async def read_entry(self, position: Position) -> bytes:
         self._check_readable()
         _check_position(position)
-        ledger = self._files.get(position.ledger_id)
-        if ledger is None or not 0 <= position.entry_id < ledger.entries:
+        if not 0 <= position.entry_id < self.confirmed_entries(position.ledger_id):
             raise NoSuchEntryError(
                 f"no entry at {position} in managed ledger {self.name!r} (live ledgers {self._store.ids}, "
                 f"last confirmed entry {self.last_confirmed_entry()}); it was never written or was trimmed"
             )
-        chunks = await self._read([(ledger, position.entry_id, 1)])
+        chunks = await self._read_through([(position.ledger_id, position.entry_id, 1)])
         return chunks[0][0]
+
+    async def _read_through(self, plan: list[tuple[int, int, int]]) -> list[list[bytes]]:
+        """Local files where they are read, the tier for offloaded ledgers (and, with read priority
+        tiered-storage-first, for every fully offloaded one); results in plan order."""
+        local: list[tuple[LedgerFile, int, int]] = []
+        tier: dict[int, tuple[int, int, int]] = {}
+        offloader = self.offloader
+        meta = self._store.meta
+        for n, (ledger_id, first, count) in enumerate(plan):
+            ledger = self._files.get(ledger_id)
+            info = meta.find(ledger_id)
+            use_tier = ledger is None or (
+                offloader is not None
+                and info is not None
+                and offloader.policy.managedLedgerDataReadPriority == "tiered-storage-first"
+                and offloader.fully_offloaded(info, meta)
+            )
+            if use_tier:
+                tier[n] = (ledger_id, first, count)
+            elif ledger is not None:
+                local.append((ledger, first, count))
+        if tier and offloader is None:
+            raise NoSuchEntryError(
+                f"ledgers {sorted(t[0] for t in tier.values())} of managed ledger {self.name!r} were "
+                "offloaded and their local files deleted, but offload is not configured; configure the "
+                "same offload driver and location to read them"
+            )
+        local_chunks = iter(await self._read(local) if local else [])
+        out: list[list[bytes]] = []
+        for n in range(len(plan)):
+            if n in tier:
+                assert offloader is not None
+                out.append(await offloader.read(*tier[n]))
+            else:
+                out.append(next(local_chunks))
+        return out
 
     async def _read(self, plan: list[tuple[LedgerFile, int, int]]) -> list[list[bytes]]:
         for ledger, _, _ in plan:
@@ -382,7 +427,10 @@ class ManagedLedger:
 
     def confirmed_entries(self, ledger_id: int) -> int:
         ledger = self._files.get(ledger_id)
-        return ledger.entries if ledger is not None else 0
+        if ledger is not None:
+            return ledger.entries
+        info = self._store.meta.find(ledger_id)
+        return info.entries if info is not None and info.offloaded else 0
 
     def current_ledger_id(self) -> int:
         """The ledger new appends go to."""
@@ -391,7 +439,7 @@ class ManagedLedger:
     def last_confirmed_entry(self) -> Position | None:
         """The newest durable entry still live (None if no live ledger holds an entry)."""
         for ledger_id in reversed(self._store.ids):
-            entries = self._files[ledger_id].entries
+            entries = self.confirmed_entries(ledger_id)
             if entries:
                 return Position(ledger_id, entries - 1)
         return None
@@ -451,10 +499,13 @@ class ManagedLedger:
                 return []
             paths = []
             for ledger_id in victims:
-                ledger = self._files.pop(ledger_id)
-                ledger.retire()
-                paths.append(ledger.path)
+                ledger = self._files.pop(ledger_id, None)
+                if ledger is not None:  # None: offloaded, its local file already gone
+                    ledger.retire()
+                    paths.append(ledger.path)
             await asyncio.get_running_loop().run_in_executor(self._executor, self._unlink_all, paths)
+            if self.offloader is not None:
+                self.offloader.notify()  # segments whose ledgers are all trimmed lose their objects
             return victims
 
     def _consumed_ledgers(self, meta: ManagedLedgerMetadata) -> list[int]:
@@ -488,9 +539,7 @@ class ManagedLedger:
             state = "CreatingLedger"
         return internal_stats(
             entries_added=self._entries_added,
-            ledgers=[
-                LedgerStat(i, self._files[i].entries, self._files[i].data_bytes) for i in self._store.ids
-            ],
+            ledgers=[self._ledger_stat(info) for info in self._store.meta.ledgers],
             current=LedgerStat(cur.ledger_id, cur.entries, cur.data_bytes),
             last_confirmed=self.last_confirmed_entry(),
             state=state,
@@ -498,6 +547,50 @@ class ManagedLedger:
             last_ledger_created=datetime.fromtimestamp(self._last_created, UTC).isoformat(),
             cursors={name: cursor.stats() for name, cursor in sorted(self._cursors.items())},
         )
+
+    def _ledger_stat(self, info: LedgerInfo) -> LedgerStat:
+        ledger = self._files.get(info.ledger_id)
+        offloaded = self.offloader is not None and self.offloader.fully_offloaded(info, self._store.meta)
+        if ledger is None:
+            return LedgerStat(info.ledger_id, info.entries, info.size, offloaded=True)
+        return LedgerStat(info.ledger_id, ledger.entries, ledger.data_bytes, offloaded=offloaded)
+
+    # --- offload host (what the Offloader may do to this ledger) --------------------------------------
+
+    def offload_metadata(self) -> ManagedLedgerMetadata:
+        return self._store.meta
+
+    async def update_offload_metadata(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
+        await self._store.update(change)
+
+    async def read_local(self, ledger_id: int, first: int, count: int) -> list[bytes]:
+        ledger = self._files.get(ledger_id)
+        if ledger is None or first + count > ledger.entries:
+            raise NoSuchEntryError(
+                f"entries {ledger_id}:{first}..{first + count - 1} of managed ledger {self.name!r} are not "
+                "in a local file (trimmed or offloaded meanwhile)"
+            )
+        return (await self._read([(ledger, first, count)]))[0]
+
+    async def drop_local(self, ledger_id: int) -> None:
+        """Delete a fully offloaded ledger's local file: recorded first, so a crash leaves at most a
+        file the next open removes, never a ledger without its entries."""
+        async with self._trim_lock:
+            if ledger_id == self._cur.ledger_id or ledger_id not in self._files:
+                return
+
+            def mark(meta: ManagedLedgerMetadata) -> None:
+                info = meta.find(ledger_id)
+                if info is not None and info.closed:
+                    info.offloaded = True
+
+            await self._store.update(mark)
+            info = self._store.meta.find(ledger_id)
+            if info is None or not info.offloaded:
+                return
+            ledger = self._files.pop(ledger_id)
+            ledger.retire()
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._unlink_all, [ledger.path])
 
     async def _close_current_ledger(self) -> None:
         # Recorded as closed, the ledger is checked strictly on the next open: after a clean shutdown
@@ -533,6 +626,8 @@ class ManagedLedger:
         failed = self._state is _State.FAILED
         self._state = _State.CLOSING
         try:
+            if self.offloader is not None:
+                await self.offloader.close()  # an upload cut short here is an orphan the next open removes
             await self._writer.drain()
             if not failed:
                 await self._close_current_ledger()

@@ -6,6 +6,10 @@ with that id is created, so ids are never reused, even after trims and crashes. 
 previous release (plain JSON with ``"version": 1``) is read if it has exactly that shape and is
 rewritten checksummed by the next metadata change (a rollover, a trim, or an open that starts a
 new ledger).
+
+Version 2 adds offload state (PIP-76): the offload segments and, per ledger, whether its local file was
+replaced by the tier. It is written only once offload has recorded something, so a managed ledger that
+never offloads keeps writing version 1 and an older release can still open it.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from txnkeeper.statefile import StateFileError, StateShapeError
 
 from .errors import CorruptMetadataError
 from .fileio import FileIO
+from .position import Position
 
 METADATA_FILE = "meta.json"
 METADATA_KIND = "managed-ledger-metadata"
-METADATA_VERSION = 1  # of the body below
+METADATA_VERSION = 1  # of the body below, without offload state
+METADATA_VERSION_OFFLOAD = 2  # the body plus offloadSegments and per-ledger "offloaded"
+SEGMENT_STATES = ("Assigned", "Offloaded", "Failed")
 _LEGACY_VERSION = 1  # the previous release's plain-JSON file said "version": 1
 _BODY_KEYS = {"name", "nextLedgerId", "ledgers"}
 _LEDGER_KEYS = {"ledgerId", "entries", "size", "fileBytes", "createdAt", "closed"}
+_SEGMENT_KEYS = {"uuid", "status", "assignedAt", "offloadedAt", "begin", "end", "driverMetadata"}
 
 
 @dataclass
@@ -41,9 +49,11 @@ class LedgerInfo:
     file_bytes: int = 0
     created_at: float = 0.0  # unix time
     closed: bool = False
+    # The local file was deleted after Offloaded segments covered every entry: reads use the tier.
+    offloaded: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, version: int = METADATA_VERSION) -> dict[str, Any]:
+        doc: dict[str, Any] = {
             "ledgerId": self.ledger_id,
             "entries": self.entries,
             "size": self.size,
@@ -51,6 +61,46 @@ class LedgerInfo:
             "createdAt": self.created_at,
             "closed": self.closed,
         }
+        if version >= METADATA_VERSION_OFFLOAD:
+            doc["offloaded"] = self.offloaded
+        return doc
+
+
+@dataclass
+class OffloadSegment:
+    """One PIP-76 offload segment: immutable once assigned except for its status and end.
+
+    ``begin`` is fixed at assignment; ``end`` (the last entry it holds) and ``offloaded_at`` are set
+    when it becomes Offloaded. A Failed segment has no objects worth keeping and is retried (from the
+    same ``begin``, under a new uuid) before any new segment opens.
+    """
+
+    uuid: str
+    status: str
+    assigned_at: float
+    begin: Position
+    end: Position | None = None
+    offloaded_at: float | None = None
+    driver_metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "status": self.status,
+            "assignedAt": self.assigned_at,
+            "offloadedAt": self.offloaded_at,
+            "begin": str(self.begin),
+            "end": str(self.end) if self.end is not None else None,
+            "driverMetadata": dict(self.driver_metadata),
+        }
+
+    def holds(self, ledger_id: int, entry_id: int) -> bool:
+        return (
+            self.status == "Offloaded"
+            and self.end is not None
+            and (self.begin.ledger_id, self.begin.entry_id) <= (ledger_id, entry_id)
+            and (ledger_id, entry_id) <= (self.end.ledger_id, self.end.entry_id)
+        )
 
 
 @dataclass
@@ -58,9 +108,21 @@ class ManagedLedgerMetadata:
     name: str
     next_ledger_id: int = 1
     ledgers: list[LedgerInfo] = field(default_factory=list)
+    segments: list[OffloadSegment] = field(default_factory=list)
 
     def copy(self) -> ManagedLedgerMetadata:
-        return ManagedLedgerMetadata(self.name, self.next_ledger_id, [replace(i) for i in self.ledgers])
+        return ManagedLedgerMetadata(
+            self.name,
+            self.next_ledger_id,
+            [replace(i) for i in self.ledgers],
+            [replace(s, driver_metadata=dict(s.driver_metadata)) for s in self.segments],
+        )
+
+    @property
+    def version(self) -> int:
+        if self.segments or any(i.offloaded for i in self.ledgers):
+            return METADATA_VERSION_OFFLOAD
+        return METADATA_VERSION
 
     def find(self, ledger_id: int) -> LedgerInfo | None:
         for info in self.ledgers:
@@ -69,21 +131,28 @@ class ManagedLedgerMetadata:
         return None
 
     def encode(self) -> bytes:
-        body = {
+        version = self.version
+        body: dict[str, Any] = {
             "name": self.name,
             "nextLedgerId": self.next_ledger_id,
-            "ledgers": [i.to_json() for i in self.ledgers],
+            "ledgers": [i.to_json(version) for i in self.ledgers],
         }
-        return statefile.encode(METADATA_KIND, METADATA_VERSION, body)
+        if version >= METADATA_VERSION_OFFLOAD:
+            body["offloadSegments"] = [s.to_json() for s in self.segments]
+        return statefile.encode(METADATA_KIND, version, body)
 
     @classmethod
     def decode(cls, raw: bytes, path: Path) -> ManagedLedgerMetadata:
         """Check and parse a metadata file; anything damaged or inconsistent is CorruptMetadataError."""
         try:
             doc = statefile.decode(
-                raw, path, METADATA_KIND, frozenset({METADATA_VERSION}), legacy=_legacy_body
+                raw,
+                path,
+                METADATA_KIND,
+                frozenset({METADATA_VERSION, METADATA_VERSION_OFFLOAD}),
+                legacy=_legacy_body,
             )
-            meta = _from_body(doc.body)
+            meta = _from_body(doc.body, doc.version)
         except StateShapeError as exc:
             raise CorruptMetadataError(path, f"not valid managed-ledger metadata: {exc}") from exc
         except StateFileError as exc:
@@ -108,12 +177,47 @@ def _legacy_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _from_body(body: Any) -> ManagedLedgerMetadata:
-    doc = statefile.obj(body, "metadata", _BODY_KEYS)
+def _position(value: Any, what: str) -> Position:
+    text = statefile.string(value, what)
+    try:
+        return Position.parse(text)
+    except ValueError as exc:
+        raise StateShapeError(f"{what}: {exc}") from exc
+
+
+def _segment(item: Any, what: str) -> OffloadSegment:
+    doc = statefile.obj(item, what, _SEGMENT_KEYS)
+    status = statefile.string(doc["status"], f"{what}.status")
+    if status not in SEGMENT_STATES:
+        raise StateShapeError(f"{what}.status {status!r} is not one of {', '.join(SEGMENT_STATES)}")
+    driver = statefile.obj(doc["driverMetadata"], f"{what}.driverMetadata", None)
+    segment = OffloadSegment(
+        uuid=statefile.string(doc["uuid"], f"{what}.uuid"),
+        status=status,
+        assigned_at=statefile.number(doc["assignedAt"], f"{what}.assignedAt"),
+        begin=_position(doc["begin"], f"{what}.begin"),
+        end=None if doc["end"] is None else _position(doc["end"], f"{what}.end"),
+        offloaded_at=(
+            None
+            if doc["offloadedAt"] is None
+            else statefile.number(doc["offloadedAt"], f"{what}.offloadedAt")
+        ),
+        driver_metadata={
+            str(k): statefile.string(v, f"{what}.driverMetadata.{k}") for k, v in driver.items()
+        },
+    )
+    if status == "Offloaded" and (segment.end is None or segment.offloaded_at is None):
+        raise StateShapeError(f"{what} is Offloaded but has no end position or offloadedAt")
+    return segment
+
+
+def _from_body(body: Any, version: int = METADATA_VERSION) -> ManagedLedgerMetadata:
+    offload = version >= METADATA_VERSION_OFFLOAD
+    doc = statefile.obj(body, "metadata", _BODY_KEYS | ({"offloadSegments"} if offload else set()))
     ledgers = []
     for n, item in enumerate(statefile.array(doc["ledgers"], "ledgers")):
         what = f"ledgers[{n}]"
-        info = statefile.obj(item, what, _LEDGER_KEYS)
+        info = statefile.obj(item, what, _LEDGER_KEYS | ({"offloaded"} if offload else set()))
         ledgers.append(
             LedgerInfo(
                 ledger_id=statefile.integer(info["ledgerId"], f"{what}.ledgerId", 1),
@@ -122,12 +226,18 @@ def _from_body(body: Any) -> ManagedLedgerMetadata:
                 file_bytes=statefile.integer(info["fileBytes"], f"{what}.fileBytes", 0),
                 created_at=statefile.number(info["createdAt"], f"{what}.createdAt"),
                 closed=statefile.boolean(info["closed"], f"{what}.closed"),
+                offloaded=offload and statefile.boolean(info["offloaded"], f"{what}.offloaded"),
             )
         )
+    segments = []
+    if offload:
+        for n, item in enumerate(statefile.array(doc["offloadSegments"], "offloadSegments")):
+            segments.append(_segment(item, f"offloadSegments[{n}]"))
     return ManagedLedgerMetadata(
         name=statefile.string(doc["name"], "name"),
         next_ledger_id=statefile.integer(doc["nextLedgerId"], "nextLedgerId", 1),
         ledgers=ledgers,
+        segments=segments,
     )
 
 

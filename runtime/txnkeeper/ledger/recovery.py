@@ -158,6 +158,8 @@ def check_ledgers(
     files: dict[int, LedgerFile] = {}
     torn: list[str] = []
     for index, info in enumerate(meta.ledgers):
+        if info.offloaded:
+            continue  # its entries are in the tier (offload segments); no local file to check
         ledger = LedgerFile(io, ledgers_dir, info.ledger_id)
         was_open = index == len(meta.ledgers) - 1 and not info.closed
         floor = watermark.entry_in(info.ledger_id, boot_id) if watermark is not None else None
@@ -208,8 +210,9 @@ def check_ledgers(
 def _remove_trimmed_files(
     io: FileIO, ledgers_dir: Path, meta: ManagedLedgerMetadata, meta_path: Path
 ) -> None:
-    """Delete files of ledgers the metadata no longer lists (a trim interrupted before unlinking)."""
-    known = {i.ledger_id for i in meta.ledgers}
+    """Delete files of ledgers the metadata no longer lists (a trim interrupted before unlinking) and
+    of ledgers it records as offloaded (a local delete after offload interrupted before unlinking)."""
+    known = {i.ledger_id for i in meta.ledgers if not i.offloaded}
     removed = False
     for path in ledgers_dir.iterdir():
         match = _LEDGER_FILE.match(path.name)

@@ -14,6 +14,7 @@ class LedgerStat:
     ledger_id: int
     entries: int
     size: int
+    offloaded: bool = False  # every entry is in Offloaded segments (PIP-76)
 
 
 def internal_stats(
@@ -44,7 +45,7 @@ def internal_stats(
                 "ledgerId": stat.ledger_id,
                 "entries": stat.entries,
                 "size": stat.size,
-                "offloaded": False,
+                "offloaded": stat.offloaded,
                 "underReplicated": False,
             }
             for stat in ledger_list

@@ -1,10 +1,10 @@
-"""Layer 1 offload (PIP-76 streaming offload), first slice: blob stores and Pulsar's object format.
+"""Layer 1 offload (PIP-76 streaming offload): blob stores, Pulsar's object format, the offloader.
 
 What exists: the BlobStore interface with ``filesystem`` and ``s3`` drivers, Pulsar's byte-exact data
 block and index formats (with a per-block CRC carried in the index's LedgerInfo properties), a streaming
-segment writer and a verifying segment reader. What does not yet: recording segments in ledger
-metadata, read-through from the managed ledger, deletion policy, admin/CLI and operator wiring
-(docs/contracts.md section 9). The ``s3`` driver lives in ``txnkeeper.ledger.offload.s3`` and is
+segment writer and a verifying segment reader, and the managed ledger's ``Offloader`` (segments in
+ledger metadata, read-through, deletion rules; ``offloader.py``). Admin/CLI and operator wiring come
+later (docs/contracts.md section 9). The ``s3`` driver lives in ``txnkeeper.ledger.offload.s3`` and is
 imported only when used, since boto3 is an optional dependency (the ``offload`` extra).
 """
 
