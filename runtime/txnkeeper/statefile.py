@@ -289,3 +289,18 @@ def array(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise StateShapeError(f"{what} must be a JSON array, not {type(value).__name__}")
     return value
+
+
+def versioned_legacy_body(
+    raw: bytes, what: str, body_keys: set[str], version: int, check: Callable[[dict[str, Any]], object]
+) -> dict[str, Any]:
+    """A previous release's plain-JSON file: exactly {"version": ``version``} plus today's body fields.
+
+    ``check`` parses the body as today's decoder would, so a refusal also says it is no old file either.
+    """
+    doc = obj(parse_json(raw), what, body_keys | {"version"})
+    if doc["version"] != version or isinstance(doc["version"], bool):
+        raise StateShapeError(f"unknown {what} version {doc['version']!r}")
+    body = {k: v for k, v in doc.items() if k != "version"}
+    check(body)
+    return body

@@ -205,12 +205,7 @@ class CursorState:
 
 def _legacy_body(raw: bytes) -> dict[str, Any]:
     """The previous release's cursor file: exactly {"version": 1} plus today's body fields."""
-    doc = statefile.obj(statefile.parse_json(raw), "cursor", _BODY_KEYS | {"version"})
-    if doc["version"] != _LEGACY_VERSION or isinstance(doc["version"], bool):
-        raise StateShapeError(f"unknown cursor file version {doc['version']!r}")
-    body = {k: v for k, v in doc.items() if k != "version"}
-    _from_body(body)  # every field checked here, so the refusal says it is no old file either
-    return body
+    return statefile.versioned_legacy_body(raw, "cursor", _BODY_KEYS, _LEGACY_VERSION, _from_body)
 
 
 def _position(value: Any, what: str) -> Position:
