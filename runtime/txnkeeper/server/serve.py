@@ -49,11 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--admin-listen", default=env("ADMIN_LISTEN", "0.0.0.0:8080"), help="admin API host:port"
     )
     parser.add_argument("--pod-name", default=env("POD_NAME"))
-    parser.add_argument("--coordinators", type=int, default=_int_env("COORDINATORS"))
+    parser.add_argument("--coordinators", type=int, default=env("COORDINATORS"))
     parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"), help="0,1,... or auto")
-    parser.add_argument(
-        "--replicas", type=int, default=_int_env("REPLICAS"), help="pods sharing the coordinators"
-    )
+    parser.add_argument("--replicas", type=int, default=env("REPLICAS"), help="pods sharing the coordinators")
     parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
     parser.add_argument(
         "--cluster-secret-file",
@@ -61,59 +59,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"secret shared by coordinator and store pods (env {SECRET_ENV}); without it transactions"
         " are refused",
     )
-    parser.add_argument(
-        "--config", type=Path, default=_path_env("CONFIG"), help="JSON/YAML batchedWrite settings"
-    )
+    parser.add_argument("--config", type=Path, default=env("CONFIG"), help="JSON/YAML batchedWrite settings")
     parser.add_argument(
         "--ports-file",
         type=Path,
-        default=_path_env("PORTS_FILE"),
+        default=env("PORTS_FILE"),
         help="write {listen, admin} bound addresses here once ready (useful with port 0)",
     )
     defaults = ConnectionLimits()
     parser.add_argument(
         "--max-connections",
         type=int,
-        default=_int_env("MAX_CONNECTIONS") or defaults.max_connections,
+        default=env("MAX_CONNECTIONS", str(defaults.max_connections)),
         help="client protocol connections open at once; more are refused with an error frame",
     )
     parser.add_argument(
         "--max-pending-bytes",
         type=int,
-        default=_int_env("MAX_PENDING_BYTES") or defaults.max_pending_bytes,
+        default=env("MAX_PENDING_BYTES", str(defaults.max_pending_bytes)),
         help="bytes of incomplete frames buffered across all connections; the connection that would"
         " exceed it is closed",
     )
     parser.add_argument(
         "--idle-timeout",
         type=float,
-        default=_float_env("IDLE_TIMEOUT") or defaults.idle_timeout_s,
+        default=env("IDLE_TIMEOUT", str(defaults.idle_timeout_s)),
         help="seconds a connection without consumers may send nothing before it is closed",
     )
     parser.add_argument(
         "--frame-timeout",
         type=float,
-        default=_float_env("FRAME_TIMEOUT") or defaults.frame_timeout_s,
+        default=env("FRAME_TIMEOUT", str(defaults.frame_timeout_s)),
         help="seconds a started frame has to arrive completely",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def _int_env(name: str) -> int | None:
-    value = env(name)
-    return int(value) if value is not None else None
-
-
-def _float_env(name: str) -> float | None:
-    value = env(name)
-    return float(value) if value is not None else None
-
-
-def _path_env(name: str) -> Path | None:
-    value = env(name)
-    return Path(value) if value is not None else None
 
 
 def build_config(ns: argparse.Namespace) -> ServeConfig:
