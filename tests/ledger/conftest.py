@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from txnkeeper.ledger import FileIO, ManagedLedgerFactory
+from txnkeeper.ledger.watermark import WATERMARK_FILE
 
 
 @pytest.fixture
@@ -21,10 +22,35 @@ async def factory(tmp_path: Path) -> AsyncIterator[ManagedLedgerFactory]:
     await f.close()
 
 
-class FaultyIO(FileIO):
+class FileKindIO(FileIO):
+    """Real file I/O that remembers which open fds are ledger files and which the watermark.
+
+    Fault-injection tests single out one kind of file: a full disk fails appends to ledger files,
+    not the watermark's in-place overwrites; a gate holds the ledgers' fsyncs or the watermark's.
+    """
+
+    def __init__(self) -> None:
+        self.ledger_fds: set[int] = set()
+        self.watermark_fds: set[int] = set()
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        fd = super().open(path, flags, mode)
+        for kind, fds in (
+            (path.suffix == ".ledger", self.ledger_fds),
+            (path.name == WATERMARK_FILE, self.watermark_fds),
+        ):
+            if kind:
+                fds.add(fd)
+            else:
+                fds.discard(fd)
+        return fd
+
+
+class FaultyIO(FileKindIO):
     """Real file I/O with switchable faults (fault injection at the file layer, not a mock)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.disk_full = False  # pwrite fails with ENOSPC (after writing ``partial_bytes``)
         self.partial_bytes = 0
         self.truncate_fails = False
@@ -32,19 +58,11 @@ class FaultyIO(FileIO):
         self.unlink_fails = False
         self.ledger_create_fails = False  # creating a new ledger file fails with ENOSPC
         self.writes_failed = 0
-        # A full disk fails writes that need new blocks: appends to ledger files, not the in-place
-        # overwrites of the watermark's fixed slots.
-        self.ledger_fds: set[int] = set()
 
     def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
         if self.ledger_create_fails and path.suffix == ".ledger" and flags & os.O_CREAT:
             raise OSError(errno.ENOSPC, "No space left on device")
-        fd = super().open(path, flags, mode)
-        if path.suffix == ".ledger":
-            self.ledger_fds.add(fd)
-        else:
-            self.ledger_fds.discard(fd)
-        return fd
+        return super().open(path, flags, mode)
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if self.disk_full and fd in self.ledger_fds:

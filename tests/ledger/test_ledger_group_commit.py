@@ -6,31 +6,23 @@ import asyncio
 import threading
 from pathlib import Path
 
-from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 
-from .conftest import wait_for
+from .conftest import FileKindIO, wait_for
 
 
-class GatedSyncIO(FileIO):
+class GatedSyncIO(FileKindIO):
     """Counts ledger files' data fsyncs and can hold them (a real fsync runs once the gate opens).
 
     The watermark's own fsyncs (they run beside the next group's) are neither counted nor held.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
         self.gate.set()
         self.waiting = 0
         self.syncs = 0
-        self.ledger_fds: set[int] = set()
-
-    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
-        fd = super().open(path, flags, mode)
-        if path.suffix == ".ledger":
-            self.ledger_fds.add(fd)
-        else:
-            self.ledger_fds.discard(fd)
-        return fd
 
     def sync_data(self, fd: int) -> None:
         if fd not in self.ledger_fds:

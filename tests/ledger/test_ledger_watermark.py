@@ -35,7 +35,7 @@ from txnkeeper.ledger.watermark import (
     load_watermark,
 )
 
-from .conftest import FaultyIO, wait_for
+from .conftest import FaultyIO, FileKindIO, wait_for
 from .test_ledger_corruption import NAME, SIZES, ledger_path, record_offset, reopen_entries, write_ledgers
 
 
@@ -106,21 +106,13 @@ async def test_deleting_the_watermark_accepts_a_shortened_log(tmp_path: Path) ->
     assert acknowledged(tmp_path) is None, "rebuilt vouching for nothing it did not see written"
 
 
-class SlowWatermarkIO(FileIO):
+class SlowWatermarkIO(FileKindIO):
     """Holds every watermark fsync until released, to observe what the appends wait for."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.release = threading.Event()
         self.held = 0
-        self.watermark_fds: set[int] = set()
-
-    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
-        fd = super().open(path, flags, mode)
-        if path.name == WATERMARK_FILE:
-            self.watermark_fds.add(fd)
-        else:
-            self.watermark_fds.discard(fd)
-        return fd
 
     def sync_data(self, fd: int) -> None:
         if fd in self.watermark_fds:
