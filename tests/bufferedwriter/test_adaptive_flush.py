@@ -24,16 +24,10 @@ from txnkeeper.bufferedwriter import (
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 
 from .memlog import MemLog
-from .test_writer_logic import NEVER_MS, records_of, wait_until
+from .test_writer_logic import NEVER_MS, check_order_while_toggling, rec, records_of, wait_until
 
 P = "pulsar_txn_tc_bufferedwriter"
 LABELS = {"coordinator_id": "0"}
-
-
-def rec(n: int, owner: str = "") -> tm.TransactionMetadataEntry:
-    return tm.TransactionMetadataEntry(
-        metadata_op=tm.TransactionMetadataEntry.NEW, txnid_least_bits=n, owner=owner
-    )
 
 
 def adaptive(**cfg: object) -> BatchedWriteConfig:
@@ -174,36 +168,16 @@ async def test_order_holds_under_concurrency_while_toggling_modes_and_limits() -
     log = MemLog()
     w = BufferedWriter(log, TXN_LOG_CODEC, adaptive(max_records=7, max_size_bytes=400))
     rnd = random.Random(5)
-    submitted: list[int] = []
-    counter = iter(range(1_000_000))
-
-    async def producer() -> list[tuple[int, WritePosition]]:
-        got = []
-        for _ in range(60):
-            n = next(counter)
-            submitted.append(n)
-            got.append((n, await w.write(rec(n, "p" * rnd.choice([0, 10, 150, 500])))))
-        return got
-
-    async def toggler() -> None:
-        for i in range(40):
-            await w.configure(
-                BatchedWriteConfig(
-                    enabled=i % 3 != 2,
-                    flush_mode=rnd.choice(["adaptive", "delay"]),
-                    max_records=rnd.randint(1, 9),
-                    max_size_bytes=400,
-                    max_delay_millis=rnd.choice([0, 0.5, 2]),
-                )
-            )
-            await asyncio.sleep(0)
-
-    results = await asyncio.gather(*(producer() for _ in range(25)), toggler())
-    assert [n for _, ids in records_of(log) for n in ids] == submitted
-    entries = [TXN_LOG_CODEC.decode_entry(e) for e in log.entries]
-    for res in results[:-1]:
-        assert res is not None
-        for n, pos in res:
-            assert entries[pos.entry_id].batch_size == pos.batch_size
-            assert entries[pos.entry_id].records[pos.batch_index].txnid_least_bits == n
+    entries = await check_order_while_toggling(
+        log,
+        w,
+        rnd,
+        lambda i: BatchedWriteConfig(
+            enabled=i % 3 != 2,
+            flush_mode=rnd.choice(["adaptive", "delay"]),
+            max_records=rnd.randint(1, 9),
+            max_size_bytes=400,
+            max_delay_millis=rnd.choice([0, 0.5, 2]),
+        ),
+    )
     assert any(d.batch_size > 1 for d in entries)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,7 @@ from txnkeeper.bufferedwriter import (
     WritePosition,
     WriterState,
 )
+from txnkeeper.bufferedwriter.codec import DecodedEntry
 from txnkeeper.bufferedwriter.writer import FAILED, pack_position, unpack_position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 
@@ -242,10 +244,16 @@ async def test_shortening_the_delay_applies_to_the_pending_batch() -> None:
     assert (await asyncio.wait_for(fut, timeout=5)).batch_size == 1
 
 
-async def test_ordering_under_concurrency_and_toggling_under_load() -> None:
-    log = MemLog()
-    w = writer(log, enabled=True, max_records=7, max_size_bytes=400, max_delay_millis=0.5)
-    rnd = random.Random(3)
+async def check_order_while_toggling(
+    log: MemLog,
+    w: BufferedWriter[tm.TransactionMetadataEntry],
+    rnd: random.Random,
+    config_at: Callable[[int], BatchedWriteConfig],
+) -> list[DecodedEntry[tm.TransactionMetadataEntry]]:
+    """25 writers race 40 reconfigurations (``config_at(i)``): log order = write order, every position true.
+
+    Returns the log's decoded entries for the caller's own checks.
+    """
     submitted: list[int] = []
     counter = iter(range(1_000_000))
 
@@ -259,15 +267,7 @@ async def test_ordering_under_concurrency_and_toggling_under_load() -> None:
 
     async def toggler() -> None:
         for i in range(40):
-            enabled = i % 2 == 0
-            await w.configure(
-                parity_config(
-                    enabled=enabled,
-                    max_records=rnd.randint(1, 9),
-                    max_size_bytes=400,
-                    max_delay_millis=rnd.choice([0, 0.5, 2]),
-                )
-            )
+            await w.configure(config_at(i))
             await asyncio.sleep(0)
 
     results = await asyncio.gather(*(producer() for _ in range(25)), toggler())
@@ -280,6 +280,24 @@ async def test_ordering_under_concurrency_and_toggling_under_load() -> None:
         entry = entries[pos.entry_id]
         assert entry.batch_size == pos.batch_size
         assert entry.records[pos.batch_index].txnid_least_bits == n
+    return entries
+
+
+async def test_ordering_under_concurrency_and_toggling_under_load() -> None:
+    log = MemLog()
+    w = writer(log, enabled=True, max_records=7, max_size_bytes=400, max_delay_millis=0.5)
+    rnd = random.Random(3)
+    entries = await check_order_while_toggling(
+        log,
+        w,
+        rnd,
+        lambda i: parity_config(
+            enabled=i % 2 == 0,
+            max_records=rnd.randint(1, 9),
+            max_size_bytes=400,
+            max_delay_millis=rnd.choice([0, 0.5, 2]),
+        ),
+    )
     assert any(d.batched for d in entries) and any(not d.batched for d in entries)
 
 
