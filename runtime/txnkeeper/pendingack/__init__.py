@@ -3,16 +3,16 @@
 Its log is the managed ledger ``{topic}-{subscription}__transaction_pending_ack``.
 """
 
-from txnkeeper.bufferedwriter.recordlog import (
+from txnkeeper.pendingack.store import CURSOR_NAME, PendingAckState, PendingAckStore, pending_ack_log_name
+from txnkeeper.stores.recordlog import (
     BatchedWriteNotAllowedError,
     FormatLevelError,
     LiveEntryFormats,
     ReplayError,
     StoreAlreadyOpenError,
 )
-from txnkeeper.pendingack.store import CURSOR_NAME, PendingAckState, PendingAckStore, pending_ack_log_name
+from txnkeeper.stores.txnstore import StoreClosedError
 from txnkeeper.txnid import TxnID
-from txnkeeper.txnlog.txnstore import StoreClosedError
 
 __all__ = [
     "CURSOR_NAME",

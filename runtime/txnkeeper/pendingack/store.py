@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry
 
 from txnkeeper.bufferedwriter.codec import PENDING_ACK_CODEC
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
-from txnkeeper.bufferedwriter.metrics import PENDING_ACK_PREFIX, BufferedWriterMetrics
-from txnkeeper.bufferedwriter.recordlog import RecordLog
+from txnkeeper.bufferedwriter.metrics import PENDING_ACK_PREFIX
 from txnkeeper.bufferedwriter.writer import WritePosition
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 from txnkeeper.release import BATCHED_LEVEL
+from txnkeeper.stores.recordlog import RecordLog
+from txnkeeper.stores.txnstore import TxnRecordStore, open_store
 from txnkeeper.txnid import TxnID
-from txnkeeper.txnlog.txnstore import TxnRecordStore
 
 # Pulsar's MLPendingAckStore cursor name.
 CURSOR_NAME = "__pending_ack_state"
@@ -82,20 +82,19 @@ class PendingAckStore(TxnRecordStore[pa.PendingAckMetadataEntry, PendingAckState
         for what, value in (("topic", topic), ("subscription", subscription)):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-        labels = {"topic": topic, "subscription": subscription}
-        log = await RecordLog.open(
+        return await open_store(
+            lambda log: cls(log, topic, subscription),
             factory,
             pending_ack_log_name(topic, subscription),
             CURSOR_NAME,
             PENDING_ACK_CODEC,
-            config=config if config is not None else BatchedWriteConfig(),
+            config=config,
             format_level=format_level,
-            metrics=lambda: BufferedWriterMetrics(PENDING_ACK_PREFIX, labels, registry),
+            metrics_prefix=PENDING_ACK_PREFIX,
+            labels={"topic": topic, "subscription": subscription},
+            registry=registry,
             ledger_config=ledger_config,
         )
-        store = cls(log, topic, subscription)
-        await store._recover()
-        return store
 
     def _check_record(self, record: pa.PendingAckMetadataEntry) -> None:
         if type(record) is not pa.PendingAckMetadataEntry:

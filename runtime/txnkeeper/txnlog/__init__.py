@@ -1,12 +1,13 @@
 """Transaction log store (layer 3): one per coordinator, on ``__transaction_log_{coordinatorId}``."""
 
-from txnkeeper.bufferedwriter.recordlog import (
+from txnkeeper.stores.recordlog import (
     BatchedWriteNotAllowedError,
     FormatLevelError,
     LiveEntryFormats,
     ReplayError,
     StoreAlreadyOpenError,
 )
+from txnkeeper.stores.txnstore import StoreClosedError
 from txnkeeper.txnid import TxnID, TxnIdLike
 from txnkeeper.txnlog.store import (
     CURSOR_NAME,
@@ -15,7 +16,6 @@ from txnkeeper.txnlog.store import (
     TxnLogState,
     transaction_log_name,
 )
-from txnkeeper.txnlog.txnstore import StoreClosedError
 
 __all__ = [
     "CURSOR_NAME",

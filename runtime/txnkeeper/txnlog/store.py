@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry
 
 from txnkeeper.bufferedwriter.codec import TXN_LOG_CODEC
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
-from txnkeeper.bufferedwriter.metrics import TXN_LOG_PREFIX, BufferedWriterMetrics
-from txnkeeper.bufferedwriter.recordlog import RecordLog
+from txnkeeper.bufferedwriter.metrics import TXN_LOG_PREFIX
 from txnkeeper.bufferedwriter.writer import WritePosition
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.release import BATCHED_LEVEL
+from txnkeeper.stores.recordlog import RecordLog
+from txnkeeper.stores.txnstore import TxnRecordStore, open_store
 from txnkeeper.txnid import TxnID
-from txnkeeper.txnlog.txnstore import TxnRecordStore
 
 # Pulsar's MLTransactionLogImpl cursor name.
 CURSOR_NAME = "transaction.subscription"
@@ -95,20 +95,19 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
         """
         if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int) or coordinator_id < 0:
             raise ValueError(f"coordinator id must be an integer >= 0, got {coordinator_id!r}")
-        labels = {"coordinator_id": str(coordinator_id)}
-        log = await RecordLog.open(
+        return await open_store(
+            lambda log: cls(log, coordinator_id),
             factory,
             transaction_log_name(coordinator_id),
             CURSOR_NAME,
             TXN_LOG_CODEC,
-            config=config if config is not None else BatchedWriteConfig(),
+            config=config,
             format_level=format_level,
-            metrics=lambda: BufferedWriterMetrics(TXN_LOG_PREFIX, labels, registry),
+            metrics_prefix=TXN_LOG_PREFIX,
+            labels={"coordinator_id": str(coordinator_id)},
+            registry=registry,
             ledger_config=ledger_config,
         )
-        store = cls(log, coordinator_id)
-        await store._recover()
-        return store
 
     def _check_record(self, record: tm.TransactionMetadataEntry) -> None:
         if type(record) is not tm.TransactionMetadataEntry:

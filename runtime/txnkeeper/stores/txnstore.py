@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry
 
+from txnkeeper.bufferedwriter.codec import RecordCodec
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
-from txnkeeper.bufferedwriter.recordlog import LiveEntryFormats, RecordLog
+from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics
 from txnkeeper.bufferedwriter.writer import (
     FAILED,
     PositionSink,
@@ -26,10 +28,13 @@ from txnkeeper.bufferedwriter.writer import (
     pack_position,
     unpack_position,
 )
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.stores.recordlog import LiveEntryFormats, RecordLog
 from txnkeeper.txnid import TxnID, TxnIdLike
 
 R = TypeVar("R", bound=Message)
 S = TypeVar("S")
+Store = TypeVar("Store", bound="TxnRecordStore[Any, Any]")
 TxnKey = tuple[int, int]
 
 # Both logs' records carry the transaction id under these names (their field numbers differ).
@@ -239,3 +244,37 @@ class TxnRecordStore(ABC, Generic[R, S]):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self._log.store!r} is closed; reopen it to continue")
+
+
+async def open_store(
+    make: Callable[[RecordLog[R]], Store],
+    factory: ManagedLedgerFactory,
+    ledger_name: str,
+    cursor_name: str,
+    codec: RecordCodec[R],
+    *,
+    config: BatchedWriteConfig | None,
+    format_level: int,
+    metrics_prefix: str,
+    labels: dict[str, str],
+    registry: CollectorRegistry | None,
+    ledger_config: ManagedLedgerConfig | None,
+) -> Store:
+    """Open a store's log, build the store on it with ``make`` and replay it: every store's ``open``.
+
+    ``config=None`` means the defaults (batching off). The writer's metrics are labelled ``labels``
+    under ``metrics_prefix`` and created only once the log is reserved (see ``RecordLog.open``).
+    """
+    log = await RecordLog.open(
+        factory,
+        ledger_name,
+        cursor_name,
+        codec,
+        config=config if config is not None else BatchedWriteConfig(),
+        format_level=format_level,
+        metrics=lambda: BufferedWriterMetrics(metrics_prefix, labels, registry),
+        ledger_config=ledger_config,
+    )
+    store = make(log)
+    await store._recover()
+    return store
