@@ -175,11 +175,6 @@ class BufferedWriter(Generic[R]):
         """Loop time of the next timer tick while records wait (``None`` when nothing waits on it)."""
         return self._timer.when() if self._timer is not None else None
 
-    @property
-    def in_flight_entries(self) -> int:
-        """Entries handed to the ledger and not yet durable (or failed)."""
-        return len(self._in_flight)
-
     async def write(self, record: R) -> WritePosition:
         """Write one record; resolves once its entry is durable."""
         return await self.submit(record)

@@ -45,10 +45,6 @@ def phase_is(phase: Phase) -> Callable[[Decision], bool]:
     return lambda d: d.phase == phase
 
 
-def first_action(prefix: str) -> Callable[[Decision], bool]:
-    return lambda d: d.action is not None and _describe(d).startswith(prefix)
-
-
 def _describe(d: Decision) -> str:
     return type(d.action).__name__ + ":" + (getattr(d.action, "pod", "") or "")
 
