@@ -43,6 +43,7 @@ log, records/delay change its limits):
   template DESIRED                 overwrite the StatefulSet template by hand (a naive operator)
   controller DESIRED               the StatefulSet controller recreates missing pods from the template
   invariant                        "ok", or the violation the invariant checker finds
+  pods                             every pod with its batch-log limits and readiness
   markers                          the stores the last verifier request covered
   persisted                        which keys the persisted status.downgrade holds (or "none")
 """
@@ -227,6 +228,13 @@ class _Runner:
             except InvariantViolation as violation:
                 return f"violation: {violation}"
             return "ok"
+        elif word == "pods":
+            return "\n".join(
+                f"{p.name} {p.version} {'on' if p.batch.enabled else 'off'} records={p.batch.max_records}"
+                f" size={p.batch.max_size_bytes} delay={p.batch.max_delay_millis}"
+                f" {'ready' if p.ready else 'unready'}"
+                for p in sorted(sim.pods.values(), key=lambda p: p.ordinal)
+            )
         elif word == "markers":
             return ", ".join(sorted(sim.verifier_markers)) or "none"
         elif word == "persisted":
