@@ -91,13 +91,9 @@ class BatchedWriteConfig:
 
     def to_stat(self) -> dict[str, Any]:
         """This config as Pulsar's TxnBufferedWriterStat (admin API shape)."""
-        return {
-            "batchEnabled": self.enabled,
-            "batchedWriteMaxRecords": self.max_records,
-            "batchedWriteMaxSize": self.max_size_bytes,
-            "batchedWriteMaxDelayInMillis": _delay_for_stat(self.max_delay_millis),
-            "batchedWriteFlushMode": self.flush_mode,
-        }
+        stat = {key: getattr(self, name) for key, name in STAT_FIELDS.items()}
+        stat["batchedWriteMaxDelayInMillis"] = _delay_for_stat(self.max_delay_millis)
+        return stat
 
     def with_stat(self, partial: Mapping[str, Any]) -> BatchedWriteConfig:
         """Apply a partial TxnBufferedWriterStat (e.g. ``{"batchEnabled": true}``) to this config."""
