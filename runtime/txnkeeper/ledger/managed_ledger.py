@@ -11,8 +11,9 @@ append (or rollover()) starts a new ledger, so the managed ledger recovers by it
 room again. Only if cutting the partial write also fails does it go to the failed state ("WriteFailed"):
 every append then fails until it is closed and reopened (reopening cuts the partial write as a torn tail).
 
-Offload (opt-in, ``config.offload``): an Offloader task uploads closed ledgers to a blob store and
-records segments in the metadata; a ledger whose local file it deleted is read from the tier. The
+Offload (opt-in, ``config.offload``): an Offloader task streams durable entries (or, in ``ledger``
+mode, closed ledgers) to a blob store and records segments in the metadata; a ledger whose local file
+it deleted is read from the tier. The
 ledger only hosts it (metadata changes, local reads, local deletes): see ``offload/offloader.py``.
 """
 
@@ -39,7 +40,7 @@ from .ledger_file import GroupWriteFailed, LedgerFile
 from .lock import release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, MetadataStore
 from .names import encode_name
-from .offload.offloader import Offloader
+from .offload.offloader import Offloader, OffloadPolicy
 from .position import Entry, Position
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
@@ -203,6 +204,8 @@ class ManagedLedger:
     def _count_added(self, ledger: LedgerFile, entries: int) -> None:
         self._entries_added += entries
         self._watermark.note(ledger.ledger_id, ledger.entries - 1)
+        if self.offloader is not None:
+            self.offloader.notify_appended()  # streaming reads them back later, off this path
 
     @staticmethod
     def _coerce(data: object) -> bytes:
@@ -571,6 +574,21 @@ class ManagedLedger:
                 "in a local file (trimmed or offloaded meanwhile)"
             )
         return (await self._read([(ledger, first, count)]))[0]
+
+    def set_offload_policy(self, policy: OffloadPolicy) -> None:
+        """Start offloading, or change the policy of a running offloader (admin API; see
+        Offloader.set_policy for what may not change live)."""
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            self._raise_not_writable()
+        if self.offloader is None:
+            self.offloader = Offloader(self, policy)
+            self.offloader.start()
+        else:
+            self.offloader.set_policy(policy)
+
+    def local_bytes(self, ledger_id: int) -> int:
+        ledger = self._files.get(ledger_id)
+        return ledger.data_bytes if ledger is not None else 0
 
     async def drop_local(self, ledger_id: int) -> None:
         """Delete a fully offloaded ledger's local file: recorded first, so a crash leaves at most a

@@ -64,9 +64,17 @@ class SegmentWriter:
     covers a stretch of one managed ledger). Not safe for concurrent calls: one offload task owns it.
     """
 
-    def __init__(self, store: BlobStore, config: OffloadConfig, *, uuid: str | None = None) -> None:
+    def __init__(
+        self,
+        store: BlobStore,
+        config: OffloadConfig,
+        *,
+        uuid: str | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        """``block_size`` overrides the max block size (streaming cuts blocks at the min block size)."""
         self.store = store
-        self.max_block_size = config.managedLedgerOffloadMaxBlockSizeInBytes
+        self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         self.uuid = uuid or str(uuidlib.uuid4())
         self._upload: BlobUpload | None = None
         self._pending: list[tuple[int, bytes]] = []
@@ -78,6 +86,11 @@ class SegmentWriter:
         self._first: Position | None = None
         self._ledger_bytes: dict[int, int] = {}
         self._state = "open"
+
+    @property
+    def last(self) -> Position | None:
+        """The last entry added (None before the first)."""
+        return self._last
 
     def _check_open(self) -> None:
         if self._state != "open":

@@ -1,0 +1,262 @@
+"""PIP-76 streaming of the open ledger, segment close by size/time/manual, `ledger` mode and switching.
+
+Real managed ledgers on disk and a real filesystem blob store. Segment ages come from an injected clock
+(advanced by the test, never slept on); background progress is awaited with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
+from txnkeeper.ledger.managed_ledger import ManagedLedger
+from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError
+from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
+
+NAME = "persistent://public/default/streamed"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def policy(tier: Path, clock: Clock, **kw: object) -> OffloadPolicy:
+    config = OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=1024)
+    settings: dict[str, object] = {
+        "managedLedgerOffloadDeletionLagMs": 0,
+        "managedLedgerOffloadThresholdInBytes": 0,
+        "offloadRetryIntervalSeconds": 0.1,
+        "clock": clock,
+    }
+    settings.update(kw)
+    return OffloadPolicy(config, **settings)  # type: ignore[arg-type]
+
+
+def ml_config(offload: OffloadPolicy | None) -> ManagedLedgerConfig:
+    return ManagedLedgerConfig(max_entries_per_ledger=10, max_ledger_age_seconds=None, offload=offload)
+
+
+@pytest.fixture
+async def opened() -> AsyncIterator[Callable[[Path], ManagedLedgerFactory]]:
+    made: list[ManagedLedgerFactory] = []
+
+    def make(root: Path) -> ManagedLedgerFactory:
+        made.append(ManagedLedgerFactory(root))
+        return made[-1]
+
+    yield make
+    for factory in made:
+        await factory.close()
+
+
+async def wait_for(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def produce(ml: ManagedLedger, count: int, start: int = 0) -> list[Position]:
+    return [await ml.add_entry(f"m-{i}".encode()) for i in range(start, start + count)]
+
+
+def offloaded(off: Offloader) -> list[tuple[Position, Position | None]]:
+    return [(s.begin, s.end) for s in off.segments() if s.status == "Offloaded"]
+
+
+def tier_of(tmp_path: Path) -> Path:
+    tier = tmp_path / "tier"
+    tier.mkdir(exist_ok=True)
+    return tier
+
+
+async def test_the_open_ledger_is_streamed_and_segments_close_by_size(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    clock = Clock()
+    factory = opened(tmp_path / "data")
+    # 7 entries of 3-4 bytes per segment: segments close by size while the ledger is still open
+    ml = await factory.open(
+        NAME, ml_config(policy(tier_of(tmp_path), clock, maxOffloadSegmentSizeInBytes=24))
+    )
+    off = ml.offloader
+    assert off is not None
+    acked = await produce(ml, 8)  # all in ledger 1, which stays open (10 entries per ledger)
+    await wait_for(lambda: bool(offloaded(off)), "a segment closed by size")
+    assert ml.current_ledger_id() == 1
+    first_begin, first_end = offloaded(off)[0]
+    assert first_begin == Position(1, 0) and first_end is not None and first_end.ledger_id == 1
+    assert first_end == Position(1, 7)  # 8 entries of 3 bytes: cut mid-ledger, in the open ledger
+    # Entries of the open ledger in Offloaded segments read back from the tier exactly.
+    segment = next(s for s in off.segments() if s.status == "Offloaded")
+    assert await off.read(1, 0, first_end.entry_id + 1) == [
+        f"m-{i}".encode() for i in range(first_end.entry_id + 1)
+    ]
+    # Producing goes on into later ledgers; every acked entry ends up in exactly one segment.
+    acked += await produce(ml, 22, 8)
+    await wait_for(
+        lambda: off.streamed_until() == acked[-1] or offloaded(off)[-1][1] == acked[-1], "the stream"
+    )
+    done = await off.offload()  # manual: closes the current segment at the durable end
+    assert offloaded(off)[-1][1] == acked[-1]
+    assert all(s.status == "Offloaded" for s in done)
+    held = [Position(lid, e) for begin, end in offloaded(off) for lid, e in _positions(ml, begin, end)]
+    assert held == acked  # no gap, no duplicate across segments
+    assert segment.uuid in {s.uuid for s in off.segments()}
+    # closed ledgers fully held are deleted locally (lag 0) and still read, from the tier
+    await wait_for(lambda: 1 not in ml._files, "ledger 1's local file deleted")
+    entries = await ml.read_entries(Position(1, 0), 100)
+    assert [e.data for e in entries] == [f"m-{i}".encode() for i in range(30)]
+    assert off.status()["status"] == "SUCCESS" and off.lag_bytes() == 0
+
+
+def _positions(ml: ManagedLedger, begin: Position, end: Position | None) -> list[tuple[int, int]]:
+    assert end is not None
+    out = []
+    for lid in range(begin.ledger_id, end.ledger_id + 1):
+        first = begin.entry_id if lid == begin.ledger_id else 0
+        last = end.entry_id if lid == end.ledger_id else 9
+        out += [(lid, e) for e in range(first, last + 1)]
+    return out
+
+
+async def test_segments_close_by_time_not_before_the_min_rollover_time(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    clock = Clock()
+    factory = opened(tmp_path / "data")
+    pol = policy(
+        tier_of(tmp_path),
+        clock,
+        maxOffloadSegmentSizeInBytes=10,
+        minOffloadSegmentRolloverTimeInSeconds=60,
+        maxOffloadSegmentRolloverTimeInSeconds=600,
+    )
+    ml = await factory.open(NAME, ml_config(pol))
+    off = ml.offloader
+    assert off is not None
+    acked = await produce(ml, 5)  # 15 bytes: over the size, but the segment is younger than 60 s
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the entries streamed")
+    off.notify()
+    await asyncio.sleep(0)
+    assert offloaded(off) == [] and off.segment_counts()["Assigned"] == 1
+    clock.now += 61  # old enough: the next entry closes it by size
+    acked += await produce(ml, 1, 5)
+    await wait_for(lambda: offloaded(off) == [(Position(1, 0), acked[-1])], "close by size after min time")
+    # A quiet stream closes by time alone once maxOffloadSegmentRolloverTimeInSeconds passed.
+    await set_policy(ml, replace(pol, maxOffloadSegmentSizeInBytes=1 << 30))
+    acked += await produce(ml, 2, 6)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the next segment streamed")
+    assert len(offloaded(off)) == 1
+    clock.now += 601
+    off.notify()
+    await wait_for(lambda: len(offloaded(off)) == 2, "close by time")
+    assert offloaded(off)[1] == (Position(1, 6), acked[-1])
+
+
+async def set_policy(ml: ManagedLedger, pol: OffloadPolicy) -> None:
+    ml.set_offload_policy(pol)
+    await asyncio.sleep(0)
+
+
+async def test_switching_to_ledger_mode_closes_the_current_segment_and_then_one_segment_per_ledger(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    clock = Clock()
+    factory = opened(tmp_path / "data")
+    pol = policy(tier_of(tmp_path), clock, managedLedgerOffloadDeletionLagMs=3600_000)
+    ml = await factory.open(NAME, ml_config(pol))
+    off = ml.offloader
+    assert off is not None
+    acked = await produce(ml, 4)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the entries streamed")
+    await set_policy(ml, replace(pol, offloadMode="ledger"))
+    await wait_for(
+        lambda: offloaded(off) == [(Position(1, 0), Position(1, 3))], "the streaming segment closed"
+    )
+    acked += await produce(ml, 26, 4)  # ledgers 1 and 2 close, ledger 3 is open
+    await wait_for(lambda: len(offloaded(off)) == 3, "one segment per closed ledger")
+    assert offloaded(off)[1:] == [(Position(1, 4), Position(1, 9)), (Position(2, 0), Position(2, 9))]
+    assert off.streamed_until() is None
+    # and back to streaming: the open ledger is streamed from where ledger mode stopped
+    await set_policy(ml, pol)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "streaming again")
+    await off.offload()
+    assert offloaded(off)[-1] == (Position(3, 0), acked[-1])
+
+
+async def test_historical_closed_ledgers_are_streamed_when_offload_is_enabled(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    root = tmp_path / "data"
+    factory = opened(root)
+    ml = await factory.open(NAME, ml_config(None))
+    acked = await produce(ml, 25)
+    await factory.close()
+    clock = Clock()
+    factory = opened(root)
+    ml = await factory.open(NAME, ml_config(policy(tier_of(tmp_path), clock)))
+    off = ml.offloader
+    assert off is not None
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the old ledgers streamed")
+    (segment,) = await off.offload()
+    assert (segment.begin, segment.end) == (Position(1, 0), acked[-1])
+
+
+async def test_enabling_offload_live_on_a_managed_ledger_without_it(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    factory = opened(tmp_path / "data")
+    ml = await factory.open(NAME, ml_config(None))
+    acked = await produce(ml, 3)
+    ml.set_offload_policy(policy(tier_of(tmp_path), Clock(), managedLedgerOffloadThresholdInBytes=-1))
+    assert ml.offloader is not None
+    (segment,) = await ml.offloader.offload()
+    assert segment.end == acked[-1]
+    other = OffloadConfig(fileSystemURI=str(tmp_path / "elsewhere"))
+    with pytest.raises(OffloadConfigError, match="cannot change on a live managed ledger"):
+        ml.set_offload_policy(OffloadPolicy(other))
+
+
+async def test_store_down_while_streaming_never_fails_producing_and_the_failed_segment_is_retried(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    clock = Clock()
+    tier = tier_of(tmp_path)
+    factory = opened(tmp_path / "data")
+    ml = await factory.open(NAME, ml_config(policy(tier, clock, maxOffloadSegmentSizeInBytes=1 << 30)))
+    off = ml.offloader
+    assert off is not None
+    acked = await produce(ml, 3)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the entries streamed")
+    begin = off.segments()[0].begin
+    hidden = tmp_path / "tier-unmounted"
+    tier.rename(hidden)  # the volume goes away under an open segment
+    acked += await produce(ml, 12, 3)
+    clock.now += 601  # the close by time fails: the store is gone
+    off.notify()
+    await wait_for(lambda: off.segment_counts()["Failed"] == 1, "the segment recorded Failed")
+    failed = next(s.uuid for s in off.segments() if s.status == "Failed")
+    assert off.status()["status"] == "ERROR" and off.stats.offload_error >= 1
+    for n in range(15, 40):  # producing never fails while the store is down
+        acked.append(await ml.add_entry(f"m-{n}".encode()))
+    hidden.rename(tier)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the retried segment streamed")
+    assert failed not in {s.uuid for s in off.segments()}
+    retried = next(s for s in off.segments() if s.status == "Assigned")
+    assert retried.begin == begin  # the Failed segment is retried from its begin, not skipped
+    await off.offload()
+    assert offloaded(off) == [(begin, acked[-1])]
+    entries = await ml.read_entries(Position(1, 0), 1000)
+    assert [e.position for e in entries] == acked
