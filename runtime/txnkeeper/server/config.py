@@ -47,6 +47,7 @@ class ServeConfig:
     ports_file: Path | None = None
     cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -108,6 +109,7 @@ def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteCo
     if path is None:
         return BatchedWriteConfig(), BatchedWriteConfig()
     data = _load(path)
+    data = {k: v for k, v in data.items() if k != "offload"}  # parsed by server/offload_settings.py
     if "batchedWrite" in data:
         data = _object(data["batchedWrite"], f"{path}: batchedWrite")
     try:
