@@ -11,12 +11,19 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.ledger.managed_ledger import ManagedLedger
-from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError
+from txnkeeper.ledger.offload import (
+    BlobStore,
+    FileSystemBlobStore,
+    OffloadConfig,
+    OffloadConfigError,
+    OffloadCorruptionError,
+)
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 
 NAME = "persistent://public/default/streamed"
@@ -260,3 +267,92 @@ async def test_store_down_while_streaming_never_fails_producing_and_the_failed_s
     assert offloaded(off) == [(begin, acked[-1])]
     entries = await ml.read_entries(Position(1, 0), 1000)
     assert [e.position for e in entries] == acked
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+def driver(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[OffloadConfig, Callable[[str], bytes], Any]:
+    """(config, get object, put object) of each driver; s3 on the session's real MinIO."""
+    if request.param == "filesystem":
+        tier = tier_of(tmp_path)
+        config = OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=1024)
+        return config, lambda key: (tier / key).read_bytes(), lambda key, data: (tier / key).write_bytes(data)
+    import boto3
+
+    from .conftest import ACCESS_KEY, SECRET_KEY, make_bucket
+
+    server = request.getfixturevalue("minio")
+    bucket = make_bucket(server)
+    config = OffloadConfig(
+        managedLedgerOffloadDriver="S3",
+        managedLedgerOffloadBucket=bucket,
+        managedLedgerOffloadServiceEndpoint=server.endpoint,
+        managedLedgerOffloadRegion="us-east-1",
+        managedLedgerOffloadMaxBlockSizeInBytes=1024,
+    )
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+    request.addfinalizer(client.close)
+    return (
+        config,
+        lambda key: client.get_object(Bucket=bucket, Key=key)["Body"].read(),
+        lambda key, data: client.put_object(Bucket=bucket, Key=key, Body=data),
+    )
+
+
+def store_factory(config: OffloadConfig) -> BlobStore:
+    if not config.is_s3:
+        return FileSystemBlobStore(config.fileSystemURI)
+    from txnkeeper.ledger.offload.s3 import S3BlobStore
+
+    from .conftest import ACCESS_KEY, SECRET_KEY
+
+    return S3BlobStore(
+        config.managedLedgerOffloadBucket,
+        endpoint=config.managedLedgerOffloadServiceEndpoint,
+        region="us-east-1",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+    )
+
+
+async def test_streamed_segments_on_both_drivers_read_back_and_a_flipped_byte_is_refused(
+    tmp_path: Path,
+    opened: Callable[[Path], ManagedLedgerFactory],
+    driver: tuple[OffloadConfig, Callable[[str], bytes], Any],
+) -> None:
+    config, get, put = driver
+    clock = Clock()
+    pol = OffloadPolicy(
+        config,
+        managedLedgerOffloadThresholdInBytes=0,
+        managedLedgerOffloadDeletionLagMs=0,
+        maxOffloadSegmentSizeInBytes=200,
+        offloadRetryIntervalSeconds=0.1,
+        clock=clock,
+        store_factory=store_factory,
+    )
+    factory = opened(tmp_path / "data")
+    ml = await factory.open(NAME, ml_config(pol))
+    off = ml.offloader
+    assert off is not None
+    acked = [await ml.add_entry(f"payload-{i:04d}".encode()) for i in range(25)]
+    await wait_for(lambda: off.streamed_until() == acked[-1] or bool(offloaded(off)), "streaming")
+    await off.offload()
+    assert offloaded(off)[0][0] == Position(1, 0) and offloaded(off)[-1][1] == acked[-1]
+    assert await off.read(1, 0, 10) == [f"payload-{i:04d}".encode() for i in range(10)]
+    assert await off.read(3, 0, 5) == [f"payload-{i:04d}".encode() for i in range(20, 25)]  # the open ledger
+    segment = next(s for s in off.segments() if s.status == "Offloaded")
+    raw = bytearray(get(segment.uuid))
+    raw[128 + 12 + 2] ^= 0x01  # inside the first entry of the first block
+    put(segment.uuid, bytes(raw))
+    with pytest.raises(OffloadCorruptionError) as err:
+        await off.read(1, 0, 1)
+    assert segment.uuid in str(err.value) and "part 1" in str(err.value) and "offset" in str(err.value)
+    assert off.stats.read_offload_error == 1
