@@ -10,6 +10,7 @@ records in the ledger metadata.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -55,6 +56,11 @@ class SegmentDescription:
     blocks: tuple[BlockDescription, ...]
     data_length: int
     index_length: int
+
+
+def _encode(ledger_id: int, entries: list[tuple[int, bytes]], max_block_size: int) -> tuple[bytes, int]:
+    block = encode_block(ledger_id, entries, max_block_size)
+    return block, block_crc(block)
 
 
 class SegmentWriter:
@@ -133,7 +139,10 @@ class SegmentWriter:
 
     async def _flush_block(self) -> None:
         assert self._pending_ledger is not None
-        block = encode_block(self._pending_ledger, self._pending, self.max_block_size)
+        # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
+        block, crc = await asyncio.to_thread(
+            _encode, self._pending_ledger, self._pending, self.max_block_size
+        )
         part_id = len(self._blocks) + 1
         if self._upload is None:
             self._upload = self.store.open_upload(data_key(self.uuid))
@@ -150,7 +159,7 @@ class SegmentWriter:
                 part_id=part_id,
                 offset=self._offset,
                 length=len(block),
-                crc32=block_crc(block),
+                crc32=crc,
             )
         )
         self._offset += len(block)
