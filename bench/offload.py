@@ -4,7 +4,8 @@ Prints JSON with, for one run on this machine:
 - ``offload_mib_s``: a manual offload of a backlog of closed ledgers (filesystem; and MinIO when
   `make minio` built it), payload MiB per second (goals: filesystem >= 100, MinIO >= 50);
 - ``produce``: the highest append rate of 1 KiB entries at 64 appenders, then p99 append latency at half
-  that rate with streaming offload off and on (goal: on <= 1.25 x off);
+  that rate with streaming offload off and on, alternated over 2 rounds (goal: the worse "on" round
+  <= 1.25 x the worse "off" round);
 - ``drain``: reading a 200 MiB backlog from local files, and again from the tier once offloaded and the
   local files deleted (goal: tier >= 60 % of local).
 Figures depend on the disk and on whatever else runs; compare within one run.
@@ -38,6 +39,7 @@ MIB = 1024 * 1024
 BACKLOG_ENTRY = 64 * 1024
 PRODUCE_ENTRY = 1024
 WRITERS = 64
+ROUNDS = 2
 MINIO_USER, MINIO_SECRET = "txnkeeper-bench", "txnkeeper-bench-secret"
 
 
@@ -153,18 +155,21 @@ async def produce(work: Path, seconds: float) -> dict[str, Any]:
         probe = await factory.open("persistent://bench/offload/probe", ml_config(None))
         top = await max_rate(probe, seconds)
         off = await factory.open("persistent://bench/offload/off", ml_config(None))
-        p99_off = await paced_p99(off, top / 2, seconds)
         on = await factory.open("persistent://bench/offload/on", ml_config(streaming))
-        p99_on = await paced_p99(on, top / 2, seconds)
+        p99_off: list[float] = []
+        p99_on: list[float] = []
+        for _ in range(ROUNDS):  # alternated, so a noisy neighbour or a warming disk hits both modes
+            p99_off.append(round(await paced_p99(off, top / 2, seconds), 2))
+            p99_on.append(round(await paced_p99(on, top / 2, seconds), 2))
         assert on.offloader is not None
         streamed = on.offloader.stats.offload_bytes
         return {
             "entry_bytes": PRODUCE_ENTRY,
             "max_appends_s": round(top),
             "paced_appends_s": round(top / 2),
-            "p99_ms_offload_off": round(p99_off, 2),
-            "p99_ms_offload_on": round(p99_on, 2),
-            "p99_ratio": round(p99_on / p99_off, 2),
+            "p99_ms_offload_off": p99_off,
+            "p99_ms_offload_on": p99_on,
+            "p99_ratio": round(max(p99_on) / max(p99_off), 2),  # worst round against worst round
             "streamed_mib_during_run": round(streamed / MIB, 1),
         }
     finally:

@@ -25,7 +25,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
@@ -131,6 +131,7 @@ class ManagedLedger:
                 self._age_rollover_loop(self._max_age), name=f"ledger-age-rollover:{name}"
             )
         self.offloader: Offloader | None = None
+        self._offload_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"offload-read:{name}")
         if config.offload is not None:
             self.offloader = Offloader(self, config.offload)
             self.offloader.start()
@@ -401,7 +402,11 @@ class ManagedLedger:
                 out.append(next(local_chunks))
         return out
 
-    async def _read(self, plan: list[tuple[LedgerFile, int, int]]) -> list[list[bytes]]:
+    async def _read(
+        self, plan: list[tuple[LedgerFile, int, int]], *, pool: Executor | None = None
+    ) -> list[list[bytes]]:
+        """``pool`` None: the ledger I/O pool; offload passes another so its reads never queue in
+        front of a group commit's write and fsync."""
         for ledger, _, _ in plan:
             ledger.begin_read()
         self._reads_in_flight += 1
@@ -409,7 +414,7 @@ class ManagedLedger:
         try:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
-                self._executor, lambda: [ledger.read(first, count) for ledger, first, count in plan]
+                pool or self._executor, lambda: [ledger.read(first, count) for ledger, first, count in plan]
             )
         finally:
             for ledger, _, _ in plan:
@@ -573,7 +578,7 @@ class ManagedLedger:
                 f"entries {ledger_id}:{first}..{first + count - 1} of managed ledger {self.name!r} are not "
                 "in a local file (trimmed or offloaded meanwhile)"
             )
-        return (await self._read([(ledger, first, count)]))[0]
+        return (await self._read([(ledger, first, count)], pool=self._offload_pool))[0]
 
     def set_offload_policy(self, policy: OffloadPolicy) -> None:
         """Start offloading, or change the policy of a running offloader (admin API; see
@@ -662,6 +667,7 @@ class ManagedLedger:
             for ledger in self._files.values():
                 ledger.close()
             self._cur.close()
+            self._offload_pool.shutdown(wait=False)  # idle by now: reads in flight were awaited above
             self._watermark.release()
             release_directory_lock(self._lock_fd)
             self._state = _State.CLOSED

@@ -597,21 +597,23 @@ class Offloader:
                 return False
             count = min(available - pos.entry_id, _READ_BATCH, max(1, buffer // stream.average_entry))
             batch = await self.host.read_local(pos.ledger_id, pos.entry_id, count)
-            entry = pos.entry_id
-            batch_bytes = 0
-            for data in batch:
-                await stream.writer.add_entry(pos.ledger_id, entry, data)
-                entry += 1
-                batch_bytes += len(data)
-                stream.payload += len(data)
-                self.stats.offload_bytes += len(data)
-                stream.next = Position(pos.ledger_id, entry)
-                if (
-                    stream.payload >= policy.maxOffloadSegmentSizeInBytes
-                    and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
-                ):
-                    return True
-            stream.average_entry = max(1, batch_bytes // max(1, len(batch)))
+            cut, full = len(batch), False
+            if self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds:
+                room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+                for n, data in enumerate(batch):  # the segment ends with the entry that fills it
+                    room -= len(data)
+                    if room <= 0:
+                        cut, full = n + 1, True
+                        break
+            batch = batch[:cut]
+            await stream.writer.add_entries(pos.ledger_id, pos.entry_id, batch)
+            batch_bytes = sum(len(d) for d in batch)
+            stream.payload += batch_bytes
+            self.stats.offload_bytes += batch_bytes
+            stream.next = Position(pos.ledger_id, pos.entry_id + cut)
+            stream.average_entry = max(1, batch_bytes // max(1, cut))
+            if full:
+                return True
 
     # --- coverage and local deletion ------------------------------------------------------------------
 

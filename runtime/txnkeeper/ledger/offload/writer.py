@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from txnkeeper.ledger.position import Position
@@ -136,6 +136,33 @@ class SegmentWriter:
         self._last = Position(ledger_id, entry_id)
         if self._first is None:
             self._first = self._last
+
+    async def add_entries(self, ledger_id: int, first_entry_id: int, datas: Sequence[bytes]) -> None:
+        """Consecutive entries of one ledger from ``first_entry_id``: what ``add_entry`` does for each,
+        with the ordering checks once per call (streaming feeds thousands of entries a second)."""
+        if not datas:
+            return
+        await self.add_entry(ledger_id, first_entry_id, datas[0])
+        limit = MAX_ENTRY_SIZE - ENTRY_HEADER_SIZE - HEADER_SIZE
+        entry_id = first_entry_id
+        added = 0
+        try:
+            for data in datas[1:]:
+                size = len(data)
+                if size > limit:
+                    raise OffloadInputError(
+                        f"entry {ledger_id}:{entry_id + 1} of {size} bytes is too large to offload"
+                    )
+                framed = ENTRY_HEADER_SIZE + size
+                if self._pending and HEADER_SIZE + self._pending_bytes + framed > self.max_block_size:
+                    await self._flush_block()
+                entry_id += 1
+                self._pending.append((entry_id, data if type(data) is bytes else bytes(data)))
+                self._pending_bytes += framed
+                added += size
+        finally:
+            self._ledger_bytes[ledger_id] += added
+            self._last = Position(ledger_id, entry_id)
 
     async def _flush_block(self) -> None:
         assert self._pending_ledger is not None
