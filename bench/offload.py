@@ -11,6 +11,7 @@ Prints JSON with, for one run on this machine:
 Figures depend on the disk and on whatever else runs; compare within one run.
 
     .venv/bin/python bench/offload.py [--backlog-mib 200] [--seconds 5] [--dir /path/on/the/disk]
+        [--produce-tier-dir /dev/shm]   # the produce test's tier off the ledgers' disk, as S3 would be
 """
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> float:
     return statistics.quantiles(latencies, n=100)[98] * 1000
 
 
-async def produce(work: Path, seconds: float) -> dict[str, Any]:
-    tier = work / "produce-tier"
-    tier.mkdir()
+async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]:
+    tier = tier_root / "produce-tier"
+    tier.mkdir(parents=True)
     streaming = OffloadPolicy(
         OffloadConfig(fileSystemURI=str(tier)),
         managedLedgerOffloadThresholdInBytes=0,
@@ -254,7 +255,11 @@ async def main(ns: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work / "fs")
         shutil.rmtree(tier)
         s3 = await minio_rate(work, ns.minio_mib)
-        producing = await produce(work, ns.seconds)
+        if ns.produce_tier_dir:
+            with tempfile.TemporaryDirectory(dir=ns.produce_tier_dir) as tier_tmp:
+                producing = await produce(work, ns.seconds, Path(tier_tmp))
+        else:
+            producing = await produce(work, ns.seconds, work)
     return {
         "filesystem": filesystem,
         "minio": s3,
@@ -276,6 +281,11 @@ if __name__ == "__main__":
     parser.add_argument("--minio-mib", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--dir", default=None, help="where the ledgers and the filesystem tier go")
+    parser.add_argument(
+        "--produce-tier-dir",
+        default=None,
+        help="the streaming tier of the produce test on another device (default: beside the ledgers)",
+    )
     result = asyncio.run(main(parser.parse_args()))
     json.dump(result, sys.stdout, indent=2)
     print()
