@@ -360,3 +360,76 @@ async def test_streamed_segments_on_both_drivers_read_back_and_a_flipped_byte_is
         await ml.read_entry(Position(1, 0))  # ledger 1's local file is gone: read from the tier
     assert segment.uuid in str(err.value) and "part 1" in str(err.value) and "offset" in str(err.value)
     assert ml.offloader.stats.read_offload_error == 1
+
+
+async def test_minio_stopped_while_streaming_never_fails_producing_and_the_segment_is_retried(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    from txnkeeper.ledger.offload.s3 import S3BlobStore
+
+    from .conftest import (
+        ACCESS_KEY,
+        MINIO_MISSING,
+        SECRET_KEY,
+        launch_minio,
+        make_bucket,
+        minio_binary,
+        stop_minio,
+    )
+
+    binary = minio_binary()
+    if binary is None:
+        pytest.skip(MINIO_MISSING)
+    (tmp_path / "minio").mkdir()
+    server = launch_minio(binary, tmp_path / "minio")  # its own MinIO: this test stops it
+    try:
+        bucket = make_bucket(server)
+        config = OffloadConfig(
+            managedLedgerOffloadDriver="S3",
+            managedLedgerOffloadBucket=bucket,
+            managedLedgerOffloadServiceEndpoint=server.endpoint,
+            managedLedgerOffloadMaxBlockSizeInBytes=1024,
+        )
+
+        def s3(c: OffloadConfig) -> BlobStore:
+            return S3BlobStore(
+                bucket,
+                endpoint=c.managedLedgerOffloadServiceEndpoint,
+                region="us-east-1",
+                access_key=ACCESS_KEY,
+                secret_key=SECRET_KEY,
+                connect_timeout=2.0,
+                read_timeout=10.0,
+            )
+
+        clock = Clock()
+        pol = OffloadPolicy(
+            config,
+            managedLedgerOffloadThresholdInBytes=0,
+            managedLedgerOffloadDeletionLagMs=0,
+            maxOffloadSegmentSizeInBytes=1 << 30,
+            offloadRetryIntervalSeconds=0.2,
+            clock=clock,
+            store_factory=s3,
+        )
+        factory = opened(tmp_path / "data")
+        ml = await factory.open(NAME, ml_config(pol))
+        off = ml.offloader
+        assert off is not None
+        acked = await produce(ml, 3)
+        await wait_for(lambda: off.streamed_until() == acked[-1], "the entries streamed")
+        begin = off.segments()[0].begin
+        stop_minio(server)
+        acked += await produce(ml, 12, 3)  # producing never fails while the store is down
+        clock.now += 601  # the close by time fails: MinIO is gone
+        off.notify()
+        await wait_for(lambda: off.segment_counts()["Failed"] == 1, "the segment recorded Failed", 120)
+        acked += await produce(ml, 10, 15)
+        server = launch_minio(binary, tmp_path / "minio", int(server.endpoint.rsplit(":", 1)[1]))
+        await wait_for(lambda: off.streamed_until() == acked[-1], "the retried segment streamed", 120)
+        await off.offload()
+        assert offloaded(off) == [(begin, acked[-1])]  # retried from the Failed segment's begin
+        assert off.segment_counts() == {"Assigned": 0, "Offloaded": 1, "Failed": 0}
+        assert [e.position for e in await ml.read_entries(Position(1, 0), 1000)] == acked
+    finally:
+        stop_minio(server)
