@@ -433,3 +433,23 @@ async def test_minio_stopped_while_streaming_never_fails_producing_and_the_segme
         assert [e.position for e in await ml.read_entries(Position(1, 0), 1000)] == acked
     finally:
         stop_minio(server)
+
+
+async def test_a_clean_close_finishes_the_streaming_segment(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    root = tmp_path / "data"
+    factory = opened(root)
+    ml = await factory.open(NAME, ml_config(policy(tier_of(tmp_path), Clock())))
+    off = ml.offloader
+    assert off is not None
+    acked = await produce(ml, 4)
+    await wait_for(lambda: off.streamed_until() == acked[-1], "the entries streamed")
+    uuid = off.segments()[0].uuid
+    await factory.close()
+    factory = opened(root)
+    ml = await factory.open(NAME, ml_config(policy(tier_of(tmp_path), Clock())))
+    assert ml.offloader is not None
+    # Offloaded at close, so the first pass after open finds no orphan to delete and retry.
+    assert [(s.uuid, s.status, s.end) for s in ml.offloader.segments()] == [(uuid, "Offloaded", acked[-1])]
+    assert await ml.offloader.read(1, 0, 4) == [f"m-{i}".encode() for i in range(4)]

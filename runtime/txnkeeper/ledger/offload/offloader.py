@@ -50,6 +50,7 @@ _READ_BATCH = 256  # local entries read per executor call while uploading
 # Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
 # for a moment, so one pass uploads many group commits instead of running once per commit.
 _STREAM_POLL_SECONDS = 0.1
+_CLOSE_FINISH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,12 @@ class Offloader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._stream is not None and self._stream.writer.last is not None and self.last_error is None:
+            # A clean close finishes the streaming segment (bounded: the store looked healthy, but a
+            # shutdown must not hang on it), so a restart does not upload it all again.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_CLOSE_FINISH_SECONDS), self._lock:
+                    await self._close_stream()
         stream, self._stream = self._stream, None
         if stream is not None:  # left Assigned: the next open deletes its objects and retries it
             with contextlib.suppress(Exception):
