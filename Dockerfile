@@ -19,10 +19,11 @@ COPY operator ./operator
 # Generated code is a build product (never committed): same generator and plugins as `make proto`.
 RUN /opt/protoc/bin/pip install grpcio-tools mypy-protobuf \
  && PYTHONPATH=runtime /opt/protoc/bin/python -m txnkeeper.pb.generate --proto-dir proto --out-root runtime
-RUN pip install '.[operator]'
+# `offload`: boto3 for the S3 driver of PIP-76 ledger offload (store pods; the filesystem driver needs nothing).
+RUN pip install '.[operator,offload]'
 
 FROM build AS build-verifier
-RUN pip install '.[operator,spark]'
+RUN pip install '.[operator,spark,offload]'
 
 # ---- common base: non-root user, no package caches -------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base

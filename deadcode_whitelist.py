@@ -34,3 +34,10 @@ _.last_modification_ms  # coordinator TxnMeta (state.py): recovered from the log
 last_modification_ms
 index_length  # offload SegmentDescription: the index object's length, as the segment metadata records it
 live_unbatched  # verifier StoreReport: the pod's census, parsed and validated with the rest
+
+# Offloader counters read by name (getattr) when the pod's collector builds brk_ledgeroffloader_*
+# families (runtime/txnkeeper/server/offload_topics.py).
+_.write_storage_error
+_.delete_offload_ops
+write_storage_error
+delete_offload_ops

@@ -55,17 +55,13 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="session")
-def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
-    binary = minio_binary()
-    if binary is None:
-        pytest.skip(MINIO_MISSING)
-    root = tmp_path_factory.mktemp("minio")
+def launch_minio(binary: str, root: Path, port: int | None = None) -> MinioServer:
+    """A MinIO process serving ``root/data`` on 127.0.0.1 (``port``: reuse one, e.g. to restart it)."""
     log = root / "minio.log"
-    port, console = _free_port(), _free_port()
+    port, console = port or _free_port(), _free_port()
     env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY}
     env["MINIO_BROWSER"] = "off"
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
         proc = subprocess.Popen(
             [
                 binary,
@@ -97,15 +93,28 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         proc.kill()
         proc.wait()
         pytest.fail(f"MinIO did not become ready within 120s; its log:\n{log.read_text(errors='replace')}")
+    return MinioServer(endpoint, proc, log)
+
+
+def stop_minio(server: MinioServer) -> None:
+    server.process.terminate()
     try:
-        yield MinioServer(endpoint, proc, log)
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    binary = minio_binary()
+    if binary is None:
+        pytest.skip(MINIO_MISSING)
+    server = launch_minio(binary, tmp_path_factory.mktemp("minio"))
+    try:
+        yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_minio(server)
 
 
 def make_bucket(server: MinioServer) -> str:

@@ -1,11 +1,12 @@
 """SIGKILL at injected offload points; the verdict uses only what the child acknowledged before dying.
 
 The child (this file run as a script) produces entries, prints each acknowledged position, then runs a
-manual offload with a blob store or FileIO subclass that kills the process at the point named by
-``OFFLOAD_CRASH_AT``: in the middle of a data part, after the index PUT but before the metadata records
-the segment Offloaded, or while deleting a local ledger file. The parent reopens and checks that every
-acknowledged entry reads back once, in order, and that no ledger lost its file without Offloaded
-segments holding it.
+manual offload (in ``streaming`` mode the offloader streams in the background while the child produces,
+so the kill lands between appends) with a blob store or FileIO subclass that kills the process at the
+point named on its command line: in the middle of a data part, after the index PUT but before the
+metadata records the segment Offloaded, or while deleting a local ledger file. The parent reopens and
+checks that every acknowledged entry reads back once, in order, and that no ledger lost its file
+without Offloaded segments holding it.
 """
 
 from __future__ import annotations
@@ -81,40 +82,54 @@ class _KillingIO(FileIO):
         super().unlink(path)
 
 
-def make_config(tier: Path, store: BlobStore | None = None) -> ManagedLedgerConfig:
+def make_config(
+    tier: Path, store: BlobStore | None = None, *, streaming: bool = False
+) -> ManagedLedgerConfig:
+    config = OffloadConfig(
+        fileSystemURI=str(tier),
+        managedLedgerOffloadMaxBlockSizeInBytes=256,
+        managedLedgerOffloadMinBlockSizeInBytes=200,
+    )
     policy = OffloadPolicy(
-        OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=256),
+        config,
         managedLedgerOffloadDeletionLagMs=0,
         maxOffloadSegmentSizeInBytes=300,
+        # streaming: automatic offload on, so the open ledger streams while the child produces
+        managedLedgerOffloadThresholdInBytes=0 if streaming else -1,
+        offloadRetryIntervalSeconds=0.1,
         store_factory=(lambda _c: store) if store is not None else None,
     )
     return ManagedLedgerConfig(max_entries_per_ledger=20, max_ledger_age_seconds=None, offload=policy)
 
 
-async def child(root: Path, tier: Path, point: str, countdown: int) -> None:
+async def child(root: Path, tier: Path, point: str, countdown: int, mode: str) -> None:
     store = _KillingStore(str(tier), point, countdown)
     io = _KillingIO(countdown) if point == "local-delete" else None
     factory = ManagedLedgerFactory(root, io=io)
-    ml = await factory.open(NAME, make_config(tier, store))
+    ml = await factory.open(NAME, make_config(tier, store, streaming=mode == "streaming"))
     for i in range(70):
         position = await ml.add_entry(f"entry-{i:03d}".encode())
         print(position, flush=True)
+        if mode == "streaming" and i % 5 == 4:
+            await asyncio.sleep(0.02)  # gives the background stream turns between appends (not a wait)
     assert ml.offloader is not None
     await ml.offloader.offload()
     print("finished", flush=True)
     await factory.close()
 
 
+@pytest.mark.parametrize(
+    ("mode", "countdown"), [("manual", n) for n in range(1, 8)] + [("streaming", n) for n in range(1, 5)]
+)
 @pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("countdown", range(1, 8))
 async def test_sigkill_during_offload_loses_nothing_acknowledged(
-    tmp_path: Path, point: str, countdown: int
+    tmp_path: Path, point: str, countdown: int, mode: str
 ) -> None:
     root, tier = tmp_path / "data", tmp_path / "tier"
     tier.mkdir()
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, __file__, str(root), str(tier), point, str(countdown)],
+        [sys.executable, __file__, str(root), str(tier), point, str(countdown), mode],
         capture_output=True,
         text=True,
         timeout=240,
@@ -136,6 +151,7 @@ async def test_sigkill_during_offload_loses_nothing_acknowledged(
                 assert ml.offloader.fully_offloaded(info, meta), info
         entries = await ml.read_entries(Position(1, 0), 10_000)
         got = [(e.position, e.data) for e in entries]
+        assert len({p for p, _ in got}) == len(got)  # no entry twice
         assert got[: len(acked)] == [(p, f"entry-{i:03d}".encode()) for i, p in enumerate(acked)]
         await ml.offloader.offload()  # the orphan was failed and is retried; everything ends Offloaded
         assert all(s.status == "Offloaded" for s in ml.offloader.segments())
@@ -145,4 +161,4 @@ async def test_sigkill_during_offload_loses_nothing_acknowledged(
 
 
 if __name__ == "__main__":
-    asyncio.run(child(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
+    asyncio.run(child(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]))

@@ -160,11 +160,8 @@ async def test_reads_fetch_only_the_blocks_needed_and_the_index_once(tmp_path: P
     store.reads.clear()
     nxt = next(b for b in seg.blocks if b.part_id == target.part_id + 1)
     await reader.read_entries(5, target.last_entry_id, nxt.first_entry_id)
-    # Index cached; exactly the two blocks holding the range, nothing else.
-    assert store.reads == [
-        (data_key(seg.uuid), target.offset, target.length),
-        (data_key(seg.uuid), nxt.offset, nxt.length),
-    ]
+    # Index and the block read before cached (checked already); only the next block is fetched.
+    assert store.reads == [(data_key(seg.uuid), nxt.offset, nxt.length)]
 
 
 def flip(path: Path, offset: int) -> None:
@@ -278,3 +275,23 @@ async def test_store_error_while_uploading_aborts_the_segment(tmp_path: Path) ->
     assert [p for p in await asyncio.to_thread(lambda: list(tmp_path.iterdir()))] == []
     with pytest.raises(OffloadInputError, match="is aborted; start a new SegmentWriter"):
         await writer.add_entry(1, 40, b"x")
+
+
+async def test_add_entries_writes_the_same_objects_as_add_entry_one_by_one(tmp_path: Path) -> None:
+    store = FileSystemBlobStore(tmp_path)
+    entries = entries_of(7)
+    one_by_one = await write_segment(store, entries)
+    batched = SegmentWriter(store, CONFIG)
+    for ledger_id in (5, 6):
+        datas = [data for lid, _, data in entries if lid == ledger_id]
+        await batched.add_entries(ledger_id, 0, datas[:7])  # split, so a call starts mid-block
+        await batched.add_entries(ledger_id, 7, datas[7:])
+    seg = await batched.finish()
+    assert seg.blocks == one_by_one.blocks and (seg.begin, seg.end) == (one_by_one.begin, one_by_one.end)
+    for key in (data_key, index_key):
+        assert await store.get(key(seg.uuid)) == await store.get(key(one_by_one.uuid))
+    gap = SegmentWriter(store, CONFIG)
+    await gap.add_entries(5, 0, [b"a", b"b"])
+    with pytest.raises(OffloadInputError, match="consecutive"):
+        await gap.add_entries(5, 5, [b"c"])
+    await gap.abort()

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from txnkeeper.admin.auth import check_bearer
-from txnkeeper.admin.views import FormatLevelRefusal, PodView
+from txnkeeper.admin.views import FormatLevelRefusal, OffloadRefusal, PodView, TopicOffloadView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ _MAX_ID_DIGITS = 9
 _INTERNAL_ERROR = "internal error in the admin API; the pod's log has the details"
 POD_KEY: web.AppKey[PodView] = web.AppKey("pod", PodView)
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token", str | None)  # type: ignore[arg-type]
+OffloadProvider = Callable[[], TopicOffloadView | None]
+OFFLOAD_KEY: web.AppKey[OffloadProvider] = web.AppKey("offload", OffloadProvider)  # type: ignore[arg-type]
 
 
 class BadRequest(Exception):
@@ -51,6 +53,8 @@ async def _errors_and_auth(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except BadRequest as exc:
         return _error(400, str(exc))
+    except OffloadRefusal as exc:
+        return _error(exc.status, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -250,15 +254,68 @@ def _apply(config: BatchedWriteConfig, body: dict[str, Any], key: str) -> Batche
         raise BadRequest(f"{key}: {exc}") from exc
 
 
+# --- topic offload (PIP-76; store pods only) ----------------------------------------------------------
+
+
+def _offload(request: web.Request) -> tuple[TopicOffloadView, str]:
+    view = request.app[OFFLOAD_KEY]()
+    if view is None:
+        raise OffloadRefusal(404, "this pod holds no topics (offload verbs are served by store pods)")
+    topic = _utf8_query(request).get("topic", "")
+    if not topic:
+        raise BadRequest("query parameter 'topic' is required (e.g. ?topic=persistent://public/default/t)")
+    return view, topic
+
+
+async def topic_offload(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(await view.offload(topic))
+
+
+async def topic_offload_status(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(await view.status(topic))
+
+
+async def topic_offload_segments(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(await view.segments(topic))
+
+
+async def topic_internal_stats(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(await view.internal_stats(topic))
+
+
+async def get_offload_policies(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(view.policies(topic))
+
+
+async def set_offload_policies(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    body = await _json_object(request)
+    return web.json_response(await view.set_policies(topic, body))
+
+
+async def remove_offload_policies(request: web.Request) -> web.Response:
+    view, topic = _offload(request)
+    return web.json_response(await view.remove_policies(topic))
+
+
 def _cut(value: object, limit: int = 40) -> str:
     text = value if isinstance(value, str) else type(value).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build_admin_app(pod: PodView, token: str | None) -> web.Application:
+def build_admin_app(
+    pod: PodView, token: str | None, offload: OffloadProvider | None = None
+) -> web.Application:
+    """``offload`` returns the pod's topic offload view once its stores are up (None: no topics)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
+    app[OFFLOAD_KEY] = offload or (lambda: None)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/v1/info", info)
@@ -274,4 +331,11 @@ def build_admin_app(pod: PodView, token: str | None) -> web.Application:
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/admin/v1/topics/offload", topic_offload)
+    app.router.add_get("/admin/v1/topics/offload-status", topic_offload_status)
+    app.router.add_get("/admin/v1/topics/offload-segments", topic_offload_segments)
+    app.router.add_get("/admin/v1/topics/internal-stats", topic_internal_stats)
+    app.router.add_get("/admin/v1/topics/offload-policies", get_offload_policies)
+    app.router.add_post("/admin/v1/topics/offload-policies", set_offload_policies)
+    app.router.add_delete("/admin/v1/topics/offload-policies", remove_offload_policies)
     return app

@@ -94,6 +94,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     setter.add_argument("--max-records", type=int)
     setter.add_argument("--max-size", type=int)
     setter.add_argument("--max-delay-millis", type=float)
+    topics = verbs.add_parser("topics", help="PIP-76 offload of a store pod's topics")
+    topic_verbs = topics.add_subparsers(dest="action", metavar="VERB")
+    topic_verbs.required = True
+    for name, help_text in (
+        ("offload", "offload now (streaming: closes the current segment); prints the segments closed"),
+        ("offload-status", "offload status: status, lastError, firstUnoffloadedMessage, lag, segments"),
+        ("offload-segments", "the topic's segments (uuid, status, begin, end)"),
+        ("internal-stats", "the topic's managed-ledger internal stats (with `offloaded` per ledger)"),
+    ):
+        topic_verbs.add_parser(name, help=help_text).add_argument("topic")
+    policies = topic_verbs.add_parser("offload-policies", help="get|set|remove a topic's offload settings")
+    policy_actions = policies.add_subparsers(dest="policy_action", metavar="get|set|remove")
+    policy_actions.required = True
+    policy_actions.add_parser("get").add_argument("topic")
+    policy_actions.add_parser("remove").add_argument("topic")
+    setter = policy_actions.add_parser(
+        "set", help="set KEY=VALUE pairs (Pulsar's key names) over the pod's offload settings"
+    )
+    setter.add_argument("topic")
+    setter.add_argument("settings", nargs="+", metavar="KEY=VALUE")
     parser.set_defaults(func=run)
 
 
@@ -112,6 +132,8 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
         return "GET", simple[verb], None
     if verb == "rollover":
         return "POST", "/admin/v1/stores/rollover", {}
+    if verb == "topics":
+        return _topic_request(ns)
     if verb == "coordinator-internal-stats":
         return "GET", f"/admin/v3/transactions/coordinatorInternalStats/{ns.coordinator_id}", None
     if verb == "pending-ack-internal-stats":
@@ -132,8 +154,32 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
     return "POST", "/admin/v1/batch-log", {t: partial for t in targets}
 
 
+def _topic_request(ns: argparse.Namespace) -> tuple[str, str, object]:
+    query = "?" + urllib.parse.urlencode({"topic": ns.topic})
+    if ns.action == "offload":
+        return "POST", "/admin/v1/topics/offload" + query, {}
+    if ns.action != "offload-policies":
+        return "GET", f"/admin/v1/topics/{ns.action}" + query, None
+    path = "/admin/v1/topics/offload-policies" + query
+    if ns.policy_action == "get":
+        return "GET", path, None
+    if ns.policy_action == "remove":
+        return "DELETE", path, None
+    body: dict[str, str] = {}
+    for pair in ns.settings:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"setting {pair!r} is not KEY=VALUE (e.g. offloadMode=ledger)")
+        body[key] = value  # the pod converts and checks values (numbers may be given as text)
+    return "POST", path, body
+
+
 def run(ns: argparse.Namespace) -> int:
-    method, path, body = _request(ns)
+    try:
+        method, path, body = _request(ns)
+    except ValueError as exc:
+        print(f"txnkeeper admin {ns.verb}: {exc}", file=sys.stderr)
+        return 2
     try:
         token = load_admin_token(ns.token_file) if method != "GET" else None
         result = call(ns.url, method, path, token, body)

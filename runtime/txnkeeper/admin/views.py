@@ -60,3 +60,30 @@ class PodView(Protocol):
     def pending_ack_log(self, topic: str, subscription: str) -> StoreView | None: ...
 
     def metrics_text(self) -> bytes: ...
+
+
+class OffloadRefusal(Exception):
+    """An offload verb cannot be done (HTTP ``status``: 400 bad input, 404 no such topic, 409 not
+    possible in this state, 503 the blob store failed); the message says why and what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TopicOffloadView(Protocol):
+    """PIP-76 offload of a store pod's topics (`txnkeeper admin topics ...`), served by store pods."""
+
+    async def offload(self, topic: str) -> dict[str, Any]: ...  # manual offload; the segments it closed
+
+    async def status(self, topic: str) -> dict[str, Any]: ...  # OffloadProcessStatus + mode, lag, counts
+
+    async def segments(self, topic: str) -> dict[str, Any]: ...
+
+    async def internal_stats(self, topic: str) -> dict[str, Any]: ...  # with real `offloaded` flags
+
+    def policies(self, topic: str) -> dict[str, Any]: ...  # pod's, topic's and effective settings
+
+    async def set_policies(self, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def remove_policies(self, topic: str) -> dict[str, Any]: ...

@@ -56,6 +56,13 @@ class ManagedLedgerFactory:
         self._ledgers[name] = ledger
         return ledger
 
+    def opened(self, name: str) -> ManagedLedger | None:
+        """The managed ledger of that name if it is open now (None otherwise; nothing is opened)."""
+        return self._ledgers.get(name)
+
+    def open_ledgers(self) -> list[ManagedLedger]:
+        return list(self._ledgers.values())
+
     def list_names(self) -> list[str]:
         """Managed ledgers present on disk (open or not), sorted."""
         names = []

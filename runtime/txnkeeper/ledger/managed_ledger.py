@@ -11,8 +11,9 @@ append (or rollover()) starts a new ledger, so the managed ledger recovers by it
 room again. Only if cutting the partial write also fails does it go to the failed state ("WriteFailed"):
 every append then fails until it is closed and reopened (reopening cuts the partial write as a torn tail).
 
-Offload (opt-in, ``config.offload``): an Offloader task uploads closed ledgers to a blob store and
-records segments in the metadata; a ledger whose local file it deleted is read from the tier. The
+Offload (opt-in, ``config.offload``): an Offloader task streams durable entries (or, in ``ledger``
+mode, closed ledgers) to a blob store and records segments in the metadata; a ledger whose local file
+it deleted is read from the tier. The
 ledger only hosts it (metadata changes, local reads, local deletes): see ``offload/offloader.py``.
 """
 
@@ -24,7 +25,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
@@ -39,7 +40,7 @@ from .ledger_file import GroupWriteFailed, LedgerFile
 from .lock import release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, MetadataStore
 from .names import encode_name
-from .offload.offloader import Offloader
+from .offload.offloader import Offloader, OffloadPolicy
 from .position import Entry, Position
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
@@ -130,6 +131,7 @@ class ManagedLedger:
                 self._age_rollover_loop(self._max_age), name=f"ledger-age-rollover:{name}"
             )
         self.offloader: Offloader | None = None
+        self._offload_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"offload-read:{name}")
         if config.offload is not None:
             self.offloader = Offloader(self, config.offload)
             self.offloader.start()
@@ -203,6 +205,8 @@ class ManagedLedger:
     def _count_added(self, ledger: LedgerFile, entries: int) -> None:
         self._entries_added += entries
         self._watermark.note(ledger.ledger_id, ledger.entries - 1)
+        if self.offloader is not None:
+            self.offloader.notify_appended()  # streaming reads them back later, off this path
 
     @staticmethod
     def _coerce(data: object) -> bytes:
@@ -398,7 +402,11 @@ class ManagedLedger:
                 out.append(next(local_chunks))
         return out
 
-    async def _read(self, plan: list[tuple[LedgerFile, int, int]]) -> list[list[bytes]]:
+    async def _read(
+        self, plan: list[tuple[LedgerFile, int, int]], *, pool: Executor | None = None
+    ) -> list[list[bytes]]:
+        """``pool`` None: the ledger I/O pool; offload passes another so its reads never queue in
+        front of a group commit's write and fsync."""
         for ledger, _, _ in plan:
             ledger.begin_read()
         self._reads_in_flight += 1
@@ -406,7 +414,7 @@ class ManagedLedger:
         try:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
-                self._executor, lambda: [ledger.read(first, count) for ledger, first, count in plan]
+                pool or self._executor, lambda: [ledger.read(first, count) for ledger, first, count in plan]
             )
         finally:
             for ledger, _, _ in plan:
@@ -570,7 +578,22 @@ class ManagedLedger:
                 f"entries {ledger_id}:{first}..{first + count - 1} of managed ledger {self.name!r} are not "
                 "in a local file (trimmed or offloaded meanwhile)"
             )
-        return (await self._read([(ledger, first, count)]))[0]
+        return (await self._read([(ledger, first, count)], pool=self._offload_pool))[0]
+
+    def set_offload_policy(self, policy: OffloadPolicy) -> None:
+        """Start offloading, or change the policy of a running offloader (admin API; see
+        Offloader.set_policy for what may not change live)."""
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            self._raise_not_writable()
+        if self.offloader is None:
+            self.offloader = Offloader(self, policy)
+            self.offloader.start()
+        else:
+            self.offloader.set_policy(policy)
+
+    def local_bytes(self, ledger_id: int) -> int:
+        ledger = self._files.get(ledger_id)
+        return ledger.data_bytes if ledger is not None else 0
 
     async def drop_local(self, ledger_id: int) -> None:
         """Delete a fully offloaded ledger's local file: recorded first, so a crash leaves at most a
@@ -644,6 +667,7 @@ class ManagedLedger:
             for ledger in self._files.values():
                 ledger.close()
             self._cur.close()
+            self._offload_pool.shutdown(wait=False)  # idle by now: reads in flight were awaited above
             self._watermark.release()
             release_directory_lock(self._lock_fd)
             self._state = _State.CLOSED

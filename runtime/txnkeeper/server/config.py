@@ -44,6 +44,7 @@ class ServeConfig:
     ports_file: Path | None = None
     cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
 
 
 def env(name: str, default: str | None = None) -> str | None:

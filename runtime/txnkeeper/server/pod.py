@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from txnkeeper.admin.app import build_admin_app
@@ -36,6 +36,7 @@ from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
 from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
+from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
@@ -73,6 +74,7 @@ class PodRuntime:
         self._admin_site: web.TCPSite | None = None
         self._not_ready = "starting"
         self._collector: _PodCollector | None = None
+        self.offloads: TopicOffloads | None = None  # store pods: PIP-76 offload of topic ledgers
         self.client_address = ""
         self.admin_address = ""
 
@@ -106,7 +108,7 @@ class PodRuntime:
             raise
 
     async def _start_admin(self) -> None:
-        app = build_admin_app(self, self.config.admin_token)
+        app = build_admin_app(self, self.config.admin_token, lambda: self.offloads)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
@@ -138,20 +140,23 @@ class PodRuntime:
         factory = self._factory
         assert factory is not None
 
+        root = factory.root
+
+        def ledger_exists(topic: str) -> bool:
+            # Checked without opening (an end for a topic this pod never held must not create it).
+            return (root / encode_name(topic) / METADATA_FILE).is_file()
+
+        offloads = TopicOffloads(self.config.offload, state_dir, factory, ledger_exists)
+        self.offloads = offloads
+
         async def open_ledger(topic: str) -> TopicLedger:
-            return await factory.open(topic)
+            return await factory.open(topic, offloads.ledger_config(topic))
 
         async def open_pending_ack(topic: str, subscription: str) -> PendingAckLogAdapter:
             store = await PendingAckStore.open(
                 factory, topic, subscription, self._pending_ack_batch, self.format_level
             )
             return PendingAckLogAdapter(store)
-
-        root = factory.root
-
-        def ledger_exists(topic: str) -> bool:
-            # Checked without opening (an end for a topic this pod never held must not create it).
-            return (root / encode_name(topic) / METADATA_FILE).is_file()
 
         self.topics = TopicService(
             state_dir / "subscriptions.json", open_ledger, open_pending_ack, ledger_exists
@@ -265,7 +270,7 @@ class _PodCollector(Collector):
     def __init__(self, pod: PodRuntime) -> None:
         self._pod = pod
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         pod = self._pod
         if pod.coordinators:
             ongoing = GaugeMetricFamily(
@@ -331,6 +336,8 @@ class _PodCollector(Collector):
             for reason, count in sorted(stats.closed.items()):
                 closed.add_metric([reason], count)
             yield from (refused, closed)
+        if pod.offloads is not None:
+            yield from pod.offloads.collect()
         if pod.topics is not None:
             yield GaugeMetricFamily(
                 "txnkeeper_store_txn_fences",

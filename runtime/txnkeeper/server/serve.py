@@ -19,6 +19,7 @@ from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
+from txnkeeper.server import offload_settings
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -59,7 +60,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"secret shared by coordinator and store pods (env {SECRET_ENV}); without it transactions"
         " are refused",
     )
-    parser.add_argument("--config", type=Path, default=env("CONFIG"), help="JSON/YAML batchedWrite settings")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=env("CONFIG"),
+        help='JSON/YAML: batchedWrite settings and an "offload" section (PIP-76, Pulsar key names)',
+    )
     parser.add_argument(
         "--ports-file",
         type=Path,
@@ -124,6 +130,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except InvalidLimitsError as exc:
         raise ConfigError(f"connection limits: {exc}") from exc
     txnlog_batch, pending_ack_batch = batch_configs(ns.config)
+    try:
+        offload = offload_settings.load(ns.config)
+    except offload_settings.OffloadSettingsError as exc:
+        raise ConfigError(str(exc)) from exc
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
@@ -141,6 +151,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         ports_file=ns.ports_file,
         cluster_secret=secret.key if secret is not None else None,
         connection_limits=limits,
+        offload=offload,
     )
 
 

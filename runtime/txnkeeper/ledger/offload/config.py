@@ -16,6 +16,10 @@ MIB = 1024 * 1024
 # Pulsar's own defaults (TieredStorageConfiguration / ServiceConfiguration).
 DEFAULT_MAX_BLOCK_SIZE = 64 * MIB
 DEFAULT_READ_BUFFER_SIZE = 1 * MIB
+# Streaming offload (PIP-76): blocks of the open ledger are cut at the min block size, and the
+# offloader buffers at most max(write buffer, min block) bytes of entries read but not yet uploaded.
+DEFAULT_MIN_BLOCK_SIZE = 5 * MIB
+DEFAULT_WRITE_BUFFER_SIZE = 10 * MIB
 # The smallest part S3 accepts in a multipart upload (all parts but the last).
 S3_MIN_PART_SIZE = 5 * MIB
 
@@ -38,6 +42,12 @@ class OffloadConfig:
     # Pulsar reads in chunks of this size; this reader fetches whole blocks (to check their CRC) and
     # uses it as the size of each ranged GET's read() from the response stream.
     managedLedgerOffloadReadBufferSizeInBytes: int = DEFAULT_READ_BUFFER_SIZE
+    # Streaming mode's block size (Pulsar's streamingBlockSize), capped here at the max block size so a
+    # small max block (tests) is not silently exceeded.
+    managedLedgerOffloadMinBlockSizeInBytes: int = DEFAULT_MIN_BLOCK_SIZE
+    # How many bytes of local entries streaming reads ahead of the upload (Pulsar's maxBufferLength is
+    # max(this, min block size)); it bounds the offloader's memory, never the producers.
+    managedLedgerOffloadWriteBufferSizeInBytes: int = DEFAULT_WRITE_BUFFER_SIZE
 
     def __post_init__(self) -> None:
         if self.managedLedgerOffloadDriver not in DRIVERS:
@@ -56,6 +66,13 @@ class OffloadConfig:
                 "managedLedgerOffloadMaxBlockSizeInBytes must fit a Java int (at most 2147483647), "
                 "as Pulsar's readers size blocks with one"
             )
+        if self.managedLedgerOffloadMinBlockSizeInBytes < 128 + 12:
+            raise OffloadConfigError(
+                f"managedLedgerOffloadMinBlockSizeInBytes={self.managedLedgerOffloadMinBlockSizeInBytes} "
+                "is too small; it must be at least 140 (the 128-byte block header plus one entry frame)"
+            )
+        if self.managedLedgerOffloadWriteBufferSizeInBytes < 1:
+            raise OffloadConfigError("managedLedgerOffloadWriteBufferSizeInBytes must be at least 1")
         if self.managedLedgerOffloadReadBufferSizeInBytes < 1:
             raise OffloadConfigError("managedLedgerOffloadReadBufferSizeInBytes must be at least 1")
         if self.is_s3 and not self.managedLedgerOffloadBucket:
@@ -66,6 +83,24 @@ class OffloadConfig:
             raise OffloadConfigError(
                 "fileSystemURI (the offload directory) is required for the filesystem driver"
             )
+
+    @property
+    def streaming_block_size(self) -> int:
+        return min(self.managedLedgerOffloadMinBlockSizeInBytes, self.managedLedgerOffloadMaxBlockSizeInBytes)
+
+    @property
+    def streaming_buffer_size(self) -> int:
+        return max(self.managedLedgerOffloadWriteBufferSizeInBytes, self.streaming_block_size)
+
+    def location(self) -> tuple[str, ...]:
+        """What says where segments live: a live change of these would strand existing segments."""
+        return (
+            "s3" if self.is_s3 else "filesystem",
+            self.managedLedgerOffloadBucket,
+            self.managedLedgerOffloadRegion,
+            self.managedLedgerOffloadServiceEndpoint,
+            self.fileSystemURI,
+        )
 
     @property
     def is_s3(self) -> bool:

@@ -8,6 +8,14 @@ first position, under a new uuid) before any new segment opens. A ledger's local
 once Offloaded segments hold every entry and the deletion lag has passed; a segment's objects are
 deleted only once every ledger it holds was trimmed.
 
+Two modes (``offloadMode``): ``streaming`` (PIP-76, the default) keeps one segment open and feeds it
+the managed ledger's durable entries as they are written, the open ledger included, closing it by size
+(maxOffloadSegmentSizeInBytes, once minOffloadSegmentRolloverTimeInSeconds passed), by time
+(maxOffloadSegmentRolloverTimeInSeconds) or on a manual offload; ``ledger`` (Pulsar's classic offload)
+writes one segment per closed ledger. Streaming reads entries back from the local files, never from
+the append path: producing never waits for offload, and a slow or absent store only grows the lag.
+Switching modes on a live ledger closes the current segment; the next one begins in the new mode.
+
 The managed ledger hands itself in as an ``OffloadHost`` (a narrow protocol): the offloader reads local
 entries and changes metadata through it and never touches ledger files itself. The methods below
 (``offload``, ``status``, ``segments``, ``policy``) are what admin verbs are meant to wrap.
@@ -30,13 +38,19 @@ from .blobstore import BlobStore
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
 from .reader import IndexCache, SegmentReader
+from .stats import OffloaderStats
 from .writer import SegmentWriter, data_key, index_key
 
 log = logging.getLogger(__name__)
 
 GIB = 1024 * 1024 * 1024
 READ_PRIORITIES = ("tiered-storage-first", "bookkeeper-first")
+MODES = ("streaming", "ledger")
 _READ_BATCH = 256  # local entries read per executor call while uploading
+# Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
+# for a moment, so one pass uploads many group commits instead of running once per commit.
+_STREAM_POLL_SECONDS = 0.1
+_CLOSE_FINISH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,9 @@ class OffloadPolicy:
     uploads), as in Pulsar; with >= 0, closed ledgers are offloaded once the managed ledger holds more
     than that many bytes, and local files are deleted only while at least that many bytes of newer
     ledgers stay local. ``offloadRetryIntervalSeconds`` (ours) paces retries while the store is down.
-    ``store_factory`` replaces the driver (tests inject faults through it).
+    ``offloadMode`` (ours: ``streaming`` | ``ledger``) picks PIP-76 streaming or one segment per closed
+    ledger; streaming runs while automatic offload is on (threshold >= 0). ``store_factory`` replaces
+    the driver (tests inject faults through it).
     """
 
     config: OffloadConfig
@@ -56,7 +72,11 @@ class OffloadPolicy:
     maxOffloadSegmentSizeInBytes: int = 1 * GIB
     managedLedgerDataReadPriority: str = "tiered-storage-first"
     offloadRetryIntervalSeconds: float = 30.0
+    offloadMode: str = "streaming"
+    maxOffloadSegmentRolloverTimeInSeconds: float = 600.0
+    minOffloadSegmentRolloverTimeInSeconds: float = 0.0
     store_factory: Callable[[OffloadConfig], BlobStore] | None = None
+    clock: Callable[[], float] | None = None  # wall clock for segment ages and lags (tests inject one)
 
     def __post_init__(self) -> None:
         if self.managedLedgerOffloadDeletionLagMs < 0:
@@ -73,10 +93,35 @@ class OffloadPolicy:
                 f"managedLedgerDataReadPriority={self.managedLedgerDataReadPriority!r} is not supported; "
                 f"use one of {', '.join(READ_PRIORITIES)}"
             )
+        if self.offloadMode not in MODES:
+            raise OffloadConfigError(
+                f"offloadMode={self.offloadMode!r} is not supported; use one of {', '.join(MODES)}"
+            )
+        if not self.maxOffloadSegmentRolloverTimeInSeconds > 0:
+            raise OffloadConfigError(
+                "maxOffloadSegmentRolloverTimeInSeconds must be > 0 "
+                f"(got {self.maxOffloadSegmentRolloverTimeInSeconds})"
+            )
+        low, high = self.minOffloadSegmentRolloverTimeInSeconds, self.maxOffloadSegmentRolloverTimeInSeconds
+        if not 0 <= low <= high:
+            raise OffloadConfigError(
+                "minOffloadSegmentRolloverTimeInSeconds must be between 0 and "
+                f"maxOffloadSegmentRolloverTimeInSeconds={self.maxOffloadSegmentRolloverTimeInSeconds} "
+                f"(got {self.minOffloadSegmentRolloverTimeInSeconds})"
+            )
         if not self.offloadRetryIntervalSeconds > 0:
             raise OffloadConfigError(
                 f"offloadRetryIntervalSeconds must be > 0 (got {self.offloadRetryIntervalSeconds})"
             )
+
+    @property
+    def automatic(self) -> bool:
+        return self.managedLedgerOffloadThresholdInBytes >= 0
+
+    @property
+    def streams(self) -> bool:
+        """Whether the open ledger is streamed now (streaming mode with automatic offload on)."""
+        return self.offloadMode == "streaming" and self.automatic
 
     def open_store(self) -> BlobStore:
         if self.store_factory is not None:
@@ -111,11 +156,27 @@ class OffloadHost(Protocol):
 
     async def read_local(self, ledger_id: int, first: int, count: int) -> list[bytes]: ...
 
+    def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (the open ledger too)
+
+    def local_bytes(self, ledger_id: int) -> int: ...  # payload bytes in its local file (0: none)
+
     async def drop_local(self, ledger_id: int) -> None: ...
 
 
 def _key(p: Position) -> tuple[int, int]:
     return (p.ledger_id, p.entry_id)
+
+
+class _Stream:
+    """The streaming segment being written: its writer, the next entry to feed, when it opened."""
+
+    def __init__(self, writer: SegmentWriter, segment: OffloadSegment, opened_at: float) -> None:
+        self.writer = writer
+        self.segment = segment
+        self.opened_at = opened_at
+        self.next = segment.begin
+        self.payload = 0
+        self.average_entry = 1024
 
 
 class Offloader:
@@ -125,12 +186,15 @@ class Offloader:
         self.host = host
         self.policy = policy
         self.store = policy.open_store()
-        self._clock = clock
+        self.stats = OffloaderStats()
+        self._clock = policy.clock or clock
         self._cache = IndexCache()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._recovered = False
         self._task: asyncio.Task[None] | None = None
+        self._stream: _Stream | None = None
+        self._retry_at = 0.0  # monotonic: automatic passes wait until then after a failure
         self.last_error: str | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -140,7 +204,24 @@ class Offloader:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"offloader:{self.host.name}")
 
     def notify(self) -> None:
-        """A ledger closed or was trimmed: look for work."""
+        """A ledger closed or was trimmed, or the policy or the clock moved: look for work."""
+        self._wake.set()
+
+    def notify_appended(self) -> None:
+        """Entries became durable (called on the write path: only sets an event)."""
+        if self.policy.streams:
+            self._wake.set()
+
+    def set_policy(self, policy: OffloadPolicy) -> None:
+        """A live change (admin API). Where segments live cannot change under existing segments."""
+        if policy.config.location() != self.policy.config.location():
+            raise OffloadConfigError(
+                "the offload driver and location (driver, bucket, region, endpoint, fileSystemURI) "
+                f"cannot change on a live managed ledger ({self.host.name!r}): its segments live there; "
+                "change them in the pod's config and restart, after the old segments were trimmed"
+            )
+        self.policy = policy
+        self._retry_at = 0.0
         self._wake.set()
 
     async def close(self) -> None:
@@ -149,20 +230,45 @@ class Offloader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._stream is not None and self._stream.writer.last is not None and self.last_error is None:
+            # A clean close finishes the streaming segment (bounded: the store looked healthy, but a
+            # shutdown must not hang on it), so a restart does not upload it all again.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_CLOSE_FINISH_SECONDS), self._lock:
+                    await self._close_stream()
+        stream, self._stream = self._stream, None
+        if stream is not None:  # left Assigned: the next open deletes its objects and retries it
+            with contextlib.suppress(Exception):
+                await stream.writer.abort()
         await self.store.close()
 
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.policy.offloadRetryIntervalSeconds)
+                await asyncio.wait_for(self._wake.wait(), self._timeout())
             self._wake.clear()
+            if time.monotonic() < self._retry_at:
+                continue  # the store failed lately: appends must not turn into a retry storm
             with contextlib.suppress(OffloadError, OSError):
                 await self._pass(manual=False)
+            if self.policy.streams:
+                await asyncio.sleep(_STREAM_POLL_SECONDS)
+
+    def _timeout(self) -> float:
+        interval = self.policy.offloadRetryIntervalSeconds
+        if time.monotonic() < self._retry_at:
+            return max(0.01, min(interval, self._retry_at - time.monotonic()))
+        stream = self._stream
+        if stream is None:
+            return interval
+        left = stream.opened_at + self.policy.maxOffloadSegmentRolloverTimeInSeconds - self._clock()
+        return max(0.05, min(interval, left))
 
     # --- the API admin verbs wrap ------------------------------------------------------------------
 
     async def offload(self) -> list[OffloadSegment]:
-        """Manual offload: every closed ledger now, whatever the threshold; returns the segments
+        """Manual offload: everything durable now (streaming mode: the open ledger too, and the current
+        segment closes; ledger mode: every closed ledger), whatever the threshold; returns the segments
         Offloaded by this call. Store errors propagate (the segment is recorded Failed first)."""
         return await self._pass(manual=True)
 
@@ -170,16 +276,47 @@ class Offloader:
         return list(self.host.offload_metadata().segments)
 
     def status(self) -> dict[str, Any]:
-        """Pulsar's OffloadProcessStatus shape: status, lastError, firstUnoffloadedMessage."""
+        """Pulsar's OffloadProcessStatus shape (status, lastError, firstUnoffloadedMessage), plus the
+        mode, the streaming segment, segment counts by status and the lag in bytes."""
         meta = self.host.offload_metadata()
         running = self._lock.locked()
         failed = any(s.status == "Failed" for s in meta.segments)
-        first = self._first_unoffloaded(meta)
+        first = self._first_unoffloaded(meta, include_open=self.policy.offloadMode == "streaming")
         return {
             "status": "RUNNING" if running else ("ERROR" if failed or self.last_error else "SUCCESS"),
             "lastError": self.last_error or "",
             "firstUnoffloadedMessage": str(first) if first is not None else "",
+            "mode": self.policy.offloadMode,
+            "currentSegment": self._stream.segment.uuid if self._stream is not None else "",
+            "streamedUntil": str(self.streamed_until() or ""),
+            "segmentsByStatus": self.segment_counts(),
+            "lagBytes": self.lag_bytes(),
         }
+
+    def streamed_until(self) -> Position | None:
+        """The last entry fed to the streaming segment still open (None: no segment open)."""
+        return self._stream.writer.last if self._stream is not None else None
+
+    def segment_counts(self) -> dict[str, int]:
+        counts = {"Assigned": 0, "Offloaded": 0, "Failed": 0}
+        for s in self.host.offload_metadata().segments:
+            counts[s.status] = counts.get(s.status, 0) + 1
+        return counts
+
+    def lag_bytes(self) -> int:
+        """Local bytes no Offloaded segment holds yet (per ledger, in proportion to entries held)."""
+        meta = self.host.offload_metadata()
+        lag = 0.0
+        for info in meta.ledgers:
+            if info.offloaded:
+                continue
+            entries = self.host.confirmed_entries(info.ledger_id)
+            size = self.host.local_bytes(info.ledger_id)
+            if entries <= 0 or size <= 0:
+                continue
+            held = self._held_from_start(info.ledger_id, entries, meta)
+            lag += size * (entries - held) / entries
+        return int(lag)
 
     def fully_offloaded(self, info: LedgerInfo, meta: ManagedLedgerMetadata | None = None) -> bool:
         """Whether Offloaded segments hold every entry of this closed ledger."""
@@ -187,6 +324,17 @@ class Offloader:
 
     async def read(self, ledger_id: int, first: int, count: int) -> list[bytes]:
         """Entries of a ledger from the tier, checked (CRC, structure) before anything is returned."""
+        started = time.monotonic()
+        try:
+            out = await self._read(ledger_id, first, count)
+        except (OffloadError, OSError):
+            self.stats.read_offload_error += 1
+            raise
+        self.stats.read_ledger_latency.observe(time.monotonic() - started)
+        self.stats.read_offload_bytes += sum(len(d) for d in out)
+        return out
+
+    async def _read(self, ledger_id: int, first: int, count: int) -> list[bytes]:
         meta = self.host.offload_metadata()
         out: list[bytes] = []
         entry = first
@@ -200,7 +348,12 @@ class Offloader:
                 )
             upto = last if segment.end.ledger_id != ledger_id else min(last, segment.end.entry_id)
             reader = SegmentReader(self.store, segment.uuid, cache=self._cache)
+            started = time.monotonic()
+            await reader.index()
+            self.stats.read_offload_index_latency.observe(time.monotonic() - started)
+            started = time.monotonic()
             entries = await reader.read_entries(ledger_id, entry, upto)
+            self.stats.read_offload_data_latency.observe(time.monotonic() - started)
             out.extend(e.data for e in entries)
             entry = upto + 1
         return out
@@ -214,12 +367,21 @@ class Offloader:
                     await self._remove_orphans()
                     self._recovered = True
                 await self._delete_trimmed_segments()
-                done = []
-                while (begin := self._next_begin(manual)) is not None:
-                    done.append(await self._offload_segment(begin))
+                done: list[OffloadSegment] = []
+                policy = self.policy
+                if self._stream is not None and not policy.streams and not manual:
+                    done.append(await self._close_stream())  # mode switched or automatic offload off
+                if policy.offloadMode == "streaming" and (manual or policy.streams):
+                    done += await self._stream_pass(manual)
+                else:
+                    if self._stream is not None:
+                        done.append(await self._close_stream())
+                    while (begin := self._next_begin(manual)) is not None:
+                        done.append(await self._offload_segment(begin))
                 await self._delete_local_files()
             except (OffloadError, OSError) as exc:
                 self.last_error = str(exc)
+                self._retry_at = time.monotonic() + self.policy.offloadRetryIntervalSeconds
                 log.warning("managed ledger %s: offload failed: %s", self.host.name, exc)
                 raise
             self.last_error = None
@@ -240,15 +402,21 @@ class Offloader:
             await self.host.update_offload_metadata(fail)
 
     async def _delete_objects(self, uuid: str) -> None:
-        await self.store.delete(index_key(uuid))  # the index first: a segment without one is unreadable
-        await self.store.delete(data_key(uuid))
+        try:
+            await self.store.delete(index_key(uuid))  # the index first: a segment without one is unreadable
+            await self.store.delete(data_key(uuid))
+        except (OffloadError, OSError):
+            self.stats.write_storage_error += 1
+            raise
+        self.stats.delete_offload_ops += 1
         self._cache.forget(self.store.location, uuid)
 
     async def _delete_trimmed_segments(self) -> None:
         meta = self.host.offload_metadata()
         live = [i.ledger_id for i in meta.ledgers]
         floor = live[0] if live else meta.next_ledger_id
-        gone = [s for s in meta.segments if (s.end or s.begin).ledger_id < floor]
+        streaming = self._stream.segment.uuid if self._stream is not None else None
+        gone = [s for s in meta.segments if (s.end or s.begin).ledger_id < floor and s.uuid != streaming]
         for segment in gone:
             await self._delete_objects(segment.uuid)
         uuids = {s.uuid for s in gone}
@@ -259,16 +427,25 @@ class Offloader:
         if uuids:
             await self.host.update_offload_metadata(drop)
 
-    def _first_unoffloaded(self, meta: ManagedLedgerMetadata) -> Position | None:
-        """The first entry of a closed ledger no Offloaded segment holds (None: nothing to do)."""
+    def _entries(self, info: LedgerInfo, include_open: bool) -> int:
+        if info.closed:
+            return info.entries
+        return self.host.confirmed_entries(info.ledger_id) if include_open else 0
+
+    def _first_unoffloaded(
+        self, meta: ManagedLedgerMetadata, *, include_open: bool = False
+    ) -> Position | None:
+        """The first entry no Offloaded segment holds, of a closed ledger (or, ``include_open``, of
+        the open ledger too); None: nothing to do."""
         done = [s.end for s in meta.segments if s.status == "Offloaded" and s.end is not None]
         after = max((_key(e) for e in done), default=(0, -1))
         for info in meta.ledgers:
-            if not info.closed or info.offloaded or info.entries == 0:
+            entries = self._entries(info, include_open)
+            if info.offloaded or entries == 0:
                 continue
             if info.ledger_id > after[0]:
                 return Position(info.ledger_id, 0)
-            if info.ledger_id == after[0] and after[1] + 1 < info.entries:
+            if info.ledger_id == after[0] and after[1] + 1 < entries:
                 return Position(info.ledger_id, after[1] + 1)
         return None
 
@@ -283,51 +460,70 @@ class Offloader:
                 return None
         return first
 
-    async def _offload_segment(self, begin: Position) -> OffloadSegment:
-        uuid = str(uuidlib.uuid4())
-        segment = OffloadSegment(uuid, "Assigned", self._clock(), begin)
+    async def _assign(self, begin: Position) -> OffloadSegment:
+        segment = OffloadSegment(str(uuidlib.uuid4()), "Assigned", self._clock(), begin)
 
         def assign(meta: ManagedLedgerMetadata) -> None:
             # A Failed segment is retried now, from the same begin: it is replaced, not kept beside.
             meta.segments = [s for s in meta.segments if s.status != "Failed"] + [segment]
 
         await self.host.update_offload_metadata(assign)
-        writer = SegmentWriter(self.store, self.policy.config, uuid=uuid)
-        try:
-            await self._upload(writer, begin)
-            desc = await writer.finish()
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await writer.abort()
-            if isinstance(exc, Exception):
-                with contextlib.suppress(OSError):
-                    await self.host.update_offload_metadata(lambda m: _set_status(m, uuid, "Failed"))
-            raise
+        return segment
+
+    async def _fail(self, writer: SegmentWriter, exc: BaseException) -> None:
+        with contextlib.suppress(Exception):
+            await writer.abort()
+        if isinstance(exc, Exception):
+            self.stats.offload_error += 1
+            if isinstance(exc, OffloadError | OSError):
+                self.stats.write_storage_error += 1
+            with contextlib.suppress(OSError):
+                await self.host.update_offload_metadata(lambda m: _set_status(m, writer.uuid, "Failed"))
+
+    async def _complete(self, segment: OffloadSegment, writer: SegmentWriter) -> OffloadSegment:
+        desc = await writer.finish()
         offloaded = OffloadSegment(
-            uuid,
+            segment.uuid,
             "Offloaded",
             segment.assigned_at,
-            begin,
+            segment.begin,
             end=desc.end,
             offloaded_at=self._clock(),
             driver_metadata={"driver": self.policy.config.managedLedgerOffloadDriver},
         )
 
         def complete(meta: ManagedLedgerMetadata) -> None:
-            meta.segments = [offloaded if s.uuid == uuid else s for s in meta.segments]
+            meta.segments = [offloaded if s.uuid == segment.uuid else s for s in meta.segments]
 
         await self.host.update_offload_metadata(complete)
-        log.info("managed ledger %s: offloaded %s..%s as segment %s", self.host.name, begin, desc.end, uuid)
+        log.info(
+            "managed ledger %s: offloaded %s..%s as segment %s",
+            self.host.name,
+            segment.begin,
+            desc.end,
+            segment.uuid,
+        )
         return offloaded
 
-    async def _upload(self, writer: SegmentWriter, begin: Position) -> None:
-        """Entries from ``begin`` through the last closed ledger, cut at maxOffloadSegmentSizeInBytes."""
+    async def _offload_segment(self, begin: Position) -> OffloadSegment:
+        segment = await self._assign(begin)
+        writer = SegmentWriter(self.store, self.policy.config, uuid=segment.uuid)
+        try:
+            await self._upload(writer, begin, one_ledger=self.policy.offloadMode == "ledger")
+            return await self._complete(segment, writer)
+        except BaseException as exc:
+            await self._fail(writer, exc)
+            raise
+
+    async def _upload(self, writer: SegmentWriter, begin: Position, *, one_ledger: bool) -> None:
+        """Entries from ``begin`` through the last closed ledger, cut at maxOffloadSegmentSizeInBytes
+        (``one_ledger``: at the end of ``begin``'s ledger, Pulsar's one segment per ledger)."""
         budget = self.policy.maxOffloadSegmentSizeInBytes
         written = 0
         for info in self.host.offload_metadata().ledgers:
             if info.ledger_id < begin.ledger_id or info.offloaded or info.entries == 0:
                 continue
-            if not info.closed:
+            if not info.closed or (one_ledger and info.ledger_id != begin.ledger_id):
                 break
             entry = begin.entry_id if info.ledger_id == begin.ledger_id else 0
             while entry < info.entries:
@@ -338,8 +534,105 @@ class Offloader:
                     await writer.add_entry(info.ledger_id, entry, data)
                     entry += 1
                     written += len(data)
-                    if written >= budget:
+                    self.stats.offload_bytes += len(data)
+                    if written >= budget and not one_ledger:
                         return
+
+    # --- streaming ------------------------------------------------------------------------------------
+
+    async def _stream_pass(self, manual: bool) -> list[OffloadSegment]:
+        done: list[OffloadSegment] = []
+        while True:
+            if self._stream is None:
+                begin = self._first_unoffloaded(self.host.offload_metadata(), include_open=True)
+                if begin is None:
+                    return done
+                segment = await self._assign(begin)
+                writer = SegmentWriter(
+                    self.store,
+                    self.policy.config,
+                    uuid=segment.uuid,
+                    block_size=self.policy.config.streaming_block_size,
+                )
+                self._stream = _Stream(writer, segment, self._clock())
+            stream = self._stream
+            try:
+                full = await self._feed(stream)
+            except BaseException as exc:
+                self._stream = None
+                await self._fail(stream.writer, exc)
+                raise
+            age = self._clock() - stream.opened_at
+            if stream.writer.last is not None and (
+                full or manual or age >= self.policy.maxOffloadSegmentRolloverTimeInSeconds
+            ):
+                done.append(await self._close_stream())
+                if full:
+                    continue  # the next segment opens at once
+            return done
+
+    async def _close_stream(self) -> OffloadSegment:
+        stream = self._stream
+        assert stream is not None
+        self._stream = None
+        try:
+            return await self._complete(stream.segment, stream.writer)
+        except BaseException as exc:
+            await self._fail(stream.writer, exc)
+            raise
+
+    async def _feed(self, stream: _Stream) -> bool:
+        """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
+        reached and old enough to close). Reads at most the write buffer's worth at a time."""
+        policy = self.policy
+        buffer = policy.config.streaming_buffer_size
+        while True:
+            meta = self.host.offload_metadata()
+            pos = stream.next
+            info = meta.find(pos.ledger_id)
+            if info is None or info.offloaded:
+                raise OffloadRangeError(
+                    f"streaming segment {stream.segment.uuid} of managed ledger {self.host.name!r} reached "
+                    f"{pos}, which was trimmed meanwhile; the segment is retried from the first live entry"
+                )
+            available = self.host.confirmed_entries(pos.ledger_id)
+            if pos.entry_id >= available:
+                later = [i for i in meta.ledgers if i.ledger_id > pos.ledger_id]
+                if info.closed and later:
+                    stream.next = Position(later[0].ledger_id, 0)
+                    continue
+                return False
+            count = min(available - pos.entry_id, _READ_BATCH, max(1, buffer // stream.average_entry))
+            batch = await self.host.read_local(pos.ledger_id, pos.entry_id, count)
+            cut, full = len(batch), False
+            if self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds:
+                room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+                for n, data in enumerate(batch):  # the segment ends with the entry that fills it
+                    room -= len(data)
+                    if room <= 0:
+                        cut, full = n + 1, True
+                        break
+            batch = batch[:cut]
+            await stream.writer.add_entries(pos.ledger_id, pos.entry_id, batch)
+            batch_bytes = sum(len(d) for d in batch)
+            stream.payload += batch_bytes
+            self.stats.offload_bytes += batch_bytes
+            stream.next = Position(pos.ledger_id, pos.entry_id + cut)
+            stream.average_entry = max(1, batch_bytes // max(1, cut))
+            if full:
+                return True
+
+    # --- coverage and local deletion ------------------------------------------------------------------
+
+    def _held_from_start(self, ledger_id: int, entries: int, meta: ManagedLedgerMetadata) -> int:
+        """How many of the ledger's first entries Offloaded segments hold, from entry 0 on."""
+        entry = 0
+        while entry < entries:
+            segment = next((s for s in meta.segments if s.holds(ledger_id, entry)), None)
+            if segment is None or segment.end is None:
+                break
+            entry = segment.end.entry_id + 1 if segment.end.ledger_id == ledger_id else entries
+        return min(entry, entries)
 
     def _covered_until(self, info: LedgerInfo, meta: ManagedLedgerMetadata) -> float | None:
         """The latest offloadedAt of the segments holding all of the ledger (None: not all held)."""

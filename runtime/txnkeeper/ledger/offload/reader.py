@@ -9,6 +9,7 @@ never returned as entries.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -28,11 +29,37 @@ class OffloadedEntry:
 
 
 class IndexCache:
-    """A small LRU of decoded index objects, shared by the readers of one store."""
+    """A small LRU of decoded index objects, and of the last blocks read (already CRC-checked and
+    decoded), shared by the readers of one store. Blocks are cached because a consumer draining the
+    tier asks for a few entries at a time and one block holds many: without it each request would GET
+    and check the whole block again."""
 
-    def __init__(self, max_segments: int = 256) -> None:
+    def __init__(self, max_segments: int = 256, max_block_bytes: int = 32 * 1024 * 1024) -> None:
         self.max_segments = max_segments
+        self.max_block_bytes = max_block_bytes
         self._items: OrderedDict[tuple[str, str], OffloadIndex] = OrderedDict()
+        self._blocks: OrderedDict[tuple[str, str, int], tuple[int, list[tuple[int, bytes]]]] = OrderedDict()
+        self._block_bytes = 0
+
+    def block(self, location: str, uuid: str, offset: int) -> list[tuple[int, bytes]] | None:
+        item = self._blocks.get((location, uuid, offset))
+        if item is None:
+            return None
+        self._blocks.move_to_end((location, uuid, offset))
+        return item[1]
+
+    def put_block(
+        self, location: str, uuid: str, offset: int, length: int, entries: list[tuple[int, bytes]]
+    ) -> None:
+        if length > self.max_block_bytes:
+            return
+        old = self._blocks.pop((location, uuid, offset), None)
+        self._block_bytes -= old[0] if old is not None else 0
+        self._blocks[(location, uuid, offset)] = (length, entries)
+        self._block_bytes += length
+        while self._block_bytes > self.max_block_bytes:
+            _, (size, _) = self._blocks.popitem(last=False)
+            self._block_bytes -= size
 
     def get(self, location: str, uuid: str) -> OffloadIndex | None:
         item = self._items.get((location, uuid))
@@ -48,6 +75,8 @@ class IndexCache:
 
     def forget(self, location: str, uuid: str) -> None:
         self._items.pop((location, uuid), None)
+        for key in [k for k in self._blocks if k[:2] == (location, uuid)]:
+            self._block_bytes -= self._blocks.pop(key)[0]
 
 
 class SegmentReader:
@@ -155,6 +184,9 @@ class SegmentReader:
         self, idx: OffloadIndex, entry: IndexEntry, crc: int | None
     ) -> list[tuple[int, bytes]]:
         key = data_key(self.uuid)
+        cached = self.cache.block(self.store.location, self.uuid, entry.offset)
+        if cached is not None:
+            return cached
         length = idx.block_length(entry)
         raw = await self.store.get(key, entry.offset, length)
 
@@ -166,13 +198,13 @@ class SegmentReader:
                 entry.offset + len(raw), f"object truncated: block needs {length} bytes, got {len(raw)}"
             )
         if crc is not None:
-            actual = block_crc(raw)
+            actual = await asyncio.to_thread(block_crc, raw)  # off the loop: blocks are megabytes
             if actual != crc:
                 raise corrupt(entry.offset, f"block CRC-32 is {actual:08x}, the index recorded {crc:08x}")
         elif self.require_crc:
             raise corrupt(entry.offset, "the index records no CRC for this block")
         try:
-            decoded = decode_block(raw)
+            decoded = await asyncio.to_thread(decode_block, raw)
         except OffloadFormatError as exc:
             raise corrupt(entry.offset + exc.offset, exc.problem) from None
         if (
@@ -184,4 +216,6 @@ class SegmentReader:
                 f"block header holds {decoded.header.ledger_id}:{decoded.header.first_entry_id}, "
                 f"the index says {entry.ledger_id}:{entry.first_entry_id}",
             )
-        return list(decoded.entries)
+        entries = list(decoded.entries)
+        self.cache.put_block(self.store.location, self.uuid, entry.offset, length, entries)
+        return entries

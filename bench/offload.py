@@ -1,0 +1,291 @@
+"""PIP-76 offload benchmark: offload rate per driver, producing with streaming on vs off, draining the tier.
+
+Prints JSON with, for one run on this machine:
+- ``offload_mib_s``: a manual offload of a backlog of closed ledgers (filesystem; and MinIO when
+  `make minio` built it), payload MiB per second (goals: filesystem >= 100, MinIO >= 50);
+- ``produce``: the highest append rate of 1 KiB entries at 64 appenders, then p99 append latency at half
+  that rate with streaming offload off and on, alternated over 2 rounds (goal: the worse "on" round
+  <= 1.25 x the worse "off" round);
+- ``drain``: reading a 200 MiB backlog from local files, and again from the tier once offloaded and the
+  local files deleted (goal: tier >= 60 % of local).
+Figures depend on the disk and on whatever else runs; compare within one run.
+
+    .venv/bin/python bench/offload.py [--backlog-mib 200] [--seconds 5] [--dir /path/on/the/disk]
+        [--produce-tier-dir /dev/shm]   # the produce test's tier off the ledgers' disk, as S3 would be
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
+from txnkeeper.ledger.managed_ledger import ManagedLedger
+from txnkeeper.ledger.offload import BlobStore, OffloadConfig
+from txnkeeper.ledger.offload.offloader import OffloadPolicy
+
+MIB = 1024 * 1024
+BACKLOG_ENTRY = 64 * 1024
+PRODUCE_ENTRY = 1024
+WRITERS = 64
+ROUNDS = 2
+MINIO_USER, MINIO_SECRET = "txnkeeper-bench", "txnkeeper-bench-secret"
+
+
+def ml_config(offload: OffloadPolicy | None) -> ManagedLedgerConfig:
+    return ManagedLedgerConfig(
+        max_size_per_ledger_bytes=32 * MIB, max_ledger_age_seconds=None, offload=offload
+    )
+
+
+async def fill(ml: ManagedLedger, mib: int) -> int:
+    data = os.urandom(BACKLOG_ENTRY)
+    count = mib * MIB // BACKLOG_ENTRY
+    for start in range(0, count, 64):
+        await asyncio.gather(*(ml.add_entry(data) for _ in range(min(64, count - start))))
+    await ml.rollover()  # every entry in a closed ledger
+    return count * BACKLOG_ENTRY
+
+
+async def read_all(ml: ManagedLedger) -> tuple[int, float]:
+    started = time.perf_counter()
+    total = 0
+    pos = Position(ml.ledger_ids()[0], 0)
+    while True:
+        entries = await ml.read_entries(pos, 64)
+        if not entries:
+            break
+        total += sum(len(e.data) for e in entries)
+        last = entries[-1].position
+        pos = Position(last.ledger_id, last.entry_id + 1)
+        if pos.entry_id >= ml.confirmed_entries(last.ledger_id):
+            later = [i for i in ml.ledger_ids() if i > last.ledger_id]
+            if not later:
+                break
+            pos = Position(later[0], 0)
+    return total, time.perf_counter() - started
+
+
+async def offload_and_drain(
+    work: Path, config: OffloadConfig, mib: int, factory_store: Any
+) -> dict[str, Any]:
+    policy = OffloadPolicy(config, managedLedgerOffloadDeletionLagMs=0, store_factory=factory_store)
+    factory = ManagedLedgerFactory(work / "data")
+    try:
+        ml = await factory.open("persistent://bench/offload/backlog", ml_config(policy))
+        payload = await fill(ml, mib)
+        local_bytes, local_s = await read_all(ml)
+        assert ml.offloader is not None
+        started = time.perf_counter()
+        await ml.offloader.offload()
+        offload_s = time.perf_counter() - started
+        tier_bytes, tier_s = await read_all(ml)  # closed ledgers' local files are gone: tier reads
+        assert tier_bytes == local_bytes == payload, (tier_bytes, local_bytes, payload)
+        return {
+            "backlog_mib": mib,
+            "offload_mib_s": round(payload / MIB / offload_s, 1),
+            "local_read_mib_s": round(local_bytes / MIB / local_s, 1),
+            "tier_read_mib_s": round(tier_bytes / MIB / tier_s, 1),
+            "tier_vs_local": round(local_s / tier_s, 2),
+        }
+    finally:
+        await factory.close()
+
+
+async def max_rate(ml: ManagedLedger, seconds: float) -> float:
+    data = os.urandom(PRODUCE_ENTRY)
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def writer() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await ml.add_entry(data)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(WRITERS)))
+    return done / (time.perf_counter() - started)
+
+
+async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> float:
+    """p99 append latency (ms) at a steady ``rate``, measured from each append's scheduled time (so a
+    stalled loop counts against the latency, as it would for a producer)."""
+    data = os.urandom(PRODUCE_ENTRY)
+    latencies: list[float] = []
+    tasks: list[asyncio.Future[None]] = []
+    started = time.perf_counter()
+    issued = 0
+
+    async def one(scheduled: float) -> None:
+        await ml.add_entry(data)
+        latencies.append(time.perf_counter() - scheduled)
+
+    while (elapsed := time.perf_counter() - started) < seconds:
+        due = int(elapsed * rate)
+        while issued < due:  # appends whose time has come, each with its own scheduled time
+            tasks.append(asyncio.ensure_future(one(started + issued / rate)))
+            issued += 1
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks)
+    return statistics.quantiles(latencies, n=100)[98] * 1000
+
+
+async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]:
+    tier = tier_root / "produce-tier"
+    tier.mkdir(parents=True)
+    streaming = OffloadPolicy(
+        OffloadConfig(fileSystemURI=str(tier)),
+        managedLedgerOffloadThresholdInBytes=0,
+        managedLedgerOffloadDeletionLagMs=0,
+    )
+    factory = ManagedLedgerFactory(work / "produce")
+    try:
+        probe = await factory.open("persistent://bench/offload/probe", ml_config(None))
+        top = await max_rate(probe, seconds)
+        off = await factory.open("persistent://bench/offload/off", ml_config(None))
+        on = await factory.open("persistent://bench/offload/on", ml_config(streaming))
+        p99_off: list[float] = []
+        p99_on: list[float] = []
+        for _ in range(ROUNDS):  # alternated, so a noisy neighbour or a warming disk hits both modes
+            p99_off.append(round(await paced_p99(off, top / 2, seconds), 2))
+            p99_on.append(round(await paced_p99(on, top / 2, seconds), 2))
+        assert on.offloader is not None
+        streamed = on.offloader.stats.offload_bytes
+        return {
+            "entry_bytes": PRODUCE_ENTRY,
+            "max_appends_s": round(top),
+            "paced_appends_s": round(top / 2),
+            "p99_ms_offload_off": p99_off,
+            "p99_ms_offload_on": p99_on,
+            "p99_ratio": round(max(p99_on) / max(p99_off), 2),  # worst round against worst round
+            "streamed_mib_during_run": round(streamed / MIB, 1),
+        }
+    finally:
+        await factory.close()
+
+
+def start_minio(work: Path) -> tuple[subprocess.Popen[bytes], str] | None:
+    cache = Path(os.environ.get("CACHE_DIR", Path.home() / ".cache" / "txnkeeper"))
+    binary = shutil.which("minio") or (
+        str(cache / "bin" / "minio") if (cache / "bin" / "minio").exists() else None
+    )
+    if binary is None:
+        return None
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    env = {**os.environ, "MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_SECRET}
+    proc = subprocess.Popen(
+        [binary, "server", str(work / "minio"), "--address", f"127.0.0.1:{ports[0]}",
+         "--console-address", f"127.0.0.1:{ports[1]}", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{ports[0]}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2) as response:
+                if response.status == 200:
+                    return proc, endpoint
+        except OSError:
+            pass
+        time.sleep(0.2)  # readiness poll with a deadline
+    proc.kill()
+    return None
+
+
+async def minio_rate(work: Path, mib: int) -> dict[str, Any]:
+    started = start_minio(work)
+    if started is None:
+        return {"skipped": "MinIO not found: run `make minio`"}
+    proc, endpoint = started
+    try:
+        import boto3
+
+        from txnkeeper.ledger.offload.s3 import S3BlobStore
+
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=MINIO_USER, aws_secret_access_key=MINIO_SECRET,
+            region_name="us-east-1",
+        )  # fmt: skip
+        client.create_bucket(Bucket="bench")
+        client.close()
+        config = OffloadConfig(
+            managedLedgerOffloadDriver="S3",
+            managedLedgerOffloadBucket="bench",
+            managedLedgerOffloadServiceEndpoint=endpoint,
+        )
+
+        def store(c: OffloadConfig) -> BlobStore:
+            return S3BlobStore(
+                "bench", endpoint=endpoint, region="us-east-1", access_key=MINIO_USER, secret_key=MINIO_SECRET
+            )
+
+        return await offload_and_drain(work / "s3", config, mib, store)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def main(ns: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=ns.dir) as tmp:
+        work = Path(tmp)
+        tier = work / "tier"
+        tier.mkdir()
+        filesystem = await offload_and_drain(
+            work / "fs", OffloadConfig(fileSystemURI=str(tier)), ns.backlog_mib, None
+        )
+        shutil.rmtree(work / "fs")
+        shutil.rmtree(tier)
+        s3 = await minio_rate(work, ns.minio_mib)
+        if ns.produce_tier_dir:
+            with tempfile.TemporaryDirectory(dir=ns.produce_tier_dir) as tier_tmp:
+                producing = await produce(work, ns.seconds, Path(tier_tmp))
+        else:
+            producing = await produce(work, ns.seconds, work)
+    return {
+        "filesystem": filesystem,
+        "minio": s3,
+        "produce": producing,
+        "goals": {
+            "offload_filesystem_mib_s>=100": filesystem["offload_mib_s"] >= 100,
+            "offload_minio_mib_s>=50": s3.get("offload_mib_s", 0) >= 50 if "skipped" not in s3 else None,
+            "p99_ratio<=1.25": producing["p99_ratio"] <= 1.25,
+            "drain_tier_vs_local>=0.6": filesystem["tier_vs_local"] >= 0.6,
+        },
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backlog-mib", type=int, default=200)
+    parser.add_argument("--minio-mib", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--dir", default=None, help="where the ledgers and the filesystem tier go")
+    parser.add_argument(
+        "--produce-tier-dir",
+        default=None,
+        help="the streaming tier of the produce test on another device (default: beside the ledgers)",
+    )
+    result = asyncio.run(main(parser.parse_args()))
+    json.dump(result, sys.stdout, indent=2)
+    print()
