@@ -84,9 +84,8 @@ class BlockAppender:
             )
         try:
             writer.partition.writers.check_epoch(writer_id, writer.epoch)
-        except ServiceError:
+        except ServiceError:  # fenced or expired: every later command of this session says so too
             self._release(writer)
-            del self._sessions[session.session_id][writer_id]
             raise
         return writer
 
