@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -226,4 +228,49 @@ async def test_limits_and_disabled_feature_are_clear_errors(pods: Callable[..., 
     metrics = http("GET", f"{limited.admin_url()}/metrics")[1]
     assert re.search(r'txnkeeper_srk_commits_total\{topic="persistent://t/ns/srk"\} 1\.0', metrics)
     assert re.search(r'txnkeeper_srk_writers\{topic="persistent://t/ns/srk"\} 1\.0', metrics)
+    wire.close()
+
+
+# Run as a child process: writes a block's events without its marker to the killed pod's ledger and
+# SIGKILLs itself, which is what a store crash between a block's entries and its marker leaves.
+_HALF_BLOCK = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.topic.records import encode_data
+from txnkeeper.topic.writers import BLOCK_TXN_MOST
+from txnkeeper.txnid import TxnID
+
+async def main() -> None:
+    factory = ManagedLedgerFactory(Path(sys.argv[1]))
+    ledger = await factory.open(sys.argv[2])
+    for payload in (b"half-1", b"half-2"):
+        await ledger.add_entry(encode_data(payload, "k", TxnID(BLOCK_TXN_MOST, 1), 0))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+async def test_block_without_marker_is_aborted_before_ready(pods: Callable[..., ServePod]) -> None:
+    pod = store(pods)
+    wire = await SrkWire.open(pod.listen)
+    await wire.setup(TOPIC, "w")
+    await wire.append("w", 0, [b"a", b"b"])
+    wire.close()
+    pod.kill()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HALF_BLOCK, str(pod.data_dir / "ledgers"), TOPIC
+    )
+    assert await asyncio.wait_for(child.wait(), 60) == -signal.SIGKILL
+    pod.start()  # returns once /ready answers 200
+    # Counted by recovery, before anything touched the topic after the restart.
+    metrics = http("GET", f"{pod.admin_url()}/metrics")[1]
+    assert re.search(r'txnkeeper_srk_orphan_aborts_total\{topic="persistent://t/ns/srk"\} 1\.0', metrics)
+    wire = await SrkWire.open(pod.listen)
+    assert await wire.setup(TOPIC, "w") == 1
+    assert (await wire.append("w", 2, [b"c"])).previous_event_number == 1
+    async with Client(coordinators=[], stores=[pod.listen]) as client:
+        got = await drain(client, TOPIC, b"end")
+    assert [data for data, _, _ in got] == [b"a", b"b", b"c"]
     wire.close()
