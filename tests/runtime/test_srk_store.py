@@ -17,6 +17,7 @@ from txnkeeper.client import Client
 from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.blocks import encode_events
+from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -273,4 +274,27 @@ async def test_block_without_marker_is_aborted_before_ready(pods: Callable[..., 
     async with Client(coordinators=[], stores=[pod.listen]) as client:
         got = await drain(client, TOPIC, b"end")
     assert [data for data, _, _ in got] == [b"a", b"b", b"c"]
+    wire.close()
+
+
+async def test_buffered_chunks_count_against_max_pending_bytes(pods: Callable[..., ServePod]) -> None:
+    limit = DEFAULT_MAX_FRAME_SIZE  # the smallest budget serve accepts
+    pod = store(pods, "--max-pending-bytes", str(limit))
+    wire = await SrkWire.open(pod.listen)
+    await wire.setup(TOPIC, "w")
+    piece = 1024 * 1024
+    data = encode_events([b"z" * (limit + piece)]).data
+    chunks = wire.send_chunks("w", data[: limit + piece], piece)
+    await wire.abort("w")  # answered after every chunk before it; drops what arrived after a refusal
+    answered = [i for i, c in enumerate(chunks) if c.done()]
+    refusals = [chunks[i].exception() for i in answered]
+    for chunk in chunks:
+        chunk.cancel()  # accepted chunks are never answered
+    # Incomplete frames count too, so the refusal may come a chunk early, never late.
+    assert answered and answered[0] <= limit // piece
+    assert all(code_of(e) == api.RESOURCE_LIMIT for e in refusals if e is not None)
+    assert "max pending bytes" in str(refusals[0])
+    metrics = http("GET", f"{pod.admin_url()}/metrics")[1]
+    assert re.search(r"txnkeeper_server_pending_bytes 0\.0", metrics)  # nothing left held
+    assert (await wire.append("w", 0, [b"fits"])).event_number == 0
     wire.close()
