@@ -113,9 +113,9 @@ async def test_blocks_exactly_once_across_sigkills(pods: Callable[..., ServePod]
             message = await consumer.receive(timeout=60)
             if message.data == b"end":
                 break
-            writer, number = message.data.decode().split("-")
+            name, number = message.data.decode().split("-")
             assert message.key == "k"
-            per_writer[writer].append(number)
+            per_writer[name].append(number)
+    expected = [str(n) for n in range(BLOCKS * EVENTS_PER_BLOCK)]
     for writer in range(WRITERS):
-        expected = [str(n) for n in range(BLOCKS * EVENTS_PER_BLOCK)]
         assert per_writer[f"w{writer}"] == expected, writer
