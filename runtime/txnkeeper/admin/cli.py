@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     setter.add_argument("--max-records", type=int)
     setter.add_argument("--max-size", type=int)
     setter.add_argument("--max-delay-millis", type=float)
-    topics = verbs.add_parser("topics", help="PIP-76 offload of a store pod's topics")
+    topics = verbs.add_parser("topics", help="a store pod's topics: PIP-76 offload, single-key writers")
     topic_verbs = topics.add_subparsers(dest="action", metavar="VERB")
     topic_verbs.required = True
     for name, help_text in (
@@ -102,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("offload-status", "offload status: status, lastError, firstUnoffloadedMessage, lag, segments"),
         ("offload-segments", "the topic's segments (uuid, status, begin, end)"),
         ("internal-stats", "the topic's managed-ledger internal stats (with `offloaded` per ledger)"),
+        ("writers", "single-routing-key writers and idempotent producers of the topic (last event numbers)"),
     ):
         topic_verbs.add_parser(name, help=help_text).add_argument("topic")
     policies = topic_verbs.add_parser("offload-policies", help="get|set|remove a topic's offload settings")

@@ -61,6 +61,9 @@ class PodView(Protocol):
 
     def metrics_text(self) -> bytes: ...
 
+    # A topic's single-routing-key writers and idempotent producers (None: not a topic of this pod).
+    async def topic_writers(self, topic: str) -> dict[str, Any] | None: ...
+
 
 class OffloadRefusal(Exception):
     """An offload verb cannot be done (HTTP ``status``: 400 bad input, 404 no such topic, 409 not

@@ -16,6 +16,7 @@ from typing import Any
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
 from txnkeeper.protocol.limits import ConnectionLimits
+from txnkeeper.topic.writers import SingleKeySettings
 
 ROLES = ("coordinator", "store")
 
@@ -45,6 +46,7 @@ class ServeConfig:
     cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
+    single_key: SingleKeySettings = field(default_factory=SingleKeySettings)
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -101,7 +103,7 @@ def load_document(path: Path) -> dict[str, Any]:
     return _load(path)
 
 
-def section(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+def section(doc: dict[str, Any], name: str, source: object = "config file") -> dict[str, Any] | None:
     """Top-level section ``name`` of a loaded config document, or None when the file has none.
 
     How a module with settings of its own (``OTHER_SECTIONS``) reads them: the file is loaded once
@@ -111,7 +113,7 @@ def section(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
         raise ValueError(f"{name!r} is not a known config-file section; add it to OTHER_SECTIONS")
     if name not in doc:
         return None
-    return _object(doc[name], f"config file section {name}")
+    return _object(doc[name], f"{source}: section {name}")
 
 
 def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:

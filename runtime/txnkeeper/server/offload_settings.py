@@ -122,7 +122,7 @@ def load(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        raw = config.section(config.load_document(path), SECTION)
+        raw = config.section(config.load_document(path), SECTION, path)
     except config.ConfigError as exc:
         raise OffloadSettingsError(str(exc)) from exc
     if raw is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from txnkeeper.admin.app import build_admin_app
@@ -34,11 +34,13 @@ from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
 from txnkeeper.protocol.rpc import split_address
 from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
+from txnkeeper.server.blocks import PendingBudget
 from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
+from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
 from txnkeeper.txnlog import TransactionLogStore
@@ -96,6 +98,9 @@ class PodRuntime:
                 )
             handler = PodHandler(self.coordinators, self.topics, self._secret)
             self._protocol = ProtocolServer(handler, self.config.connection_limits)
+            handler.share_pending_budget(
+                PendingBudget(self._protocol.stats, self.config.connection_limits.max_pending_bytes)
+            )
             host, port = split_address(self.config.listen)
             await self._protocol.start(host, port)
             self.client_address = f"{host}:{self._protocol.port}"
@@ -159,7 +164,11 @@ class PodRuntime:
             return PendingAckLogAdapter(store)
 
         self.topics = TopicService(
-            state_dir / "subscriptions.json", open_ledger, open_pending_ack, ledger_exists
+            state_dir / "subscriptions.json",
+            open_ledger,
+            open_pending_ack,
+            ledger_exists,
+            single_key=self.config.single_key,
         )
         await self.topics.recover()
 
@@ -263,6 +272,25 @@ class PodRuntime:
     def metrics_text(self) -> bytes:
         return generate_latest(REGISTRY)
 
+    async def topic_writers(self, topic: str) -> dict[str, Any] | None:
+        topics = self.topics
+        if topics is None:
+            return None
+        partition = topics.partitions().get(topic)
+        if partition is None:
+            return None
+        settings = topics.single_key
+        return {
+            "topic": topic,
+            "singleKeyTransactions": {
+                "enabled": settings.enabled,
+                "maxBlockBytes": settings.max_block_bytes,
+                "writerInactivityMinutes": settings.writer_inactivity_minutes,
+                "maxWritersPerTopic": settings.max_writers_per_topic,
+            },
+            "writers": partition.writers.rows_for_admin(),
+        }
+
 
 class _PodCollector(Collector):
     """txnkeeper's own service metrics, read from the live objects at scrape time."""
@@ -339,8 +367,42 @@ class _PodCollector(Collector):
         if pod.offloads is not None:
             yield from pod.offloads.collect()
         if pod.topics is not None:
+            yield from _srk_metrics(pod.topics)
             yield GaugeMetricFamily(
                 "txnkeeper_store_txn_fences",
                 "Txns ended on topics/subscriptions this pod does not hold, fenced until their deadline",
                 value=pod.topics.fence_count,
             )
+
+
+def _srk_metrics(topics: TopicService) -> Iterator[Metric]:
+    """txnkeeper_srk_*: single-routing-key blocks and writers, per topic."""
+    commits = CounterMetricFamily("txnkeeper_srk_commits", "Blocks committed", labels=["topic"])
+    events = CounterMetricFamily("txnkeeper_srk_events", "Events committed in blocks", labels=["topic"])
+    duplicates = CounterMetricFamily(
+        "txnkeeper_srk_duplicate_blocks", "Blocks answered as duplicates, not written", labels=["topic"]
+    )
+    duplicate_sends = CounterMetricFamily(
+        "txnkeeper_srk_duplicate_sends", "Idempotent produces answered as duplicates", labels=["topic"]
+    )
+    orphans = CounterMetricFamily(
+        "txnkeeper_srk_orphan_aborts", "Marker-less blocks aborted by recovery", labels=["topic"]
+    )
+    sizes = HistogramMetricFamily("txnkeeper_srk_block_bytes", "Committed block sizes", labels=["topic"])
+    writers = GaugeMetricFamily("txnkeeper_srk_writers", "Writers and producers remembered", labels=["topic"])
+    for topic, partition in topics.partitions().items():
+        stats = partition.block_stats
+        label = [topic]
+        commits.add_metric(label, stats.commits)
+        events.add_metric(label, stats.events)
+        duplicates.add_metric(label, stats.duplicate_blocks)
+        duplicate_sends.add_metric(label, stats.duplicate_sends)
+        orphans.add_metric(label, stats.orphan_aborts)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip((*BLOCK_BYTES_BUCKETS, None), stats.block_bytes_counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound is None else str(bound), cumulative))
+        sizes.add_metric(label, buckets, stats.block_bytes_sum)
+        writers.add_metric(label, len(partition.writers.durable))
+    yield from (commits, events, duplicates, duplicate_sends, orphans, sizes, writers)

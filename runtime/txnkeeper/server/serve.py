@@ -19,7 +19,7 @@ from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings
+from txnkeeper.server import offload_settings, srk_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -99,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a started frame has to arrive completely",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    srk_config.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -134,6 +135,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         offload = offload_settings.load(ns.config)
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
+    single_key = srk_config.single_key_settings(ns, ns.config)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
@@ -152,6 +154,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         cluster_secret=secret.key if secret is not None else None,
         connection_limits=limits,
         offload=offload,
+        single_key=single_key,
     )
 
 
