@@ -227,7 +227,7 @@ def test_minimal_resources_are_valid_and_defaulted() -> None:
     [
         (TC, {"version": "1.2.0", "batchedWrite": {"enabled": True}}, "needs version 2.x"),
         (PAS, {"version": "1.2.0", "batchedWrite": {"enabled": True}}, "needs version 2.x"),
-        (TC, {"version": "3.0.0"}, "known release line"),
+        (TC, {"version": "9.0.0"}, "known release line"),
         (TC, {"version": "2.0.0", "batchedWrite": {"enabled": True, "maxRecords": 1}}, "at least 2"),
         (TC, {"version": "2.0.0", "replicas": 5, "coordinators": 2}, "at least spec.replicas"),
     ],
