@@ -179,6 +179,10 @@ async def store_ledgers(request: web.Request) -> web.Response:
     )
 
 
+async def offload_summary(request: web.Request) -> web.Response:
+    return web.json_response(await _pod(request).offload_summary())
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=_pod(request).metrics_text(), content_type="text/plain", charset="utf-8")
 
@@ -273,5 +277,6 @@ def build_admin_app(pod: PodView, token: str | None) -> web.Application:
     app.router.add_get("/admin/v1/stores", list_stores)
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)
+    app.router.add_get("/admin/v1/offload/summary", offload_summary)
     app.router.add_get("/metrics", metrics)
     return app

@@ -59,4 +59,6 @@ class PodView(Protocol):
 
     def pending_ack_log(self, topic: str, subscription: str) -> StoreView | None: ...
 
+    async def offload_summary(self) -> dict[str, Any]: ...  # GET /admin/v1/offload/summary
+
     def metrics_text(self) -> bytes: ...
