@@ -8,17 +8,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from runtime_pods import ServePod, http
+
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.offload import OffloadConfig
 from txnkeeper.ledger.offload.offloader import OffloadPolicy
-
-from runtime_pods import ServePod, http
 
 TOPIC = "persistent://public/default/offloaded"
 
 
 async def _offload_into(ledgers: Path, tier: Path) -> None:
-    tier.mkdir(parents=True)
     policy = OffloadPolicy(
         OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=1024),
         managedLedgerOffloadDeletionLagMs=0,
@@ -37,6 +36,7 @@ async def _offload_into(ledgers: Path, tier: Path) -> None:
 
 def test_a_2x_pod_refuses_offloaded_data_and_a_3x_pod_reports_it(tmp_path: Path) -> None:
     old = ServePod(tmp_path, "pas-0", "store", release="2.0.0")
+    (tmp_path / "tier").mkdir()
     asyncio.run(_offload_into(old.data_dir / "ledgers", tmp_path / "tier"))
 
     old.start(wait=False)
