@@ -52,6 +52,9 @@ class PodView:
     batch_log: PodBatchLog | None = None
     info: Mapping[str, Any] | None = None
     error: str | None = None
+    # GET /admin/v1/offload/summary of a store pod that offloads (or may hold offloaded data).
+    offload: Mapping[str, Any] | None = None
+    offload_error: str | None = None
 
     @property
     def name(self) -> str:

@@ -142,6 +142,13 @@ class AdminClient:
             raise AdminError(f"GET {base}/admin/v1/stores/ledgers: not a ledgers document")
         return doc
 
+    async def offload_summary(self, base: str) -> dict[str, Any]:
+        """GET /admin/v1/offload/summary (docs/contracts.md §5): the pod's managed ledgers' offload state."""
+        doc = await self._call("GET", f"{base}/admin/v1/offload/summary")
+        if not isinstance(doc, dict) or "tierOnlyLedgers" not in doc or "maxMetadataVersion" not in doc:
+            raise AdminError(f"GET {base}/admin/v1/offload/summary: not an offload summary document")
+        return doc
+
     async def metrics(self, base: str) -> str:
         """The pod's Prometheus text exposition."""
         text: str = await self._call("GET", f"{base}/metrics", text=True)
