@@ -22,10 +22,12 @@ from txnkeeper_operator.engine import (
     Desired,
     EngineConfig,
     Observed,
+    OffloadState,
     Phase,
     PodState,
     Progress,
     RestartPod,
+    RestoreOffloaded,
     RolloverStores,
     RunVerifier,
     StoreVerdict,
@@ -63,9 +65,19 @@ class SimPod:
     crashlooping: bool = False
     # Ticks until a (re)started pod reports ready: long enough for the operator to see it unready.
     starting: int = 2
+    # PIP-76: ledgers whose entries exist only in the tier (metadata version 2 while any exist).
+    tier_only: int = 0
+    restore_requested: bool = False
 
     def needs_level(self) -> int:
+        if self.tier_only:
+            return 3
         return 2 if self.batched_ledgers else 1
+
+    def offload_state(self) -> OffloadState | None:
+        if format_level(self.version) < 3:
+            return None
+        return OffloadState(self.tier_only, 2 if self.tier_only else 1, self.restore_requested)
 
 
 @dataclass
@@ -103,6 +115,7 @@ class SimCluster:
                 p.version,
                 p.ready,
                 p.batch if (p.ready and self.reachable) else None,
+                p.offload_state() if (p.ready and self.reachable) else None,
             )
             for p in self.pods.values()
         )
@@ -176,6 +189,12 @@ class SimCluster:
             pod.rolled_at = self.now
             self.log.append(f"rollover {action.pod}")
             progress = record_rollover(progress, pod.name, markers)
+        elif isinstance(action, RestoreOffloaded):
+            pod = self.pods[action.ordinal]
+            if format_level(pod.version) < 3:
+                raise AssertionError(f"restore asked of {pod.name} at {pod.version} (409)")
+            pod.restore_requested = True
+            self.log.append(f"restore-request {action.pod}")
         elif isinstance(action, RunVerifier):
             self.verifier_running = True
             self.verifier_markers = dict(action.markers)
@@ -246,6 +265,7 @@ class SimCluster:
         volume = self.volumes.pop(ordinal, None)
         if volume is not None:  # a retained PVC: the new pod opens the old pod's ledgers
             pod.batched_ledgers, pod.current_ledger = volume.batched_ledgers, volume.current_ledger
+            pod.tier_only, pod.restore_requested = volume.tier_only, volume.restore_requested
             pod.pinned, pod.rolled_at = volume.pinned, volume.rolled_at
             if format_level(pod.version) < pod.needs_level():
                 raise InvariantViolation(f"{pod.name} created at {pod.version} over retained batched data")
@@ -266,6 +286,8 @@ class SimCluster:
             raise InvariantViolation(f"{pod.name} recreated at {self.template.version} over batched data")
         pod.version = self.template.version
         pod.batch = self.template.batch if format_level(pod.version) >= 2 else OFF
+        if pod.restore_requested:  # a 3.x pod restores tier-only ledgers before it opens them
+            pod.tier_only, pod.restore_requested = 0, False
         pod.ready = False
         pod.crashlooping = False
         pod.starting = 2

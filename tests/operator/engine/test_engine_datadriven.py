@@ -17,6 +17,9 @@ Commands:
   step VERSION [on]                one decision; prints its phase, action and reason
   tick [SECONDS]                   the world moves on (load writes, trims, the verifier finishes)
   pin POD / unpin POD              a never-ending transaction pins (or stops pinning) POD's ledgers
+  offload POD N                    POD's volume now holds N tier-only ledgers (PIP-76, needs 3.x)
+  run ... restart-in=PHASE [restart-mode=before|between|after]
+                                   the operator restarts once, at the first decision in PHASE
   persisted                        which keys the persisted status.downgrade holds (or "none")
 """
 
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from txnkeeper_operator.engine import Decision, Phase
+from txnkeeper_operator.engine import Decision, Phase, format_level
 
 from .opsim import OFF, ON, SimCluster, desired, installed
 
@@ -99,10 +102,20 @@ class _Runner:
                 stop = lambda d: d.phase == Phase(until)  # noqa: E731
             elif after:
                 stop = lambda d: sim.actions()[-1:] == [after]  # noqa: E731
-            last = sim.run(want, until=stop)
+            crash: Callable[[Decision], bool] | None = None
+            if "restart-in" in options:
+                crash = lambda d: d.phase == Phase(options["restart-in"])  # noqa: E731
+            mode = options.get("restart-mode", "between")
+            last = sim.run(want, until=stop, crash_when=crash, crash_mode=mode)
             return self._report(sim, seen, decided, last)
         if word == "tick":
             sim.tick(int(args[0]) if args else 1)
+            return ""
+        if word == "offload":
+            pod = next(p for p in sim.pods.values() if p.name == args[0])
+            if format_level(pod.version) < 3:
+                raise ValueError(f"{pod.name} runs {pod.version}: only 3.x pods offload")
+            pod.tier_only = int(args[1])
             return ""
         if word in ("pin", "unpin"):
             pod = next(p for p in sim.pods.values() if p.name == args[0])
@@ -127,6 +140,7 @@ class _Runner:
             "pods: "
             + ", ".join(
                 f"{p.name} {p.version} {'on' if p.batch.enabled else 'off'}{'' if p.ready else ' unready'}"
+                + (f" tier-only={p.tier_only}" if p.tier_only else "")
                 for p in pods
             )
         )
