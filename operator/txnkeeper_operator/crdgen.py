@@ -161,9 +161,16 @@ def _offload() -> Schema:
         "PIP-76 offload of topic ledgers to tiered storage (release 3.x). Closed ledgers (and segments of "
         "the open one) are uploaded in Pulsar's block format; local files are deleted after deletionLagMs "
         "while thresholdBytes of newer data stay local. Rendered into the pods' config file with Pulsar's "
-        "key names (managedLedgerOffload*). Before a downgrade to 2.x, remove it: the operator then "
-        "restores tier-only ledgers locally before any pod runs 2.x.",
+        "key names (managedLedgerOffload*). Before a downgrade to 2.x, set enabled: false and keep the "
+        "rest: the operator then has every store pod restore its tier-only ledgers locally (and rewrite "
+        "its metadata as version 1) before any pod runs 2.x.",
         {
+            "enabled": _p(
+                "boolean",
+                "Offload automatically. false keeps the location (offloaded data stays readable and can "
+                "be restored) but uploads nothing new; a downgrade to 2.x needs false.",
+                default=True,
+            ),
             "driver": _p(
                 "string",
                 "filesystem (an RWX volume shared by the store pods, see filesystem), aws-s3 or S3 (any "
@@ -467,7 +474,7 @@ def _spec(kind: str) -> Schema:
     if not coordinator:
         props["offload"] = _offload()
         props["singleKeyTransactions"] = _single_key_transactions()
-        rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS))
+        rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS, "self.offload.enabled"))
         rules.append(
             _release_rule(
                 "singleKeyTransactions", Feature.SINGLE_KEY_TRANSACTIONS, "self.singleKeyTransactions.enabled"

@@ -35,7 +35,7 @@ def refusals(cr: Resource, version: str) -> list[str]:
 
 
 def _allowed(cr: Resource, section: str, version: str) -> bool:
-    if not gated.used(section, cr.spec):
+    if not gated.configured(section, cr.spec):
         return False
     try:
         require_feature(version, gated.GATED_SECTIONS[section], f"spec.{section}")
@@ -92,6 +92,16 @@ def features_condition(cr: Resource, version: str) -> Condition:
         "Supported",
         f"release {version} has every feature the spec uses",
     )
+
+
+def restore_settings(cr: Resource) -> dict[str, Any]:
+    """The blob-store settings a pod's restore request carries (POST /admin/v1/offload/restore)."""
+    if not gated.configured("offload", cr.spec):
+        raise ValueError(
+            "a pod still holds tier-only ledgers but spec.offload is gone: put it back with "
+            "enabled: false (same driver and location) so they can be restored before the downgrade"
+        )
+    return gated.offload_config(cr.section("offload"))
 
 
 def offload_condition(

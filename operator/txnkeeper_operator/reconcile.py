@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminClient, AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import builders, naming
+from txnkeeper_operator import builders, gated, naming
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
@@ -31,6 +31,7 @@ from txnkeeper_operator.engine import (
     Phase,
     Progress,
     RestartPod,
+    RestoreOffloaded,
     RolloverStores,
     RunVerifier,
     Template,
@@ -86,6 +87,8 @@ async def _observe_pod(ctx: Context, cr: Resource, pod: Mapping[str, Any]) -> Po
         batch_log, info = await asyncio.gather(ctx.admin.batch_log(base, cr.kind), ctx.admin.info(base))
     except AdminError as err:
         return PodView(pod, error=str(err))
+    if cr.kind is naming.TRANSACTION_COORDINATOR:
+        return PodView(pod, batch_log=batch_log, info=info, never_offloads=True)
     if not _asks_offload(cr, info):
         return PodView(pod, batch_log=batch_log, info=info)
     try:
@@ -224,6 +227,12 @@ async def _execute(
             await ctx.kube.delete_pod(cr.namespace, pod, by_name[pod].uid)
         case ConfigureBatchLog(pod=pod, batch=batch):
             await ctx.admin.set_batch_log(_base(by_name[pod]), cr.kind, batch, token)
+        case RestoreOffloaded(pod=pod):
+            try:
+                settings = gated.restore_settings(cr)
+            except ValueError as err:
+                raise AdminError(str(err)) from err
+            await ctx.admin.request_offload_restore(_base(by_name[pod]), settings, token)
         case RolloverStores(pod=pod):
             markers = await ctx.admin.rollover(_base(by_name[pod]), token)
             progress = record_rollover(progress, pod, markers)

@@ -14,7 +14,16 @@ import pytest
 from txnkeeper.ledger import ManagedLedgerFactory, Position
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.offload.filesystem import FileSystemBlobStore
-from txnkeeper.ledger.offload.restore import RestoreError, inventory, restore_directory, restore_root
+from txnkeeper.ledger.offload.restore import (
+    RestoreError,
+    RestoreRequestError,
+    inventory,
+    request_restore,
+    restore_directory,
+    restore_if_requested,
+    restore_requested,
+    restore_root,
+)
 
 from .test_managed_offload import NAME, ml_config, policy, produce, read_all
 
@@ -101,3 +110,35 @@ async def test_a_missing_object_is_refused_saying_what_to_do(
     with pytest.raises(RestoreError, match="nothing was changed"):
         await restore_directory(root / encode_name(NAME), FileSystemBlobStore(tier))
     assert inventory(root).max_metadata_version == 2
+
+
+async def test_a_restore_request_survives_a_failed_restore_and_then_completes(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    root, tier = await offloaded_volume(tmp_path, opened)
+    data = tmp_path / "pod"
+    data.mkdir()
+    with pytest.raises(RestoreRequestError, match="managedLedgerOffloadDriver"):
+        request_restore(data, {"fileSystemURI": str(tier)})
+    assert not restore_requested(data)
+    assert await restore_if_requested(data, root) is None  # nothing asked: nothing done
+
+    # Asked with a location that is not mounted: refused, nothing changed, the request kept.
+    request_restore(
+        data, {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tmp_path / "gone")}
+    )
+    with pytest.raises(RestoreError, match="nothing was changed"):
+        await restore_if_requested(data, root)
+    assert restore_requested(data) and inventory(root).tier_only_ledgers == 2
+
+    request_restore(
+        data,
+        {
+            "managedLedgerOffloadDriver": "filesystem",
+            "fileSystemURI": str(tier),
+            "managedLedgerOffloadThresholdInBytes": 0,  # policy keys are ignored by a restore
+        },
+    )
+    results = await restore_if_requested(data, root)
+    assert results is not None and [r.restored_ledgers for r in results] == [[1, 2]]
+    assert not restore_requested(data) and inventory(root).max_metadata_version == 1

@@ -245,3 +245,16 @@ def test_offload_healthy_condition_names_failed_segments_and_unreadable_pods() -
     cond = gated.offload_condition(cr, [("pas-2", None, "HTTP 500: boom")])
     assert (str(cond.status), cond.reason) == ("False", "SummaryUnavailable") and "pas-2" in cond.message
     assert gated.offload_condition(store(), []).reason == "NotConfigured"
+
+
+def test_disabled_offload_keeps_the_location_but_uploads_nothing_new() -> None:
+    cr = store(offload={**OFFLOAD_S3, "enabled": False, "thresholdBytes": 0})
+    doc = json.loads(builders.config_map(cr, ON, "3.0.0")["data"]["config.json"])
+    assert doc["offload"]["managedLedgerOffloadThresholdInBytes"] == -1
+    assert doc["offload"]["managedLedgerOffloadBucket"] == "ledgers"
+    assert gated.restore_settings(cr) == doc["offload"]
+    assert gated.features_condition(
+        store("2.0.0", offload={**OFFLOAD_S3, "enabled": False}), "2.0.0"
+    ).reason == ("Supported")
+    with pytest.raises(ValueError, match="put it back with enabled: false"):
+        gated.restore_settings(store("2.0.0"))

@@ -430,6 +430,8 @@ S3 = {"driver": "aws-s3", "bucket": "ledgers", "region": "eu-west-1", "credentia
         },
         # Disabled single-key transactions are allowed on any release (a CR written for 3.x, kept).
         {"version": "2.0.0", "singleKeyTransactions": {"enabled": False}},
+        # A 3.x -> 2.x downgrade keeps the location, disabled, so tier-only ledgers can be restored.
+        {"version": "2.0.0", "offload": {**FS, "enabled": False}},
     ],
 )
 def test_valid_gated_specs_are_accepted(spec: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from runtime_pods import ServePod, http
+from runtime_pods import TOKEN, ServePod, http
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.offload import OffloadConfig
@@ -57,3 +57,42 @@ def test_a_2x_pod_refuses_offloaded_data_and_a_3x_pod_reports_it(tmp_path: Path)
         assert [s["name"] for s in summary["stores"]] == [TOPIC]
     finally:
         new.stop()
+
+
+def test_restore_is_requested_carried_out_at_the_next_start_and_then_2x_starts(tmp_path: Path) -> None:
+    (tmp_path / "tier").mkdir()
+    pod = ServePod(tmp_path, "pas-0", "store", release="3.0.0")
+    asyncio.run(_offload_into(pod.data_dir / "ledgers", tmp_path / "tier"))
+    url = "{}/admin/v1/offload/restore"
+    settings = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tmp_path / "tier")}
+    try:
+        pod.start()
+        restore = url.format(pod.admin_url())
+        status, _ = http("POST", restore, {"offload": settings})
+        assert status == 401  # mutating: needs the admin token
+        status, doc = http("POST", restore, {"offload": {"fileSystemURI": "/x"}}, token=TOKEN)
+        assert status == 400 and "managedLedgerOffloadDriver" in doc["error"]
+        status, doc = http("POST", restore, {"settings": settings}, token=TOKEN)
+        assert status == 400 and "unknown key(s): ['settings']" in doc["error"]
+        status, doc = http("POST", restore, {"offload": settings}, token=TOKEN)
+        assert status == 202 and doc == {"pod": "pas-0", "restoreRequested": True, "restartRequired": True}
+        _, summary = http("GET", f"{pod.admin_url()}/admin/v1/offload/summary")
+        assert summary["restoreRequested"] is True and summary["tierOnlyLedgers"] == 2
+
+        pod.restart()  # SIGKILL, then start: the restore runs before any ledger opens
+        _, summary = http("GET", f"{pod.admin_url()}/admin/v1/offload/summary")
+        assert summary["restoreRequested"] is False
+        assert summary["tierOnlyLedgers"] == 0 and summary["maxMetadataVersion"] == 1
+        assert [p for p in (tmp_path / "tier").rglob("*") if p.is_file()] == []
+    finally:
+        pod.stop()
+
+    old = ServePod(tmp_path, "pas-0", "store", release="2.0.0")
+    try:
+        old.start()
+        status, doc = http(
+            "POST", f"{old.admin_url()}/admin/v1/offload/restore", {"offload": settings}, TOKEN
+        )
+        assert status == 409 and "release 2.0.0 has no offload" in doc["error"]
+    finally:
+        old.stop()

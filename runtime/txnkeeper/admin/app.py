@@ -183,6 +183,26 @@ async def offload_summary(request: web.Request) -> web.Response:
     return web.json_response(await _pod(request).offload_summary())
 
 
+async def offload_restore(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    unknown = sorted(set(body) - {"offload"})
+    if unknown or not isinstance(body.get("offload"), dict):
+        raise BadRequest(
+            f"expected {{'offload': {{...}}}} with the blob store's settings (Pulsar key names, e.g. "
+            f"managedLedgerOffloadDriver, fileSystemURI); unknown key(s): {unknown}"
+        )
+    pod = _pod(request)
+    try:
+        await pod.request_offload_restore(body["offload"])
+    except FormatLevelRefusal as exc:
+        return _error(409, str(exc))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    return web.json_response(
+        {"pod": pod.pod_name, "restoreRequested": True, "restartRequired": True}, status=202
+    )
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=_pod(request).metrics_text(), content_type="text/plain", charset="utf-8")
 
@@ -278,5 +298,6 @@ def build_admin_app(pod: PodView, token: str | None) -> web.Application:
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)
     app.router.add_get("/admin/v1/offload/summary", offload_summary)
+    app.router.add_post("/admin/v1/offload/restore", offload_restore)
     app.router.add_get("/metrics", metrics)
     return app

@@ -61,4 +61,7 @@ class PodView(Protocol):
 
     async def offload_summary(self) -> dict[str, Any]: ...  # GET /admin/v1/offload/summary
 
+    # POST /admin/v1/offload/restore: ValueError = bad settings (400), FormatLevelRefusal (409).
+    async def request_offload_restore(self, properties: dict[str, Any]) -> None: ...
+
     def metrics_text(self) -> bytes: ...

@@ -149,6 +149,14 @@ class AdminClient:
             raise AdminError(f"GET {base}/admin/v1/offload/summary: not an offload summary document")
         return doc
 
+    async def request_offload_restore(
+        self, base: str, offload: Mapping[str, Any], token: str | None = None
+    ) -> None:
+        """POST /admin/v1/offload/restore: the pod restores its tier-only ledgers at its next start."""
+        await self._call(
+            "POST", f"{base}/admin/v1/offload/restore", token or self._token, {"offload": dict(offload)}
+        )
+
     async def metrics(self, base: str) -> str:
         """The pod's Prometheus text exposition."""
         text: str = await self._call("GET", f"{base}/metrics", text=True)

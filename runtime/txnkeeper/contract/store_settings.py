@@ -50,13 +50,18 @@ MAX_MAX_BLOCK_SIZE_BYTES = 256 * MIB  # a block is one ranged GET held in memory
 
 
 def offload_config(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The config file's ``offload`` section for a CR's ``spec.offload`` (only the keys it sets)."""
+    """The config file's ``offload`` section for a CR's ``spec.offload`` (only the keys it sets).
+
+    ``enabled: false`` keeps the location (pods must still read, and a downgrade restore, what was
+    offloaded) but stops automatic offload: the threshold becomes -1 (manual only, as in Pulsar)."""
     out: dict[str, Any] = {}
     for field, key in OFFLOAD_KEYS.items():
         if field in spec and spec[field] is not None and spec[field] != "":
             out[key] = spec[field]
     if spec.get("driver") == "filesystem":
         out["fileSystemURI"] = OFFLOAD_MOUNT_DIR
+    if spec.get("enabled") is False:
+        out[OFFLOAD_KEYS["thresholdBytes"]] = -1
     return out
 
 
@@ -84,11 +89,20 @@ GATED_SECTIONS: dict[str, Feature] = {
 
 
 def used(section: str, spec: Mapping[str, Any]) -> bool:
-    """Whether a gated section is switched on: ``offload`` by being present with a driver,
-    ``singleKeyTransactions`` by ``enabled: true``."""
+    """Whether a gated section is switched on: ``offload`` by a driver and ``enabled`` (default
+    true), ``singleKeyTransactions`` by ``enabled: true``."""
     value = spec.get(section)
     if not isinstance(value, Mapping):
         return False
     if section == "offload":
-        return bool(value.get("driver"))
+        return bool(value.get("driver")) and value.get("enabled", True) is not False
     return bool(value.get("enabled"))
+
+
+def configured(section: str, spec: Mapping[str, Any]) -> bool:
+    """Whether a section must reach pods that can use it: ``offload`` whenever it names a driver
+    (disabled, it still says where offloaded data lives), others when used."""
+    value = spec.get(section)
+    if section == "offload":
+        return isinstance(value, Mapping) and bool(value.get("driver"))
+    return used(section, spec)

@@ -31,7 +31,13 @@ from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
-from txnkeeper.ledger.offload.restore import inventory
+from txnkeeper.ledger.offload.restore import (
+    RestoreRequestError,
+    inventory,
+    request_restore,
+    restore_if_requested,
+    restore_requested,
+)
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
 from txnkeeper.protocol.rpc import split_address
@@ -87,6 +93,11 @@ class PodRuntime:
             data = self.config.data_dir
             data.mkdir(parents=True, exist_ok=True)
             self._check_data_features(data / "ledgers")
+            if has_feature(self.release, Feature.OFFLOAD_SEGMENTS):
+                # A downgrade asked for the tier-only ledgers back: before any ledger opens (§5).
+                self._not_ready = "restoring offloaded ledgers"
+                await restore_if_requested(data, data / "ledgers")
+                self._not_ready = "recovering stores"
             self._factory = ManagedLedgerFactory(data / "ledgers")
             if self.role == "coordinator":
                 await self._start_coordinators(data / "coordinator")
@@ -128,7 +139,26 @@ class PodRuntime:
         """Every managed ledger's offload state, read from its metadata file (§5)."""
         root = self.config.data_dir / "ledgers"
         summary = (await asyncio.get_running_loop().run_in_executor(None, inventory, root)).to_json()
-        return {"pod": self.pod_name, "release": self.release, "formatLevel": self.format_level, **summary}
+        return {
+            "pod": self.pod_name,
+            "release": self.release,
+            "formatLevel": self.format_level,
+            "restoreRequested": restore_requested(self.config.data_dir),
+            **summary,
+        }
+
+    async def request_offload_restore(self, properties: dict[str, Any]) -> None:
+        """Record a restore request carried out at the next start (POST /admin/v1/offload/restore)."""
+        if not has_feature(self.release, Feature.OFFLOAD_SEGMENTS):
+            raise FormatLevelRefusal(
+                f"release {self.release} has no offload: its data holds no offloaded ledger to restore"
+            )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, request_restore, self.config.data_dir, properties
+            )
+        except RestoreRequestError as exc:
+            raise ValueError(str(exc)) from exc
 
     async def _start_admin(self) -> None:
         app = build_admin_app(self, self.config.admin_token)

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from txnkeeper import statefile
 
 from ..entry_format import FILE_HEADER, record_header
 from ..errors import CorruptMetadataError
@@ -31,7 +34,9 @@ from ..metadata import METADATA_FILE, METADATA_VERSION, ManagedLedgerMetadata, O
 from ..names import decode_name
 from ..recovery import LEDGERS_DIR
 from .blobstore import BlobStore
-from .errors import BlobStoreError, OffloadRangeError
+from .config import OffloadConfig
+from .errors import BlobStoreError, OffloadConfigError, OffloadRangeError
+from .offloader import open_blob_store
 from .reader import IndexCache, SegmentReader
 from .writer import index_key
 
@@ -283,4 +288,78 @@ async def restore_root(root: Path, store: BlobStore, *, io: FileIO = DEFAULT_IO)
     results = []
     for item in inventory(root).needs_offload:
         results.append(await restore_directory(item.directory, store, io=io))
+    return results
+
+
+# ---- the restore request: asked for through the admin API, carried out at the pod's next start ---------
+
+REQUEST_FILE = "offload-restore.json"
+REQUEST_KIND = "offload-restore-request"
+REQUEST_VERSION = 1
+
+
+class RestoreRequestError(ValueError):
+    """A restore request that cannot be honoured (bad settings); says what to send instead."""
+
+
+def _store_config(properties: Mapping[str, Any]) -> OffloadConfig:
+    """The blob-store part of an ``offload`` section (policy keys such as the threshold are ignored:
+    a restore only reads and deletes objects)."""
+    known = {f.name for f in fields(OffloadConfig)}
+    picked = {k: str(v) for k, v in properties.items() if k in known}
+    if "managedLedgerOffloadDriver" not in picked:
+        raise RestoreRequestError(
+            "the offload section names no managedLedgerOffloadDriver; send the settings the data was "
+            "offloaded with (driver, bucket/region/endpoint or fileSystemURI)"
+        )
+    try:
+        return OffloadConfig.from_properties(picked)
+    except OffloadConfigError as exc:
+        raise RestoreRequestError(f"bad offload settings: {exc}") from exc
+
+
+def request_restore(data_dir: Path, properties: Mapping[str, Any]) -> None:
+    """Durably record that the next start of the pod on ``data_dir`` must restore every tier-only
+    ledger from the blob store ``properties`` (Pulsar key names) describe. Checked before writing."""
+    _store_config(properties)
+    statefile.write(data_dir / REQUEST_FILE, REQUEST_KIND, REQUEST_VERSION, {"offload": dict(properties)})
+
+
+def restore_requested(data_dir: Path) -> bool:
+    return (data_dir / REQUEST_FILE).is_file()
+
+
+async def restore_if_requested(
+    data_dir: Path, ledgers_root: Path, *, store_factory: Callable[[OffloadConfig], BlobStore] | None = None
+) -> list[RestoreResult] | None:
+    """At start, before any ledger opens: carry out a recorded restore request (then remove it).
+    None when there was none. Raises RestoreError/RestoreRequestError/StateFileError naming the
+    problem; the request stays, so the next start tries again."""
+    path = data_dir / REQUEST_FILE
+    doc = statefile.read(
+        path,
+        REQUEST_KIND,
+        frozenset({REQUEST_VERSION}),
+        remedy="delete it and ask for the restore again (POST /admin/v1/offload/restore)",
+    )
+    if doc is None:
+        return None
+    body = doc.body
+    if not isinstance(body, dict) or not isinstance(body.get("offload"), dict):
+        raise RestoreRequestError(f"{path} holds no offload section; delete it and request the restore again")
+    config = _store_config(body["offload"])
+    store = store_factory(config) if store_factory is not None else open_blob_store(config)
+    try:
+        results = await restore_root(ledgers_root, store)
+    finally:
+        await store.close()
+    left = inventory(ledgers_root)
+    if left.needs_offload:
+        raise RestoreError(
+            f"after the restore {len(left.needs_offload)} managed ledger(s) still have metadata version 2 "
+            f"(first: {left.needs_offload[0].directory}); the request in {path} is kept"
+        )
+    path.unlink()
+    statefile.DEFAULT_OPS.sync_dir(data_dir)
+    log.info("offload restore request carried out: %d managed ledger(s) restored", len(results))
     return results
