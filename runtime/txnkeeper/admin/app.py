@@ -174,8 +174,16 @@ async def rollover(request: web.Request) -> web.Response:
 async def store_ledgers(request: web.Request) -> web.Response:
     pod = _pod(request)
     reports = [await s.ledger_report() for s in pod.stores()]
+    summary = await pod.offload_summary()
+    offload = {k: summary[k] for k in ("tierOnlyLedgers", "maxMetadataVersion")}
     return web.json_response(
-        {"pod": pod.pod_name, "release": pod.release, "formatLevel": pod.format_level, "stores": reports}
+        {
+            "pod": pod.pod_name,
+            "release": pod.release,
+            "formatLevel": pod.format_level,
+            "stores": reports,
+            "offload": offload,
+        }
     )
 
 
