@@ -52,6 +52,8 @@ class LedgerInventory:
     metadata_version: int
     tier_only_ledgers: tuple[int, ...]
     segments: dict[str, int]  # status -> count
+    # (uuid, status) of every segment, what the verify-offload audit checks the tier against.
+    segment_list: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class Inventory:
                     "metadataVersion": item.metadata_version,
                     "tierOnlyLedgers": list(item.tier_only_ledgers),
                     "segments": dict(item.segments),
+                    "segmentList": [{"uuid": uuid, "status": status} for uuid, status in item.segment_list],
                 }
                 for item in self.ledgers
                 if item.metadata_version > METADATA_VERSION
@@ -126,6 +129,7 @@ def _inventory_one(name: str, directory: Path, meta: ManagedLedgerMetadata) -> L
         metadata_version=meta.version,
         tier_only_ledgers=tuple(i.ledger_id for i in meta.ledgers if i.offloaded),
         segments=segments,
+        segment_list=tuple((s.uuid, s.status) for s in meta.segments),
     )
 
 
