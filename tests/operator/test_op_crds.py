@@ -495,3 +495,15 @@ def test_defaults_are_pulsars_and_only_stores_have_the_sections() -> None:
         "adaptive",
         "delay",
     ]
+
+
+def test_the_offload_example_passes_schema_and_cel() -> None:
+    example = yaml.safe_load((ROOT / "examples" / "pendingackstore-offload.yaml").read_text())
+    assert example["kind"] == "PendingAckStore"
+    assert cel_errors(PAS, example["spec"]) == []
+    downgrade = copy.deepcopy(example["spec"])
+    downgrade["version"] = "2.0.0"
+    downgrade["singleKeyTransactions"]["enabled"] = False
+    assert any("offload-segments" in e for e in cel_errors(PAS, downgrade))
+    downgrade["offload"]["enabled"] = False
+    assert cel_errors(PAS, downgrade) == []
