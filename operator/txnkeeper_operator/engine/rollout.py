@@ -13,7 +13,13 @@ same way). Each call runs this algorithm and stops at the first step that has so
     running pods or an unfinished downgrade say the volumes may hold (``_create_template``).
  4. A pod missing or not ready: a not-ready pod at a version other than the template's is restarted
     from the template (always at a level its data can live with); otherwise wait (``_wait_for_pods``).
- 5. Desired level below the data level: the downgrade (``_downgrade``):
+ 5. Desired level below the data level: the downgrade (``_downgrade``) passes the gates of the
+    features it takes away (contract.formats.lost_features). offload-segments first
+    (RESTORING_OFFLOADED, ``_restore_offloaded``): each pod still at an offload-capable release that
+    reports tier-only ledgers or metadata version 2 is asked to restore (RestoreOffloaded), then
+    restarted at the template's release so it restores before opening its ledgers; held until every
+    such pod reports none. Without batched-log among the lost features (3.x -> 2.x) the roll then
+    proceeds like step 6. Otherwise the batched-log gates:
     a. batching re-enabled on any pod throws away markers and proof taken so far;
     b. proof already held: roll the template, then the pods highest ordinal first (ROLLING_DOWNGRADE);
     c. gate 1, DISABLING_BATCH_LOG: template unbatched, every pod told and confirmed unbatched,
