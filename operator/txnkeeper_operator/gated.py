@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from txnkeeper.contract import store_settings as gated
-from txnkeeper.contract.formats import FeatureUnavailableError, UnknownReleaseError, require_feature
+from txnkeeper.contract.formats import Feature, FeatureUnavailableError, UnknownReleaseError, require_feature
 from txnkeeper_operator.engine import Condition, ConditionStatus
 from txnkeeper_operator.resource import Resource
 
@@ -44,11 +44,24 @@ def _allowed(cr: Resource, section: str, version: str) -> bool:
     return True
 
 
+def _has(version: str, feature: Feature) -> bool:
+    try:
+        require_feature(version, feature, "")
+    except (FeatureUnavailableError, UnknownReleaseError):
+        return False
+    return True
+
+
 def config_sections(cr: Resource, version: str) -> dict[str, Any]:
     """The pod config file's gated top-level sections for a pod starting at ``version``."""
     out: dict[str, Any] = {}
     if _allowed(cr, "offload", version):
-        out["offload"] = gated.offload_config(cr.section("offload"))
+        offload = dict(cr.section("offload"))
+        if not _has(cr.version, gated.GATED_SECTIONS["offload"]):
+            # The spec heads for a release without offload (a downgrade): never offload anew, whatever
+            # spec.offload.enabled says (the CRD refuses that combination; older objects may hold it).
+            offload["enabled"] = False
+        out["offload"] = gated.offload_config(offload)
     if _allowed(cr, "singleKeyTransactions", version):
         out["singleKeyTransactions"] = gated.single_key_config(cr.section("singleKeyTransactions"))
     return out

@@ -87,6 +87,7 @@ class PodView:
                 int(doc["tierOnlyLedgers"]),
                 int(doc["maxMetadataVersion"]),
                 bool(doc.get("restoreRequested", False)),
+                bool(doc.get("automaticOffload", False)),
             )
         except (KeyError, TypeError, ValueError):
             return None  # a malformed answer proves nothing

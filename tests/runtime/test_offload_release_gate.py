@@ -54,6 +54,8 @@ def test_a_2x_pod_refuses_offloaded_data_and_a_3x_pod_reports_it(tmp_path: Path)
         assert summary["release"] == "3.0.0" and summary["formatLevel"] == 3
         assert summary["maxMetadataVersion"] == 2 and summary["tierOnlyLedgers"] == 2
         assert summary["segments"] == {"Offloaded": 1}
+        # No open managed ledger offloads by itself (this pod's config has no offload section).
+        assert summary["automaticOffload"] is False and summary["restoreRequested"] is False
         assert [s["name"] for s in summary["stores"]] == [TOPIC]
     finally:
         new.stop()

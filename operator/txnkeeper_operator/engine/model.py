@@ -43,6 +43,8 @@ class OffloadState:
     metadata_version: int
     # The pod holds a restore request (POST /admin/v1/offload/restore): it restores at its next start.
     restore_requested: bool = False
+    # Its running configuration offloads by itself: it could create tier-only ledgers at any time.
+    automatic: bool = False
 
     @property
     def clean(self) -> bool:

@@ -17,9 +17,10 @@ same way). Each call runs this algorithm and stops at the first step that has so
     features it takes away (contract.formats.lost_features). offload-segments first
     (RESTORING_OFFLOADED, ``_restore_offloaded``): each pod still at an offload-capable release that
     reports tier-only ledgers or metadata version 2 is asked to restore (RestoreOffloaded), then
-    restarted at the template's release so it restores before opening its ledgers; held until every
-    such pod reports none. Without batched-log among the lost features (3.x -> 2.x) the roll then
-    proceeds like step 6. Otherwise the batched-log gates:
+    restarted at the template's release so it restores before opening its ledgers; a clean pod whose
+    running configuration still offloads automatically is restarted (the template's has it off);
+    held until every such pod reports none. Without batched-log among the lost features (3.x -> 2.x)
+    the roll then proceeds like step 6. Otherwise the batched-log gates:
     a. batching re-enabled on any pod throws away markers and proof taken so far;
     b. proof already held: roll the template, then the pods highest ordinal first (ROLLING_DOWNGRADE);
     c. gate 1, DISABLING_BATCH_LOG: template unbatched, every pod told and confirmed unbatched,
@@ -288,6 +289,19 @@ class _Planner:
             if state is None:
                 return self._decision(
                     None, Phase.RESTORING_OFFLOADED, f"waiting for the offload state of {pod.name}"
+                )
+            if state.clean and state.automatic and not state.restore_requested:
+                # Found clean, but its running configuration still offloads by itself: restart it
+                # from the template (offload disabled for the downgrade) before it can offload more.
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        template.version,
+                        f"restart {pod.name} at {template.version} with automatic offload off",
+                    ),
+                    Phase.RESTORING_OFFLOADED,
                 )
             if state.clean:
                 continue

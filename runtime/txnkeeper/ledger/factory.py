@@ -56,6 +56,10 @@ class ManagedLedgerFactory:
         self._ledgers[name] = ledger
         return ledger
 
+    def open_ledgers(self) -> list[ManagedLedger]:
+        """The managed ledgers open right now (the pod's offload summary asks their offloaders)."""
+        return list(self._ledgers.values())
+
     def list_names(self) -> list[str]:
         """Managed ledgers present on disk (open or not), sorted."""
         names = []

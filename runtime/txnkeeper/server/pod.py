@@ -144,8 +144,19 @@ class PodRuntime:
             "release": self.release,
             "formatLevel": self.format_level,
             "restoreRequested": restore_requested(self.config.data_dir),
+            "automaticOffload": self._automatic_offload(),
             **summary,
         }
+
+    def _automatic_offload(self) -> bool:
+        """Whether any open managed ledger offloads by itself (threshold >= 0): a downgrade must not
+        roll a pod that could still create tier-only ledgers after it was found clean."""
+        if self._factory is None:
+            return False
+        return any(
+            ml.offloader is not None and ml.offloader.policy.managedLedgerOffloadThresholdInBytes >= 0
+            for ml in self._factory.open_ledgers()
+        )
 
     async def request_offload_restore(self, properties: dict[str, Any]) -> None:
         """Record a restore request carried out at the next start (POST /admin/v1/offload/restore)."""

@@ -18,6 +18,8 @@ Commands:
   tick [SECONDS]                   the world moves on (load writes, trims, the verifier finishes)
   pin POD / unpin POD              a never-ending transaction pins (or stops pinning) POD's ledgers
   offload POD N                    POD's volume now holds N tier-only ledgers (PIP-76, needs 3.x)
+  offload-config on|off            the template's config offloads automatically (on: running 3.x
+                                   pods too, as if started with it; off: running pods keep theirs)
   run ... restart-in=PHASE [restart-mode=before|between|after]
                                    the operator restarts once, at the first decision in PHASE
   persisted                        which keys the persisted status.downgrade holds (or "none")
@@ -116,6 +118,12 @@ class _Runner:
             if format_level(pod.version) < 3:
                 raise ValueError(f"{pod.name} runs {pod.version}: only 3.x pods offload")
             pod.tier_only = int(args[1])
+            return ""
+        if word == "offload-config":
+            sim.offload_auto = args[0] == "on"
+            if sim.offload_auto:
+                for pod in sim.pods.values():
+                    pod.automatic = format_level(pod.version) >= 3
             return ""
         if word in ("pin", "unpin"):
             pod = next(p for p in sim.pods.values() if p.name == args[0])
