@@ -251,7 +251,7 @@ def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str)
             '{version: "2.0.0", batchedWrite: {enabled: true, maxRecords: 1}}',
             "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true",
         ),
-        ('{version: "3.1.0"}', "spec.version must be a known release line (1.x, 2.x)"),
+        ('{version: "9.1.0"}', "spec.version must be a known release line (1.x, 2.x, 3.x)"),
         ("{replicas: 2}", "spec.version: Required value"),
         # The limits below come from the runtime's own contract (txnkeeper.contract) and CEL rules that
         # cel-python only approximates in tests/operator: here the real API server evaluates them.

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from txnkeeper_operator import naming
+from txnkeeper_operator import gated, naming
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
@@ -44,17 +44,37 @@ def _meta(cr: Resource, name: str, extra_labels: Mapping[str, str] | None = None
     }
 
 
-def startup_config(batch: BatchSettings) -> str:
-    """The --config file (contracts §6) a pod starts with."""
-    return json.dumps({"batchedWrite": batch.to_block()}, sort_keys=True)
+def startup_config(batch: BatchSettings, extra: Mapping[str, Any] | None = None) -> str:
+    """The --config file (contracts §6) a pod starts with: the batchedWrite block plus ``extra``
+    top-level sections (flushMode inside batchedWrite, offload, singleKeyTransactions)."""
+    doc: dict[str, Any] = {"batchedWrite": batch.to_block()}
+    for key, value in (extra or {}).items():
+        if key == "flushMode":
+            doc["batchedWrite"]["flushMode"] = value
+        else:
+            doc[key] = value
+    return json.dumps(doc, sort_keys=True)
 
 
-def config_map(cr: Resource, batch: BatchSettings) -> Manifest:
+def pod_config(cr: Resource, version: str | None) -> dict[str, Any]:
+    """What the CR adds to the start-up batch settings for a pod starting at ``version``: the
+    batchedWrite flushMode when the spec sets one, and the gated sections its release has."""
+    extra: dict[str, Any] = {}
+    flush_mode = cr.section("batchedWrite").get("flushMode")
+    if flush_mode:
+        extra["flushMode"] = str(flush_mode)
+    if version is not None:
+        extra.update(gated.config_sections(cr, version))
+    return extra
+
+
+def config_map(cr: Resource, batch: BatchSettings, version: str | None = None) -> Manifest:
+    """The pod config file; ``version`` is the template's release (gated sections need a feature)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(cr, naming.config_map(cr.name)),
-        "data": {"config.json": startup_config(batch)},
+        "data": {"config.json": startup_config(batch, pod_config(cr, version))},
     }
 
 
@@ -166,6 +186,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
     if storage.get("storageClassName"):
         claim_spec["storageClassName"] = storage["storageClassName"]
     selector = naming.selector_labels(cr.kind, cr.name)
+    offload_volumes, offload_mounts = gated.offload_volumes(cr, template.version)
     container = {
         "name": "txnkeeper",
         "image": str(cr.spec.get("image") or settings.image),
@@ -177,6 +198,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "TXNKEEPER_RELEASE", "value": template.version},
+            *gated.offload_env(cr, template.version),
         ],
         "ports": [
             {"name": "client", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
@@ -201,6 +223,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             {"name": "admin-token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
             {"name": "cluster-secret", "mountPath": naming.CLUSTER_SECRET_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            *offload_mounts,
         ],
     }
     return {
@@ -238,6 +261,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
                             "secret": {"secretName": naming.CLUSTER_SECRET, "defaultMode": 0o440},
                         },
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                        *offload_volumes,
                     ],
                 },
             },

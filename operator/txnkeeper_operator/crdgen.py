@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from txnkeeper.contract import batching as limits
-from txnkeeper.contract.formats import known_majors
+from txnkeeper.contract import store_settings as gated
+from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP
 
 VERSION = "v1"
@@ -110,6 +111,14 @@ def _batched_write(what: str) -> Schema:
                 minimum=limits.MIN_MAX_DELAY_MILLIS,
                 maximum=limits.MAX_MAX_DELAY_MILLIS,
             ),
+            "flushMode": _p(
+                "string",
+                "adaptive (default): flush as soon as the previous batch's write completed, so batches "
+                "grow with load; delay: Pulsar's pure timer, flush only at maxDelayMillis, maxRecords or "
+                "maxSizeBytes. Read by pods at start: a change takes effect as pods restart.",
+                enum=list(limits.FLUSH_MODES),
+                default=limits.FLUSH_MODES[0],
+            ),
         },
         # A complete default: the API server checks a default against the CEL rules as it is written,
         # without filling in the nested defaults first.
@@ -118,6 +127,7 @@ def _batched_write(what: str) -> Schema:
             "maxRecords": limits.DEFAULT_MAX_RECORDS,
             "maxSizeBytes": limits.DEFAULT_MAX_SIZE_BYTES,
             "maxDelayMillis": limits.DEFAULT_MAX_DELAY_MILLIS,
+            "flushMode": limits.FLUSH_MODES[0],
         },
         **{
             "x-kubernetes-validations": [
@@ -127,6 +137,166 @@ def _batched_write(what: str) -> Schema:
                     "(a batch of one record is an unbatched write)",
                 )
             ]
+        },
+    )
+
+
+def _release_rule(section: str, feature: Feature, used: str | None = None) -> dict[str, Any]:
+    """spec.<section> (when ``used``, a CEL condition on it) only on release lines with ``feature``."""
+    lines = majors_with(feature)
+    when = f" || !({used})" if used else ""
+    return _rule(
+        f"!has(self.{section}){when} || self.version.matches('^("
+        + "|".join(str(m) for m in lines)
+        + r")\\.')",
+        f"spec.{section} needs the {feature.value!r} feature, which only release lines "
+        + ", ".join(f"{m}.x" for m in lines)
+        + f" have; set spec.version to one of them or remove spec.{section}",
+    )
+
+
+def _offload() -> Schema:
+    positive = {"minimum": 1}
+    return _obj(
+        "PIP-76 offload of topic ledgers to tiered storage (release 3.x). Closed ledgers (and segments of "
+        "the open one) are uploaded in Pulsar's block format; local files are deleted after deletionLagMs "
+        "while thresholdBytes of newer data stay local. Rendered into the pods' config file with Pulsar's "
+        "key names (managedLedgerOffload*). Before a downgrade to 2.x, set enabled: false and keep the "
+        "rest: the operator then has every store pod restore its tier-only ledgers locally (and rewrite "
+        "its metadata as version 1) before any pod runs 2.x.",
+        {
+            "enabled": _p(
+                "boolean",
+                "Offload automatically. false keeps the location (offloaded data stays readable and can "
+                "be restored) but uploads nothing new; a downgrade to 2.x needs false.",
+                default=True,
+            ),
+            "driver": _p(
+                "string",
+                "filesystem (an RWX volume shared by the store pods, see filesystem), aws-s3 or S3 (any "
+                "S3-compatible endpoint).",
+                enum=list(gated.OFFLOAD_DRIVERS),
+            ),
+            "bucket": _p("string", "S3 bucket (required for aws-s3/S3).", minLength=3, maxLength=63),
+            "region": _p("string", "S3 region, e.g. eu-west-1.", maxLength=64),
+            "endpoint": _p(
+                "string",
+                "S3 service endpoint URL (MinIO, Ceph RGW, ...); empty: AWS's for the region.",
+                maxLength=512,
+                pattern=r"^(|https?://\S+)$",
+            ),
+            "credentialsSecret": _obj(
+                "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, passed to the store pods as "
+                "environment variables; without it the pods use the default AWS credential chain.",
+                {"name": _p("string", "Secret name (same namespace).", minLength=1, maxLength=253)},
+                required=["name"],
+            ),
+            "filesystem": _obj(
+                "The filesystem driver's volume, mounted at "
+                + gated.OFFLOAD_MOUNT_DIR
+                + " in every store pod; it must be ReadWriteMany so every pod (and the verify-offload "
+                "job) sees the same objects.",
+                {
+                    "claimName": _p(
+                        "string",
+                        "An existing ReadWriteMany PersistentVolumeClaim.",
+                        minLength=1,
+                        maxLength=253,
+                    ),
+                },
+            ),
+            "thresholdBytes": _p(
+                "integer",
+                "managedLedgerOffloadThresholdInBytes: offload once a topic holds more than this; -1 "
+                "(default): only on demand (txnkeeper admin topics offload).",
+                minimum=-1,
+                default=gated.DEFAULT_THRESHOLD_BYTES,
+            ),
+            "deletionLagMs": _p(
+                "integer",
+                "managedLedgerOffloadDeletionLagMs: keep local files this long after their segment is "
+                "Offloaded (default 4 h).",
+                minimum=0,
+                default=gated.DEFAULT_DELETION_LAG_MS,
+            ),
+            "maxSegmentSizeBytes": _p(
+                "integer",
+                "maxOffloadSegmentSizeInBytes: close a segment at this size (default 1 GiB).",
+                default=gated.DEFAULT_MAX_SEGMENT_SIZE_BYTES,
+                **positive,
+            ),
+            "maxSegmentRolloverSeconds": _p(
+                "integer",
+                "maxOffloadSegmentRolloverTimeInSeconds: close a segment at this age (default 600).",
+                default=gated.DEFAULT_MAX_SEGMENT_ROLLOVER_SECONDS,
+                **positive,
+            ),
+            "minSegmentRolloverSeconds": _p(
+                "integer",
+                "minOffloadSegmentRolloverTimeInSeconds: never close a segment younger than this "
+                "(default 0).",
+                minimum=0,
+                default=gated.DEFAULT_MIN_SEGMENT_ROLLOVER_SECONDS,
+            ),
+            "maxBlockSizeBytes": _p(
+                "integer",
+                "managedLedgerOffloadMaxBlockSizeInBytes: size of one data block (one ranged read), "
+                "default 64 MiB.",
+                default=gated.DEFAULT_MAX_BLOCK_SIZE_BYTES,
+                maximum=gated.MAX_MAX_BLOCK_SIZE_BYTES,
+                **positive,
+            ),
+        },
+        required=["driver"],
+        **{
+            "x-kubernetes-validations": [
+                _rule(
+                    "!(self.driver in ["
+                    + ", ".join(f"'{d}'" for d in gated.S3_DRIVERS)
+                    + "]) || has(self.bucket)",
+                    "offload.bucket is required for the aws-s3 and S3 drivers",
+                ),
+                _rule(
+                    "self.driver != 'filesystem' || (has(self.filesystem) && has(self.filesystem.claimName))",
+                    "offload.filesystem.claimName (a ReadWriteMany PersistentVolumeClaim) is required "
+                    "for the filesystem driver",
+                ),
+                _rule(
+                    "self.minSegmentRolloverSeconds <= self.maxSegmentRolloverSeconds",
+                    "offload.minSegmentRolloverSeconds must not exceed offload.maxSegmentRolloverSeconds",
+                ),
+            ]
+        },
+    )
+
+
+def _single_key_transactions() -> Schema:
+    return _obj(
+        "PDP-44 single-routing-key transactions (release 3.x): a writer's block of events for one key is "
+        "applied atomically by the topic's store pod, without the coordinator.",
+        {
+            "enabled": _p("boolean", "Accept single-key transactions.", default=False),
+            "maxBlockBytes": _p(
+                "integer",
+                "Largest transaction (block) a writer may commit, at most 16 MiB.",
+                minimum=1,
+                maximum=gated.SRK_MAX_BLOCK_BYTES,
+                default=gated.SRK_DEFAULT_MAX_BLOCK_BYTES,
+            ),
+            "writerInactivityMinutes": _p(
+                "integer",
+                "Forget a writer's state after this many idle minutes (its next block gets WriterStateLost).",
+                minimum=1,
+                maximum=gated.SRK_MAX_WRITER_INACTIVITY_MINUTES,
+                default=gated.SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
+            ),
+            "maxWritersPerTopic": _p(
+                "integer",
+                "Writers whose state a topic keeps at most.",
+                minimum=1,
+                maximum=gated.SRK_MAX_MAX_WRITERS_PER_TOPIC,
+                default=gated.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
+            ),
         },
     )
 
@@ -258,8 +428,9 @@ def _spec(kind: str) -> Schema:
         "version": _p(
             "string",
             "Release every pod should run (1.x: unbatched format only; 2.x: can read and write batched "
-            "entries). Changing it rolls the pods one at a time, highest ordinal first; a downgrade to 1.x "
-            "waits until the verifier proves no live batched entry remains.",
+            "entries; 3.x: also offload and single-key transactions). Changing it rolls the pods one at "
+            "a time, highest ordinal first; a downgrade to 1.x waits until the verifier proves no live "
+            "batched entry remains; a downgrade from 3.x to 2.x needs spec.offload removed first.",
             pattern=_SEMVER,
             maxLength=64,
         ),
@@ -301,6 +472,14 @@ def _spec(kind: str) -> Schema:
         ),
     ]
     if not coordinator:
+        props["offload"] = _offload()
+        props["singleKeyTransactions"] = _single_key_transactions()
+        rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS, "self.offload.enabled"))
+        rules.append(
+            _release_rule(
+                "singleKeyTransactions", Feature.SINGLE_KEY_TRANSACTIONS, "self.singleKeyTransactions.enabled"
+            )
+        )
         rules.append(
             _rule(
                 "self.replicas == oldSelf.replicas",
@@ -362,7 +541,11 @@ def _status(kind: str) -> Schema:
     condition = _obj(
         "A condition, keyed by type (Kubernetes API conventions).",
         {
-            "type": _p("string", "Ready, Progressing, BatchLogEnabled, DowngradeSafe or Paused."),
+            "type": _p(
+                "string",
+                "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, FeaturesSupported or "
+                "OffloadHealthy.",
+            ),
             "status": _p("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _p("string", "CamelCase reason."),
             "message": _p("string", "Human explanation."),
@@ -377,7 +560,20 @@ def _status(kind: str) -> Schema:
             "name": _p("string", "Pod name."),
             "version": _p("string", "Release the pod's spec runs."),
             "release": _p("string", "Release the pod's admin API reports."),
-            "formatLevel": _p("integer", "Storage format level the pod reports (1 or 2)."),
+            "formatLevel": _p("integer", "Storage format level the pod reports (1, 2 or 3)."),
+            "offload": _obj(
+                "The pod's offload state from GET /admin/v1/offload/summary (PendingAckStore pods of 3.x).",
+                {
+                    "maxMetadataVersion": _p(
+                        "integer", "Highest managed-ledger metadata version (2: offload)."
+                    ),
+                    "tierOnlyLedgers": _p("integer", "Ledgers whose entries exist only in the tier."),
+                    "assignedSegments": _p("integer", "Segments being uploaded."),
+                    "offloadedSegments": _p("integer", "Segments complete in the tier."),
+                    "failedSegments": _p("integer", "Segments whose upload failed (retried)."),
+                    "error": _p("string", "Why the summary could not be read, if it could not."),
+                },
+            ),
             "ready": _p("boolean", "Pod Ready condition."),
             "batchLog": _p("string", "Enabled, Disabled or Unknown.", enum=[*_BATCH_STATES, "Unknown"]),
         },

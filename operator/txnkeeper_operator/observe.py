@@ -14,7 +14,7 @@ from typing import Any
 
 from txnkeeper.contract.admin import PodBatchLog
 from txnkeeper_operator import naming
-from txnkeeper_operator.engine import PodState, VerifierReport, VerifierState
+from txnkeeper_operator.engine import OffloadState, PodState, VerifierReport, VerifierState
 from txnkeeper_operator.engine.persist import MalformedReportError, parse_time, report_from_json
 
 Obj = Mapping[str, Any]
@@ -52,6 +52,11 @@ class PodView:
     batch_log: PodBatchLog | None = None
     info: Mapping[str, Any] | None = None
     error: str | None = None
+    # GET /admin/v1/offload/summary of a store pod that offloads (or may hold offloaded data).
+    offload: Mapping[str, Any] | None = None
+    offload_error: str | None = None
+    # Coordinator pods: their transaction logs are never offloaded, so they never hold a downgrade.
+    never_offloads: bool = False
 
     @property
     def name(self) -> str:
@@ -67,7 +72,25 @@ class PodView:
             return None  # not a pod this operator created
         ready = pod_ready(self.obj)
         batch = self.batch_log.effective() if (ready and self.batch_log is not None) else None
-        return PodState(naming.pod_ordinal(self.name), self.name, version, ready, batch)
+        return PodState(
+            naming.pod_ordinal(self.name), self.name, version, ready, batch, self._offload_state()
+        )
+
+    def _offload_state(self) -> OffloadState | None:
+        if self.never_offloads:
+            return OffloadState(0, 1)
+        doc = self.offload
+        if doc is None:
+            return None
+        try:
+            return OffloadState(
+                int(doc["tierOnlyLedgers"]),
+                int(doc["maxMetadataVersion"]),
+                bool(doc.get("restoreRequested", False)),
+                bool(doc.get("automaticOffload", False)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None  # a malformed answer proves nothing
 
 
 def verifier_running(jobs: Sequence[Obj]) -> bool:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminClient, AdminError
-from txnkeeper_operator import builders, naming
+from txnkeeper.contract.formats import OFFLOAD_LEVEL
+from txnkeeper_operator import builders, gated, naming
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
@@ -29,6 +31,7 @@ from txnkeeper_operator.engine import (
     Phase,
     Progress,
     RestartPod,
+    RestoreOffloaded,
     RolloverStores,
     RunVerifier,
     Template,
@@ -84,7 +87,23 @@ async def _observe_pod(ctx: Context, cr: Resource, pod: Mapping[str, Any]) -> Po
         batch_log, info = await asyncio.gather(ctx.admin.batch_log(base, cr.kind), ctx.admin.info(base))
     except AdminError as err:
         return PodView(pod, error=str(err))
-    return PodView(pod, batch_log=batch_log, info=info)
+    if cr.kind is naming.TRANSACTION_COORDINATOR:
+        return PodView(pod, batch_log=batch_log, info=info, never_offloads=True)
+    if not _asks_offload(cr, info):
+        return PodView(pod, batch_log=batch_log, info=info)
+    try:
+        summary = await ctx.admin.offload_summary(base)
+    except AdminError as err:
+        return PodView(pod, batch_log=batch_log, info=info, offload_error=str(err))
+    return PodView(pod, batch_log=batch_log, info=info, offload=summary)
+
+
+def _asks_offload(cr: Resource, info: Mapping[str, Any]) -> bool:
+    """Store pods report offload state when the spec offloads or their release could hold offloaded
+    data (a downgrade must see tier-only ledgers even after spec.offload was removed)."""
+    if cr.kind is not naming.PENDING_ACK_STORE:
+        return False
+    return gated_settings.used("offload", cr.spec) or int(info.get("formatLevel", 0)) >= OFFLOAD_LEVEL
 
 
 async def ensure_children(ctx: Context, cr: Resource) -> str:
@@ -118,7 +137,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     if template is not None and not cr.paused:
         # Keep replicas, image, resources in step; version and start-up batch only move by ApplyTemplate.
         # The ConfigMap follows the template it belongs to (recreated if someone deleted it).
-        await ctx.kube.apply(builders.config_map(cr, template.batch))
+        await ctx.kube.apply(builders.config_map(cr, template.batch, template.version))
         await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings))
     pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
     views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
@@ -202,12 +221,18 @@ async def _execute(
     match action:
         case ApplyTemplate(version=version, batch=batch):
             # ConfigMap first: a pod created from the new template must never read the old settings.
-            await ctx.kube.apply(builders.config_map(cr, batch))
+            await ctx.kube.apply(builders.config_map(cr, batch, version))
             await ctx.kube.apply(builders.statefulset(cr, Template(version, batch), ctx.settings))
         case RestartPod(pod=pod):
             await ctx.kube.delete_pod(cr.namespace, pod, by_name[pod].uid)
         case ConfigureBatchLog(pod=pod, batch=batch):
             await ctx.admin.set_batch_log(_base(by_name[pod]), cr.kind, batch, token)
+        case RestoreOffloaded(pod=pod):
+            try:
+                settings = gated.restore_settings(cr)
+            except ValueError as err:
+                raise AdminError(str(err)) from err
+            await ctx.admin.request_offload_restore(_base(by_name[pod]), settings, token)
         case RolloverStores(pod=pod):
             markers = await ctx.admin.rollover(_base(by_name[pod]), token)
             progress = record_rollover(progress, pod, markers)

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from txnkeeper_operator import naming
-from txnkeeper_operator.engine import Decision, VerifierReport
+from txnkeeper_operator import gated, naming
+from txnkeeper_operator.engine import Condition, Decision, VerifierReport
 from txnkeeper_operator.engine.persist import format_time, progress_to_status
 from txnkeeper_operator.observe import PodView
 from txnkeeper_operator.resource import Resource
@@ -21,11 +21,15 @@ MAX_REPORTED_VERDICTS = 50
 
 
 def merge_conditions(
-    previous: Sequence[Mapping[str, Any]], decision: Decision, generation: int, now: datetime
+    previous: Sequence[Mapping[str, Any]],
+    decision: Decision,
+    generation: int,
+    now: datetime,
+    extra: Sequence[Condition] = (),
 ) -> list[dict[str, Any]]:
     before = {c.get("type"): c for c in previous}
     out = []
-    for cond in decision.conditions:
+    for cond in (*decision.conditions, *extra):
         old = before.get(cond.type)
         changed = old is None or old.get("status") != str(cond.status)
         out.append(
@@ -51,6 +55,17 @@ def _pod_entry(view: PodView) -> dict[str, Any]:
     if view.info is not None:
         entry["release"] = str(view.info.get("release", ""))
         entry["formatLevel"] = int(view.info.get("formatLevel", 0))
+    if view.offload is not None:
+        segments = view.offload.get("segments") or {}
+        entry["offload"] = {
+            "maxMetadataVersion": int(view.offload.get("maxMetadataVersion", 1)),
+            "tierOnlyLedgers": int(view.offload.get("tierOnlyLedgers", 0)),
+            "assignedSegments": int(segments.get("Assigned", 0)),
+            "offloadedSegments": int(segments.get("Offloaded", 0)),
+            "failedSegments": int(segments.get("Failed", 0)),
+        }
+    elif view.offload_error is not None:
+        entry["offload"] = {"error": view.offload_error}
     if state.batch is None:
         entry["batchLog"] = "Unknown"
     else:
@@ -89,6 +104,14 @@ def report_status(report: VerifierReport) -> dict[str, Any]:
     }
 
 
+def _gated_conditions(cr: Resource, pods: Sequence[PodView]) -> tuple[Condition, ...]:
+    """FeaturesSupported and OffloadHealthy: PendingAckStores only (the sections are theirs)."""
+    if cr.kind is not naming.PENDING_ACK_STORE:
+        return ()
+    summaries = [(p.name, p.offload, p.offload_error) for p in sorted(pods, key=lambda p: p.name)]
+    return (gated.features_condition(cr, cr.version), gated.offload_condition(cr, summaries))
+
+
 def build_status(
     cr: Resource,
     decision: Decision,
@@ -105,7 +128,9 @@ def build_status(
         "observedGeneration": cr.generation,
         "phase": str(decision.phase),
         "phaseReason": decision.reason,
-        "conditions": merge_conditions(previous.get("conditions") or [], decision, cr.generation, now),
+        "conditions": merge_conditions(
+            previous.get("conditions") or [], decision, cr.generation, now, _gated_conditions(cr, ours)
+        ),
         "replicas": len(ours),
         "readyReplicas": sum(1 for p in ours if (s := p.state()) is not None and s.ready),
         "selector": naming.selector_string(cr.kind, cr.name),

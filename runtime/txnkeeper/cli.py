@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 # Modules that contribute subcommands; each has `register(subparsers) -> None` and sets `func` on its parser.
 _COMMAND_MODULES: tuple[str, ...] = (
     "txnkeeper.verifier.cli",
+    "txnkeeper.verifier.offload_audit",
     "txnkeeper.server.serve",
     "txnkeeper.admin.cli",
     "txnkeeper.inspect_cmd",

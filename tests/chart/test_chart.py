@@ -115,6 +115,24 @@ def test_example_resources_satisfy_the_crd_schemas() -> None:
         jsonschema.validate(doc["spec"], _plain(schema))
 
 
+def test_example_store_carries_offload_and_single_key_transactions_at_3x() -> None:
+    docs = render(
+        "examples.enabled=true",
+        "examples.version=3.0.0",
+        "examples.offload.driver=filesystem",
+        "examples.offload.filesystem.claimName=offload-rwx",
+        "examples.singleKeyTransactions.enabled=true",
+    )
+    crds = {d["spec"]["names"]["kind"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
+    [store] = [d for d in docs if d["kind"] == "PendingAckStore"]
+    assert store["spec"]["offload"] == {"driver": "filesystem", "filesystem": {"claimName": "offload-rwx"}}
+    assert store["spec"]["singleKeyTransactions"] == {"enabled": True}
+    schema = crds["PendingAckStore"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    jsonschema.validate(store["spec"], _plain(schema))
+    [plain] = [d for d in render("examples.enabled=true") if d["kind"] == "PendingAckStore"]
+    assert "offload" not in plain["spec"] and "singleKeyTransactions" not in plain["spec"]
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [

@@ -208,7 +208,7 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
             _cr("PendingAckStore", "b1", {"version": "1.0.0", "batchedWrite": {"enabled": True}}),
             "needs version 2.x",
         ),
-        (_cr("PendingAckStore", "b2", {"version": "3.0.0"}), "known release line"),
+        (_cr("PendingAckStore", "b2", {"version": "9.0.0"}), "known release line"),
         (
             _cr("TransactionCoordinator", "b3", {"version": "2.0.0", "replicas": 4, "coordinators": 2}),
             "at least",

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from txnkeeper_operator import builders, naming
+from txnkeeper_operator import builders, gated, naming
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
@@ -148,3 +148,113 @@ def test_markers_document_is_what_the_verifier_reads() -> None:
     assert doc == {"takenAt": "2026-11-21T22:00:00.000000Z", "stores": {"a": 1, "b": 2}}
     parse = pytest.importorskip("txnkeeper.verifier.inputs").parse_markers
     assert parse(cm["data"][naming.MARKERS_KEY]) is not None
+
+
+# ---- release-gated PendingAckStore settings: offload, single-key transactions, flushMode -------------
+
+OFFLOAD_FS = {"driver": "filesystem", "filesystem": {"claimName": "tier-rwx"}, "thresholdBytes": 1048576}
+OFFLOAD_S3 = {
+    "driver": "aws-s3",
+    "bucket": "ledgers",
+    "region": "eu-west-1",
+    "endpoint": "http://minio:9000",
+    "credentialsSecret": {"name": "s3-creds"},
+    "deletionLagMs": 0,
+    "maxSegmentSizeBytes": 1 << 20,
+    "maxSegmentRolloverSeconds": 60,
+    "minSegmentRolloverSeconds": 5,
+    "maxBlockSizeBytes": 1 << 16,
+}
+SRK = {"enabled": True, "maxBlockBytes": 1 << 20, "writerInactivityMinutes": 5, "maxWritersPerTopic": 100}
+
+
+def store(version: str = "3.0.0", **spec: Any) -> Resource:
+    return Resource.from_body(body("PendingAckStore", version=version, **spec))
+
+
+def test_config_file_carries_offload_with_pulsar_key_names_and_single_key_transactions() -> None:
+    cr = store(offload=OFFLOAD_S3, singleKeyTransactions=SRK, batchedWrite={"flushMode": "delay"})
+    doc = json.loads(builders.config_map(cr, ON, "3.0.0")["data"]["config.json"])
+    assert doc["batchedWrite"]["flushMode"] == "delay"
+    assert doc["offload"] == {
+        "managedLedgerOffloadDriver": "aws-s3",
+        "managedLedgerOffloadBucket": "ledgers",
+        "managedLedgerOffloadRegion": "eu-west-1",
+        "managedLedgerOffloadServiceEndpoint": "http://minio:9000",
+        "managedLedgerOffloadDeletionLagMs": 0,
+        "maxOffloadSegmentSizeInBytes": 1 << 20,
+        "maxOffloadSegmentRolloverTimeInSeconds": 60,
+        "minOffloadSegmentRolloverTimeInSeconds": 5,
+        "managedLedgerOffloadMaxBlockSizeInBytes": 1 << 16,
+    }
+    assert doc["singleKeyTransactions"] == SRK
+    fs = json.loads(builders.config_map(store(offload=OFFLOAD_FS), ON, "3.0.0")["data"]["config.json"])
+    assert fs["offload"]["fileSystemURI"] == "/var/lib/txnkeeper-offload"
+    assert fs["offload"]["managedLedgerOffloadThresholdInBytes"] == 1048576
+
+
+def test_gated_sections_never_reach_a_pod_whose_release_lacks_the_feature() -> None:
+    # An upgrade in progress: the spec says 3.x and offloads, the template still starts 2.x pods.
+    cr = store(offload=OFFLOAD_S3, singleKeyTransactions=SRK)
+    doc = json.loads(builders.config_map(cr, ON, "2.0.0")["data"]["config.json"])
+    assert set(doc) == {"batchedWrite"}
+    container = builders.statefulset(cr, Template("2.0.0", ON), SETTINGS)["spec"]["template"]["spec"]
+    names = {e["name"] for e in container["containers"][0]["env"]}
+    assert "AWS_ACCESS_KEY_ID" not in names
+    # Disabled single-key transactions are not rendered at all.
+    off = store(singleKeyTransactions={"enabled": False})
+    assert "singleKeyTransactions" not in json.loads(
+        builders.config_map(off, ON, "3.0.0")["data"]["config.json"]
+    )
+
+
+def test_statefulset_mounts_credentials_as_env_and_the_filesystem_volume() -> None:
+    s3 = builders.statefulset(store(offload=OFFLOAD_S3), Template("3.0.0", ON), SETTINGS)
+    env = {e["name"]: e for e in s3["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "s3-creds", "key": key}}
+    fs = builders.statefulset(store(offload=OFFLOAD_FS), Template("3.0.0", ON), SETTINGS)
+    pod = fs["spec"]["template"]["spec"]
+    assert {"name": "offload", "persistentVolumeClaim": {"claimName": "tier-rwx"}} in pod["volumes"]
+    assert {"name": "offload", "mountPath": "/var/lib/txnkeeper-offload"} in pod["containers"][0][
+        "volumeMounts"
+    ]
+    for version in K8S_VERSIONS[::4]:
+        kubernetes_validate.validate(fs, version, strict=True)
+        kubernetes_validate.validate(s3, version, strict=True)
+
+
+def test_features_condition_refuses_sections_the_release_lacks() -> None:
+    ok = gated.features_condition(store(offload=OFFLOAD_FS), "3.0.0")
+    assert (ok.type, str(ok.status), ok.reason) == ("FeaturesSupported", "True", "Supported")
+    bad = gated.features_condition(store("2.0.0", offload=OFFLOAD_FS, singleKeyTransactions=SRK), "2.0.0")
+    assert (str(bad.status), bad.reason) == ("False", "FeatureUnavailable")
+    assert "spec.offload needs the 'offload-segments' feature" in bad.message
+    assert "spec.singleKeyTransactions needs the 'single-key-transactions' feature" in bad.message
+    assert "release 2.0.0 lacks" in bad.message and "(3.x)" in bad.message
+
+
+def test_offload_healthy_condition_names_failed_segments_and_unreadable_pods() -> None:
+    cr = store(offload=OFFLOAD_FS)
+    healthy = {"segments": {"Offloaded": 3}, "tierOnlyLedgers": 2, "maxMetadataVersion": 2, "unreadable": []}
+    failed = {**healthy, "segments": {"Offloaded": 1, "Failed": 2}}
+    assert str(gated.offload_condition(cr, [("pas-0", healthy, None)]).status) == "True"
+    cond = gated.offload_condition(cr, [("pas-0", healthy, None), ("pas-1", failed, None)])
+    assert (str(cond.status), cond.reason) == ("False", "FailedSegments")
+    assert "pas-1: 2 Failed segment(s)" in cond.message and "pas-0" not in cond.message
+    cond = gated.offload_condition(cr, [("pas-2", None, "HTTP 500: boom")])
+    assert (str(cond.status), cond.reason) == ("False", "SummaryUnavailable") and "pas-2" in cond.message
+    assert gated.offload_condition(store(), []).reason == "NotConfigured"
+
+
+def test_disabled_offload_keeps_the_location_but_uploads_nothing_new() -> None:
+    cr = store(offload={**OFFLOAD_S3, "enabled": False, "thresholdBytes": 0})
+    doc = json.loads(builders.config_map(cr, ON, "3.0.0")["data"]["config.json"])
+    assert doc["offload"]["managedLedgerOffloadThresholdInBytes"] == -1
+    assert doc["offload"]["managedLedgerOffloadBucket"] == "ledgers"
+    assert gated.restore_settings(cr) == doc["offload"]
+    assert gated.features_condition(
+        store("2.0.0", offload={**OFFLOAD_S3, "enabled": False}), "2.0.0"
+    ).reason == ("Supported")
+    with pytest.raises(ValueError, match="put it back with enabled: false"):
+        gated.restore_settings(store("2.0.0"))

@@ -22,7 +22,7 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
-from txnkeeper.contract import batching
+from txnkeeper.contract import batching, store_settings
 from txnkeeper_operator.crdgen import definitions, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,6 +218,7 @@ def test_minimal_resources_are_valid_and_defaulted() -> None:
         "maxRecords": 512,
         "maxSizeBytes": 4194304,
         "maxDelayMillis": 1,
+        "flushMode": "adaptive",
     }
     assert spec["storage"]["size"] == "1Gi"
 
@@ -227,7 +228,7 @@ def test_minimal_resources_are_valid_and_defaulted() -> None:
     [
         (TC, {"version": "1.2.0", "batchedWrite": {"enabled": True}}, "needs version 2.x"),
         (PAS, {"version": "1.2.0", "batchedWrite": {"enabled": True}}, "needs version 2.x"),
-        (TC, {"version": "3.0.0"}, "known release line"),
+        (TC, {"version": "9.0.0"}, "known release line"),
         (TC, {"version": "2.0.0", "batchedWrite": {"enabled": True, "maxRecords": 1}}, "at least 2"),
         (TC, {"version": "2.0.0", "replicas": 5, "coordinators": 2}, "at least spec.replicas"),
     ],
@@ -280,8 +281,9 @@ def test_batched_write_limits_and_defaults_are_the_runtimes(name: str) -> None:
     bounds = {
         key: (fields[key]["minimum"], fields[key]["maximum"], fields[key]["default"])
         for key in fields
-        if key != "enabled"
+        if key not in {"enabled", "flushMode"}
     }
+    assert fields["flushMode"]["enum"] == list(batching.FLUSH_MODES)
     assert bounds == {
         "maxRecords": (batching.MIN_MAX_RECORDS, batching.MAX_MAX_RECORDS, batching.DEFAULT_MAX_RECORDS),
         "maxSizeBytes": (
@@ -398,3 +400,110 @@ def test_cel_refuses_specs_that_would_fail_later(spec: dict[str, Any], fragment:
 def test_valid_specs_at_the_edges_are_accepted(spec: dict[str, Any]) -> None:
     assert cel_errors(TC, {**spec, "coordinators": 16}) == []
     assert cel_errors(PAS, spec) == []
+
+
+# ---- PendingAckStore.spec.offload / spec.singleKeyTransactions: limits, CEL and the release gate -----
+
+FS = {"driver": "filesystem", "filesystem": {"claimName": "offload-rwx"}}
+S3 = {"driver": "aws-s3", "bucket": "ledgers", "region": "eu-west-1", "credentialsSecret": {"name": "s3"}}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"version": "3.0.0", "offload": FS},
+        {"version": "3.1.0", "offload": S3},
+        {"version": "3.0.0", "offload": {**S3, "driver": "S3", "endpoint": "http://minio:9000"}},
+        {
+            "version": "3.0.0",
+            "offload": {**FS, "minSegmentRolloverSeconds": 600, "maxSegmentRolloverSeconds": 600},
+        },
+        {"version": "3.0.0", "singleKeyTransactions": {"enabled": True}},
+        {
+            "version": "3.0.0",
+            "singleKeyTransactions": {
+                "enabled": True,
+                "maxBlockBytes": store_settings.SRK_MAX_BLOCK_BYTES,
+                "writerInactivityMinutes": 1,
+                "maxWritersPerTopic": 1,
+            },
+        },
+        # Disabled single-key transactions are allowed on any release (a CR written for 3.x, kept).
+        {"version": "2.0.0", "singleKeyTransactions": {"enabled": False}},
+        # A 3.x -> 2.x downgrade keeps the location, disabled, so tier-only ledgers can be restored.
+        {"version": "2.0.0", "offload": {**FS, "enabled": False}},
+    ],
+)
+def test_valid_gated_specs_are_accepted(spec: dict[str, Any]) -> None:
+    assert cel_errors(PAS, spec) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"version": "2.0.0", "offload": FS}, "spec.offload needs the 'offload-segments' feature"),
+        ({"version": "1.0.0", "offload": S3}, "only release lines 3.x have"),
+        (
+            {"version": "2.3.0", "singleKeyTransactions": {"enabled": True}},
+            "spec.singleKeyTransactions needs the 'single-key-transactions' feature",
+        ),
+        ({"version": "3.0.0", "offload": {"driver": "aws-s3"}}, "offload.bucket is required"),
+        ({"version": "3.0.0", "offload": {"driver": "S3"}}, "offload.bucket is required"),
+        ({"version": "3.0.0", "offload": {"driver": "filesystem"}}, "offload.filesystem.claimName"),
+        ({"version": "3.0.0", "offload": {"driver": "filesystem", "filesystem": {}}}, "claimName"),
+        (
+            {"version": "3.0.0", "offload": {**FS, "minSegmentRolloverSeconds": 700}},
+            "minSegmentRolloverSeconds must not exceed offload.maxSegmentRolloverSeconds",
+        ),
+    ],
+)
+def test_cel_refuses_gated_specs_saying_what_to_fix(spec: dict[str, Any], fragment: str) -> None:
+    errors = cel_errors(PAS, spec)
+    assert any(fragment in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"version": "3.0.0", "offload": {"driver": "gcs"}},
+        {"version": "3.0.0", "offload": {"bucket": "x"}},
+        {"version": "3.0.0", "offload": {**FS, "maxSegmentSizeBytes": 0}},
+        {"version": "3.0.0", "offload": {**FS, "maxBlockSizeBytes": 0}},
+        {"version": "3.0.0", "offload": {**FS, "maxSegmentRolloverSeconds": 0}},
+        {"version": "3.0.0", "offload": {**FS, "thresholdBytes": -2}},
+        {"version": "3.0.0", "offload": {**FS, "deletionLagMs": -1}},
+        {"version": "3.0.0", "offload": {**S3, "endpoint": "minio:9000"}},
+        {"version": "3.0.0", "singleKeyTransactions": {"maxBlockBytes": 16 * 1024 * 1024 + 1}},
+        {"version": "3.0.0", "singleKeyTransactions": {"maxBlockBytes": 0}},
+        {"version": "3.0.0", "singleKeyTransactions": {"writerInactivityMinutes": 0}},
+        {"version": "3.0.0", "singleKeyTransactions": {"maxWritersPerTopic": 0}},
+    ],
+)
+def test_schema_refuses_out_of_range_gated_settings(spec: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        cel_errors(PAS, spec)
+
+
+def test_defaults_are_pulsars_and_only_stores_have_the_sections() -> None:
+    spec = _default(_schema(PAS, "spec"), {"version": "3.0.0", "offload": dict(FS)})
+    offload = spec["offload"]
+    assert offload["thresholdBytes"] == -1 and offload["deletionLagMs"] == 4 * 3600 * 1000
+    assert offload["maxSegmentSizeBytes"] == 1024**3 and offload["maxBlockSizeBytes"] == 64 * 1024**2
+    assert "offload" not in _schema(TC, "spec")["properties"]
+    assert "singleKeyTransactions" not in _schema(TC, "spec")["properties"]
+    assert _schema(PAS, "spec")["properties"]["batchedWrite"]["properties"]["flushMode"]["enum"] == [
+        "adaptive",
+        "delay",
+    ]
+
+
+def test_the_offload_example_passes_schema_and_cel() -> None:
+    example = yaml.safe_load((ROOT / "examples" / "pendingackstore-offload.yaml").read_text())
+    assert example["kind"] == "PendingAckStore"
+    assert cel_errors(PAS, example["spec"]) == []
+    downgrade = copy.deepcopy(example["spec"])
+    downgrade["version"] = "2.0.0"
+    downgrade["singleKeyTransactions"]["enabled"] = False
+    assert any("offload-segments" in e for e in cel_errors(PAS, downgrade))
+    downgrade["offload"]["enabled"] = False
+    assert cel_errors(PAS, downgrade) == []

@@ -333,3 +333,114 @@ async def test_pause_annotation_freezes_everything(world: Any) -> None:
     sts = kube.objects[("StatefulSet", "ns", "txn")]
     assert sts["spec"]["template"]["metadata"]["labels"][naming.VERSION_LABEL] == "1.0.0"
     assert {c["type"]: c["status"] for c in kube.cr["status"]["conditions"]}["Paused"] == "True"
+
+
+# ---- a PendingAckStore that offloads: status, OffloadHealthy, and the restore-before-downgrade gate ------
+
+
+class StoreKube(FakeKube):
+    async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None:
+        assert plural == "pendingackstores" and name == self.cr["metadata"]["name"]
+        fetched: Obj = json.loads(json.dumps(self.cr))
+        return fetched
+
+
+class OffloadingPods(FakePods):
+    """Store pods with tier-only ledgers; a requested restore happens when the pod (re)starts."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        super().__init__(kube)
+        self.tier_only: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.requested: dict[str, Mapping[str, Any]] = {}
+        self.started: dict[str, str] = {}
+
+    def _store_pod(self, base: str) -> str:
+        pod = self._pod(base)
+        name: str = pod["metadata"]["name"]
+        if self.started.get(name) != pod["metadata"]["uid"]:
+            self.started[name] = pod["metadata"]["uid"]
+            if name in self.requested:
+                assert pod["metadata"]["labels"][naming.VERSION_LABEL].startswith("3."), (
+                    "restored by a 2.x pod"
+                )
+                self.calls.append(f"restored {name}")
+                del self.requested[name]
+                self.tier_only[name] = 0
+        return name
+
+    async def offload_summary(self, base: str) -> dict[str, Any]:
+        name = self._store_pod(base)
+        tier = self.tier_only.get(name, 0)
+        return {
+            "tierOnlyLedgers": tier,
+            "maxMetadataVersion": 2 if tier else 1,
+            "restoreRequested": name in self.requested,
+            "segments": {"Offloaded": tier, "Failed": self.failed.get(name, 0)},
+            "unreadable": [],
+        }
+
+    async def request_offload_restore(self, base: str, offload: Mapping[str, Any], token: str) -> None:
+        name = self._store_pod(base)
+        assert token
+        self.requested[name] = dict(offload)
+        self.calls.append(f"restore-request {name}")
+
+
+def _store_cr(version: str, offload: Obj | None) -> Obj:
+    cr = _cr(version, enabled=True)
+    cr["kind"] = "PendingAckStore"
+    if offload is not None:
+        cr["spec"]["offload"] = offload
+    del cr["spec"]["coordinators"]
+    return cr
+
+
+async def test_offloading_store_reports_offload_and_restores_before_a_downgrade() -> None:
+    offload = {"driver": "filesystem", "filesystem": {"claimName": "tier"}, "thresholdBytes": 0}
+    kube = StoreKube(_store_cr("3.0.0", offload))
+    pods = OffloadingPods(kube)
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=Events(), clock=Clock())  # type: ignore[arg-type]
+    await _until(kube, ctx, Phase.READY)
+    config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
+    assert config["offload"]["fileSystemURI"] == "/var/lib/txnkeeper-offload"
+    pods.tier_only.update({"txn-0": 2, "txn-2": 1})
+    pods.failed["txn-1"] = 1
+    await _until(kube, ctx, Phase.READY)
+    status = kube.cr["status"]
+    by_pod = {p["name"]: p["offload"] for p in status["pods"]}
+    assert by_pod["txn-0"]["tierOnlyLedgers"] == 2 and by_pod["txn-0"]["maxMetadataVersion"] == 2
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["OffloadHealthy"]["status"] == "False"
+    assert conditions["OffloadHealthy"]["reason"] == "FailedSegments"
+    assert "txn-1: 1 Failed segment(s)" in conditions["OffloadHealthy"]["message"]
+    assert conditions["FeaturesSupported"]["status"] == "True"
+
+    # Downgrade: offload disabled (location kept), version 2.x. Restores come first, each pod restarted
+    # at 3.x; only then does any pod run 2.x.
+    pods.failed.clear()
+    kube.cr["spec"] = _store_cr("2.0.0", {**offload, "enabled": False})["spec"]
+    await _until(kube, ctx, Phase.READY, limit=120)
+    assert pods.calls[:4] == [
+        "restore-request txn-2",
+        "restored txn-2",
+        "restore-request txn-0",
+        "restored txn-0",
+    ]
+    assert kube.deleted == ["txn-2", "txn-0", "txn-2", "txn-1", "txn-0"]
+    assert kube.cr["status"]["currentVersion"] == "2.0.0"
+    config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
+    assert "offload" not in config  # 2.x pods never get the section
+
+
+async def test_a_store_spec_using_a_feature_its_release_lacks_gets_a_false_condition() -> None:
+    kube = StoreKube(_store_cr("2.0.0", {"driver": "filesystem", "filesystem": {"claimName": "tier"}}))
+    pods = OffloadingPods(kube)
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=Events(), clock=Clock())  # type: ignore[arg-type]
+    await _until(kube, ctx, Phase.READY)
+    conditions = {c["type"]: c for c in kube.cr["status"]["conditions"]}
+    assert conditions["FeaturesSupported"]["status"] == "False"
+    assert conditions["FeaturesSupported"]["reason"] == "FeatureUnavailable"
+    assert "release 2.0.0 lacks" in conditions["FeaturesSupported"]["message"]
+    config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
+    assert set(config) == {"batchedWrite"}

@@ -181,6 +181,12 @@ class _FailingPod:
     async def topic_writers(self, topic: str) -> dict[str, Any] | None:
         return self._fail()  # type: ignore[no-any-return]
 
+    async def offload_summary(self) -> dict[str, Any]:
+        return self._fail()  # type: ignore[no-any-return]
+
+    async def request_offload_restore(self, properties: dict[str, Any]) -> None:
+        self._fail()
+
 
 async def test_unexpected_failure_is_a_generic_500_with_the_traceback_only_in_the_log(
     caplog: pytest.LogCaptureFixture,

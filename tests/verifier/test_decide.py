@@ -198,3 +198,13 @@ def test_overall_safe_iff_every_store_meets_both_conditions(states: list[dict[st
     )
     assert report.safe is expected
     assert len(report.stores) == len(states)
+
+
+@pytest.mark.parametrize(
+    "offload", [[], {"tierOnlyLedgers": -1, "maxMetadataVersion": 1}, {"tierOnlyLedgers": 0}]
+)
+def test_a_malformed_offload_state_fails_the_pod(offload: Any) -> None:
+    document = pod_document("tc-0", [store_entry("log0", [8, 9])])
+    document["offload"] = offload
+    outcome, _ = judge_document(POD, document, {"log0": 7})
+    assert not outcome.ok and outcome.error is not None and "offload" in outcome.error

@@ -208,3 +208,26 @@ def test_pods_without_stores_are_safe_only_when_every_pod_answers(spark: Any, po
     grown = fleet(pods, {"store-3": [pending_ack(0)]})
     report = verify([*empty, *grown], markers, spark=spark)
     assert not report.safe and verdict(report, pending_ack(0)["name"]).safe is False
+
+
+def test_offloaded_data_on_any_pod_holds_the_downgrade(spark: Any, pods: SyntheticPods) -> None:
+    """A pod whose ledgers document reports tier-only ledgers or metadata version 2 makes the report
+    not safe, naming it, even when every store's batched data is invalidated; pods of releases that
+    report no offload state (older ones) and clean pods are fine."""
+    layout = healthy_layout()
+    documents = {name: pod_document(name, stores) for name, stores in layout.items()}
+    documents["store-0"]["offload"] = {"tierOnlyLedgers": 2, "maxMetadataVersion": 2}
+    documents["store-1"]["offload"] = {"tierOnlyLedgers": 0, "maxMetadataVersion": 1}
+    endpoints = [pods.add_pod(name, PodAnswer.document(doc)) for name, doc in documents.items()]
+    report = verify(endpoints, markers_for(layout), spark=spark)
+    assert not report.safe
+    assert "1 pod(s) hold offloaded data" in report.reason
+    assert "store-0: 2 tier-only ledger(s), metadata version 2" in report.reason
+    by_pod = {row["pod"]: row for row in report.to_dict()["pods"]}
+    assert by_pod["store-0"]["tierOnlyLedgers"] == 2 and by_pod["store-0"]["maxMetadataVersion"] == 2
+    assert by_pod["tc-0"]["tierOnlyLedgers"] is None
+    assert all(row.safe for row in report.stores)
+
+    documents["store-0"]["offload"] = {"tierOnlyLedgers": 0, "maxMetadataVersion": 1}
+    endpoints = [pods.add_pod(name, PodAnswer.document(doc)) for name, doc in documents.items()]
+    assert verify(endpoints, markers_for(layout), spark=spark).safe

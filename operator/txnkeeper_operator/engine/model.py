@@ -35,6 +35,24 @@ class Template:
 
 
 @dataclass(frozen=True, slots=True)
+class OffloadState:
+    """A store pod's offload state (GET /admin/v1/offload/summary): what a downgrade to a release
+    without ``offload-segments`` waits on."""
+
+    tier_only_ledgers: int
+    metadata_version: int
+    # The pod holds a restore request (POST /admin/v1/offload/restore): it restores at its next start.
+    restore_requested: bool = False
+    # Its running configuration offloads by itself: it could create tier-only ledgers at any time.
+    automatic: bool = False
+
+    @property
+    def clean(self) -> bool:
+        """Nothing a release without offload could not read: no tier-only ledger, metadata version 1."""
+        return self.tier_only_ledgers == 0 and self.metadata_version <= 1
+
+
+@dataclass(frozen=True, slots=True)
 class PodState:
     """One pod as observed: its spec version (what it runs) and what its admin API reports."""
 
@@ -44,6 +62,8 @@ class PodState:
     ready: bool
     # Aggregated over every store of the pod; None while the admin API has not answered.
     batch: BatchSettings | None = None
+    # Reported by store pods whose release has offload-segments; None: not asked or no answer.
+    offload: OffloadState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +147,7 @@ class Phase(StrEnum):
     VERIFYING_DOWNGRADE = "VerifyingDowngrade"
     DOWNGRADE_BLOCKED = "DowngradeBlocked"
     ROLLING_DOWNGRADE = "RollingDowngrade"
+    RESTORING_OFFLOADED = "RestoringOffloaded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +198,17 @@ class RunVerifier:
     reason: str
 
 
-Action = ApplyTemplate | RestartPod | ConfigureBatchLog | RolloverStores | RunVerifier
+@dataclass(frozen=True, slots=True)
+class RestoreOffloaded:
+    """Ask one store pod (POST /admin/v1/offload/restore) to copy its tier-only ledgers back and
+    rewrite its metadata as version 1 at its next start (the engine then restarts it)."""
+
+    pod: str
+    ordinal: int
+    reason: str
+
+
+Action = ApplyTemplate | RestartPod | ConfigureBatchLog | RolloverStores | RunVerifier | RestoreOffloaded
 
 
 def describe(action: Action) -> str:
@@ -194,6 +225,8 @@ def describe(action: Action) -> str:
             return f"roll over every store of {p}"
         case RunVerifier(markers=m):
             return f"run the verifier over {len(m)} store(s)"
+        case RestoreOffloaded(pod=p):
+            return f"restore the tier-only ledgers of {p} locally"
     raise AssertionError(action)
 
 

@@ -13,7 +13,14 @@ same way). Each call runs this algorithm and stops at the first step that has so
     running pods or an unfinished downgrade say the volumes may hold (``_create_template``).
  4. A pod missing or not ready: a not-ready pod at a version other than the template's is restarted
     from the template (always at a level its data can live with); otherwise wait (``_wait_for_pods``).
- 5. Desired level below the data level: the downgrade (``_downgrade``):
+ 5. Desired level below the data level: the downgrade (``_downgrade``) passes the gates of the
+    features it takes away (contract.formats.lost_features). offload-segments first
+    (RESTORING_OFFLOADED, ``_restore_offloaded``): each pod still at an offload-capable release that
+    reports tier-only ledgers or metadata version 2 is asked to restore (RestoreOffloaded), then
+    restarted at the template's release so it restores before opening its ledgers; a clean pod whose
+    running configuration still offloads automatically is restarted (the template's has it off);
+    held until every such pod reports none. Without batched-log among the lost features (3.x -> 2.x)
+    the roll then proceeds like step 6. Otherwise the batched-log gates:
     a. batching re-enabled on any pod throws away markers and proof taken so far;
     b. proof already held: roll the template, then the pods highest ordinal first (ROLLING_DOWNGRADE);
     c. gate 1, DISABLING_BATCH_LOG: template unbatched, every pod told and confirmed unbatched,
@@ -36,7 +43,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from txnkeeper.contract.formats import BATCHED_LEVEL, UnknownReleaseError, format_level
+from txnkeeper.contract.formats import (
+    BATCHED_LEVEL,
+    OFFLOAD_LEVEL,
+    Feature,
+    UnknownReleaseError,
+    format_level,
+    lost_features,
+)
 from txnkeeper.contract.freshness import staleness
 from txnkeeper.contract.names import PAUSE_ANNOTATION
 from txnkeeper_operator.engine.model import (
@@ -53,6 +67,7 @@ from txnkeeper_operator.engine.model import (
     PodState,
     Progress,
     RestartPod,
+    RestoreOffloaded,
     RolloverStores,
     RunVerifier,
     Template,
@@ -148,6 +163,14 @@ class _Planner:
                 version = max(batched_pods, key=_version_key)
             elif downgrade is not None and downgrade.verified_at is None and downgrade.from_version:
                 version = downgrade.from_version
+        if self.target_level < OFFLOAD_LEVEL and format_level(version) < OFFLOAD_LEVEL:
+            unclean = [
+                p.version
+                for p in self.pods
+                if format_level(p.version) >= OFFLOAD_LEVEL and (p.offload is None or not p.offload.clean)
+            ]
+            if unclean:
+                version = max(unclean, key=_version_key)
         fresh = not self.pods and downgrade is None
         startup = self.desired.batch if self.want_batch and fresh else self.desired.batch.disabled()
         return self._act(ApplyTemplate(version, startup, f"create pods at {version}"), Phase.CREATING)
@@ -206,9 +229,9 @@ class _Planner:
             startup = desired.batch if self.want_batch and all_batched_capable else desired.batch.disabled()
             return self._act(
                 ApplyTemplate(desired.version, startup, f"roll pods to {desired.version}"),
-                Phase.ROLLING_UPGRADE,
+                self._rolling_phase(),
             )
-        restart = self._restart_next(desired.version, "to", Phase.ROLLING_UPGRADE)
+        restart = self._restart_next(desired.version, "to", self._rolling_phase())
         if restart is not None:
             return restart
         if self.want_batch:
@@ -242,6 +265,75 @@ class _Planner:
     # ---- downgrade to a level that cannot read batched entries ---------------------------------------
 
     def _downgrade(self, template: Template) -> Decision:
+        """The gates are those of the features the move takes away (contract.formats.lost_features):
+        offload-segments first (tier-only ledgers restored), then batched-log (the verifier's proof)."""
+        lost = lost_features(self.data_level, self.target_level)
+        if Feature.OFFLOAD_SEGMENTS in lost:
+            gate = self._restore_offloaded(template)
+            if gate is not None:
+                return gate
+        if Feature.BATCHED_LOG not in lost:
+            # 3.x -> 2.x: nothing batched to prove; roll like an upgrade, highest ordinal first.
+            return self._upgrade_or_toggle(template)
+        return self._batched_downgrade(template)
+
+    def _restore_offloaded(self, template: Template) -> Decision | None:
+        """Gate 0, RESTORING_OFFLOADED: every pod still at a release with offload reports no tier-only
+        ledger and metadata version 1; a pod that does not is asked to restore at its next start
+        (RestoreOffloaded) and then restarted at the template's (offload-capable) release. Pods
+        already below that level started, so their data was clean (the runtime refuses otherwise)."""
+        for pod in self.pods:
+            if format_level(pod.version) < OFFLOAD_LEVEL:
+                continue
+            state = pod.offload
+            if state is None:
+                return self._decision(
+                    None, Phase.RESTORING_OFFLOADED, f"waiting for the offload state of {pod.name}"
+                )
+            if state.clean and state.automatic and not state.restore_requested:
+                # Found clean, but its running configuration still offloads by itself: restart it
+                # from the template (offload disabled for the downgrade) before it can offload more.
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        template.version,
+                        f"restart {pod.name} at {template.version} with automatic offload off",
+                    ),
+                    Phase.RESTORING_OFFLOADED,
+                )
+            if state.clean:
+                continue
+            what = f"{state.tier_only_ledgers} tier-only ledger(s), metadata version {state.metadata_version}"
+            if format_level(template.version) < OFFLOAD_LEVEL:
+                # Only after a lost StatefulSet: a restart must come back at a release that restores.
+                return self._act(
+                    ApplyTemplate(pod.version, template.batch, f"{pod.name} still holds {what}"),
+                    Phase.RESTORING_OFFLOADED,
+                )
+            if state.restore_requested:
+                return self._act(
+                    RestartPod(
+                        pod.name,
+                        pod.ordinal,
+                        pod.version,
+                        template.version,
+                        f"restart {pod.name} at {template.version} so it restores {what} first",
+                    ),
+                    Phase.RESTORING_OFFLOADED,
+                )
+            return self._act(
+                RestoreOffloaded(
+                    pod.name,
+                    pod.ordinal,
+                    f"{pod.name} holds {what}; {self.desired.version} cannot read them: restore them locally",
+                ),
+                Phase.RESTORING_OFFLOADED,
+            )
+        return None
+
+    def _batched_downgrade(self, template: Template) -> Decision:
         progress = self.progress.downgrade or DowngradeProgress(
             started_at=self.observed.now, from_version=self._highest_batched_version(template)
         )

@@ -188,8 +188,40 @@ async def rollover(request: web.Request) -> web.Response:
 async def store_ledgers(request: web.Request) -> web.Response:
     pod = _pod(request)
     reports = [await s.ledger_report() for s in pod.stores()]
+    summary = await pod.offload_summary()
+    offload = {k: summary[k] for k in ("tierOnlyLedgers", "maxMetadataVersion")}
     return web.json_response(
-        {"pod": pod.pod_name, "release": pod.release, "formatLevel": pod.format_level, "stores": reports}
+        {
+            "pod": pod.pod_name,
+            "release": pod.release,
+            "formatLevel": pod.format_level,
+            "stores": reports,
+            "offload": offload,
+        }
+    )
+
+
+async def offload_summary(request: web.Request) -> web.Response:
+    return web.json_response(await _pod(request).offload_summary())
+
+
+async def offload_restore(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    unknown = sorted(set(body) - {"offload"})
+    if unknown or not isinstance(body.get("offload"), dict):
+        raise BadRequest(
+            f"expected {{'offload': {{...}}}} with the blob store's settings (Pulsar key names, e.g. "
+            f"managedLedgerOffloadDriver, fileSystemURI); unknown key(s): {unknown}"
+        )
+    pod = _pod(request)
+    try:
+        await pod.request_offload_restore(body["offload"])
+    except FormatLevelRefusal as exc:
+        return _error(409, str(exc))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    return web.json_response(
+        {"pod": pod.pod_name, "restoreRequested": True, "restartRequired": True}, status=202
     )
 
 
@@ -341,6 +373,8 @@ def build_admin_app(
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)
     app.router.add_get("/admin/v1/topics/writers", topic_writers)
+    app.router.add_get("/admin/v1/offload/summary", offload_summary)
+    app.router.add_post("/admin/v1/offload/restore", offload_restore)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/admin/v1/topics/offload", topic_offload)
     app.router.add_get("/admin/v1/topics/offload-status", topic_offload_status)

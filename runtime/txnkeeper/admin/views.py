@@ -59,6 +59,11 @@ class PodView(Protocol):
 
     def pending_ack_log(self, topic: str, subscription: str) -> StoreView | None: ...
 
+    async def offload_summary(self) -> dict[str, Any]: ...  # GET /admin/v1/offload/summary
+
+    # POST /admin/v1/offload/restore: ValueError = bad settings (400), FormatLevelRefusal (409).
+    async def request_offload_restore(self, properties: dict[str, Any]) -> None: ...
+
     def metrics_text(self) -> bytes: ...
 
     # A topic's single-routing-key writers and idempotent producers (None: not a topic of this pod).

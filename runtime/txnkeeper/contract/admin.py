@@ -142,6 +142,21 @@ class AdminClient:
             raise AdminError(f"GET {base}/admin/v1/stores/ledgers: not a ledgers document")
         return doc
 
+    async def offload_summary(self, base: str) -> dict[str, Any]:
+        """GET /admin/v1/offload/summary (docs/contracts.md §5): the pod's managed ledgers' offload state."""
+        doc = await self._call("GET", f"{base}/admin/v1/offload/summary")
+        if not isinstance(doc, dict) or "tierOnlyLedgers" not in doc or "maxMetadataVersion" not in doc:
+            raise AdminError(f"GET {base}/admin/v1/offload/summary: not an offload summary document")
+        return doc
+
+    async def request_offload_restore(
+        self, base: str, offload: Mapping[str, Any], token: str | None = None
+    ) -> None:
+        """POST /admin/v1/offload/restore: the pod restores its tier-only ledgers at its next start."""
+        await self._call(
+            "POST", f"{base}/admin/v1/offload/restore", token or self._token, {"offload": dict(offload)}
+        )
+
     async def metrics(self, base: str) -> str:
         """The pod's Prometheus text exposition."""
         text: str = await self._call("GET", f"{base}/metrics", text=True)

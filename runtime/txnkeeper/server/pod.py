@@ -7,6 +7,7 @@ listens; only then is the pod ready. Close runs the other way and flushes every 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from prometheus_client.registry import Collector
 from txnkeeper.admin.app import build_admin_app
 from txnkeeper.admin.views import FormatLevelRefusal, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.contract.formats import Feature, FeatureUnavailableError, has_feature
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.recovery import highest_sequence, recovered_transactions
 from txnkeeper.coordinator.routes import RouteTable
@@ -29,6 +31,13 @@ from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
+from txnkeeper.ledger.offload.restore import (
+    RestoreRequestError,
+    inventory,
+    request_restore,
+    restore_if_requested,
+    restore_requested,
+)
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
 from txnkeeper.protocol.rpc import split_address
@@ -87,6 +96,12 @@ class PodRuntime:
             self._not_ready = "recovering stores"
             data = self.config.data_dir
             data.mkdir(parents=True, exist_ok=True)
+            self._check_data_features(data / "ledgers")
+            if has_feature(self.release, Feature.OFFLOAD_SEGMENTS):
+                # A downgrade asked for the tier-only ledgers back: before any ledger opens (§5).
+                self._not_ready = "restoring offloaded ledgers"
+                await restore_if_requested(data, data / "ledgers")
+                self._not_ready = "recovering stores"
             self._factory = ManagedLedgerFactory(data / "ledgers")
             if self.role == "coordinator":
                 await self._start_coordinators(data / "coordinator")
@@ -111,6 +126,57 @@ class PodRuntime:
         except BaseException as exc:
             self._not_ready = f"start failed: {exc}"
             raise
+
+    def _check_data_features(self, root: Path) -> None:
+        """Refuse data this release cannot read (docs/contracts.md §4), before any ledger is opened."""
+        if has_feature(self.release, Feature.OFFLOAD_SEGMENTS):
+            return
+        needing = inventory(root).needs_offload
+        if needing:
+            first = needing[0]
+            raise FeatureUnavailableError(
+                self.release,
+                Feature.OFFLOAD_SEGMENTS,
+                f"the data in {first.directory} (managed ledger {first.name!r}, metadata version "
+                f"{first.metadata_version} with offload segments; {len(needing)} managed ledger(s) in all)"
+                " (to downgrade, first restore tier-only ledgers with a 3.x pod: docs/contracts.md §5)",
+            )
+
+    async def offload_summary(self) -> dict[str, Any]:
+        """Every managed ledger's offload state, read from its metadata file (§5)."""
+        root = self.config.data_dir / "ledgers"
+        summary = (await asyncio.get_running_loop().run_in_executor(None, inventory, root)).to_json()
+        return {
+            "pod": self.pod_name,
+            "release": self.release,
+            "formatLevel": self.format_level,
+            "restoreRequested": restore_requested(self.config.data_dir),
+            "automaticOffload": self._automatic_offload(),
+            **summary,
+        }
+
+    def _automatic_offload(self) -> bool:
+        """Whether any open managed ledger offloads by itself (threshold >= 0): a downgrade must not
+        roll a pod that could still create tier-only ledgers after it was found clean."""
+        if self._factory is None:
+            return False
+        return any(
+            ml.offloader is not None and ml.offloader.policy.managedLedgerOffloadThresholdInBytes >= 0
+            for ml in self._factory.open_ledgers()
+        )
+
+    async def request_offload_restore(self, properties: dict[str, Any]) -> None:
+        """Record a restore request carried out at the next start (POST /admin/v1/offload/restore)."""
+        if not has_feature(self.release, Feature.OFFLOAD_SEGMENTS):
+            raise FormatLevelRefusal(
+                f"release {self.release} has no offload: its data holds no offloaded ledger to restore"
+            )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, request_restore, self.config.data_dir, properties
+            )
+        except RestoreRequestError as exc:
+            raise ValueError(str(exc)) from exc
 
     async def _start_admin(self) -> None:
         app = build_admin_app(self, self.config.admin_token, lambda: self.offloads)

@@ -12,15 +12,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract import store_settings
 from txnkeeper.server.config import ConfigError, env, load_document, section
-from txnkeeper.topic.writers import DEFAULT_MAX_BLOCK_BYTES, SingleKeySettings
+from txnkeeper.topic.writers import SingleKeySettings
 
 SECTION = "singleKeyTransactions"
 # section key -> (SingleKeySettings field, minimum, maximum)
 _KEYS: dict[str, tuple[str, int, int]] = {
-    "maxBlockBytes": ("max_block_bytes", 1, DEFAULT_MAX_BLOCK_BYTES),  # PDP-44: at most 16 MiB
-    "writerInactivityMinutes": ("writer_inactivity_minutes", 1, 10 * 365 * 24 * 60),
-    "maxWritersPerTopic": ("max_writers_per_topic", 1, 1_000_000),
+    "maxBlockBytes": ("max_block_bytes", 1, store_settings.SRK_MAX_BLOCK_BYTES),  # PDP-44: at most 16 MiB
+    "writerInactivityMinutes": (
+        "writer_inactivity_minutes",
+        1,
+        store_settings.SRK_MAX_WRITER_INACTIVITY_MINUTES,
+    ),
+    "maxWritersPerTopic": ("max_writers_per_topic", 1, store_settings.SRK_MAX_MAX_WRITERS_PER_TOPIC),
 }
 _FLAGS = {
     "maxBlockBytes": "srk_max_block_bytes",

@@ -36,7 +36,7 @@ from txnkeeper.ledger import (
     ManagedLedgerFactory,
     Position,
 )
-from txnkeeper.release import BATCHED_LEVEL, UNBATCHED_LEVEL
+from txnkeeper.release import BATCHED_LEVEL, FormatLevel
 
 R = TypeVar("R", bound=Message)
 
@@ -108,10 +108,9 @@ class LiveEntryFormats:
 
 
 def check_format_level(format_level: int) -> None:
-    if format_level not in (UNBATCHED_LEVEL, BATCHED_LEVEL):
-        raise ValueError(
-            f"format level {format_level!r} is unknown; use {UNBATCHED_LEVEL} (1.x) or {BATCHED_LEVEL} (2.x)"
-        )
+    if format_level not in set(FormatLevel):
+        known = ", ".join(f"{int(level)} ({level.name})" for level in FormatLevel)
+        raise ValueError(f"format level {format_level!r} is unknown; use one of {known}")
 
 
 def check_batching_allowed(store: str, format_level: int, config: BatchedWriteConfig) -> None:

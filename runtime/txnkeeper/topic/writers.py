@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from txnkeeper.contract import store_settings
 from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -27,9 +28,9 @@ NO_EVENT = -1  # last number of a writer the store knows nothing about
 # TxnID.most of the store-local transaction each block is written under: no coordinator has this id.
 BLOCK_TXN_MOST = 2**64 - 1
 
-DEFAULT_MAX_BLOCK_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_WRITERS_PER_TOPIC = 10_000
-DEFAULT_WRITER_INACTIVITY_MINUTES = 7 * 24 * 60
+DEFAULT_MAX_BLOCK_BYTES = store_settings.SRK_DEFAULT_MAX_BLOCK_BYTES
+DEFAULT_MAX_WRITERS_PER_TOPIC = store_settings.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC
+DEFAULT_WRITER_INACTIVITY_MINUTES = store_settings.SRK_DEFAULT_WRITER_INACTIVITY_MINUTES
 
 
 class WriterFencedError(ServiceError):

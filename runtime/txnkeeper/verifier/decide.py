@@ -214,8 +214,32 @@ def judge_document(
             continue
         seen.add(observation.name)
         verdicts.append(judge_store(pod, observation, markers.get(observation.name)))
-    outcome = PodOutcome(pod=pod, endpoint=endpoint.url, ok=True, store_count=len(verdicts), error=None)
+    offload = document.get("offload")
+    tier_only: int | None = None
+    version: int | None = None
+    if offload is not None:
+        if not isinstance(offload, Mapping):
+            return judge_failure(endpoint, "malformed document: 'offload' must be an object")
+        tier_only, version = offload.get("tierOnlyLedgers"), offload.get("maxMetadataVersion")
+        if not _count(tier_only) or not _count(version):
+            return judge_failure(
+                endpoint,
+                "malformed document: offload.tierOnlyLedgers/maxMetadataVersion must be integers >= 0",
+            )
+    outcome = PodOutcome(
+        pod=pod,
+        endpoint=endpoint.url,
+        ok=True,
+        store_count=len(verdicts),
+        error=None,
+        tier_only_ledgers=tier_only,
+        max_metadata_version=version,
+    )
     return outcome, verdicts
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def judge_failure(endpoint: PodEndpoint, error: str) -> tuple[PodOutcome, list[StoreVerdict]]:
@@ -275,6 +299,17 @@ def finalize(
     if blocking:
         named = [f"{verdict.store}@{verdict.pod or '?'}: {verdict.reason}" for verdict in blocking]
         problems.append(f"{len(blocking)} of {len(judged)} stores not safe: {_name_some(named)}")
+    offloaded = [outcome for outcome in pods if outcome.ok and not outcome.offload_clean]
+    if offloaded:
+        named = [
+            f"{o.pod}: {o.tier_only_ledgers or 0} tier-only ledger(s), "
+            f"metadata version {o.max_metadata_version}"
+            for o in offloaded
+        ]
+        problems.append(
+            f"{len(offloaded)} pod(s) hold offloaded data a downgrade cannot read (restore it first): "
+            + _name_some(named)
+        )
     if generated_at < markers.taken_at:
         problems.append(
             "collection began before the rollover markers were taken (clock skew or reused markers)"

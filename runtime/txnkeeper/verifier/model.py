@@ -156,6 +156,14 @@ class PodOutcome:
     ok: bool
     store_count: int
     error: str | None
+    # The pod's offload state (its ledgers document's "offload"); None: it reported none (a release
+    # without offload). A downgrade is safe only with no tier-only ledger and metadata version 1.
+    tier_only_ledgers: int | None = None
+    max_metadata_version: int | None = None
+
+    @property
+    def offload_clean(self) -> bool:
+        return not self.tier_only_ledgers and (self.max_metadata_version or 1) <= 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,16 +172,22 @@ class PodOutcome:
             "ok": self.ok,
             "storeCount": self.store_count,
             "error": self.error,
+            "tierOnlyLedgers": self.tier_only_ledgers,
+            "maxMetadataVersion": self.max_metadata_version,
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> PodOutcome:
+        tier = doc.get("tierOnlyLedgers")
+        version = doc.get("maxMetadataVersion")
         return cls(
             pod=doc["pod"],
             endpoint=doc["endpoint"],
             ok=bool(doc["ok"]),
             store_count=int(doc["storeCount"]),
             error=doc["error"],
+            tier_only_ledgers=None if tier is None else int(tier),
+            max_metadata_version=None if version is None else int(version),
         )
 
 

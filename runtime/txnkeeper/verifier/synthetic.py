@@ -99,6 +99,8 @@ class SyntheticPods:
         self._release_hangers = asyncio.Event()
         app = web.Application()
         app.router.add_get(LEDGERS_PATH, self._handle)
+        # verify-offload's input: a synthetic pod answers it with the same configured document.
+        app.router.add_get("/admin/v1/offload/summary", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
 

@@ -22,10 +22,12 @@ from txnkeeper_operator.engine import (
     Desired,
     EngineConfig,
     Observed,
+    OffloadState,
     Phase,
     PodState,
     Progress,
     RestartPod,
+    RestoreOffloaded,
     RolloverStores,
     RunVerifier,
     StoreVerdict,
@@ -63,9 +65,23 @@ class SimPod:
     crashlooping: bool = False
     # Ticks until a (re)started pod reports ready: long enough for the operator to see it unready.
     starting: int = 2
+    # PIP-76: ledgers whose entries exist only in the tier (metadata version 2 while any exist).
+    tier_only: int = 0
+    restore_requested: bool = False
+    # Started with a configuration that offloads by itself.
+    automatic: bool = False
 
     def needs_level(self) -> int:
+        if self.tier_only:
+            return 3
         return 2 if self.batched_ledgers else 1
+
+    def offload_state(self) -> OffloadState | None:
+        if format_level(self.version) < 3:
+            return None
+        return OffloadState(
+            self.tier_only, 2 if self.tier_only else 1, self.restore_requested, self.automatic
+        )
 
 
 @dataclass
@@ -92,6 +108,8 @@ class SimCluster:
     decisions: list[Decision] = field(default_factory=list)
     # Volumes of pods deleted together with their StatefulSet (PVCs are retained).
     volumes: dict[int, SimPod] = field(default_factory=dict)
+    # Whether the template's config offloads automatically (3.x pods started from it then do).
+    offload_auto: bool = False
 
     # ---- what the operator observes -----------------------------------------------------------------
 
@@ -103,6 +121,7 @@ class SimCluster:
                 p.version,
                 p.ready,
                 p.batch if (p.ready and self.reachable) else None,
+                p.offload_state() if (p.ready and self.reachable) else None,
             )
             for p in self.pods.values()
         )
@@ -176,6 +195,12 @@ class SimCluster:
             pod.rolled_at = self.now
             self.log.append(f"rollover {action.pod}")
             progress = record_rollover(progress, pod.name, markers)
+        elif isinstance(action, RestoreOffloaded):
+            pod = self.pods[action.ordinal]
+            if format_level(pod.version) < 3:
+                raise AssertionError(f"restore asked of {pod.name} at {pod.version} (409)")
+            pod.restore_requested = True
+            self.log.append(f"restore-request {action.pod}")
         elif isinstance(action, RunVerifier):
             self.verifier_running = True
             self.verifier_markers = dict(action.markers)
@@ -193,6 +218,8 @@ class SimCluster:
                 pod.batched_ledgers.add(pod.current_ledger)  # load keeps writing batched entries
             if not pod.pinned and pod.rolled_at is not None and self.now >= pod.rolled_at + self.trim_after:
                 pod.batched_ledgers = {lid for lid in pod.batched_ledgers if lid >= pod.current_ledger}
+            if pod.automatic and pod.ready:
+                pod.tier_only += 1  # a pod that offloads by itself keeps creating tier-only ledgers
             if not pod.ready and not pod.crashlooping:
                 pod.starting -= 1
                 pod.ready = pod.starting <= 0
@@ -243,9 +270,11 @@ class SimCluster:
         assert self.template is not None
         batch = self.template.batch if format_level(self.template.version) >= 2 else OFF
         pod = SimPod(ordinal, f"{self.name}-{ordinal}", self.template.version, batch)
+        pod.automatic = self.offload_auto and format_level(pod.version) >= 3
         volume = self.volumes.pop(ordinal, None)
         if volume is not None:  # a retained PVC: the new pod opens the old pod's ledgers
             pod.batched_ledgers, pod.current_ledger = volume.batched_ledgers, volume.current_ledger
+            pod.tier_only, pod.restore_requested = volume.tier_only, volume.restore_requested
             pod.pinned, pod.rolled_at = volume.pinned, volume.rolled_at
             if format_level(pod.version) < pod.needs_level():
                 raise InvariantViolation(f"{pod.name} created at {pod.version} over retained batched data")
@@ -266,6 +295,9 @@ class SimCluster:
             raise InvariantViolation(f"{pod.name} recreated at {self.template.version} over batched data")
         pod.version = self.template.version
         pod.batch = self.template.batch if format_level(pod.version) >= 2 else OFF
+        if pod.restore_requested:  # a 3.x pod restores tier-only ledgers before it opens them
+            pod.tier_only, pod.restore_requested = 0, False
+        pod.automatic = self.offload_auto and format_level(pod.version) >= 3
         pod.ready = False
         pod.crashlooping = False
         pod.starting = 2

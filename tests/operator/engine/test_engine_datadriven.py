@@ -45,6 +45,11 @@ log, records/delay change its limits):
   invariant                        "ok", or the violation the invariant checker finds
   pods                             every pod with its batch-log limits and readiness
   markers                          the stores the last verifier request covered
+  offload POD N                    POD's volume now holds N tier-only ledgers (PIP-76, needs 3.x)
+  offload-config on|off            the template's config offloads automatically (on: running 3.x
+                                   pods too, as if started with it; off: running pods keep theirs)
+  run ... restart-in=PHASE [restart-mode=before|between|after]
+                                   the operator restarts once, at the first decision in PHASE
   persisted                        which keys the persisted status.downgrade holds (or "none")
 """
 
@@ -67,6 +72,7 @@ from txnkeeper_operator.engine import (
     Template,
     VerifierReport,
     decide,
+    format_level,
 )
 
 from .opsim import CONFIG, OFF, ON, T0, InvariantViolation, SimCluster, desired, installed
@@ -235,6 +241,16 @@ class _Runner:
                 f" {'ready' if p.ready else 'unready'}"
                 for p in sorted(sim.pods.values(), key=lambda p: p.ordinal)
             )
+        elif word == "offload":
+            pod = sim.pods[self.pod(args[0])]
+            if format_level(pod.version) < 3:
+                raise ValueError(f"{pod.name} runs {pod.version}: only 3.x pods offload")
+            pod.tier_only = int(args[1])
+        elif word == "offload-config":
+            sim.offload_auto = args[0] == "on"
+            if sim.offload_auto:
+                for pod in sim.pods.values():
+                    pod.automatic = format_level(pod.version) >= 3
         elif word == "markers":
             return ", ".join(sorted(sim.verifier_markers)) or "none"
         elif word == "persisted":
@@ -251,8 +267,11 @@ class _Runner:
             stop = lambda d: d.phase == Phase(until)  # noqa: E731
         elif after:
             stop = lambda d: sim.actions()[-1:] == [after]  # noqa: E731
-        mode = self.crash.mode if self.crash is not None else "before"
-        last = sim.run(want, until=stop, crash_when=self.crash, crash_mode=mode)
+        crash = self.crash
+        if "restart-in" in options:  # the scenario's own restart, in place of the replayed one
+            crash = CrashOnce(Phase(options["restart-in"]), options.get("restart-mode", "between"))
+        mode = crash.mode if crash is not None else "before"
+        last = sim.run(want, until=stop, crash_when=crash, crash_mode=mode)
         self._passed(sim, decided)
         return self._report(sim, seen, decided, last)
 
@@ -325,6 +344,7 @@ class _Runner:
             "pods: "
             + ", ".join(
                 f"{p.name} {p.version} {'on' if p.batch.enabled else 'off'}{'' if p.ready else ' unready'}"
+                + (f" tier-only={p.tier_only}" if p.tier_only else "")
                 for p in pods
             )
         )

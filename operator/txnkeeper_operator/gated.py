@@ -1,0 +1,151 @@
+"""Release-gated PendingAckStore settings (``spec.offload``, ``spec.singleKeyTransactions``) as the
+operator renders and reports them.
+
+Why a module: these sections reach a pod only when the release it starts with has the feature (a 2.x
+pod handed an offload section would refuse to start, or worse, ignore it), so the ConfigMap, the
+StatefulSet's env and volumes, and the FeaturesSupported condition must all ask the same question of
+the same table (``contract.formats``). The CRD's CEL rules refuse most such specs at admission; this
+covers objects admitted earlier and a template still at an older release during an upgrade. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from txnkeeper.contract import store_settings as gated
+from txnkeeper.contract.formats import Feature, FeatureUnavailableError, UnknownReleaseError, require_feature
+from txnkeeper_operator.engine import Condition, ConditionStatus
+from txnkeeper_operator.resource import Resource
+
+OFFLOAD_VOLUME = "offload"
+
+
+def refusals(cr: Resource, version: str) -> list[str]:
+    """Why each section the spec switches on cannot be used at ``version`` (empty: all can)."""
+    out = []
+    for section, feature in gated.GATED_SECTIONS.items():
+        if not gated.used(section, cr.spec):
+            continue
+        try:
+            require_feature(version, feature, f"spec.{section}")
+        except (FeatureUnavailableError, UnknownReleaseError) as exc:
+            out.append(str(exc))
+    return out
+
+
+def _allowed(cr: Resource, section: str, version: str) -> bool:
+    if not gated.configured(section, cr.spec):
+        return False
+    try:
+        require_feature(version, gated.GATED_SECTIONS[section], f"spec.{section}")
+    except (FeatureUnavailableError, UnknownReleaseError):
+        return False
+    return True
+
+
+def _has(version: str, feature: Feature) -> bool:
+    try:
+        require_feature(version, feature, "")
+    except (FeatureUnavailableError, UnknownReleaseError):
+        return False
+    return True
+
+
+def config_sections(cr: Resource, version: str) -> dict[str, Any]:
+    """The pod config file's gated top-level sections for a pod starting at ``version``."""
+    out: dict[str, Any] = {}
+    if _allowed(cr, "offload", version):
+        offload = dict(cr.section("offload"))
+        if not _has(cr.version, gated.GATED_SECTIONS["offload"]):
+            # The spec heads for a release without offload (a downgrade): never offload anew, whatever
+            # spec.offload.enabled says (the CRD refuses that combination; older objects may hold it).
+            offload["enabled"] = False
+        out["offload"] = gated.offload_config(offload)
+    if _allowed(cr, "singleKeyTransactions", version):
+        out["singleKeyTransactions"] = gated.single_key_config(cr.section("singleKeyTransactions"))
+    return out
+
+
+def offload_env(cr: Resource, version: str) -> list[dict[str, Any]]:
+    """The credentials Secret's keys as env (boto3's default chain reads them)."""
+    secret = cr.section("offload").get("credentialsSecret") or {}
+    if not _allowed(cr, "offload", version) or not secret.get("name"):
+        return []
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": str(secret["name"]), "key": key}}}
+        for key in gated.S3_CREDENTIAL_KEYS
+    ]
+
+
+def offload_volumes(cr: Resource, version: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) for the filesystem driver's shared RWX claim."""
+    offload = cr.section("offload")
+    claim = (offload.get("filesystem") or {}).get("claimName")
+    if not _allowed(cr, "offload", version) or offload.get("driver") != "filesystem" or not claim:
+        return [], []
+    volume = {"name": OFFLOAD_VOLUME, "persistentVolumeClaim": {"claimName": str(claim)}}
+    mount = {"name": OFFLOAD_VOLUME, "mountPath": gated.OFFLOAD_MOUNT_DIR}
+    return [volume], [mount]
+
+
+def features_condition(cr: Resource, version: str) -> Condition:
+    """FeaturesSupported: False (FeatureUnavailable) while the spec asks for what ``version`` lacks."""
+    problems = refusals(cr, version)
+    if problems:
+        return Condition(
+            "FeaturesSupported",
+            ConditionStatus.FALSE,
+            "FeatureUnavailable",
+            "; ".join(problems) + " (the section is left out of the pods' config until then)",
+        )
+    return Condition(
+        "FeaturesSupported",
+        ConditionStatus.TRUE,
+        "Supported",
+        f"release {version} has every feature the spec uses",
+    )
+
+
+def restore_settings(cr: Resource) -> dict[str, Any]:
+    """The blob-store settings a pod's restore request carries (POST /admin/v1/offload/restore)."""
+    if not gated.configured("offload", cr.spec):
+        raise ValueError(
+            "a pod still holds tier-only ledgers but spec.offload is gone: put it back with "
+            "enabled: false (same driver and location) so they can be restored before the downgrade"
+        )
+    return gated.offload_config(cr.section("offload"))
+
+
+def offload_condition(
+    cr: Resource, summaries: Sequence[tuple[str, Mapping[str, Any] | None, str | None]]
+) -> Condition:
+    """OffloadHealthy from each pod's (name, GET /admin/v1/offload/summary, error).
+
+    False with reason FailedSegments when a pod reports Failed segments (the blob store refused or was
+    unreachable; they are retried), SummaryUnavailable when a pod's summary could not be read."""
+    if not gated.used("offload", cr.spec):
+        return Condition(
+            "OffloadHealthy", ConditionStatus.UNKNOWN, "NotConfigured", "spec.offload is not set"
+        )
+    failed = []
+    unreadable = []
+    for name, summary, error in summaries:
+        if summary is None:
+            unreadable.append(f"{name}: {error or 'no answer'}")
+            continue
+        count = int((summary.get("segments") or {}).get("Failed", 0))
+        if count:
+            failed.append(f"{name}: {count} Failed segment(s)")
+        if summary.get("unreadable"):
+            unreadable.append(f"{name}: {len(summary['unreadable'])} unreadable ledger metadata file(s)")
+    if failed:
+        return Condition(
+            "OffloadHealthy",
+            ConditionStatus.FALSE,
+            "FailedSegments",
+            "; ".join(failed) + " (uploads failed, e.g. the blob store is unreachable; they are retried)",
+        )
+    if unreadable:
+        return Condition("OffloadHealthy", ConditionStatus.FALSE, "SummaryUnavailable", "; ".join(unreadable))
+    return Condition("OffloadHealthy", ConditionStatus.TRUE, "Healthy", "no pod reports a Failed segment")

@@ -1,0 +1,291 @@
+"""`txnkeeper verify-offload`: audit the tier against what the pods' metadata says it holds (Spark).
+
+Why: offload deletes local files once a segment is recorded Offloaded, so from then on the blob store
+is the only copy. This job reads the objects directly from the blob store (not through a pod) and
+checks, for every Offloaded segment any store pod's metadata records: both objects exist, the index
+decodes and its lengths match the data object, and a sample of blocks read back with their CRCs and
+structure intact; then it lists the store and reports orphans (objects no segment of any pod names).
+Segments are spread over Spark partitions; each partition opens its own blob-store client.
+
+Input: the pods (``--endpoint``/``--endpoints-file`` as for verify-invalidation; each pod's
+GET /admin/v1/offload/summary lists its segments) and the blob store's settings (``--offload-config``
+FILE or ``--offload-json`` JSON: Pulsar key names, as in the pods' config file). Output: a JSON report
+(``--output``); exit 0 when nothing was found, 1 on findings, 2 on a usage or infrastructure error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from txnkeeper.ledger.offload.blobstore import BlobStore
+from txnkeeper.ledger.offload.config import OffloadConfig
+from txnkeeper.ledger.offload.errors import BlobNotFound, OffloadError
+from txnkeeper.ledger.offload.offloader import open_blob_store
+from txnkeeper.ledger.offload.reader import SegmentReader
+from txnkeeper.ledger.offload.writer import INDEX_SUFFIX
+from txnkeeper.verifier.inputs import load_endpoints, parse_endpoint
+from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+COMMAND = "verify-offload"
+SUMMARY_PATH = "/admin/v1/offload/summary"
+DEFAULT_SAMPLE_BLOCKS = 4
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    pod: str
+    store: str
+    uuid: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong: ``kind`` is missing-object, corrupt, orphan or pod-unreadable."""
+
+    kind: str
+    detail: str
+    pod: str | None = None
+    store: str | None = None
+    uuid: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentResult:
+    ref: SegmentRef
+    blocks: int
+    sampled: int
+    findings: tuple[Finding, ...]
+
+
+def store_config(properties: Mapping[str, Any]) -> OffloadConfig:
+    """The blob-store part of an offload section (policy keys ignored); VerifierInputError if bad."""
+    known = {f.name for f in fields(OffloadConfig)}
+    try:
+        return OffloadConfig.from_properties({k: str(v) for k, v in properties.items() if k in known})
+    except (OffloadError, ValueError) as exc:
+        raise VerifierInputError(f"bad offload settings: {exc}") from exc
+
+
+# ---- collecting the segments the pods record -------------------------------------------------------
+
+
+def fetch_segments(
+    endpoints: Sequence[PodEndpoint], timeout_s: float
+) -> tuple[list[SegmentRef], list[Finding]]:
+    refs: list[SegmentRef] = []
+    problems: list[Finding] = []
+    for endpoint in endpoints:
+        pod = endpoint.pod or endpoint.label
+        if endpoint.url is None:
+            problems.append(Finding("pod-unreadable", "no address", pod=pod))
+            continue
+        url = endpoint.url.rstrip("/") + SUMMARY_PATH
+        try:
+            with _OPENER.open(url, timeout=timeout_s) as response:
+                doc = json.loads(response.read())
+            for store in doc["stores"]:
+                for seg in store.get("segmentList", []):
+                    refs.append(SegmentRef(pod, str(store["name"]), str(seg["uuid"]), str(seg["status"])))
+        except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as exc:
+            # Without this pod's segments its objects would look like orphans: the audit cannot pass.
+            problems.append(Finding("pod-unreadable", f"{url}: {type(exc).__name__}: {exc}", pod=pod))
+    return refs, problems
+
+
+# ---- checking one segment (runs on the executors) --------------------------------------------------
+
+
+async def _check_segment(store: BlobStore, ref: SegmentRef, sample: int) -> SegmentResult:
+    reader = SegmentReader(store, ref.uuid)
+
+    def found(kind: str, detail: str, key: str | None = None) -> SegmentResult:
+        finding = Finding(kind, detail, ref.pod, ref.store, ref.uuid, key)
+        return SegmentResult(ref, 0, 0, (finding,))
+
+    try:
+        index = await reader.index()
+    except BlobNotFound as exc:
+        return found("missing-object", str(exc), ref.uuid + INDEX_SUFFIX)
+    except OffloadError as exc:
+        return found("corrupt", str(exc), getattr(exc, "key", None))
+    blocks = [(led, i) for led in index.ledgers for i in range(len(led.entries))]
+    rng = random.Random(ref.uuid)  # the same blocks every run: findings are reproducible
+    chosen = rng.sample(blocks, min(sample, len(blocks)))
+    findings: list[Finding] = []
+    for led, i in chosen:
+        first = led.entries[i].first_entry_id
+        last = led.entries[i + 1].first_entry_id - 1 if i + 1 < len(led.entries) else led.info.last_entry_id
+        if last is None:
+            continue
+        try:
+            await reader.read_entries(led.info.ledger_id, first, last)
+        except OffloadError as exc:
+            findings.append(
+                Finding("corrupt", str(exc), ref.pod, ref.store, ref.uuid, getattr(exc, "key", None))
+            )
+    return SegmentResult(ref, len(blocks), len(chosen), tuple(findings))
+
+
+def check_segments(
+    refs: Iterable[SegmentRef], properties: Mapping[str, Any], sample: int
+) -> Iterator[SegmentResult]:
+    """Check a group of segments (one Spark partition) with one blob-store client."""
+    batch = list(refs)
+
+    async def run() -> list[SegmentResult]:
+        store = open_blob_store(store_config(properties))
+        try:
+            return [await _check_segment(store, ref, sample) for ref in batch]
+        finally:
+            await store.close()
+
+    yield from asyncio.run(run()) if batch else []
+
+
+def find_orphans(keys: Iterable[str], referenced: set[str]) -> list[Finding]:
+    """Objects whose segment uuid no pod's metadata names (any status: Assigned is still uploading)."""
+    out = []
+    for key in keys:
+        uuid = key[: -len(INDEX_SUFFIX)] if key.endswith(INDEX_SUFFIX) else key
+        if uuid not in referenced:
+            out.append(Finding("orphan", "no segment of any pod names this object", uuid=uuid, key=key))
+    return out
+
+
+# ---- the job ---------------------------------------------------------------------------------------
+
+
+def audit(
+    endpoints: Sequence[PodEndpoint],
+    properties: Mapping[str, Any],
+    *,
+    spark: SparkSession,
+    sample_blocks: int = DEFAULT_SAMPLE_BLOCKS,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """The audit report (module docstring); ``ok`` is false when anything was found."""
+    if not endpoints:
+        raise VerifierInputError("no pod endpoints: the tier cannot be audited against nothing")
+    store_config(properties)  # refuse bad settings before Spark starts anything
+    generated_at = datetime.now(UTC)
+    refs, findings = fetch_segments(endpoints, timeout_s)
+    offloaded = [r for r in refs if r.status == "Offloaded"]
+    context = spark.sparkContext
+    partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
+    props = dict(properties)
+    try:
+        results: list[SegmentResult] = (
+            context.parallelize(offloaded, partitions)
+            .mapPartitions(lambda part: check_segments(part, props, sample_blocks))
+            .collect()
+        )
+    except Exception as exc:
+        raise VerifierInfraError(f"Spark job failed: {type(exc).__name__}: {exc}") from exc
+    for result in results:
+        findings.extend(result.findings)
+
+    async def listing() -> list[str]:
+        store = open_blob_store(store_config(props))
+        try:
+            return await store.list("")
+        finally:
+            await store.close()
+
+    try:
+        keys = asyncio.run(listing())
+    except OffloadError as exc:
+        raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
+    if not any(f.kind == "pod-unreadable" for f in findings):  # else every object of that pod is "orphan"
+        findings.extend(find_orphans(keys, {r.uuid for r in refs}))
+    return {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "OffloadAuditReport",
+        "generatedAt": generated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ok": not findings,
+        "pods": len(endpoints),
+        "segments": len(refs),
+        "segmentsChecked": len(results),
+        "blocksSampled": sum(r.sampled for r in results),
+        "objects": len(keys),
+        "findings": [{k: v for k, v in asdict(f).items() if v is not None} for f in findings],
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint", action="append", default=[], help="[POD=]URL of a store pod's admin API"
+    )
+    parser.add_argument("--endpoints-file", help="JSON list of {pod, url}")
+    settings = parser.add_mutually_exclusive_group(required=True)
+    settings.add_argument("--offload-config", help="JSON file: the offload section (Pulsar key names)")
+    settings.add_argument("--offload-json", help="the offload section as JSON text")
+    parser.add_argument(
+        "--sample-blocks", type=int, default=DEFAULT_SAMPLE_BLOCKS, help="blocks read per segment"
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master URL")
+    parser.add_argument("--output", default="-", help="report file, or - for stdout")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per pod request")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        COMMAND,
+        help="audit offloaded segments in the blob store against the pods' metadata (Spark job)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from txnkeeper.verifier.job import spark_running, spark_session
+
+    try:
+        endpoints = [parse_endpoint(text) for text in ns.endpoint]
+        if ns.endpoints_file:
+            endpoints += load_endpoints(ns.endpoints_file)
+        if ns.sample_blocks < 0:
+            raise VerifierInputError(f"--sample-blocks must be >= 0, got {ns.sample_blocks}")
+        text = ns.offload_json
+        if ns.offload_config:
+            with open(ns.offload_config, encoding="utf-8") as handle:
+                text = handle.read()
+        properties = json.loads(text)
+        if not isinstance(properties, dict):
+            raise VerifierInputError("the offload settings must be a JSON object of Pulsar keys")
+        owned = not spark_running()  # a session the caller runs (tests, the fleet) is left running
+        spark = spark_session(ns.master)
+        try:
+            report = audit(
+                endpoints, properties, spark=spark, sample_blocks=ns.sample_blocks, timeout_s=ns.timeout
+            )
+        finally:
+            if owned:
+                spark.stop()
+    except (VerifierInputError, VerifierInfraError, OSError, ValueError) as exc:
+        print(f"txnkeeper {COMMAND}: {exc}", file=sys.stderr)
+        return 2
+    out = json.dumps(report, indent=2, sort_keys=True)
+    if ns.output == "-":
+        print(out)
+    else:
+        with open(ns.output, "w", encoding="utf-8") as handle:
+            handle.write(out + "\n")
+    return 0 if report["ok"] else 1
