@@ -150,6 +150,10 @@ class BufferedWriter(Generic[R]):
         # Batched entries (not plain ones) handed to the ledger and not yet settled: adaptive mode
         # flushes at once only when this is zero.
         self._batches_in_flight = 0
+        # (ledger id, entry id) of the last entry whose records were settled: entries settle in
+        # ledger order, so every sink already holds the position of every record up to it (what a
+        # store snapshot may claim to cover).
+        self._last_settled: tuple[int, int] | None = None
         self._closed = asyncio.Event()
         self._apply(config)
 
@@ -174,6 +178,11 @@ class BufferedWriter(Generic[R]):
     def flush_deadline(self) -> float | None:
         """Loop time of the next timer tick while records wait (``None`` when nothing waits on it)."""
         return self._timer.when() if self._timer is not None else None
+
+    @property
+    def last_settled_entry(self) -> tuple[int, int] | None:
+        """(ledger id, entry id) of the newest entry whose records' sinks were given their positions."""
+        return self._last_settled
 
     @property
     def in_flight_entries(self) -> int:
@@ -399,6 +408,7 @@ class BufferedWriter(Generic[R]):
         ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
         if self._metrics is not None:
             self._metrics.on_written(size, batched=True)
+        self._last_settled = (ledger_id, entry_id)
         packed = pack_position(ledger_id, entry_id, size, 0)
         for index, waiter in enumerate(waiters):
             if not waiter.done():
@@ -453,6 +463,7 @@ class BufferedWriter(Generic[R]):
                 out.set_result(WritePosition(position.ledger_id, position.entry_id, 0, 0))
             if sink is not None:
                 sink.append(pack_position(position.ledger_id, position.entry_id, 0, 0))
+            self._last_settled = (position.ledger_id, position.entry_id)
         self._signal_progress()
 
 
