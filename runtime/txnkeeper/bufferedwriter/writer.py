@@ -352,6 +352,8 @@ class BufferedWriter(Generic[R]):
         self._max_size = config.max_size_bytes
         self._delay_s = config.max_delay_millis / 1000.0
         self._adaptive = config.flush_mode == "adaptive"
+        if self._metrics is not None:
+            self._metrics.set_flush_mode(config.flush_mode)
 
     def _check_open(self) -> None:
         if self._state is not WriterState.OPEN:
