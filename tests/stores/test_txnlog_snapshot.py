@@ -186,6 +186,7 @@ async def test_capture_during_a_deletion_keeps_the_transaction_until_the_deletio
     await store.close()
     assert [t for t, _, _ in during.txns] == [TxnID(0, 1)]
     assert during.txns[0][1].status == tm.ABORTED
+    assert len(during.txns[0][2]) == 5 and during.txns[0][1].packed == during.txns[0][2]
     assert after.txns == []
 
 

@@ -208,6 +208,8 @@ class TxnRecordStore(ABC, Generic[R, S]):
         for key, (txn_id, deleting, packed, records, written) in list(self._deleting.items()):
             if records:
                 folded = self._fold_records(txn_id, deleting, packed, records, written)
+                if folded is not None:
+                    self._bind_positions(folded, packed)
                 self._deleting[key] = (txn_id, folded, packed, [], [])
         txns = [
             (txn_id, state, list(self._replayed.get((txn_id.most, txn_id.least), ())))
