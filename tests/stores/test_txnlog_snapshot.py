@@ -18,6 +18,7 @@ from txnkeeper.bufferedwriter.writer import pack_position
 from txnkeeper.coordinator import snapshot as snapshots
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
+from txnkeeper.stores import StoreSnapshot
 from txnkeeper.txnlog import TransactionLogStore, TxnID, TxnLogState, transaction_log_name
 
 from .helpers import add_partition, add_subscription, new_txn, update
@@ -239,7 +240,7 @@ async def test_a_snapshot_covering_more_than_the_log_is_ignored(
     snapshot = store.capture_snapshot()
     await store.close()
     assert snapshot.covers is not None
-    ahead = snapshots.StoreSnapshot((snapshot.covers[0], snapshot.covers[1] + 100), [])
+    ahead: StoreSnapshot[TxnLogState] = StoreSnapshot((snapshot.covers[0], snapshot.covers[1] + 100), [])
     snapshots.write(path, LOG, ahead)
     with caplog.at_level(logging.WARNING):
         got, replayed = await from_snapshot(factory, path)
