@@ -35,14 +35,6 @@ class Record:
     committed_txns: int = 0
     aborted_txns: int = 0
 
-    def merge(self, other: Record) -> None:
-        for topic, msgs in other.committed.items():
-            self.committed.setdefault(topic, []).extend(msgs)
-        for topic, msgs in other.aborted.items():
-            self.aborted.setdefault(topic, []).extend(msgs)
-        self.committed_txns += other.committed_txns
-        self.aborted_txns += other.aborted_txns
-
 
 async def produce(
     coordinators: list[str],

@@ -239,7 +239,7 @@ class ContainerRunner:
         readiness = self.spec.get("readinessProbe")
         liveness = self.spec.get("livenessProbe")
         if startup:
-            if not await self._until_threshold(startup, want_success=True):
+            if not await self._until_threshold(startup):
                 await self.worker.event("Warning", "Unhealthy", "Startup probe failed", self.name)
                 await self.kill(self.worker.grace_period())
                 return
@@ -257,7 +257,7 @@ class ContainerRunner:
             for t in tasks:
                 t.cancel()
 
-    async def _until_threshold(self, probe: Obj, want_success: bool) -> bool:
+    async def _until_threshold(self, probe: Obj) -> bool:
         await asyncio.sleep(probe.get("initialDelaySeconds", 0))
         fails = 0
         while True:

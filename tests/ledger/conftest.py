@@ -57,7 +57,6 @@ class FaultyIO(FileKindIO):
         self.metadata_fails = False  # write_file_atomically fails with ENOSPC
         self.unlink_fails = False
         self.ledger_create_fails = False  # creating a new ledger file fails with ENOSPC
-        self.writes_failed = 0
 
     def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
         if self.ledger_create_fails and path.suffix == ".ledger" and flags & os.O_CREAT:
@@ -66,7 +65,6 @@ class FaultyIO(FileKindIO):
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if self.disk_full and fd in self.ledger_fds:
-            self.writes_failed += 1
             if self.partial_bytes and len(data) > self.partial_bytes:
                 written = super().pwrite(fd, memoryview(data)[: self.partial_bytes], offset)
                 self.partial_bytes = 0

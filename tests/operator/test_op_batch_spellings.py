@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from txnkeeper.contract import batching
 from txnkeeper.contract.batching import BatchSettings
 from txnkeeper.server.config import batch_configs
@@ -43,3 +45,38 @@ def test_the_runtime_reads_the_block_the_operator_writes(tmp_path: Path) -> None
             ON.max_size_bytes,
             ON.max_delay_millis,
         )
+
+
+def test_the_block_spelling_is_strict() -> None:
+    # bool("false") is True: a lenient parser would have enabled batching here.
+    for block, message in (
+        ({"enabled": "false"}, r"batchedWrite.enabled must be true or false, got 'false'"),
+        ({"maxRecords": 1.5}, r"batchedWrite.maxRecords must be an integer"),
+        ({"maxRecords": True}, r"batchedWrite.maxRecords must be an integer"),
+        ({"flushMode": "eager"}, r"batchedWrite.flushMode must be one of"),
+        ({"maxRecrods": 4}, r"unknown key\(s\) \['maxRecrods'\]"),
+    ):
+        with pytest.raises(batching.InvalidBatchSettingsError, match=message):
+            BatchSettings.from_block(block)
+
+
+def test_the_flush_mode_is_spelled_only_when_not_the_default() -> None:
+    delay = BatchSettings(enabled=True, flush_mode="delay")
+    assert BatchSettings.from_block(delay.to_block()) == delay
+    assert delay.to_block()["flushMode"] == "delay"
+    assert delay.to_stat()["batchedWriteFlushMode"] == "delay"
+    assert "flushMode" not in BatchSettings().to_block()  # what the operator renders is unchanged
+
+
+def test_the_runtime_and_the_contract_spell_every_setting_alike(tmp_path: Path) -> None:
+    delay = BatchSettings(
+        enabled=True, max_records=100, max_size_bytes=65536, max_delay_millis=7, flush_mode="delay"
+    )
+    config = tmp_path / "config.json"
+    for doc in (
+        {"batchedWrite": delay.to_block()},
+        {"coordinator": delay.to_stat(), "pendingAck": delay.to_block()},
+    ):
+        config.write_text(json.dumps(doc))
+        for parsed in batch_configs(config):
+            assert parsed.to_stat() == delay.to_stat()

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
-from txnkeeper.server.config import ConfigError, batch_configs, coordinator_ids
+from txnkeeper.server.config import (
+    OTHER_SECTIONS,
+    ConfigError,
+    batch_configs,
+    coordinator_ids,
+    load_document,
+    section,
+)
 
 
 def test_coordinator_ids() -> None:
@@ -80,6 +87,11 @@ def test_auto_ordinal_is_ascii_digits(pod_name: str) -> None:
         ),
         ('{"batchedWrite": {"enabled": true, "batchedWriteMaxRecords": 4}}', r"not a mix"),
         ('{"batchedWrite": {"maxRecord": 4}}', r"unknown batchedWrite key\(s\) \['maxRecord'\]"),
+        ('{"batchedWrite": {"flushMode": "eager"}}', r"flushMode must be one of \['adaptive', 'delay'\]"),
+        # Once silently ignored next to batchedWrite: a misspelt section must not vanish.
+        ('{"batchedWrite": {}, "ofload": {}}', r"unknown top-level key\(s\) \['ofload'\]"),
+        ('{"coordinator": {}, "batchedWrite": {}}', r"unknown top-level key\(s\) \['coordinator'\]"),
+        ('{"coordinator": {}, "extra": 1}', r"unknown key\(s\) \['extra'\] next to coordinator"),
     ],
 )
 def test_bad_config_files_are_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -103,3 +115,29 @@ def test_config_file_accepts_the_contract_bounds(tmp_path: Path) -> None:
     path.write_text(json.dumps({"batchedWrite": block}))
     txnlog, _pending = batch_configs(path)
     assert (txnlog.max_records, txnlog.max_size_bytes, txnlog.max_delay_millis) == (65536, 1 << 24, 60000)
+
+
+def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    doc = {
+        "batchedWrite": {"enabled": True, "maxRecords": 8, "flushMode": "delay"},
+        "offload": {"driver": "filesystem"},
+        "singleKeyTransactions": {"enabled": True},
+    }
+    path.write_text(json.dumps(doc))
+    txnlog, pending = batch_configs(path)
+    assert txnlog == pending == BatchedWriteConfig(enabled=True, max_records=8, flush_mode="delay")
+    loaded = load_document(path)
+    assert section(loaded, "offload") == {"driver": "filesystem"}
+    assert section(loaded, "singleKeyTransactions") == {"enabled": True}
+    assert set(OTHER_SECTIONS) == {"offload", "singleKeyTransactions"}
+    # Beside the bare CR block too, and a file holding only another module's section is all defaults.
+    path.write_text(json.dumps({"enabled": True, "offload": {}}))
+    assert batch_configs(path)[0].enabled
+    path.write_text(json.dumps({"singleKeyTransactions": {}}))
+    assert batch_configs(path) == (BatchedWriteConfig(), BatchedWriteConfig())
+    assert section(load_document(path), "offload") is None
+    with pytest.raises(ConfigError, match="section offload must be an object"):
+        section({"offload": []}, "offload")
+    with pytest.raises(ValueError, match="not a known config-file section"):
+        section(loaded, "offlaod")

@@ -82,11 +82,6 @@ def frame_record(serialized: bytes) -> bytes:
     return frame_prefix(len(serialized)) + serialized
 
 
-def framed_size(serialized_size: int) -> int:
-    """Bytes a record of ``serialized_size`` occupies inside a batch."""
-    return 1 + len(_varint(serialized_size)) + serialized_size
-
-
 def encode_framed(framed: Iterable[bytes]) -> bytes:
     """Join records already passed through :func:`frame_record` into one batched entry."""
     return BATCH_HEADER + b"".join(framed)
@@ -193,10 +188,6 @@ TXN_LOG_CODEC: RecordCodec[tm.TransactionMetadataEntry] = RecordCodec(
 PENDING_ACK_CODEC: RecordCodec[pa.PendingAckMetadataEntry] = RecordCodec(
     "pendingack", pa.PendingAckMetadataEntry, pa.BatchedPendingAckMetadataEntry, "pending_ack_logs"
 )
-CODECS: dict[str, RecordCodec[tm.TransactionMetadataEntry] | RecordCodec[pa.PendingAckMetadataEntry]] = {
-    TXN_LOG_CODEC.kind: TXN_LOG_CODEC,
-    PENDING_ACK_CODEC.kind: PENDING_ACK_CODEC,
-}
 
 
 def decode_entry(data: bytes, codec: RecordCodec[R]) -> DecodedEntry[R]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from txnkeeper.contract.batching import (
+    BLOCK_FIELDS,
     DEFAULT_ENABLED,
     DEFAULT_FLUSH_MODE,
     DEFAULT_MAX_DELAY_MILLIS,
@@ -24,16 +25,8 @@ from txnkeeper.contract.batching import (
     MIN_MAX_DELAY_MILLIS,
     MIN_MAX_RECORDS,
     MIN_MAX_SIZE_BYTES,
+    STAT_FIELDS,
 )
-
-# TxnBufferedWriterStat field (Pulsar's name) -> our field.
-_STAT_FIELDS = {
-    "batchEnabled": "enabled",
-    "batchedWriteMaxRecords": "max_records",
-    "batchedWriteMaxSize": "max_size_bytes",
-    "batchedWriteMaxDelayInMillis": "max_delay_millis",
-    "batchedWriteFlushMode": "flush_mode",
-}
 
 
 class InvalidBatchedWriteConfigError(ValueError):
@@ -98,22 +91,26 @@ class BatchedWriteConfig:
 
     def to_stat(self) -> dict[str, Any]:
         """This config as Pulsar's TxnBufferedWriterStat (admin API shape)."""
-        return {
-            "batchEnabled": self.enabled,
-            "batchedWriteMaxRecords": self.max_records,
-            "batchedWriteMaxSize": self.max_size_bytes,
-            "batchedWriteMaxDelayInMillis": _delay_for_stat(self.max_delay_millis),
-            "batchedWriteFlushMode": self.flush_mode,
-        }
+        stat = {key: getattr(self, name) for key, name in STAT_FIELDS.items()}
+        stat["batchedWriteMaxDelayInMillis"] = _delay_for_stat(self.max_delay_millis)
+        return stat
 
     def with_stat(self, partial: Mapping[str, Any]) -> BatchedWriteConfig:
         """Apply a partial TxnBufferedWriterStat (e.g. ``{"batchEnabled": true}``) to this config."""
-        unknown = sorted(set(partial) - set(_STAT_FIELDS))
+        return self._with(partial, STAT_FIELDS)
+
+    def with_block(self, partial: Mapping[str, Any]) -> BatchedWriteConfig:
+        """Apply a partial batchedWrite block (the CR's and the --config file's keys) to this config."""
+        return self._with(partial, BLOCK_FIELDS)
+
+    def _with(self, partial: Mapping[str, Any], spelling: Mapping[str, str]) -> BatchedWriteConfig:
+        # The key tables are the contract's (BatchSettings' spellings); the values are checked here.
+        unknown = sorted(str(k) for k in set(partial) - set(spelling))
         if unknown:
             raise InvalidBatchedWriteConfigError(
-                f"unknown batched-write setting(s) {unknown}; known: {sorted(_STAT_FIELDS)}"
+                f"unknown batched-write setting(s) {unknown}; known: {sorted(spelling)}"
             )
-        return replace(self, **{_STAT_FIELDS[k]: v for k, v in partial.items()})
+        return replace(self, **{spelling[k]: v for k, v in partial.items()})
 
     @classmethod
     def from_stat(cls, stat: Mapping[str, Any]) -> BatchedWriteConfig:
@@ -138,7 +135,3 @@ def _shown(value: object, limit: int = 40) -> str:
 
 def _delay_for_stat(delay: float) -> int | float:
     return int(delay) if float(delay).is_integer() else delay
-
-
-# Pulsar's TxnBufferedWriterStat keys this config takes (the --config parser tells them from CR keys).
-STAT_KEYS = frozenset(_STAT_FIELDS)

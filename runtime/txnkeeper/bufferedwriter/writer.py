@@ -193,11 +193,6 @@ class BufferedWriter(Generic[R]):
         """(ledger id, entry id) of the newest entry whose records' sinks were given their positions."""
         return self._last_settled
 
-    @property
-    def in_flight_entries(self) -> int:
-        """Entries handed to the ledger and not yet durable (or failed)."""
-        return len(self._in_flight)
-
     async def write(self, record: R) -> WritePosition:
         """Write one record; resolves once its entry is durable."""
         return await self.submit(record)

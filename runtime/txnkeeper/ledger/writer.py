@@ -74,7 +74,6 @@ class GroupCommitWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         self.pending_appends = 0
-        self.groups_written = 0
 
     def append(
         self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T
@@ -167,7 +166,6 @@ class GroupCommitWriter:
             ledger.broken = error
             self._fail(groups, error)
             return
-        self.groups_written += 1
         for group in groups:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
         if self._on_durable is not None:

@@ -13,19 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txnkeeper.bufferedwriter.config import STAT_KEYS, BatchedWriteConfig, InvalidBatchedWriteConfigError
+from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
+from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
 from txnkeeper.protocol.limits import ConnectionLimits
 
 ROLES = ("coordinator", "store")
 
-# CR batchedWrite keys -> BatchedWriteConfig fields
-_CR_KEYS = {
-    "enabled": "enabled",
-    "maxRecords": "max_records",
-    "maxSizeBytes": "max_size_bytes",
-    "maxDelayMillis": "max_delay_millis",
-    "flushMode": "flush_mode",
-}
+# Top-level sections of the --config file that other modules read (through ``section``); the batch
+# settings parser skips them, and refuses any other key next to its own.
+OTHER_SECTIONS = ("offload", "singleKeyTransactions")
+_BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
 class ConfigError(ValueError):
@@ -98,23 +95,51 @@ def coordinator_ids(
     return tuple(range(n))
 
 
+def load_document(path: Path) -> dict[str, Any]:
+    """The --config file as one JSON (or YAML) object; ConfigError names the file and the problem."""
+    return _load(path)
+
+
+def section(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """Top-level section ``name`` of a loaded config document, or None when the file has none.
+
+    How a module with settings of its own (``OTHER_SECTIONS``) reads them: the file is loaded once
+    (``load_document``) and each module takes its section, so no key is silently ignored.
+    """
+    if name not in OTHER_SECTIONS and name not in _BATCH_SECTIONS:
+        raise ValueError(f"{name!r} is not a known config-file section; add it to OTHER_SECTIONS")
+    if name not in doc:
+        return None
+    return _object(doc[name], f"config file section {name}")
+
+
 def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:
     """(transaction log, pending ack) settings from a config file.
 
     Accepted shapes: the CR's batchedWrite block (``{"enabled": true, "maxRecords": 512, ...}``, for
     both logs), ``{"batchedWrite": {...}}``, or per log ``{"coordinator": {...}, "pendingAck": {...}}``
-    where each may use CR keys or Pulsar's TxnBufferedWriterStat keys.
+    where each may use CR keys or Pulsar's TxnBufferedWriterStat keys. The ``OTHER_SECTIONS`` may sit
+    next to any of them; any other top-level key is refused.
     """
     if path is None:
         return BatchedWriteConfig(), BatchedWriteConfig()
-    data = _load(path)
+    data = {k: v for k, v in load_document(path).items() if k not in OTHER_SECTIONS}
     if "batchedWrite" in data:
+        unknown = sorted(set(data) - {"batchedWrite"})
+        if unknown:
+            raise ConfigError(
+                f"{path}: unknown top-level key(s) {unknown}; a config file holds batchedWrite (or"
+                f" coordinator/pendingAck) and the sections {list(OTHER_SECTIONS)}"
+            )
         data = _object(data["batchedWrite"], f"{path}: batchedWrite")
     try:
         if "coordinator" in data or "pendingAck" in data:
             unknown = sorted(set(data) - {"coordinator", "pendingAck"})
             if unknown:
-                raise ConfigError(f"{path}: unknown key(s) {unknown}")
+                raise ConfigError(
+                    f"{path}: unknown key(s) {unknown} next to coordinator/pendingAck; known top-level"
+                    f" keys: {sorted({*_BATCH_SECTIONS, *OTHER_SECTIONS})}"
+                )
             return (
                 _one(_object(data.get("coordinator", {}), f"{path}: coordinator"), path),
                 _one(_object(data.get("pendingAck", {}), f"{path}: pendingAck"), path),
@@ -131,14 +156,14 @@ def _is_ascii_decimal(text: str) -> bool:
 
 
 def _one(block: dict[str, Any], path: Path) -> BatchedWriteConfig:
-    if set(block) <= set(_CR_KEYS):
-        return BatchedWriteConfig(**{_CR_KEYS[k]: v for k, v in block.items()})
-    if set(block) <= set(STAT_KEYS):
-        return BatchedWriteConfig.from_stat(block)
-    unknown = sorted(set(block) - set(_CR_KEYS) - set(STAT_KEYS))
+    if set(block) <= set(BLOCK_FIELDS):
+        return BatchedWriteConfig().with_block(block)
+    if set(block) <= set(STAT_FIELDS):
+        return BatchedWriteConfig().with_stat(block)
+    unknown = sorted(set(block) - set(BLOCK_FIELDS) - set(STAT_FIELDS))
     raise ConfigError(
         f"{path}: unknown batchedWrite key(s) {unknown or sorted(block)}; use the CR's keys"
-        f" {sorted(_CR_KEYS)} or Pulsar's TxnBufferedWriterStat keys {sorted(STAT_KEYS)}, not a mix"
+        f" {sorted(BLOCK_FIELDS)} or Pulsar's TxnBufferedWriterStat keys {sorted(STAT_FIELDS)}, not a mix"
     )
 
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol
 
@@ -308,6 +308,3 @@ class Partition:
     def _notify(self) -> None:
         for subscription in self.subscriptions.values():
             subscription.notify()
-
-    def subscription_names(self) -> Iterable[str]:
-        return self.subscriptions.keys()

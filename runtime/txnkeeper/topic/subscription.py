@@ -89,7 +89,6 @@ class Subscription:
             f"{where} pending-ack deletion", self._delete_records, SETTLE_INTERVAL
         )
         self._closed = False
-        self.delivered_count = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def recover(self, recovered: list[RecoveredPendingAck]) -> None:
@@ -395,7 +394,6 @@ class Subscription:
                 self._consumers.move_to_end(consumer_id)
                 self._unacked[position] = _Unacked(consumer_id, payload, key)
                 consumer.deliver(position, payload, key, self._redelivery_counts.get(position, 0))
-                self.delivered_count += 1
                 return
         self._redeliver[position] = (payload, key)
 

@@ -71,10 +71,6 @@ class TxnLogState:
     def status_name(self) -> str:
         return str(tm.TxnStatus.Name(self.status))  # type: ignore[arg-type]
 
-    @property
-    def terminal(self) -> bool:
-        return self.status in (tm.COMMITTED, tm.ABORTED)
-
 
 class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogState]):
     """A coordinator's durable transaction log (contracts §3)."""

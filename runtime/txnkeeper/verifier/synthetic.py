@@ -130,9 +130,6 @@ class SyntheticPods:
         assert self._runner is not None
         await web.SockSite(self._runner, sock).start()
 
-    def set_answer(self, name: str, answer: PodAnswer) -> None:
-        self._answers[self._names[name]] = answer
-
     def dead_endpoint(self, name: str) -> PodEndpoint:
         """An address that refuses connections: bound (so no one else takes the port), never listening."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
