@@ -11,8 +11,10 @@ processes on it and measures the time from spawning the process to ``/ready`` an
 - ``empty_s``: an empty data directory, the process's own start-up cost.
 
 Then, for each of --records, it writes that many live transaction-log records (open transactions) for
-coordinator 0 and measures a ``txnkeeper serve --role coordinator`` pod's time to ``/ready``
-(``coordinator``: the whole log is replayed; there is no snapshot of it).
+coordinator 0 and measures a ``txnkeeper serve --role coordinator`` pod's time to ``/ready`` twice
+(``coordinator``): ``full_replay_s`` with no transaction log snapshot (the whole log is replayed), and
+``snapshot_s`` after that pod's graceful stop wrote one (docs/contracts.md, "Transaction log
+snapshot"). ``--only store|coordinator`` runs one half.
 
 Prints one JSON document with the sizes, times and the growth ratio of the largest to the smallest size
 (``growth``; data grows by ``data_ratio``). Figures depend on the machine and its load.
@@ -154,14 +156,17 @@ def main() -> None:
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write the data (default: a temp dir)"
     )
+    parser.add_argument("--only", choices=("store", "coordinator"), default=None)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes_mib.split(",")]
+    sizes = [int(s) for s in args.sizes_mib.split(",")] if args.only != "coordinator" else []
     root = Path(tempfile.mkdtemp(prefix="recovery-bench-", dir=args.dir))
     results: list[dict[str, Any]] = []
     try:
         empty = root / "empty"
         empty.mkdir()
-        empty_s = time_to_ready(empty / "data", empty)
+        empty_s = time_to_ready(
+            empty / "data", empty, "store" if args.only != "coordinator" else "coordinator"
+        )
         for mib in sizes:
             workdir = root / f"{mib}MiB"
             workdir.mkdir()
@@ -178,38 +183,40 @@ def main() -> None:
             )  # fmt: skip
             shutil.rmtree(workdir)
         coordinator: list[dict[str, Any]] = []
-        for records in (int(r) for r in args.records.split(",")):
+        for records in (int(r) for r in args.records.split(",") if args.only != "store"):
             workdir = root / f"{records}records"
             workdir.mkdir()
             began = time.monotonic()
             asyncio.run(write_txn_log(workdir / "data", records))
             write_s = time.monotonic() - began
-            ready = time_to_ready(workdir / "data", workdir, "coordinator")
+            full = time_to_ready(workdir / "data", workdir, "coordinator")  # its stop writes a snapshot
+            snapshot = time_to_ready(workdir / "data", workdir, "coordinator")
             coordinator.append(
-                {"live_records": records, "write_s": round(write_s, 2), "ready_s": round(ready, 3)}
-            )
+                {"live_records": records, "write_s": round(write_s, 2),
+                 "full_replay_s": round(full, 3), "snapshot_s": round(snapshot, 3)}
+            )  # fmt: skip
             shutil.rmtree(workdir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    first, last = results[0], results[-1]
-    print(
-        json.dumps(
-            {
-                "empty_s": round(empty_s, 3),
-                "payload_bytes": args.payload,
-                "sizes": results,
-                "data_ratio": round(last["topic_data_mib"] / first["topic_data_mib"], 2),
-                "growth_full_replay": round(last["full_replay_s"] / first["full_replay_s"], 2),
-                "growth": round(last["snapshot_s"] / first["snapshot_s"], 2),
-                "coordinator": coordinator,
-                "coordinator_records_ratio": round(
-                    coordinator[-1]["live_records"] / coordinator[0]["live_records"], 2
-                ),
-                "coordinator_growth": round(coordinator[-1]["ready_s"] / coordinator[0]["ready_s"], 2),
-            },
-            indent=2,
+    report: dict[str, Any] = {"empty_s": round(empty_s, 3)}
+    if results:
+        first, last = results[0], results[-1]
+        report.update(
+            payload_bytes=args.payload,
+            sizes=results,
+            data_ratio=round(last["topic_data_mib"] / first["topic_data_mib"], 2),
+            growth_full_replay=round(last["full_replay_s"] / first["full_replay_s"], 2),
+            growth=round(last["snapshot_s"] / first["snapshot_s"], 2),
         )
-    )
+    if coordinator:
+        first, last = coordinator[0], coordinator[-1]
+        report.update(
+            coordinator=coordinator,
+            coordinator_records_ratio=round(last["live_records"] / first["live_records"], 2),
+            coordinator_growth_full_replay=round(last["full_replay_s"] / first["full_replay_s"], 2),
+            coordinator_growth=round(last["snapshot_s"] / first["snapshot_s"], 2),
+        )
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,11 @@ def freeze_startup_state() -> None:
     """Collect once, then move every surviving object to the permanent generation.
 
     Called when startup is over (stores opened and replayed): those objects live as long as the
-    process, so walking them in every full collection is pure cost.
+    process, so walking them in every full collection is pure cost. Only the young generations are
+    collected first: a full collection walked every replayed object once more (0.9 s of a coordinator
+    pod's start with a million live txn-log records, before it could answer /ready), and startup's
+    garbage is freed by reference counting; what the older generation holds of cyclic garbage is
+    a bounded, one-time amount.
     """
-    gc.collect()
+    gc.collect(1)
     gc.freeze()

@@ -181,3 +181,26 @@ async def test_order_holds_under_concurrency_while_toggling_modes_and_limits() -
         ),
     )
     assert any(d.batch_size > 1 for d in entries)
+
+
+async def test_writers_woken_by_one_entry_share_the_next_entry() -> None:
+    """A steady set of writers each waiting for its previous record: the records they write when one
+    entry wakes them leave together (flushed at the end of that loop turn), not as alternating halves."""
+    log = MemLog()
+    w, registry = metered(log, adaptive(max_records=100, max_delay_millis=NEVER_MS))
+    writers, rounds = 8, 20
+    positions: dict[int, list[WritePosition]] = {n: [] for n in range(writers)}
+
+    async def writer(n: int) -> None:
+        for r in range(rounds):
+            positions[n].append(await w.write(rec(n * 1000 + r)))
+
+    await asyncio.gather(*(writer(n) for n in range(writers)))
+    sizes = [len(records) for _, records in records_of(log)]
+    assert sum(sizes) == writers * rounds
+    # The very first record leaves alone (the ledger was idle), the other writers' first records join
+    # the first woken writer's second one, and so on: every later entry carries every writer.
+    assert sizes == [1] + [writers] * (rounds - 1) + [writers - 1], sizes
+    assert trigger(registry, "idle") == len(sizes) and trigger(registry, "max_delay") == 0
+    for n in range(writers):  # each writer's records in its own order
+        assert positions[n] == sorted(positions[n])

@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
+from txnkeeper.contract.batching import FLUSH_MODES
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -94,6 +95,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     setter.add_argument("--max-records", type=int)
     setter.add_argument("--max-size", type=int)
     setter.add_argument("--max-delay-millis", type=float)
+    setter.add_argument(
+        "--flush-mode",
+        choices=FLUSH_MODES,
+        help="adaptive (never holds a batch while the ledger is idle) or delay (Pulsar's pure delay)",
+    )
     topics = verbs.add_parser("topics", help="a store pod's topics: PIP-76 offload, single-key writers")
     topic_verbs = topics.add_subparsers(dest="action", metavar="VERB")
     topic_verbs.required = True
@@ -151,6 +157,8 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
         partial["batchedWriteMaxSize"] = ns.max_size
     if ns.max_delay_millis is not None:
         partial["batchedWriteMaxDelayInMillis"] = ns.max_delay_millis
+    if ns.flush_mode is not None:
+        partial["batchedWriteFlushMode"] = ns.flush_mode
     targets = ("coordinator", "pendingAck") if ns.target == "both" else (ns.target,)
     return "POST", "/admin/v1/batch-log", {t: partial for t in targets}
 

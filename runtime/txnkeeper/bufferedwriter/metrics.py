@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+
+from txnkeeper.contract.batching import FLUSH_MODES
 
 TXN_LOG_PREFIX = "pulsar_txn_tc"
 PENDING_ACK_PREFIX = "pulsar_txn_pending_ack_store"
@@ -51,6 +53,7 @@ class _Families:
     records_written: Counter
     entries_written: Counter
     records_failed: Counter
+    flush_mode: Gauge
 
 
 _families_lock = threading.Lock()
@@ -105,6 +108,12 @@ def _families_for(registry: CollectorRegistry, prefix: str, label_names: tuple[s
             records_written=counter("records_written", "Records acknowledged durable by the ledger"),
             entries_written=counter("entries_written", "Ledger entries written, by entry format", ["format"]),
             records_failed=counter("records_failed", "Records whose ledger write failed"),
+            flush_mode=Gauge(
+                f"{p}_flush_mode",
+                "1 for the flush mode in force (adaptive, or delay: Pulsar's), 0 for the other",
+                [*labels, "mode"],
+                registry=registry,
+            ),
         )
         per_registry[prefix] = fams
         return fams
@@ -132,6 +141,12 @@ class BufferedWriterMetrics:
         self._batched_entries = f.entries_written.labels(*v, "batched")
         self._plain_entries = f.entries_written.labels(*v, "unbatched")
         self._failed = f.records_failed.labels(*v)
+        self._modes = {mode: f.flush_mode.labels(*v, mode) for mode in FLUSH_MODES}
+
+    def set_flush_mode(self, mode: str) -> None:
+        """Name the flush mode in force (the writer calls this whenever its settings change)."""
+        for name, gauge in self._modes.items():
+            gauge.set(1 if name == mode else 0)
 
     def on_flush(self, trigger: FlushTrigger, records: int, size_bytes: int, oldest_delay_s: float) -> None:
         """A batch was handed to the ledger."""
@@ -163,6 +178,8 @@ class BufferedWriterMetrics:
             *f.triggers.values(),
         ):
             _remove(fam, v)
+        for mode in FLUSH_MODES:
+            _remove(f.flush_mode, (*v, mode))
         _remove(f.entries_written, (*v, "batched"))
         _remove(f.entries_written, (*v, "unbatched"))
 

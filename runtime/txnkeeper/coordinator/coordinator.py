@@ -99,7 +99,8 @@ class TransactionCoordinator:
             elif meta.deadline_ms <= now:
                 self._spawn(self._timeout_abort(meta.txn_id))
             else:
-                heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+                self._deadlines.append((meta.deadline_ms, meta.txn_id))
+        heapq.heapify(self._deadlines)  # once, not a push per recovered transaction
         self.state = "Ready"
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
 

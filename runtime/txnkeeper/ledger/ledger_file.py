@@ -66,6 +66,7 @@ class LedgerFile:
         expected_entries: int | None,
         acknowledged: int | None,
         watermark_path: Path | None,
+        verify_data: bool = True,
     ) -> ScanResult:
         """Scan the existing file, opened read-only, and check it against what is known. Blocking.
 
@@ -85,6 +86,7 @@ class LedgerFile:
             tail_allowed=writable_tail,
             acknowledged=acknowledged,
             watermark_path=watermark_path,
+            verify_data=verify_data,
         )
         if expected_entries is not None and len(result.offsets) != expected_entries:
             raise CorruptEntryError(
@@ -103,6 +105,7 @@ class LedgerFile:
         expected_entries: int | None,
         acknowledged: int | None = None,
         watermark_path: Path | None = None,
+        verify_data: bool = True,
     ) -> str | None:
         """Check the file (see check), cut a torn tail (truncate + fsync) and build the index.
 
@@ -115,6 +118,7 @@ class LedgerFile:
             expected_entries=expected_entries,
             acknowledged=acknowledged,
             watermark_path=watermark_path,
+            verify_data=verify_data,
         )
         if writable_tail:
             fd = self.io.open(self.path, os.O_RDWR)

@@ -3,8 +3,9 @@
 Steps: take the directory lock; read the metadata and the acknowledged-entry watermark; drop leftovers
 of interrupted operations (temp files, files of trimmed ledgers); scan every ledger (closed ones
 strictly against their recorded count, the ledger that was open for writing against the watermark,
-with its torn tail cut); then, like Pulsar, close the recovered ledger and start a new one, unless the
-recovered ledger is empty, in which case it is simply reused (nothing in it was ever acknowledged).
+with its torn tail cut; a closed ledger's record bodies are checksummed when read, not here); then,
+like Pulsar, close the recovered ledger and start a new one, unless the recovered ledger is empty, in
+which case it is simply reused (nothing in it was ever acknowledged).
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ def check_ledgers(
                     expected_entries=expected,
                     acknowledged=floor,
                     watermark_path=watermark_path,
+                    verify_data=was_open,
                 )
             else:
                 result = ledger.check(
@@ -197,6 +199,7 @@ def check_ledgers(
                     expected_entries=expected,
                     acknowledged=floor,
                     watermark_path=watermark_path,
+                    verify_data=was_open,
                 )
                 ledger.adopt(result)
                 reason = result.torn_reason

@@ -28,6 +28,8 @@ from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.recovery import highest_sequence, recovered_transactions
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
+from txnkeeper.coordinator.snapshot import TxnLogSnapshots, snapshot_path
+from txnkeeper.coordinator.snapshot import read as read_snapshot
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
@@ -52,7 +54,7 @@ from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
-from txnkeeper.txnlog import TransactionLogStore
+from txnkeeper.txnlog import TransactionLogStore, transaction_log_name
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class PodRuntime:
             self._pending_ack_batch = replace(self._pending_ack_batch, enabled=False)
         self._factory: ManagedLedgerFactory | None = None
         self._txn_logs: dict[int, TransactionLogStore] = {}
+        self._snapshots: dict[int, TxnLogSnapshots] = {}
         self.coordinators: dict[int, TransactionCoordinator] = {}
         self.topics: TopicService | None = None
         self._secret = ClusterSecret(config.cluster_secret) if config.cluster_secret else None
@@ -196,16 +199,27 @@ class PodRuntime:
         routes = RouteTable(state_dir / "routes.json")
         routes.load()
         for coordinator_id in self.config.coordinator_ids:
+            path = snapshot_path(state_dir, coordinator_id)
+            snapshot = await asyncio.to_thread(read_snapshot, path, transaction_log_name(coordinator_id))
             store = await TransactionLogStore.open(
-                self._factory, coordinator_id, self._txnlog_batch, self.format_level
+                self._factory,
+                coordinator_id,
+                self._txnlog_batch,
+                self.format_level,
+                snapshots=True,
+                snapshot=snapshot,
             )
             self._txn_logs[coordinator_id] = store
+            snapshots = self._snapshots[coordinator_id] = TxnLogSnapshots(path, store)
             replayed = await store.replay()
             sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
             sequence.load(highest_sequence(replayed, coordinator_id))
             coordinator = TransactionCoordinator(coordinator_id, store, sequence, routes, self._peers)
             coordinator.recover(recovered_transactions(replayed))
             self.coordinators[coordinator_id] = coordinator
+            # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
+            # so readiness does not wait for it), so the next restart does not replay them again.
+            snapshots.start(due=store.replayed_records >= snapshots.threshold)
 
     async def _start_store(self, state_dir: Path) -> None:
         factory = self._factory
@@ -259,6 +273,11 @@ class PodRuntime:
         await self._peers.close()
         if self.topics is not None:
             await self.topics.close()
+        for coordinator_id, snapshots in self._snapshots.items():
+            try:
+                await snapshots.close()
+            except Exception as exc:  # the log stays the truth: the next start replays more
+                log.error("final transaction log snapshot of coordinator %d failed: %s", coordinator_id, exc)
         for store in self._txn_logs.values():
             await store.close()
         if self._factory is not None:

@@ -14,7 +14,7 @@ from txnkeeper.stores.recordlog import (
     ReplayError,
     StoreAlreadyOpenError,
 )
-from txnkeeper.stores.txnstore import StoreClosedError, TxnRecordStore, open_store
+from txnkeeper.stores.txnstore import StoreClosedError, StoreSnapshot, TxnRecordStore, open_store
 
 __all__ = [
     "BatchedWriteNotAllowedError",
@@ -24,6 +24,7 @@ __all__ = [
     "ReplayError",
     "StoreAlreadyOpenError",
     "StoreClosedError",
+    "StoreSnapshot",
     "TxnRecordStore",
     "open_store",
 ]

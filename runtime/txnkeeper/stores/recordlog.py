@@ -51,6 +51,8 @@ DELETE_ROUND_INTERVAL_S = 0.01
 _FIELD_BITS = 32
 _FIELD_MASK = (1 << _FIELD_BITS) - 1
 _ENTRY_SHIFT = 2 * _FIELD_BITS
+# What deleted_checker knows of an entry: nothing of it deleted, all of it, some batch indexes.
+_LIVE, _GONE, _SOME = 0, 1, 2
 
 
 class FormatLevelError(RuntimeError):
@@ -206,24 +208,15 @@ class RecordLog(Generic[R]):
 
     # -- reading ------------------------------------------------------------------------------------
 
-    async def replay(self) -> list[LiveRecord[R]]:
-        """Every live record in log order; at format level 1 a live batched entry is refused."""
+    async def replay(self, after: Position | None = None) -> list[LiveRecord[R]]:
+        """Every live record in log order (only those after ``after`` if given); at format level 1 a
+        live batched entry is refused."""
         live: list[LiveRecord[R]] = []
         cursor = self._cursor
-        async for position, data in self._entries_after_mark_delete():
+        async for position, data in self._entries_after_mark_delete(after):
             if cursor.is_deleted(position):
                 continue
-            if is_batched(data) and self.format_level < BATCHED_LEVEL:
-                raise FormatLevelError(self.store, position.ledger_id, position.entry_id, self.format_level)
-            try:
-                decoded = self._codec.decode_entry(data)
-            except EntryDecodeError as exc:
-                raise ReplayError(
-                    f"store {self.store!r}: entry {position} cannot be read: {exc}; the store refuses to"
-                    " open rather than skip acknowledged data: look at the entry with `txnkeeper inspect"
-                    f" --log {self.store} --position {position}`, then run a release that reads it or"
-                    " restore the data directory"
-                ) from exc
+            decoded = self._decode(position, data)
             lid, eid = position.ledger_id, position.entry_id
             if not decoded.batched:
                 live.append(LiveRecord(WritePosition(lid, eid, 0, 0), decoded.records[0]))
@@ -233,6 +226,77 @@ class RecordLog(Generic[R]):
                 if not cursor.is_batch_index_deleted(position, index):
                     live.append(LiveRecord(WritePosition(lid, eid, size, index), record))
         return live
+
+    def _decode(self, position: Position, data: bytes) -> Any:
+        if is_batched(data) and self.format_level < BATCHED_LEVEL:
+            raise FormatLevelError(self.store, position.ledger_id, position.entry_id, self.format_level)
+        try:
+            return self._codec.decode_entry(data)
+        except EntryDecodeError as exc:
+            raise ReplayError(
+                f"store {self.store!r}: entry {position} cannot be read: {exc}; the store refuses to"
+                " open rather than skip acknowledged data: look at the entry with `txnkeeper inspect"
+                f" --log {self.store} --position {position}`, then run a release that reads it or"
+                " restore the data directory"
+            ) from exc
+
+    async def records_at(self, packed: list[int]) -> list[R]:
+        """The records at these packed positions (read entry by entry: for the rare rebuild of one
+        transaction whose deletion a crash interrupted)."""
+        records: list[R] = []
+        for p in packed:
+            entry = p >> _ENTRY_SHIFT
+            position = Position(entry >> _FIELD_BITS, entry & _FIELD_MASK)
+            decoded = self._decode(position, await self._ledger.read_entry(position))
+            index = p & _FIELD_MASK
+            if index >= len(decoded.records):
+                raise ReplayError(
+                    f"store {self.store!r}: entry {position} holds {len(decoded.records)} record(s), but"
+                    f" a snapshot names record {index} of it; delete the snapshot file to replay the log"
+                )
+            records.append(decoded.records[index])
+        return records
+
+    def last_confirmed(self) -> Position | None:
+        """The newest durable entry of the log (None: empty)."""
+        return self._ledger.last_confirmed_entry()
+
+    def touched_entries(self, entries: Iterable[int]) -> set[int]:
+        """Those of ``entries`` (packed positions shifted right by 64: ledger and entry id) that some
+        deletion on the cursor reaches (wholly or some batch index)."""
+        cursor = self._cursor
+        touched = set()
+        for entry in entries:
+            position = Position(entry >> _FIELD_BITS, entry & _FIELD_MASK)
+            if cursor.is_deleted(position) or cursor.ack_set(position) is not None:
+                touched.add(entry)
+        return touched
+
+    def deleted_checker(self) -> Callable[[int], bool]:
+        """A function telling whether the record at a packed position is deleted on the cursor.
+
+        Checked per entry once (a snapshot's records share few entries), per record only in an entry
+        some of whose batch indexes are deleted.
+        """
+        cursor = self._cursor
+        entries: dict[int, int] = {}  # entry -> _LIVE, _GONE or _SOME
+
+        def deleted(packed: int) -> bool:
+            entry = packed >> _ENTRY_SHIFT
+            kind = entries.get(entry)
+            if kind is None:
+                position = Position(entry >> _FIELD_BITS, entry & _FIELD_MASK)
+                if cursor.is_deleted(position):
+                    kind = _GONE
+                else:
+                    kind = _LIVE if cursor.ack_set(position) is None else _SOME
+                entries[entry] = kind
+            if kind == _SOME:
+                position = Position(entry >> _FIELD_BITS, entry & _FIELD_MASK)
+                return cursor.is_batch_index_deleted(position, packed & _FIELD_MASK)
+            return kind == _GONE
+
+        return deleted
 
     async def live_entry_formats(self) -> LiveEntryFormats:
         """Count live entries (not deleted at entry level, some batch index left) by format, from disk."""
@@ -248,8 +312,11 @@ class RecordLog(Generic[R]):
                 census.unbatched += 1
         return census
 
-    async def _entries_after_mark_delete(self) -> AsyncIterator[tuple[Position, bytes]]:
-        """Yield (position, data) of every durable entry after the cursor's mark-delete position."""
+    async def _entries_after_mark_delete(
+        self, after: Position | None = None
+    ) -> AsyncIterator[tuple[Position, bytes]]:
+        """Yield (position, data) of every durable entry after the cursor's mark-delete position
+        (and after ``after``, if given)."""
         ids = self._ledger.ledger_ids()
         if not ids:
             return
@@ -258,6 +325,8 @@ class RecordLog(Generic[R]):
             start = Position(ids[0], 0)
         else:
             start = Position(md.ledger_id, md.entry_id + 1)
+        if after is not None and after >= start:
+            start = Position(after.ledger_id, after.entry_id + 1)
         last = self._ledger.last_confirmed_entry()
         if last is None:
             return

@@ -10,8 +10,10 @@ keep its ledger, and with it every later ledger, alive).
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
@@ -28,9 +30,11 @@ from txnkeeper.bufferedwriter.writer import (
     pack_position,
     unpack_position,
 )
-from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.stores.recordlog import LiveEntryFormats, RecordLog
 from txnkeeper.txnid import TxnID, TxnIdLike
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
 S = TypeVar("S")
@@ -49,16 +53,46 @@ class StoreClosedError(RuntimeError):
     """The store was closed; reopen it to continue."""
 
 
+@dataclass(slots=True)
+class StoreSnapshot(Generic[S]):
+    """Every transaction with live records as of one log position, as the replay would rebuild it.
+
+    ``covers`` is the (ledger id, entry id) up to which every record is folded into ``txns`` (None: an
+    empty log); ``txns`` holds each transaction's state and the packed positions of its records at or
+    before ``covers``. Records deleted after the capture are found deleted on the cursor at load.
+    """
+
+    covers: tuple[int, int] | None
+    txns: list[tuple[TxnID, S, list[int]]]
+    source: str = ""  # where it was read from, for messages
+
+
+_ENTRY_SHIFT = 64  # a packed position without its batch size and index: its entry (see pack_position)
+
+# A transaction whose deletion is in flight: its state and positions stay part of any snapshot until
+# the cursor has persisted the deletion (a crash before that must find them again).
+_Deleting = tuple[TxnID, Any, list[int], list[Any], list[int]]
+
+
 class TxnRecordStore(ABC, Generic[R, S]):
     """A :class:`RecordLog` whose records belong to transactions; ``S`` is the replayed per-txn state."""
 
-    def __init__(self, log: RecordLog[R]) -> None:
+    def __init__(self, log: RecordLog[R], *, snapshots: bool = False) -> None:
         self._log = log
         self._submit = log.writer.submit
-        self._replayed: dict[TxnKey, list[WritePosition]] = {}
+        # Packed positions (pack_position) of each transaction's records folded into ``_recovered``.
+        self._replayed: dict[TxnKey, list[int]] = {}
         self._written: dict[TxnKey, PositionSink] = {}
         self._recovered: dict[TxnID, S] = {}
         self._closed = False
+        # With snapshots, records written since the last capture are kept (in ``_written``'s order)
+        # until a capture folds those that settled into ``_recovered``; ``_recovered`` then holds
+        # every transaction with live records, as a replay up to the capture would.
+        self._retained: dict[TxnKey, list[R]] | None = {} if snapshots else None
+        self._deleting: dict[TxnKey, _Deleting] = {}
+        self._covered: tuple[int, int] | None = None
+        self.records_since_capture = 0
+        self.replayed_records = 0  # by open: what no snapshot covered
 
     # -- record semantics supplied by each store ----------------------------------------------------
 
@@ -66,23 +100,47 @@ class TxnRecordStore(ABC, Generic[R, S]):
     def _check_record(self, record: R) -> None:
         """Refuse (TypeError/ValueError, saying what to fix) a record this store must not write."""
 
+    def _bind_positions(self, state: S, packed: list[int]) -> None:
+        """Let ``state`` share the store's list of its transaction's packed positions (a store whose
+        state shows positions overrides this instead of copying them in ``_fold``)."""
+
     @abstractmethod
     def _fold(self, state: S | None, txn_id: TxnID, position: WritePosition, record: R) -> S:
         """Apply one replayed record to its transaction's state (``None``: first record seen)."""
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def _recover(self) -> None:
-        """Replay the log into per-transaction state (what ``open`` does last); a log that cannot be
-        replayed is closed without flushing (nothing was written) and the error raised."""
+    async def _recover(self, snapshot: StoreSnapshot[S] | None = None) -> None:
+        """Rebuild per-transaction state (what ``open`` does last): from ``snapshot`` if given, then by
+        replaying the records after the position it covers (all of them without one). A log that
+        cannot be replayed is closed without flushing (nothing was written) and the error raised."""
         states: dict[TxnID, S] = {}
         # Per transaction, not per record: its TxnID and its list of positions (records of one txn
         # are usually several; building these once each is a measurable share of a replay).
-        ids: dict[TxnKey, tuple[TxnID, list[WritePosition]]] = {}
+        ids: dict[TxnKey, tuple[TxnID, list[int]]] = {}
         replayed = self._replayed
         fold = self._fold
+        covered = self._log.last_confirmed()
+        last = (covered.ledger_id, covered.entry_id) if covered is not None else None
+        if snapshot is not None and snapshot.covers is not None and (last is None or snapshot.covers > last):
+            log.warning(
+                "snapshot %s of store %r covers up to %s:%s but the log ends at %s: it is not this log's"
+                " (or the log lost entries, which the ledger refuses by itself); ignoring it and"
+                " replaying the log in full",
+                snapshot.source or "(in memory)",
+                self._log.store,
+                *snapshot.covers,
+                "an empty log" if last is None else f"{last[0]}:{last[1]}",
+            )
+            snapshot = None
         try:
-            for live in await self._log.replay():
+            after = None
+            if snapshot is not None:
+                await self._adopt(snapshot, states)
+                if snapshot.covers is not None:
+                    after = Position(*snapshot.covers)
+            count = 0
+            for live in await self._log.replay(after):
                 record = live.record
                 key: TxnKey = _txn_key(record)
                 known = ids.get(key)
@@ -93,12 +151,115 @@ class TxnRecordStore(ABC, Generic[R, S]):
                         positions = replayed[key] = []
                     known = ids[key] = (txn_id, positions)
                 txn_id, positions = known
-                positions.append(live.position)
+                positions.append(pack_position(*live.position))
                 states[txn_id] = fold(states.get(txn_id), txn_id, live.position, record)
+                count += 1
         except BaseException:
             await self._log.close(flush=False)
             raise
+        bind = self._bind_positions
+        for txn_id, positions in ids.values():
+            bind(states[txn_id], positions)
+        self.replayed_records = count
         self._recovered = states
+        self._covered = last
+
+    async def _adopt(self, snapshot: StoreSnapshot[S], states: dict[TxnID, S]) -> None:
+        """Take the snapshot's transactions whose records the cursor still holds.
+
+        All records gone: the transaction was deleted after the capture. Some gone: a deletion was
+        interrupted by a crash; that transaction is rebuilt from its surviving records exactly as a
+        full replay would (rare, so read entry by entry).
+        """
+        deleted = self._log.deleted_checker()
+        replayed = self._replayed
+        partial: list[tuple[TxnID, list[int]]] = []
+        # Checked per entry first: usually no entry the snapshot names has lost a record since.
+        touched = self._log.touched_entries(
+            {p >> _ENTRY_SHIFT for _, _, packed in snapshot.txns for p in packed}
+        )
+        for txn_id, state, packed in snapshot.txns:
+            if touched:
+                live = [p for p in packed if not deleted(p)]
+                if len(live) != len(packed):
+                    if live:
+                        partial.append((txn_id, live))
+                    continue
+            states[txn_id] = state
+            replayed[(txn_id.most, txn_id.least)] = packed
+        for txn_id, live in partial:
+            rebuilt: S | None = None
+            for packed_position, record in zip(live, await self._log.records_at(live), strict=True):
+                rebuilt = self._fold(rebuilt, txn_id, unpack_position(packed_position), record)
+            assert rebuilt is not None
+            self._bind_positions(rebuilt, live)
+            states[txn_id] = rebuilt
+            replayed[(txn_id.most, txn_id.least)] = live
+
+    def capture_snapshot(self) -> StoreSnapshot[S]:
+        """Every transaction with live records as of the newest settled entry (synchronous, so the
+        state is one instant's). Only stores opened with ``snapshots=True`` can capture."""
+        if self._retained is None:
+            raise RuntimeError(f"store {self._log.store!r} was opened without snapshots")
+        settled = self._log.writer.last_settled_entry
+        covers = settled if settled is not None else self._covered
+        for key in list(self._retained):
+            self._fold_settled(key)
+        for key, (txn_id, deleting, packed, records, written) in list(self._deleting.items()):
+            if records:
+                folded = self._fold_records(txn_id, deleting, packed, records, written)
+                if folded is not None:
+                    self._bind_positions(folded, packed)
+                self._deleting[key] = (txn_id, folded, packed, [], [])
+        txns = [
+            (txn_id, state, list(self._replayed.get((txn_id.most, txn_id.least), ())))
+            for txn_id, state in self._recovered.items()
+        ]
+        txns.extend((txn_id, state, list(packed)) for txn_id, state, packed, _, _ in self._deleting.values())
+        self.records_since_capture = 0
+        return StoreSnapshot(covers, txns)
+
+    def _fold_settled(self, key: TxnKey) -> None:
+        """Fold the retained records of ``key`` whose entries settled; keep the rest retained."""
+        assert self._retained is not None
+        records = self._retained[key]
+        written = self._written[key]
+        settled = len(written) - 1
+        if settled == 0:
+            return
+        txn_id = TxnID(*key)
+        packed = self._replayed.get(key)
+        if packed is None:
+            packed = self._replayed[key] = []
+        state = self._recovered.get(txn_id)
+        state = self._fold_records(txn_id, state, packed, records[:settled], written[1:])
+        if state is not None:
+            self._bind_positions(state, packed)
+            self._recovered[txn_id] = state
+        del records[:settled]
+        del written[1:]
+        written[_SUBMITTED] -= settled
+        if not records:
+            del self._retained[key]
+            del self._written[key]
+        if not packed:
+            del self._replayed[key]
+
+    def _fold_records(
+        self, txn_id: TxnID, state: S | None, packed: list[int], records: list[R], written: list[int]
+    ) -> S | None:
+        fold = self._fold
+        for record, position in zip(records, written, strict=True):
+            if position == FAILED:  # never written: not in the log, not in the state
+                continue
+            packed.append(position)
+            state = fold(state, txn_id, unpack_position(position), record)
+        return state
+
+    async def flush(self) -> None:
+        """Hand buffered records to the ledger and wait until every one so far has settled."""
+        self._check_open()
+        await self._log.writer.flush()
 
     async def replay(self) -> dict[TxnID, S]:
         """Per-transaction state rebuilt at open from the live records (deleted ones are skipped)."""
@@ -131,6 +292,13 @@ class TxnRecordStore(ABC, Generic[R, S]):
         # path does nothing after the write and even a cancelled caller's record is known.
         future = self._submit(record, written)
         written[_SUBMITTED] += 1
+        retained = self._retained
+        if retained is not None:
+            kept = retained.get(key)
+            if kept is None:
+                kept = retained[key] = []
+            kept.append(record)
+            self.records_since_capture += 1
         return future
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
@@ -145,40 +313,62 @@ class TxnRecordStore(ABC, Generic[R, S]):
         record is kept for a retry (the caller's next round, or the replay after a restart).
         """
         self._check_open()
-        taken: list[tuple[TxnKey, list[int]]] = []
-        everything: list[int] = []
-        for txn_id in txn_ids:
-            key = (txn_id.most, txn_id.least)
-            replayed = self._replayed.pop(key, None)
-            packed = [pack_position(*p) for p in replayed] if replayed else []
-            written = self._written.pop(key, None)
+        keys = [(txn_id.most, txn_id.least) for txn_id in txn_ids]
+        for key in keys:  # records still in flight are deleted too, once they have a position
+            written = self._written.get(key)
             if written is not None:
                 while len(written) - 1 < written[_SUBMITTED]:
                     await self._log.writer.wait_for_progress()
+        taken: list[TxnKey] = []
+        everything: list[int] = []
+        for key in keys:
+            packed = self._replayed.pop(key, None) or []
+            written = self._written.pop(key, None)
+            positions = written[1:] if written is not None else []
+            txn_id = TxnID(*key)
+            state = self._recovered.pop(txn_id, None) if self._recovered else None
+            if self._retained is not None:
+                # Each retained record pairs with its position in ``written`` (the ones settled).
+                records = (self._retained.pop(key, None) or [])[: len(positions)]
+            else:
                 # FAILED marks a record whose write failed: it is not in the log.
-                if FAILED in written:
-                    packed.extend(p for p in written[1:] if p != FAILED)
-                else:
-                    packed.extend(written[1:])
-            if self._recovered:
-                self._recovered.pop(TxnID(*key), None)
-            if packed:
-                taken.append((key, packed))
-                everything.extend(packed)
+                packed.extend(p for p in positions if p != FAILED)
+                records, positions = [], []
+            ids = [p for p in (*packed, *positions) if p != FAILED]
+            if ids:
+                self._deleting[key] = (txn_id, state, packed, records, positions)
+                taken.append(key)
+                everything.extend(ids)
         if not everything:
             return
         try:
             await self._log.delete_packed(everything)
         except BaseException:
             # Keep them so a retry (the coordinator retries ends) deletes them after all.
-            for key, packed in taken:
-                self._replayed.setdefault(key, []).extend(unpack_position(p) for p in packed)
+            for key in taken:
+                self._restore(key)
             raise
+        for key in taken:
+            self._deleting.pop(key, None)
+
+    def _restore(self, key: TxnKey) -> None:
+        deleting = self._deleting.pop(key, None)
+        if deleting is None:
+            return
+        txn_id, state, packed, records, written = deleting
+        state = self._fold_records(txn_id, state, packed, records, written)
+        newer = self._replayed.get(key)
+        if newer:
+            packed.extend(newer)
+        self._replayed[key] = packed
+        if state is not None:
+            self._bind_positions(state, packed)
+            self._recovered[txn_id] = state
 
     def txn_positions(self, txn_id: TxnIdLike) -> list[WritePosition]:
         """Durable positions of a transaction's records not yet deleted (in-flight ones excluded)."""
         key = (txn_id.most, txn_id.least)
-        positions = list(self._replayed.get(key, ()))
+        positions = [unpack_position(p) for p in self._replayed.get(key, ())]
         written = self._written.get(key)
         if written is not None:
             positions.extend(unpack_position(p) for p in written[1:] if p != FAILED)
@@ -259,10 +449,12 @@ async def open_store(
     labels: dict[str, str],
     registry: CollectorRegistry | None,
     ledger_config: ManagedLedgerConfig | None,
+    snapshot: StoreSnapshot[Any] | None = None,
 ) -> Store:
     """Open a store's log, build the store on it with ``make`` and replay it: every store's ``open``.
 
-    ``config=None`` means the defaults (batching off). The writer's metrics are labelled ``labels``
+    ``config=None`` means the defaults (batching off). ``snapshot`` (a capture of an earlier run)
+    replaces the replay of every record it covers. The writer's metrics are labelled ``labels``
     under ``metrics_prefix`` and created only once the log is reserved (see ``RecordLog.open``).
     """
     log = await RecordLog.open(
@@ -276,5 +468,5 @@ async def open_store(
         ledger_config=ledger_config,
     )
     store = make(log)
-    await store._recover()
+    await store._recover(snapshot)
     return store

@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 from txnkeeper.bufferedwriter.codec import TXN_LOG_CODEC
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.metrics import TXN_LOG_PREFIX
-from txnkeeper.bufferedwriter.writer import WritePosition
+from txnkeeper.bufferedwriter.writer import WritePosition, unpack_position
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.release import BATCHED_LEVEL
 from txnkeeper.stores.recordlog import RecordLog
-from txnkeeper.stores.txnstore import TxnRecordStore, open_store
+from txnkeeper.stores.txnstore import StoreSnapshot, TxnRecordStore, open_store
 from txnkeeper.txnid import TxnID
 
 # Pulsar's MLTransactionLogImpl cursor name.
@@ -58,8 +58,14 @@ class TxnLogState:
     owner: str = ""
     partitions: list[str] = field(default_factory=list)
     subscriptions: list[tuple[str, str]] = field(default_factory=list)
-    positions: list[WritePosition] = field(default_factory=list)
+    # pack_position of each live record, in log order: the store's own list for this transaction.
+    packed: list[int] = field(default_factory=list)
     complete: bool = False
+
+    @property
+    def positions(self) -> list[WritePosition]:
+        """Where this transaction's live records are, in log order."""
+        return [unpack_position(p) for p in self.packed]
 
     @property
     def status_name(self) -> str:
@@ -69,8 +75,10 @@ class TxnLogState:
 class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogState]):
     """A coordinator's durable transaction log (contracts §3)."""
 
-    def __init__(self, log: RecordLog[tm.TransactionMetadataEntry], coordinator_id: int) -> None:
-        super().__init__(log)
+    def __init__(
+        self, log: RecordLog[tm.TransactionMetadataEntry], coordinator_id: int, *, snapshots: bool = False
+    ) -> None:
+        super().__init__(log, snapshots=snapshots)
         self.coordinator_id = coordinator_id
 
     @classmethod
@@ -83,8 +91,14 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
         *,
         registry: CollectorRegistry | None = None,
         ledger_config: ManagedLedgerConfig | None = None,
+        snapshots: bool = False,
+        snapshot: StoreSnapshot[TxnLogState] | None = None,
     ) -> TransactionLogStore:
         """Open (or create) coordinator ``coordinator_id``'s log and replay it.
+
+        ``snapshots=True`` lets the store capture snapshots (``capture_snapshot``); ``snapshot``, one
+        captured by an earlier run (``coordinator.snapshot`` reads and writes the file), stands in for
+        the records it covers, so only those after it are replayed.
 
         Raises ``FormatLevelError`` at format level 1 if a live batched entry exists, and
         ``BatchedWriteNotAllowedError`` if ``config`` enables batching at level 1.
@@ -92,7 +106,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
         if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int) or coordinator_id < 0:
             raise ValueError(f"coordinator id must be an integer >= 0, got {coordinator_id!r}")
         return await open_store(
-            lambda log: cls(log, coordinator_id),
+            lambda log: cls(log, coordinator_id, snapshots=snapshots or snapshot is not None),
             factory,
             transaction_log_name(coordinator_id),
             CURSOR_NAME,
@@ -103,6 +117,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
             labels={"coordinator_id": str(coordinator_id)},
             registry=registry,
             ledger_config=ledger_config,
+            snapshot=snapshot,
         )
 
     def _check_record(self, record: tm.TransactionMetadataEntry) -> None:
@@ -145,5 +160,7 @@ class TransactionLogStore(TxnRecordStore[tm.TransactionMetadataEntry, TxnLogStat
             state.status = record.new_status
         if record.HasField("last_modification_time"):
             state.last_modification_time = record.last_modification_time
-        state.positions.append(position)
         return state
+
+    def _bind_positions(self, state: TxnLogState, packed: list[int]) -> None:
+        state.packed = packed
