@@ -7,10 +7,13 @@ client with the same list finds the same store; transactions are begun round-rob
 from __future__ import annotations
 
 import itertools
+import uuid
 import zlib
 
+from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
 from txnkeeper.client.producer import Producer
+from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
@@ -40,6 +43,7 @@ class Client:
         self._coordinator_cycle = itertools.cycle(self._coordinators) if coordinators else None
         if operation_timeout <= 0:
             raise ValueError(f"operation_timeout must be positive, got {operation_timeout}")
+        self._operation_timeout = operation_timeout
         self.connections = ConnectionPool(operation_timeout)
         self._consumers: dict[int, Consumer] = {}
         self._consumer_ids = itertools.count(1)
@@ -58,10 +62,54 @@ class Client:
             raise ValueError("this client was given no store addresses")
         return self._stores[zlib.crc32(topic.encode()) % len(self._stores)]
 
-    async def create_producer(self, topic: str) -> Producer:
-        producer = Producer(self.connections, topic, self.store_for(topic))
+    async def create_producer(self, topic: str, *, producer_name: str | None = None) -> Producer:
+        """A producer of ``topic``. With ``producer_name`` its sends are idempotent (Pulsar's producer
+        name + sequence id): each send gets the next sequence id of that name, and a send retried after
+        a lost receipt or a reconnect is written once. One producer per name at a time: a newer one
+        fences the older (``WriterFencedError``)."""
+        producer = Producer(
+            self.connections,
+            topic,
+            self.store_for(topic),
+            producer_name=producer_name,
+            resync_timeout=self._operation_timeout,
+        )
         await self.connections.get(producer.store_address)
+        if producer_name is not None:
+            await producer.open_sequenced(await self._last_sequence_id(topic, producer_name))
         return producer
+
+    async def _last_sequence_id(self, topic: str, producer_name: str) -> int:
+        """The store's last persisted sequence id for ``producer_name`` on ``topic`` (0: none)."""
+        command = api.Command()
+        command.setup_append.topic = topic
+        command.setup_append.writer_id = producer_name
+        response = await self.connections.request(self.store_for(topic), command)
+        return response.append_setup.last_event_number
+
+    async def create_single_key_writer(
+        self,
+        topic: str,
+        routing_key: str,
+        txn_timeout_ms: int,
+        max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+        *,
+        writer_id: str | None = None,
+    ) -> SingleKeyWriter:
+        """A writer of single-routing-key transactions (PDP-44) to ``topic``; ``routing_key`` becomes
+        every event's message key. ``writer_id`` (default: a new uuid) continues an earlier writer's
+        event numbering and de-duplication, e.g. after the application restarted."""
+        appender = BlockAppender(
+            self.connections,
+            topic,
+            self.store_for(topic),
+            writer_id or uuid.uuid4().hex,
+            key=routing_key,
+            resync_timeout=self._operation_timeout,
+        )
+        writer = SingleKeyWriter(appender, routing_key, txn_timeout_ms, max_txn_bytes)
+        await appender.open()
+        return writer
 
     async def subscribe(self, topic: str, subscription: str, *, receiver_queue_size: int = 1000) -> Consumer:
         consumer = Consumer(

@@ -41,13 +41,38 @@ class UnsupportedFeatureError(ServiceError):
     """The store does not serve single-routing-key appends (an older release, or the feature is
     switched off on that store): upgrade it, or use a full transaction."""
 
+    code = api.UNSUPPORTED_FEATURE
+
 
 class WriterStateLostError(ServiceError):
     """The store no longer knows what this writer id appended (its state expired or was trimmed), so
     whether an unacknowledged block was applied cannot be decided. The client does not re-send it
     (that could apply it twice): read the topic to find out, then continue with a new writer."""
 
+    code = api.WRITER_STATE_LOST
+
 
 class WriterFencedError(ServiceError):
     """A newer session with the same writer id took over this writer on the store; this one can no
     longer append. Stop one of the two writers."""
+
+    code = api.WRITER_FENCED
+
+
+def writer_error(failure: BaseException, context: str) -> BaseException:
+    """The client-side error a store's refusal means for a writer (by its code), else ``failure``."""
+    if isinstance(failure, ServiceError) and not isinstance(failure, _WRITER_ERRORS):
+        cls = _BY_CODE.get(failure.code)
+        if cls is not None:
+            converted = cls(f"{context}: {failure}", failure.code)
+            converted.__cause__ = failure
+            return converted
+    return failure
+
+
+_WRITER_ERRORS = (UnsupportedFeatureError, WriterStateLostError, WriterFencedError)
+_BY_CODE: dict[int, type[ServiceError]] = {
+    api.WRITER_FENCED: WriterFencedError,
+    api.WRITER_STATE_LOST: WriterStateLostError,
+    api.UNSUPPORTED_FEATURE: UnsupportedFeatureError,
+}
