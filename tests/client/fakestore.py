@@ -38,6 +38,7 @@ class FakeStore:
     chunks: dict[tuple[int, str], list[bytes]] = field(default_factory=dict)
     drop_next_answers: int = 0  # apply, then close the connection instead of answering
     forget_when_dropping: bool = False  # and lose the writer's state (expiry) before it reconnects
+    refuse_next_blocks: int = 0  # refuse blocks as too large, without applying them
     old_release: bool = False  # refuse setup_append as a release without the feature does
     blocks_applied: int = 0
     duplicates: int = 0
@@ -77,6 +78,9 @@ class FakeStore:
         if writer.session is not session:
             raise ServiceError(f"writer {body.writer_id} was fenced by a newer session", api.WRITER_FENCED)
         data = b"".join(self.chunks.pop((id(session), body.writer_id), [])) + body.data
+        if self.refuse_next_blocks > 0:
+            self.refuse_next_blocks -= 1
+            raise ServiceError(f"block of {body.total_bytes} bytes above maxBlockBytes", api.BLOCK_TOO_LARGE)
         if zlib.crc32(data) != body.crc or len(data) != body.total_bytes:
             raise ServiceError("bad block", api.BAD_BLOCK)
         last = body.first_event_number + body.event_count - 1

@@ -16,6 +16,7 @@ from txnkeeper.client import (
     InvalidTxnStatusError,
     MaxTransactionSizeExceededError,
     MessageId,
+    ServiceError,
     TxnFailedError,
     UnsupportedFeatureError,
     WriterFencedError,
@@ -216,3 +217,18 @@ async def test_a_named_producer_resends_after_a_lost_receipt_and_writes_once(
     assert again.last_sequence_id == 2
     await again.send(b"m3")
     assert [m[1] for m in fake.messages] == [b"m1", b"m2", b"m3"]
+
+
+async def test_a_refused_block_fails_its_commit_only_and_the_next_takes_its_numbers(
+    store: tuple[FakeStore, Client],
+) -> None:
+    fake, client = store
+    producer = await client.create_producer(TOPIC)
+    fake.refuse_next_blocks = 1
+    refused = asyncio.ensure_future(producer.send_atomic([b"r1", b"r2"]))
+    accepted = asyncio.ensure_future(producer.send_atomic([b"ok"]))  # numbered 3 first, then 1
+    with pytest.raises(ServiceError, match="above maxBlockBytes"):
+        await refused
+    assert await accepted == [MessageId(LEDGER, 0)]
+    assert [m[1] for m in fake.messages] == [b"ok"]
+    assert next(iter(fake.writers.values())).last_event_number == 1

@@ -54,6 +54,11 @@ RESYNC_BACKOFF = (0.05, 1.0)  # seconds: first retry, cap
 # resynchronise and decide, instead of failing the block.
 _DOUBTFUL = (ConnectionClosedError, RequestTimeoutError, UnavailableError)
 _LENGTH = struct.Struct(">I")
+# Refusals after which the writer cannot go on (its numbering or its session is gone); any other
+# refusal of a block fails that commit only.
+_WRITER_ENDING = frozenset(
+    (api.WRITER_FENCED, api.WRITER_STATE_LOST, api.EVENT_NUMBER_GAP, api.UNSUPPORTED_FEATURE)
+)
 
 
 def encode_events(events: list[bytes]) -> list[bytes]:
@@ -111,6 +116,9 @@ class BlockAppender:
         self._conn: RpcConnection | None = None
         self._session = 0
         self._resyncing: asyncio.Task[None] | None = None
+        # When the oldest unresolved doubt began: a store that keeps accepting the writer back but
+        # never answers must not keep it retrying for ever.
+        self._doubt_since: float | None = None
         self._failure: BaseException | None = None  # set once the writer can append no more
         self.resyncs = 0  # sessions opened after the first (tests count them)
 
@@ -221,7 +229,25 @@ class BlockAppender:
             )
             self._start_resync()
             return
-        self._fail(writer_error(failure, f"writer {self.writer_id} of {self.topic}"))
+        failure = writer_error(failure, f"writer {self.writer_id} of {self.topic}")
+        if isinstance(failure, ServiceError) and failure.code not in _WRITER_ENDING:
+            self._refused(block, failure)
+            return
+        self._fail(failure)
+
+    def _refused(self, block: _Block, failure: BaseException) -> None:
+        """The store refused the head block without applying it (too large, bad CRC, a limit): that
+        commit fails, and the blocks behind it, not sent yet, take its event numbers."""
+        self._queue.popleft()
+        self._head_sent = False
+        count = block.numbers.event_count
+        for later in self._queue:
+            later.numbers = BlockNumbers(later.numbers.first_event_number - count, later.numbers.event_count)
+        self._next_event -= count
+        if not block.result.done():
+            block.result.set_exception(failure)
+            block.result.exception()
+        self._send_head()
 
     def _applied(self, block: _Block, response: api.Command) -> None:
         answer = response.data_appended
@@ -239,6 +265,7 @@ class BlockAppender:
             return
         self._queue.popleft()
         self._head_sent = False
+        self._doubt_since = None
         self.acknowledged_through = block.numbers.last_event_number
         first = answer.message_id
         ids = [MessageId(first.ledger_id, first.entry_id + i) for i in range(block.numbers.event_count)]
@@ -260,11 +287,16 @@ class BlockAppender:
             self._resyncing = asyncio.get_running_loop().create_task(self._resync())
 
     async def _resync(self) -> None:
-        deadline = time.monotonic() + self._resync_timeout
+        now = time.monotonic()
+        if self._doubt_since is None:
+            self._doubt_since = now
+        deadline = self._doubt_since + self._resync_timeout
         delay = RESYNC_BACKOFF[0]
         try:
             while True:
                 try:
+                    if time.monotonic() > deadline:
+                        raise RequestTimeoutError("no answer to the writer's blocks in time")
                     conn, store_last = await self._setup()
                     break
                 except _DOUBTFUL as exc:

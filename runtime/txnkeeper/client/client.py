@@ -46,6 +46,8 @@ class Client:
         self._operation_timeout = operation_timeout
         self.connections = ConnectionPool(operation_timeout)
         self._consumers: dict[int, Consumer] = {}
+        # Closed with the client: a writer or named producer resynchronising must not reconnect after.
+        self._closables: list[Producer | SingleKeyWriter] = []
         self._consumer_ids = itertools.count(1)
         for address in self._stores:
             self.connections.on_push(address, self._on_push)
@@ -77,6 +79,7 @@ class Client:
         await self.connections.get(producer.store_address)
         if producer_name is not None:
             await producer.open_sequenced(await self._last_sequence_id(topic, producer_name))
+        self._closables.append(producer)
         return producer
 
     async def _last_sequence_id(self, topic: str, producer_name: str) -> int:
@@ -109,6 +112,7 @@ class Client:
         )
         writer = SingleKeyWriter(appender, routing_key, txn_timeout_ms, max_txn_bytes)
         await appender.open()
+        self._closables.append(writer)
         return writer
 
     async def subscribe(self, topic: str, subscription: str, *, receiver_queue_size: int = 1000) -> Consumer:
@@ -153,4 +157,6 @@ class Client:
     async def close(self) -> None:
         for consumer in list(self._consumers.values()):
             await consumer.close()
+        for closable in self._closables:
+            await closable.abandon()
         await self.connections.close()

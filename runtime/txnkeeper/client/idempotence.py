@@ -58,6 +58,7 @@ class SequencedSends:
         self._conn: RpcConnection | None = None
         self._session = 0
         self._resending: asyncio.Task[None] | None = None
+        self._doubt_since: float | None = None  # when the oldest unanswered doubt began
         self._failure: ServiceError | None = None
         self.resends = 0  # sends sent again after a reconnect (tests count them)
 
@@ -106,6 +107,7 @@ class SequencedSends:
             self._start_resend()
             return
         _, result = self._unanswered.pop(sequence_id)
+        self._doubt_since = None
         if failure is not None:
             result.set_exception(failure)
             result.exception()
@@ -131,10 +133,14 @@ class SequencedSends:
             self._resending = asyncio.get_running_loop().create_task(self._resend())
 
     async def _resend(self) -> None:
-        deadline = time.monotonic() + self._resend_timeout
+        if self._doubt_since is None:
+            self._doubt_since = time.monotonic()
+        deadline = self._doubt_since + self._resend_timeout
         delay = RESEND_BACKOFF[0]
         while True:
             try:
+                if time.monotonic() > deadline:
+                    raise RequestTimeoutError("its sends got no answer in time")
                 conn = await self._connections.get(self.store_address)
                 break
             except _DOUBTFUL as exc:
@@ -142,7 +148,7 @@ class SequencedSends:
                     self._resending = None
                     self._fail(
                         RequestTimeoutError(
-                            f"producer {self.producer_name} of {self.topic}: no connection to "
+                            f"producer {self.producer_name} of {self.topic}: no answer from "
                             f"{self.store_address} within {self._resend_timeout}s ({exc}); the outcome "
                             "of its unanswered sends is unknown (a producer with the same name sending "
                             "them again writes each at most once)"

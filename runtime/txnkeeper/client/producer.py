@@ -150,6 +150,15 @@ class Producer:
         if self._closed:
             raise ClientClosedError(f"producer of {self.topic} is closed")
 
+    async def abandon(self) -> None:
+        """Stop at once (the client is closing): unanswered sends and blocks fail with
+        ``ClientClosedError`` (their outcome is unknown)."""
+        self._closed = True
+        if self._sequenced is not None:
+            await self._sequenced.close()
+        for appender in self._appenders.values():
+            await appender.close()
+
     async def close(self) -> None:
         """Stop sending; waits for the answers of sends and blocks already sent."""
         self._closed = True

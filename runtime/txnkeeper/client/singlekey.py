@@ -178,6 +178,10 @@ class SingleKeyWriter:
         self._closed = True
         await self._appender.close()
 
+    async def abandon(self) -> None:
+        """Stop at once (the client is closing): unanswered commits fail with ``ClientClosedError``."""
+        await self.close()
+
     async def flush(self) -> None:
         """Wait until every committed transaction was answered."""
         await self._appender.drained()
