@@ -22,7 +22,7 @@ LEDGER = 7
 
 @dataclass
 class Writer:
-    last_event_number: int = 0
+    last_event_number: int = -1  # numbers start at 0 (contracts §10)
     last_first_entry: int = -1
     session: Session | None = None
 
@@ -33,7 +33,6 @@ class FakeStore:
 
     messages: list[tuple[str, bytes]] = field(default_factory=list)
     writers: dict[str, Writer] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)
     producers: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (last seq, entry)
     chunks: dict[tuple[int, str], list[bytes]] = field(default_factory=dict)
     drop_next_answers: int = 0  # apply, then close the connection instead of answering
@@ -64,7 +63,6 @@ class FakeStore:
         self.setups += 1
         writer = self.writers.setdefault(body.writer_id, Writer())
         writer.session = session  # the newest session fences older ones
-        self.keys[body.writer_id] = body.key
         if body.writer_id in self.producers:
             return api.Command(
                 append_setup=api.AppendSetup(last_event_number=self.producers[body.writer_id][0])
@@ -72,12 +70,10 @@ class FakeStore:
         return api.Command(append_setup=api.AppendSetup(last_event_number=writer.last_event_number))
 
     def _end(self, session: Session, body: api.AppendBlockEnd) -> api.Command | None:
-        writer = self.writers.get(body.writer_id)
-        if writer is None:
-            raise ServiceError(f"writer {body.writer_id} has no session", api.WRITER_STATE_LOST)
+        writer = self.writers.setdefault(body.writer_id, Writer(session=session))
         if writer.session is not session:
             raise ServiceError(f"writer {body.writer_id} was fenced by a newer session", api.WRITER_FENCED)
-        data = b"".join(self.chunks.pop((id(session), body.writer_id), [])) + body.data
+        data = b"".join(self.chunks.pop((id(session), body.writer_id), []))
         if self.refuse_next_blocks > 0:
             self.refuse_next_blocks -= 1
             raise ServiceError(f"block of {body.total_bytes} bytes above maxBlockBytes", api.BLOCK_TOO_LARGE)
@@ -86,8 +82,11 @@ class FakeStore:
         last = body.first_event_number + body.event_count - 1
         if last <= writer.last_event_number:
             self.duplicates += 1
-            return self._answer(session, last, writer.last_first_entry)
+            known = last == writer.last_event_number
+            return self._answer(session, last, writer.last_first_entry if known else None)
         if body.first_event_number != writer.last_event_number + 1:
+            if writer.last_event_number == -1:
+                raise ServiceError(f"writer {body.writer_id} is not known here", api.WRITER_STATE_LOST)
             raise ServiceError("gap", api.EVENT_NUMBER_GAP)
         events = []
         offset = 0
@@ -97,26 +96,27 @@ class FakeStore:
             offset += 4 + length
         assert len(events) == body.event_count
         first_entry = len(self.messages)
-        self.messages.extend((self.keys.get(body.writer_id, ""), e) for e in events)
+        self.messages.extend((body.key, e) for e in events)
         writer.last_event_number = last
         writer.last_first_entry = first_entry
         self.blocks_applied += 1
         return self._answer(session, last, first_entry)
 
-    def _answer(self, session: Session, last: int, first_entry: int) -> api.Command | None:
+    def _answer(self, session: Session, last: int, first_entry: int | None) -> api.Command | None:
         if self.drop_next_answers > 0:
             self.drop_next_answers -= 1
             if self.forget_when_dropping:
                 self.writers.clear()
             session.close()  # type: ignore[attr-defined]
             return None
-        first = api.MessageIdData(ledger_id=LEDGER, entry_id=first_entry)
-        answer = api.DataAppended(event_number=last, message_id=first)
+        answer = api.DataAppended(event_number=last)
+        if first_entry is not None:
+            answer.first_message_id.CopyFrom(api.MessageIdData(ledger_id=LEDGER, entry_id=first_entry))
         return api.Command(data_appended=answer)
 
     def _produce(self, session: Session, body: api.Produce) -> api.Command | None:
         if body.producer_name:
-            last, entry = self.producers.get(body.producer_name, (0, -1))
+            last, entry = self.producers.get(body.producer_name, (-1, -1))
             if body.sequence_id <= last:
                 self.duplicates += 1
                 receipt = api.ProduceReceipt(duplicate=True)

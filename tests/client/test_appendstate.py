@@ -26,12 +26,13 @@ def test_applied_blocks_are_never_resent(store_last: int, outcomes: list[Outcome
 
 
 def test_a_fresh_writer_resends_what_the_store_does_not_hold() -> None:
-    assert reconcile("w", 0, [BlockNumbers(1, 4)], 0) == [R]
-    assert reconcile("w", 0, [BlockNumbers(1, 4)], 4) == [A]
+    # Event numbers start at 0; -1 is "none" on both sides.
+    assert reconcile("w", -1, [BlockNumbers(0, 4)], -1) == [R]
+    assert reconcile("w", -1, [BlockNumbers(0, 4)], 3) == [A]
     assert reconcile("w", 7, [], 7) == []
 
 
-@pytest.mark.parametrize("store_last", [0, 9])
+@pytest.mark.parametrize("store_last", [-1, 0, 9])
 def test_a_store_that_forgot_confirmed_events_is_writer_state_lost(store_last: int) -> None:
     with pytest.raises(WriterStateLostError, match=r"writer w: the store knows its events only through"):
         reconcile("w", 10, BLOCKS, store_last)
@@ -53,3 +54,5 @@ def test_in_flight_blocks_must_follow_the_confirmed_events() -> None:
         reconcile("w", 10, [BlockNumbers(12, 1)], 10)
     with pytest.raises(ValueError, match="at least one event"):
         BlockNumbers(1, 0)
+    with pytest.raises(ValueError, match="from 0"):
+        BlockNumbers(-1, 1)

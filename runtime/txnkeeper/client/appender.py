@@ -109,8 +109,9 @@ class BlockAppender:
         self.writer_id = writer_id
         self.key = key
         self._resync_timeout = resync_timeout
-        self.acknowledged_through = 0  # the last event number the store confirmed to this writer
-        self._next_event = 1
+        # The last event number the store confirmed to this writer (numbers start at 0; -1: none).
+        self.acknowledged_through = -1
+        self._next_event = 0
         self._queue: deque[_Block] = deque()  # numbered, unanswered; only the head is on the wire
         self._head_sent = False
         self._conn: RpcConnection | None = None
@@ -192,17 +193,18 @@ class BlockAppender:
             return
         block = self._queue[0]
         self._head_sent = True
-        # Every chunk but the last as AppendBlock (answered when buffered; a failure shows on the end
-        # too), the last inside the AppendBlockEnd that commits the block: one frame for small blocks.
-        for chunk in block.chunks[:-1]:
+        # The chunks as AppendBlock frames, then the AppendBlockEnd that commits them (contracts §10).
+        # A chunk is answered only when refused, and the refusal discards the block, so its end is
+        # refused too: the end's answer is the block's outcome, and chunks go without a request id.
+        for chunk in block.chunks:
             piece = api.Command()
             piece.append_block.writer_id = self.writer_id
             piece.append_block.data = chunk
-            conn.request(piece).add_done_callback(_ignore)
+            conn.notify(piece)
         end = api.Command()
         body = end.append_block_end
         body.writer_id = self.writer_id
-        body.data = block.chunks[-1]
+        body.key = self.key
         body.first_event_number = block.numbers.first_event_number
         body.event_count = block.numbers.event_count
         body.total_bytes = block.size
@@ -235,15 +237,19 @@ class BlockAppender:
             return
         self._fail(failure)
 
-    def _refused(self, block: _Block, failure: BaseException) -> None:
-        """The store refused the head block without applying it (too large, bad CRC, a limit): that
-        commit fails, and the blocks behind it, not sent yet, take its event numbers."""
+    def _refused(self, block: _Block, failure: BaseException, *, applied: bool = False) -> None:
+        """The head block's commit fails with ``failure``. Refused by the store without being applied
+        (too large, bad CRC, a limit): the blocks behind it, not sent yet, take its event numbers."""
         self._queue.popleft()
         self._head_sent = False
         count = block.numbers.event_count
-        for later in self._queue:
-            later.numbers = BlockNumbers(later.numbers.first_event_number - count, later.numbers.event_count)
-        self._next_event -= count
+        if applied:
+            self.acknowledged_through = block.numbers.last_event_number
+        else:
+            for later in self._queue:
+                first = later.numbers.first_event_number - count
+                later.numbers = BlockNumbers(first, later.numbers.event_count)
+            self._next_event -= count
         if not block.result.done():
             block.result.set_exception(failure)
             block.result.exception()
@@ -267,7 +273,20 @@ class BlockAppender:
         self._head_sent = False
         self._doubt_since = None
         self.acknowledged_through = block.numbers.last_event_number
-        first = answer.message_id
+        if not answer.HasField("first_message_id"):
+            # Not expected (only the head block is ever re-sent, and the store remembers the first id
+            # of a writer's last block): say so rather than invent ids.
+            self._refused(
+                block,
+                ServiceError(
+                    f"writer {self.writer_id}: block {block.numbers.first_event_number}.."
+                    f"{block.numbers.last_event_number} is applied, but the store no longer knows its "
+                    "message ids"
+                ),
+                applied=True,
+            )
+            return
+        first = answer.first_message_id
         ids = [MessageId(first.ledger_id, first.entry_id + i) for i in range(block.numbers.event_count)]
         if not block.result.done():
             block.result.set_result(ids)
@@ -329,7 +348,6 @@ class BlockAppender:
         command = api.Command()
         command.setup_append.topic = self.topic
         command.setup_append.writer_id = self.writer_id
-        command.setup_append.key = self.key
         try:
             response = await conn.request(command, self._resync_timeout)
         except BadRequestError as exc:
@@ -369,8 +387,3 @@ class BlockAppender:
         if self._resyncing is not None:
             self._resyncing.cancel()
         self._fail(self._failure)
-
-
-def _ignore(response: asyncio.Future[api.Command]) -> None:
-    if not response.cancelled():
-        response.exception()  # a chunk's failure is the AppendBlockEnd's too

@@ -27,8 +27,8 @@ class BlockNumbers:
     event_count: int
 
     def __post_init__(self) -> None:
-        if self.first_event_number < 1 or self.event_count < 1:
-            raise ValueError(f"a block numbers at least one event from 1, got {self}")
+        if self.first_event_number < 0 or self.event_count < 1:
+            raise ValueError(f"a block numbers at least one event from 0, got {self}")
 
     @property
     def last_event_number(self) -> int:
@@ -45,7 +45,8 @@ def reconcile(
 ) -> list[Outcome]:
     """The outcome of each in-flight block (in order) given the store's ``store_last`` event number.
 
-    ``acknowledged_through`` is the last event number the store confirmed to this writer (0: none);
+    Event numbers start at 0; ``-1`` means none (contracts §10). ``acknowledged_through`` is the last
+    event number the store confirmed to this writer (-1: none);
     ``in_flight`` are the blocks sent or to be sent since, contiguous from ``acknowledged_through + 1``.
     Raises ``WriterStateLostError`` when the store knows less than it already confirmed (its state for
     the writer expired or was trimmed) or reports a number inside a block (blocks are atomic), and

@@ -12,9 +12,11 @@ import zlib
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
+from txnkeeper.client.errors import UnsupportedFeatureError
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
@@ -83,11 +85,25 @@ class Client:
         return producer
 
     async def _last_sequence_id(self, topic: str, producer_name: str) -> int:
-        """The store's last persisted sequence id for ``producer_name`` on ``topic`` (0: none)."""
+        """The store's last persisted sequence id for ``producer_name`` on ``topic`` (-1: none).
+
+        Producer names and writer ids share the store's writer state, so ``SetupAppend`` tells it.
+        Without it the producer cannot know where to continue: starting low would have the store
+        drop every send up to the name's old last sequence id as a duplicate, so it is refused."""
         command = api.Command()
         command.setup_append.topic = topic
         command.setup_append.writer_id = producer_name
-        response = await self.connections.request(self.store_for(topic), command)
+        address = self.store_for(topic)
+        try:
+            response = await self.connections.request(address, command)
+        except ServiceError as exc:
+            if exc.code == api.UNSUPPORTED_FEATURE or "is not a request a server accepts" in str(exc):
+                raise UnsupportedFeatureError(
+                    f"producer {producer_name!r}: the store at {address} cannot say the name's last "
+                    f"sequence id ({exc}); idempotent producers need single-key transactions enabled "
+                    "on the store (--srk-enabled); leave producer_name out for a plain producer"
+                ) from exc
+            raise
         return response.append_setup.last_event_number
 
     async def create_single_key_writer(

@@ -53,7 +53,7 @@ class SequencedSends:
         self.store_address = store_address
         self.producer_name = producer_name
         self._resend_timeout = resend_timeout
-        self.last_sequence_id = 0  # the last sequence id assigned
+        self.last_sequence_id = -1  # the last sequence id assigned (they start at 0)
         self._unanswered: OrderedDict[int, tuple[api.Command, asyncio.Future[MessageId]]] = OrderedDict()
         self._conn: RpcConnection | None = None
         self._session = 0
@@ -63,7 +63,7 @@ class SequencedSends:
         self.resends = 0  # sends sent again after a reconnect (tests count them)
 
     async def open(self, last_persisted: int) -> None:
-        """Continue after ``last_persisted``, the store's last sequence id for the name."""
+        """Continue after ``last_persisted``, the store's last sequence id for the name (-1: none)."""
         self.last_sequence_id = last_persisted
         self._use(await self._connections.get(self.store_address))
 

@@ -52,8 +52,8 @@ class Producer:
 
     @property
     def last_sequence_id(self) -> int:
-        """The sequence id of the latest send of a named producer (0: none yet)."""
-        return self._sequenced.last_sequence_id if self._sequenced is not None else 0
+        """The sequence id of the latest send of a named producer (they start at 0; -1: none yet)."""
+        return self._sequenced.last_sequence_id if self._sequenced is not None else -1
 
     async def open_sequenced(self, last_persisted: int) -> None:
         """Make a named producer's sends idempotent, continuing after the store's ``last_persisted``."""

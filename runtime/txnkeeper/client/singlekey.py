@@ -152,7 +152,7 @@ class SingleKeyWriter:
 
     @property
     def last_event_number(self) -> int:
-        """The last event number the store confirmed for this writer."""
+        """The last event number the store confirmed for this writer (numbers start at 0; -1: none)."""
         return self._appender.acknowledged_through
 
     def begin_transaction(self) -> SingleKeyTransaction:
