@@ -39,6 +39,7 @@ class FakeStore:
     forget_when_dropping: bool = False  # and lose the writer's state (expiry) before it reconnects
     refuse_next_blocks: int = 0  # refuse blocks as too large, without applying them
     old_release: bool = False  # refuse setup_append as a release without the feature does
+    unparsable: bool = False  # drop the connection on setup_append, as a release that cannot parse it
     blocks_applied: int = 0
     duplicates: int = 0
     setups: int = 0
@@ -57,9 +58,12 @@ class FakeStore:
             return self._produce(session, command.produce)
         raise BadRequestError(f"'{body_name}' is not a request a server accepts")
 
-    def _setup(self, session: Session, body: api.SetupAppend) -> api.Command:
+    def _setup(self, session: Session, body: api.SetupAppend) -> api.Command | None:
         if self.old_release:
             raise BadRequestError("'setup_append' is not a request a server accepts")
+        if self.unparsable:
+            session.close()  # type: ignore[attr-defined]
+            return None
         self.setups += 1
         writer = self.writers.setdefault(body.writer_id, Writer())
         writer.session = session  # the newest session fences older ones

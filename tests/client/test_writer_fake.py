@@ -177,6 +177,13 @@ async def test_an_older_release_is_unsupported_feature(store: tuple[FakeStore, C
     fake.old_release = True
     with pytest.raises(UnsupportedFeatureError, match="does not serve single-routing-key appends"):
         await client.create_single_key_writer(TOPIC, "k", txn_timeout_ms=10_000)
+    fake.old_release, fake.unparsable = False, True
+    with pytest.raises(UnsupportedFeatureError, match="closed the connection twice"):
+        await client.create_single_key_writer(TOPIC, "k", txn_timeout_ms=10_000)
+    fake.unparsable = False
+    with pytest.raises(UnsupportedFeatureError, match="last sequence id"):
+        fake.old_release = True
+        await client.create_producer(TOPIC, producer_name="p")
 
 
 async def test_a_large_block_travels_in_chunks_and_arrives_whole(store: tuple[FakeStore, Client]) -> None:
