@@ -15,6 +15,7 @@ from typing import Any
 
 from txnkeeper.bufferedwriter.config import STAT_KEYS, BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.protocol.limits import ConnectionLimits
+from txnkeeper.topic.writers import SingleKeySettings
 
 ROLES = ("coordinator", "store")
 
@@ -26,6 +27,11 @@ _CR_KEYS = {
     "maxDelayMillis": "max_delay_millis",
     "flushMode": "flush_mode",
 }
+
+
+# Top-level config-file sections parsed by their own modules (ignored by batch_configs):
+# singleKeyTransactions -> txnkeeper.server.srk_config.
+SEPARATE_SECTIONS = frozenset({"singleKeyTransactions"})
 
 
 class ConfigError(ValueError):
@@ -47,6 +53,7 @@ class ServeConfig:
     ports_file: Path | None = None
     cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    single_key: SingleKeySettings = field(default_factory=SingleKeySettings)
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -107,7 +114,7 @@ def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteCo
     """
     if path is None:
         return BatchedWriteConfig(), BatchedWriteConfig()
-    data = _load(path)
+    data = {k: v for k, v in _load(path).items() if k not in SEPARATE_SECTIONS}
     if "batchedWrite" in data:
         data = _object(data["batchedWrite"], f"{path}: batchedWrite")
     try:

@@ -21,6 +21,7 @@ from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_configured
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
+from txnkeeper.server.blocks import BlockAppender, PendingBudget
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.txnid import TxnID
@@ -146,6 +147,7 @@ class PodHandler:
         self._coordinator_cycle = itertools.cycle(sorted(coordinators)) if coordinators else None
         self._topics = topics
         self._consumers: dict[int, dict[int, ConsumerEndpoint]] = {}
+        self.blocks = BlockAppender(self._store)
         coordinator_routes: dict[str, Callable[[Session, api.Command], HandlerResult]] = {
             "new_txn": self._new_txn,
             "add_partition": self._add_partition,
@@ -167,6 +169,10 @@ class PodHandler:
             "end_txns_on_store": self._ends_on_store,
             "auth_challenge": self._auth_challenge,
             "authenticate": self._authenticate,
+            "setup_append": self.blocks.setup_append,
+            "append_block": self.blocks.append_block,
+            "append_block_end": self.blocks.append_block_end,
+            "abort_append_block": self.blocks.abort_append_block,
         }
         self._routes = {**coordinator_routes, **store_routes}
 
@@ -177,7 +183,12 @@ class PodHandler:
             raise BadRequestError(f"'{body_name}' is not a request a server accepts")
         return route(session, command)
 
+    def share_pending_budget(self, budget: PendingBudget) -> None:
+        """Count buffered block chunks against the protocol server's pending-bytes limit."""
+        self.blocks.budget = budget
+
     def session_closed(self, session: Session) -> None:
+        self.blocks.session_closed(session)
         self._nonces.pop(session.session_id, None)
         self._coordinator_sessions.discard(session.session_id)
         for endpoint in self._consumers.pop(session.session_id, {}).values():
@@ -296,7 +307,27 @@ class PodHandler:
         if body.HasField("txn_id"):
             txn = _txn(body.txn_id)
             self._check_ticket(body.ticket, txn, body.topic, "")
+        if body.producer_name:
+            require(
+                txn is None,
+                "producer_name (idempotent produce) applies to non-transactional produces only:"
+                " a transaction already makes its sends atomic",
+            )
+            return self._produce_idempotent(topics, body)
         return self._produce_async(topics, body.topic, body.payload, body.key, txn)
+
+    @staticmethod
+    async def _produce_idempotent(topics: TopicService, body: api.Produce) -> api.Command:
+        result = await topics.publish_idempotent(
+            body.topic, body.payload, body.key, body.producer_name, body.sequence_id
+        )
+        command = api.Command()
+        receipt = command.produce_receipt
+        receipt.duplicate = result.duplicate
+        if result.first_message_id is not None:
+            receipt.message_id.ledger_id = result.first_message_id.ledger_id
+            receipt.message_id.entry_id = result.first_message_id.entry_id
+        return command
 
     def _check_ticket(self, ticket: api.TxnTicket, txn: TxnID, topic: str, subscription: str) -> None:
         if self._secret is None:

@@ -34,6 +34,7 @@ from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
 from txnkeeper.protocol.rpc import split_address
 from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
+from txnkeeper.server.blocks import PendingBudget
 from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.peers import StorePeers
@@ -94,6 +95,9 @@ class PodRuntime:
                 )
             handler = PodHandler(self.coordinators, self.topics, self._secret)
             self._protocol = ProtocolServer(handler, self.config.connection_limits)
+            handler.share_pending_budget(
+                PendingBudget(self._protocol.stats, self.config.connection_limits.max_pending_bytes)
+            )
             host, port = split_address(self.config.listen)
             await self._protocol.start(host, port)
             self.client_address = f"{host}:{self._protocol.port}"
@@ -154,7 +158,11 @@ class PodRuntime:
             return (root / encode_name(topic) / METADATA_FILE).is_file()
 
         self.topics = TopicService(
-            state_dir / "subscriptions.json", open_ledger, open_pending_ack, ledger_exists
+            state_dir / "subscriptions.json",
+            open_ledger,
+            open_pending_ack,
+            ledger_exists,
+            single_key=self.config.single_key,
         )
         await self.topics.recover()
 

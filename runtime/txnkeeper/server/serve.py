@@ -19,6 +19,7 @@ from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
+from txnkeeper.server import srk_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -93,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a started frame has to arrive completely",
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    srk_config.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -124,6 +126,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except InvalidLimitsError as exc:
         raise ConfigError(f"connection limits: {exc}") from exc
     txnlog_batch, pending_ack_batch = batch_configs(ns.config)
+    single_key = srk_config.single_key_settings(ns, ns.config)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
@@ -141,6 +144,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         ports_file=ns.ports_file,
         cluster_secret=secret.key if secret is not None else None,
         connection_limits=limits,
+        single_key=single_key,
     )
 
 

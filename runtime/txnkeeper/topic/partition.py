@@ -4,6 +4,10 @@ and its subscriptions.
 Writes are acknowledged only once durable (the ledger group-commits them). A transaction ends on the
 partition by a marker entry, written once (idempotent), so a restart replays the outcome; messages
 for a transaction that already ended here are refused, which fences zombie producers.
+
+Single-routing-key blocks (contracts §10) reuse that machinery: a block's events are written under a
+store-local transaction and its commit marker, all queued in one event-loop turn (one group commit), so
+readers see the block only whole; a block left without its marker by a crash is aborted by ``recover``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +28,13 @@ from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
+from txnkeeper.topic.writers import (
+    BLOCK_TXN_MOST,
+    Duplicate,
+    InFlight,
+    WaitFor,
+    WriterTable,
+)
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -35,6 +47,42 @@ HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
 # (and at housekeeping and close when anything was): a restart replays at most about this many entries
 # plus one housekeeping interval of traffic.
 SNAPSHOT_EVERY_ENTRIES = 20_000
+# Upper bounds of the txnkeeper_srk_block_bytes histogram's buckets.
+BLOCK_BYTES_BUCKETS = (1024, 16 * 1024, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockResult:
+    """What DataAppended answers: the writer's previous last event number, the block's first
+    MessageId (None for a duplicate the store no longer remembers) and whether it was a duplicate."""
+
+    previous: int
+    first_message_id: Position | None
+    duplicate: bool
+
+
+@dataclass(slots=True)
+class BlockStats:
+    """Counters behind the txnkeeper_srk_* metrics of one partition."""
+
+    commits: int = 0
+    events: int = 0
+    duplicate_blocks: int = 0
+    duplicate_sends: int = 0
+    orphan_aborts: int = 0
+    block_bytes_sum: int = 0
+    # one count per BLOCK_BYTES_BUCKETS bound, plus one for larger blocks
+    block_bytes_counts: list[int] = field(default_factory=lambda: [0] * (len(BLOCK_BYTES_BUCKETS) + 1))
+
+    def observe_block(self, size: int, events: int) -> None:
+        self.commits += 1
+        self.events += events
+        self.block_bytes_sum += size
+        for i, bound in enumerate(BLOCK_BYTES_BUCKETS):
+            if size <= bound:
+                self.block_bytes_counts[i] += 1
+                return
+        self.block_bytes_counts[-1] += 1
 
 
 class PartitionLedger(Protocol):
@@ -63,8 +111,14 @@ class Partition:
         snapshot_path: Path | None = None,
         *,
         snapshot_every: int = SNAPSHOT_EVERY_ENTRIES,
+        writers: WriterTable | None = None,
     ) -> None:
         self.topic = topic
+        self.writers = writers if writers is not None else WriterTable(topic)
+        self.block_stats = BlockStats()
+        # Blocks queued to the ledger whose marker's outcome the buffer has not applied yet.
+        self._blocks: dict[TxnID, InFlight] = {}
+        self._next_block_least = time.time_ns() // 1000
         self.ledger = ledger
         self.buffer = TransactionBuffer()
         self.subscriptions: dict[str, Subscription] = {}
@@ -79,7 +133,7 @@ class Partition:
         self._snapshot_path = snapshot_path
         self._snapshot_every = snapshot_every
         self._since_snapshot = 0
-        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_task: asyncio.Task[bool] | None = None
         self._snapshot_lock = asyncio.Lock()  # one writer of the file at a time, captures in order
         self._writing: asyncio.Future[None] | None = None
         self.replayed_entries = 0  # by the last recover(): what the snapshot did not cover
@@ -109,6 +163,12 @@ class Partition:
         self.buffer.restore(
             [(e.txn_id, e.committed, e.marker, e.deadline_ms) for e in loaded.ended], loaded.open
         )
+        for row in loaded.writers:
+            writer_id, last_number, last_first, ledger_id, entry_id, active = row
+            mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
+            self.writers.restore_row(writer_id, last_number, last_first, mid, active)
+        for txn_id, *_ in self.buffer.export()[0]:
+            self._saw_block_txn(txn_id)
         live = self.ledger.ledger_ids()
         if live:  # outcomes whose markers were trimmed since the snapshot: forgotten, but still fenced
             for txn_id, deadline_ms in self.buffer.forget_before(Position(live[0], -1)):
@@ -120,6 +180,7 @@ class Partition:
         live entries after it (markers say how each txn ended)."""
         after = await asyncio.to_thread(self._load_snapshot)
         replayed = 0
+        block_starts: dict[TxnID, Position] = {}  # a block's first entry, for its writer's state
         while True:
             entries = await self.read_after(after, REPLAY_BATCH)
             if not entries:
@@ -127,16 +188,48 @@ class Partition:
             replayed += len(entries)
             for position, data in entries:
                 record = decode(data, self.topic, position)
-                if record.txn_id is not None:
+                txn_id = record.txn_id
+                if txn_id is not None:
                     if record.is_marker:
-                        self.buffer.ended(record.txn_id, record.commit, position, record.deadline_ms)
+                        self.buffer.ended(txn_id, record.commit, position, record.deadline_ms)
+                        start = block_starts.pop(txn_id, None)
+                        if record.writer_id and record.commit:
+                            self.writers.observe(
+                                record.writer_id, record.first_number, record.last_number, start
+                            )
                     else:
-                        self.buffer.message_written(record.txn_id)
+                        self.buffer.message_written(txn_id)
+                        if txn_id.most == BLOCK_TXN_MOST:
+                            block_starts.setdefault(txn_id, position)
+                            self._saw_block_txn(txn_id)
+                elif record.writer_id:
+                    self.writers.observe(record.writer_id, record.first_number, record.last_number, position)
                 after = position
         self.replayed_entries = replayed
+        await self._abort_orphan_blocks()
         self._since_snapshot = replayed
         if replayed >= self._snapshot_every:  # so that the next restart does not replay them again
             await self.write_snapshot()
+
+    def _saw_block_txn(self, txn_id: TxnID) -> None:
+        if txn_id.most == BLOCK_TXN_MOST and txn_id.least >= self._next_block_least:
+            self._next_block_least = txn_id.least + 1
+
+    async def _abort_orphan_blocks(self) -> None:
+        """Abort every block whose events were written but whose commit marker was not (a crash
+        between them): before the pod reports ready, so no reader waits on it and its writer
+        retransmits it (its last event number never covered it)."""
+        _, opened = self.buffer.export()
+        for txn_id in opened:
+            if txn_id.most != BLOCK_TXN_MOST:
+                continue
+            log.warning(
+                "aborting block %s on %s: its events were written without its commit marker",
+                txn_id,
+                self.topic,
+            )
+            await self.end_txn(txn_id, commit=False)
+            self.block_stats.orphan_aborts += 1
 
     def capture_snapshot(self) -> snapshots.BufferSnapshot | None:
         """The buffer's state and the position it covers, or None while a marker is being written.
@@ -149,8 +242,20 @@ class Partition:
         if covers is None:
             return None
         ended, opened = self.buffer.export()
+        # A block whose marker is durable (so covered) but whose completion has not run yet is
+        # recorded as committed: a restart must not find it open and abort it.
+        for txn_id, flight in self._blocks.items():
+            done = flight.done
+            if done.done() and not done.cancelled() and done.exception() is None:
+                ended.append((txn_id, True, done.result(), 0))
+                if txn_id in opened:
+                    opened.remove(txn_id)
         return snapshots.BufferSnapshot(
-            self.topic, covers, [snapshots.EndedTxn(t, c, m, d) for t, c, m, d in ended], opened
+            self.topic,
+            covers,
+            [snapshots.EndedTxn(t, c, m, d) for t, c, m, d in ended],
+            opened,
+            self.writers.snapshot_rows(),
         )
 
     async def write_snapshot(self) -> bool:
@@ -181,11 +286,12 @@ class Partition:
         ):
             self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_in_background())
 
-    async def _snapshot_in_background(self) -> None:
+    async def _snapshot_in_background(self) -> bool:
         try:
-            await self.write_snapshot()
+            return await self.write_snapshot()
         except Exception:  # the ledger still has everything: the next restart only replays more
             log.exception("writing the transaction buffer snapshot of %s failed; retrying later", self.topic)
+            return False
 
     async def close(self) -> None:
         """Finish a background snapshot and take a last one, so a clean restart replays nothing."""
@@ -217,6 +323,88 @@ class Partition:
             return []
         entries = await self.ledger.read_entries(start, max_entries)
         return [(e.position, e.data) for e in entries]
+
+    async def publish_idempotent(
+        self, payload: bytes, key: str, producer_name: str, sequence_id: int
+    ) -> BlockResult:
+        """A non-transactional send deduplicated by (producer name, sequence id)."""
+        writers = self.writers
+        writers.admit_producer(producer_name)
+        while True:
+            decision = writers.decide_send(producer_name, sequence_id)
+            if isinstance(decision, WaitFor):
+                await asyncio.wait([decision.future])
+                continue
+            break
+        if isinstance(decision, Duplicate):
+            self.block_stats.duplicate_sends += 1
+            return BlockResult(decision.previous, decision.first_message_id, True)
+        previous = writers.queued_last(producer_name)
+        data = encode_data(
+            payload, key, None, int(time.time() * 1000), producer_name=producer_name, sequence_id=sequence_id
+        )
+        future = self.ledger.add_entry(data)
+        flight = InFlight(producer_name, sequence_id, sequence_id, _as_future(future), _as_future(future))
+        writers.began(flight)
+        try:
+            position = await flight.done
+        finally:
+            writers.settled(flight)
+        self._remember(position, data)
+        self.published_count += 1
+        self._count_written()
+        self._notify()
+        return BlockResult(previous, position, False)
+
+    async def append_block(
+        self, writer_id: str, first: int, events: list[bytes], key: str, size: int
+    ) -> BlockResult:
+        """Write ``events`` as one block of ``writer_id`` starting at event number ``first``, whole
+        or not at all; a block at or below the writer's last event number is answered unwritten."""
+        writers = self.writers
+        last = first + len(events) - 1
+        while True:
+            decision = writers.decide(writer_id, first, last)
+            if isinstance(decision, WaitFor):
+                await asyncio.wait([decision.future])
+                continue
+            break
+        if isinstance(decision, Duplicate):
+            self.block_stats.duplicate_blocks += 1
+            return BlockResult(decision.previous, decision.first_message_id, True)
+        previous = writers.queued_last(writer_id)
+        txn_id = TxnID(BLOCK_TXN_MOST, self._next_block_least)
+        self._next_block_least += 1
+        now = int(time.time() * 1000)
+        self.buffer.message_written(txn_id)
+        encoded = [encode_data(payload, key, txn_id, now) for payload in events]
+        marker = encode_marker(txn_id, True, 0, (writer_id, first, last))
+        # Queued back to back with no await between them: one group commit, contiguous entries.
+        futures = [_as_future(self.ledger.add_entry(data)) for data in encoded]
+        marker_future = _as_future(self.ledger.add_entry(marker))
+        flight = InFlight(writer_id, first, last, marker_future, futures[0])
+        writers.began(flight)
+        self._blocks[txn_id] = flight
+        try:
+            positions = await asyncio.gather(*futures, marker_future)
+        except BaseException:
+            # The marker is not durable: the block stays unresolved (a reader never sees it) until
+            # recovery aborts it; its writer retransmits (its last event number never moved).
+            del self._blocks[txn_id]
+            writers.settled(flight)
+            raise
+        marker_position = positions[-1]
+        self.buffer.ended(txn_id, True, marker_position, 0)
+        del self._blocks[txn_id]
+        writers.settled(flight)
+        for position, data in zip(positions, [*encoded, marker], strict=True):
+            self._remember(position, data)
+        self.published_count += len(events)
+        self.block_stats.observe_block(size, len(events))
+        for _ in positions:
+            self._count_written()
+        self._notify()
+        return BlockResult(previous, positions[0], False)
 
     async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
         if txn_id is not None:
@@ -274,9 +462,14 @@ class Partition:
         Only with at least one subscription: without any, retained messages wait for a future one.
         Also snapshots the transaction buffer if anything was written since the last snapshot.
         """
+        self.writers.expire()
+        snapshotted = True
         if self._since_snapshot:
-            await self._snapshot_in_background()
+            snapshotted = await self._snapshot_in_background()
         if not self.subscriptions:
+            return
+        if not snapshotted and self.writers.durable:
+            # Writer state lives in the snapshot once its records are trimmed: trim next time.
             return
         await self.ledger.trim()
         live = self.ledger.ledger_ids()
@@ -311,3 +504,8 @@ class Partition:
 
     def subscription_names(self) -> Iterable[str]:
         return self.subscriptions.keys()
+
+
+def _as_future(awaitable: Awaitable[Position]) -> asyncio.Future[Position]:
+    """The ledger's append as a future (ManagedLedger returns one already; test ledgers may not)."""
+    return asyncio.ensure_future(awaitable)

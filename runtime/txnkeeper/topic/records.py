@@ -22,11 +22,23 @@ class DecodedRecord:
     key: str = ""
     commit: bool = False  # markers only
     deadline_ms: int = 0  # markers only: the txn's timeout deadline, 0 if unknown
+    # idempotent producer's send (messages) or single-routing-key block (markers); "" otherwise
+    writer_id: str = ""
+    first_number: int = -1  # a block's first event number; a send's sequence id
+    last_number: int = -1
 
 
 # Both fill the entry in place: building the parts and passing them as arguments copies each of them
 # (the payload included), which was most of the cost of writing a message or a marker.
-def encode_data(payload: bytes, key: str, txn_id: TxnID | None, publish_time_ms: int) -> bytes:
+def encode_data(
+    payload: bytes,
+    key: str,
+    txn_id: TxnID | None,
+    publish_time_ms: int,
+    *,
+    producer_name: str = "",
+    sequence_id: int = 0,
+) -> bytes:
     entry = api.PartitionEntry()
     record = entry.data
     record.payload = payload
@@ -35,10 +47,19 @@ def encode_data(payload: bytes, key: str, txn_id: TxnID | None, publish_time_ms:
     if txn_id is not None:
         record.txn_id.most = txn_id.most
         record.txn_id.least = txn_id.least
+    if producer_name:
+        record.producer_name = producer_name
+        record.sequence_id = sequence_id
     return entry.SerializeToString()
 
 
-def encode_marker(txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> bytes:
+def encode_marker(
+    txn_id: TxnID,
+    commit: bool,
+    deadline_ms: int = 0,
+    block: tuple[str, int, int] | None = None,
+) -> bytes:
+    """``block``: (writer id, first, last event number) of a single-routing-key block's marker."""
     entry = api.PartitionEntry()
     marker = entry.marker
     marker.txn_id.most = txn_id.most
@@ -46,6 +67,8 @@ def encode_marker(txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> bytes:
     marker.action = api.COMMIT if commit else api.ABORT
     if deadline_ms:
         marker.deadline_ms = deadline_ms
+    if block is not None:
+        marker.writer_id, marker.first_event_number, marker.last_event_number = block
     return entry.SerializeToString()
 
 
@@ -69,6 +92,16 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
             if data_record.HasField("txn_id")
             else None
         )
+        if data_record.producer_name:
+            return DecodedRecord(
+                False,
+                txn,
+                data_record.payload,
+                data_record.key,
+                writer_id=data_record.producer_name,
+                first_number=data_record.sequence_id,
+                last_number=data_record.sequence_id,
+            )
         return DecodedRecord(False, txn, data_record.payload, data_record.key)
     if kind == "marker":
         marker = entry.marker
@@ -77,5 +110,8 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
             TxnID(marker.txn_id.most, marker.txn_id.least),
             commit=marker.action == api.COMMIT,
             deadline_ms=marker.deadline_ms,
+            writer_id=marker.writer_id,
+            first_number=marker.first_event_number if marker.writer_id else -1,
+            last_number=marker.last_event_number if marker.writer_id else -1,
         )
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")

@@ -16,13 +16,14 @@ from typing import Protocol, TypeVar, cast
 from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
-from txnkeeper.topic.partition import Partition, PartitionLedger
+from txnkeeper.topic.partition import BlockResult, Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
+from txnkeeper.topic.writers import SingleKeySettings
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,10 @@ class TopicService:
         ledger_exists: Callable[[str], bool] | None = None,
         *,
         clock_ms: Callable[[], int] = _now_ms,
+        single_key: SingleKeySettings | None = None,
     ) -> None:
         self._registry_path = registry_path
+        self.single_key = single_key or SingleKeySettings()
         # Whether a topic's managed ledger exists on disk (without creating it); None: assume it does.
         self._ledger_exists = ledger_exists
         self._clock_ms = clock_ms
@@ -138,7 +141,7 @@ class TopicService:
         ledger = await self._open_ledger(topic)
         self._ledgers[topic] = ledger
         snapshot = snapshot_path(self._registry_path.parent / SNAPSHOT_DIR, topic)
-        partition = Partition(topic, ledger, snapshot)
+        partition = Partition(topic, ledger, snapshot, writers=self.single_key.table(topic))
         await partition.recover()
         self._partitions[topic] = partition
         self._housekeepers.append(asyncio.get_running_loop().create_task(partition.housekeeping_forever()))
@@ -159,6 +162,19 @@ class TopicService:
         subscription.start()
         return subscription
 
+    async def register_topic(self, topic: str) -> None:
+        """Remember ``topic`` durably so a restart opens (and recovers) it before the pod reports
+        ready: a single-routing-key block left without its marker is aborted then."""
+        if topic in self._registry:
+            return
+        async with self._registry_lock:
+            if topic in self._registry:
+                return
+            updated = {t: list(s) for t, s in self._registry.items()}
+            updated[topic] = []
+            await asyncio.to_thread(save_registry, self._registry_path, updated)
+            self._registry = updated
+
     async def _register(self, topic: str, name: str) -> None:
         if name in self._registry.get(topic, []):
             return
@@ -178,6 +194,12 @@ class TopicService:
             self.check_fence(topic, "", txn_id)
         partition = self._partitions.get(topic) or await self.partition(topic)
         return await partition.publish(payload, key, txn_id)
+
+    async def publish_idempotent(
+        self, topic: str, payload: bytes, key: str, producer_name: str, sequence_id: int
+    ) -> BlockResult:
+        partition = self._partitions.get(topic) or await self.partition(topic)
+        return await partition.publish_idempotent(payload, key, producer_name, sequence_id)
 
     # --- fences: ends of transactions on topics or subscriptions this pod does not hold -------------
     def _unknown_topic(self, topic: str) -> bool:

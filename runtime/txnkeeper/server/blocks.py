@@ -1,0 +1,179 @@
+"""The store pod's edge for single-routing-key blocks (PDP-44): sessions, chunks, fencing, budget.
+
+Why a module of its own: a block arrives as SetupAppend, any number of unanswered AppendBlock chunks and
+an AppendBlockEnd, so unlike every other command it holds per-connection state (the open block's
+chunks) between requests. Those bytes count against the server's --max-pending-bytes budget, like
+incomplete frames, so clients cannot grow a pod without bound; they are released when the block ends,
+is aborted, is refused, is fenced or its connection closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from txnkeeper.errors import BadRequestError, ServiceError
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.protocol.blocks import BlockEncodingError, decode_events
+from txnkeeper.protocol.limits import ServerStats
+from txnkeeper.protocol.server import Session
+from txnkeeper.topic.partition import BlockResult, Partition
+from txnkeeper.topic.service import TopicService
+from txnkeeper.topic.writers import (
+    BadBlockError,
+    BlockTooLargeError,
+    UnsupportedFeatureError,
+    validate_writer_id,
+)
+
+
+class ResourceLimitError(ServiceError):
+    code = api.RESOURCE_LIMIT
+
+
+@dataclass
+class PendingBudget:
+    """The protocol server's pending-bytes figure and its limit, shared with incomplete frames."""
+
+    stats: ServerStats
+    limit: int
+
+
+@dataclass
+class WriterSession:
+    """One SetupAppend on one connection, with the chunks of its open block."""
+
+    topic: str
+    partition: Partition
+    epoch: int
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
+class BlockAppender:
+    """Answers SetupAppend, AppendBlock, AppendBlockEnd and AbortAppendBlock for one store pod."""
+
+    def __init__(self, store: Callable[[], TopicService], budget: PendingBudget | None = None) -> None:
+        self._store = store
+        self.budget = budget
+        self._sessions: dict[int, dict[str, WriterSession]] = {}
+        self.buffered_bytes = 0  # chunks held across all connections (also in budget.stats)
+
+    def _enabled(self, what: str) -> TopicService:
+        topics = self._store()
+        if not topics.single_key.enabled:
+            raise UnsupportedFeatureError(
+                f"{what}: single-routing-key transactions are disabled on this store; enable them with"
+                " singleKeyTransactions.enabled (serve --srk-enabled)"
+            )
+        return topics
+
+    def _release(self, writer: WriterSession) -> None:
+        self.buffered_bytes -= writer.size
+        if self.budget is not None:
+            self.budget.stats.pending_bytes -= writer.size
+        writer.chunks = []
+        writer.size = 0
+
+    def _writer(self, session: Session, writer_id: str) -> WriterSession:
+        writer = self._sessions.get(session.session_id, {}).get(writer_id)
+        if writer is None:
+            raise BadRequestError(
+                f"writer {writer_id!r} has no SetupAppend on this connection; send one first"
+            )
+        try:
+            writer.partition.writers.check_epoch(writer_id, writer.epoch)
+        except ServiceError:
+            self._release(writer)
+            del self._sessions[session.session_id][writer_id]
+            raise
+        return writer
+
+    async def setup_append(self, session: Session, command: api.Command) -> api.Command:
+        body = command.setup_append
+        topics = self._enabled("SetupAppend")
+        validate_writer_id(body.writer_id)
+        partition = await topics.partition(body.topic)
+        await topics.register_topic(body.topic)
+        epoch, last = partition.writers.setup(body.writer_id)
+        writers = self._sessions.setdefault(session.session_id, {})
+        old = writers.get(body.writer_id)
+        if old is not None:
+            self._release(old)
+        writers[body.writer_id] = WriterSession(body.topic, partition, epoch)
+        answer = api.Command()
+        setup = answer.append_setup
+        setup.topic = body.topic
+        setup.writer_id = body.writer_id
+        setup.last_event_number = last
+        return answer
+
+    def append_block(self, session: Session, command: api.Command) -> None:
+        body = command.append_block
+        topics = self._enabled("AppendBlock")
+        writer = self._writer(session, body.writer_id)
+        size = len(body.data)
+        limit = topics.single_key.max_block_bytes
+        if writer.size + size > limit:
+            held = writer.size
+            self._release(writer)
+            raise BlockTooLargeError(
+                f"block of writer {body.writer_id!r} would hold {held + size} bytes, over maxBlockBytes"
+                f" {limit}; the block was dropped: split it into smaller blocks"
+            )
+        budget = self.budget
+        if budget is not None and budget.stats.pending_bytes + size > budget.limit:
+            self._release(writer)
+            raise ResourceLimitError(
+                f"buffered blocks and incomplete frames would hold {budget.stats.pending_bytes + size}"
+                f" bytes, over this server's limit of {budget.limit} (max pending bytes); the block of"
+                f" writer {body.writer_id!r} was dropped: retry it later"
+            )
+        writer.chunks.append(body.data)
+        writer.size += size
+        self.buffered_bytes += size
+        if budget is not None:
+            budget.stats.pending_bytes += size
+
+    def append_block_end(self, session: Session, command: api.Command) -> Coroutine[Any, Any, api.Command]:
+        body = command.append_block_end
+        self._enabled("AppendBlockEnd")
+        writer = self._writer(session, body.writer_id)
+        data = b"".join(writer.chunks)
+        self._release(writer)
+        if body.event_count == 0:
+            raise BadRequestError("a block must hold at least one event (event_count 0)")
+        try:
+            events = decode_events(data, body.event_count, body.total_bytes, body.crc)
+        except BlockEncodingError as exc:
+            raise BadBlockError(f"block of writer {body.writer_id!r}: {exc}") from exc
+        return self._apply(writer, body, events, len(data))
+
+    @staticmethod
+    async def _apply(
+        writer: WriterSession, body: api.AppendBlockEnd, events: list[bytes], size: int
+    ) -> api.Command:
+        writer_id, first = body.writer_id, body.first_event_number
+        result: BlockResult = await writer.partition.append_block(writer_id, first, events, body.key, size)
+        answer = api.Command()
+        appended = answer.data_appended
+        appended.writer_id = writer_id
+        appended.event_number = first + len(events) - 1
+        appended.previous_event_number = result.previous
+        appended.duplicate = result.duplicate
+        if result.first_message_id is not None:
+            appended.first_message_id.ledger_id = result.first_message_id.ledger_id
+            appended.first_message_id.entry_id = result.first_message_id.entry_id
+        return answer
+
+    def abort_append_block(self, session: Session, command: api.Command) -> api.Command:
+        writer = self._writer(session, command.abort_append_block.writer_id)
+        self._release(writer)
+        answer = api.Command()
+        answer.success.SetInParent()
+        return answer
+
+    def session_closed(self, session: Session) -> None:
+        for writer in self._sessions.pop(session.session_id, {}).values():
+            self._release(writer)

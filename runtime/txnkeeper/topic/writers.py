@@ -1,0 +1,322 @@
+"""Per-topic writer state for single-routing-key blocks (Pravega PDP-44) and idempotent producers.
+
+Why: a writer that lost a DataAppended (or a producer that lost a receipt) retransmits; the store must
+answer from what it remembers instead of writing twice, refuse a gap, and say so explicitly when it has
+forgotten the writer rather than re-apply silently. Both use one table: writer id (or producer name) ->
+the last durable event (sequence) number and the first MessageId of its last block (send).
+
+Pure state, no I/O: the partition feeds it what it queues, what became durable and what it replays.
+Two views are kept: ``durable`` (what a snapshot and a reconnecting writer may see) and the *queued*
+last number (durable plus blocks in flight), which orders pipelined blocks and catches a retransmission
+of a block still being written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from txnkeeper.errors import BadRequestError, ServiceError
+from txnkeeper.ledger.position import Position
+from txnkeeper.pb import txnkeeper_api_pb2 as api
+from txnkeeper.topic.snapshot import WriterRow
+
+NO_EVENT = -1  # last number of a writer the store knows nothing about
+# TxnID.most of the store-local transaction each block is written under: no coordinator has this id.
+BLOCK_TXN_MOST = 2**64 - 1
+
+DEFAULT_MAX_BLOCK_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_WRITERS_PER_TOPIC = 10_000
+DEFAULT_WRITER_INACTIVITY_MINUTES = 7 * 24 * 60
+
+
+class WriterFencedError(ServiceError):
+    code = api.WRITER_FENCED
+
+
+class WriterStateLostError(ServiceError):
+    code = api.WRITER_STATE_LOST
+
+
+class EventNumberGapError(ServiceError):
+    code = api.EVENT_NUMBER_GAP
+
+
+class BlockTooLargeError(ServiceError):
+    code = api.BLOCK_TOO_LARGE
+
+
+class TooManyWritersError(ServiceError):
+    code = api.TOO_MANY_WRITERS
+
+
+class UnsupportedFeatureError(ServiceError):
+    code = api.UNSUPPORTED_FEATURE
+
+
+class BadBlockError(ServiceError):
+    code = api.BAD_BLOCK
+
+
+@dataclass(frozen=True, slots=True)
+class SingleKeySettings:
+    """The store's single-routing-key transaction settings (config ``singleKeyTransactions``)."""
+
+    enabled: bool = False
+    max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES
+    writer_inactivity_minutes: int = DEFAULT_WRITER_INACTIVITY_MINUTES
+    max_writers_per_topic: int = DEFAULT_MAX_WRITERS_PER_TOPIC
+
+    def table(self, topic: str) -> WriterTable:
+        return WriterTable(
+            topic,
+            max_writers=self.max_writers_per_topic,
+            inactivity_ms=self.writer_inactivity_minutes * 60_000,
+        )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Writer:
+    """What the store durably knows of one writer."""
+
+    last: int  # last event (sequence) number written
+    last_first: int  # first event number of its last block (== last for a producer's send)
+    first_message_id: Position | None  # MessageId of the last block's first event, if known
+    last_active_ms: int
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A block (or idempotent send) queued to the ledger, not yet known durable."""
+
+    writer_id: str
+    first: int
+    last: int
+    done: asyncio.Future[Position]  # the block's marker (the send's entry)
+    first_entry: asyncio.Future[Position]
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A block at or below the writer's last number: answered without writing."""
+
+    previous: int
+    first_message_id: Position | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFor:
+    """A retransmission of a block still in flight: decide again once it settled."""
+
+    future: asyncio.Future[Position]
+
+
+class WriterTable:
+    """The writers of one topic."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        max_writers: int = DEFAULT_MAX_WRITERS_PER_TOPIC,
+        inactivity_ms: int = DEFAULT_WRITER_INACTIVITY_MINUTES * 60_000,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.topic = topic
+        self.max_writers = max_writers
+        self.inactivity_ms = inactivity_ms
+        self._clock = clock_ms
+        self.durable: dict[str, Writer] = {}
+        self._in_flight: dict[str, list[InFlight]] = {}
+        self._epochs: dict[str, int] = {}  # writer -> its newest session's epoch (in memory only)
+
+    # --- sessions ---------------------------------------------------------------------------------
+    def _admit(self, writer_id: str) -> None:
+        if writer_id in self.durable or writer_id in self._epochs or writer_id in self._in_flight:
+            return
+        known = len(self.durable.keys() | self._epochs.keys())
+        if known >= self.max_writers:
+            raise TooManyWritersError(
+                f"topic {self.topic!r} already holds {known} writers, its limit (maxWritersPerTopic "
+                f"{self.max_writers}); reuse a writer id or raise singleKeyTransactions.maxWritersPerTopic"
+            )
+
+    def setup(self, writer_id: str) -> tuple[int, int]:
+        """A new session of ``writer_id``: its epoch (fencing every older session) and last number."""
+        validate_writer_id(writer_id)
+        self._admit(writer_id)
+        epoch = self._epochs.get(writer_id, 0) + 1
+        self._epochs[writer_id] = epoch
+        writer = self.durable.get(writer_id)
+        if writer is not None:
+            writer.last_active_ms = self._clock()
+        return epoch, writer.last if writer is not None else NO_EVENT
+
+    def check_epoch(self, writer_id: str, epoch: int) -> None:
+        current = self._epochs.get(writer_id)
+        if current is None:
+            raise WriterStateLostError(
+                f"writer {writer_id!r} of topic {self.topic!r} expired (inactive longer than "
+                "writerInactivityMinutes); send SetupAppend again and check last_event_number"
+            )
+        if current != epoch:
+            raise WriterFencedError(
+                f"writer {writer_id!r} of topic {self.topic!r} was taken over by a newer SetupAppend "
+                "(another connection); this session's blocks are refused"
+            )
+
+    # --- deciding and applying blocks --------------------------------------------------------------
+    def queued_last(self, writer_id: str) -> int:
+        flights = self._in_flight.get(writer_id)
+        if flights:
+            return flights[-1].last
+        writer = self.durable.get(writer_id)
+        return writer.last if writer is not None else NO_EVENT
+
+    def decide(self, writer_id: str, first: int, last: int) -> Duplicate | WaitFor | None:
+        """None: apply the block now. Raises for a gap, an overlap or a forgotten writer."""
+        if first < 0 or last < first:
+            raise BadRequestError(f"event numbers {first}..{last} of writer {writer_id!r} are not valid")
+        queued = self.queued_last(writer_id)
+        if last <= queued:
+            for flight in self._in_flight.get(writer_id, []):
+                if flight.last >= last:
+                    return WaitFor(flight.done)
+            writer = self.durable[writer_id]
+            writer.last_active_ms = self._clock()
+            same = writer.last_first == first and writer.last == last
+            return Duplicate(writer.last, writer.first_message_id if same else None)
+        if first == queued + 1:
+            return None
+        if first <= queued:
+            raise BadRequestError(
+                f"block {first}..{last} of writer {writer_id!r} overlaps its last event number {queued}:"
+                " a block must be retransmitted unchanged, or start at last_event_number + 1"
+            )
+        if queued == NO_EVENT:
+            raise WriterStateLostError(
+                f"topic {self.topic!r} holds no state for writer {writer_id!r} (expired or never written),"
+                f" so its block starting at event {first} cannot be placed; do not re-apply blindly:"
+                " check which events were delivered, then start a new writer id"
+            )
+        raise EventNumberGapError(
+            f"block of writer {writer_id!r} starts at event {first} but its last event number on topic "
+            f"{self.topic!r} is {queued}; the next block must start at {queued + 1}"
+        )
+
+    def decide_send(self, name: str, sequence_id: int) -> Duplicate | WaitFor | None:
+        """Like ``decide`` for an idempotent producer's send: sequence ids may skip numbers."""
+        queued = self.queued_last(name)
+        if sequence_id > queued:
+            return None
+        return self.decide(name, sequence_id, sequence_id)
+
+    def admit_producer(self, name: str) -> None:
+        validate_writer_id(name, "producer name")
+        self._admit(name)
+
+    def began(self, flight: InFlight) -> None:
+        self._in_flight.setdefault(flight.writer_id, []).append(flight)
+
+    def settled(self, flight: InFlight) -> None:
+        """The flight's future completed: success makes it durable state, failure just drops it."""
+        flights = self._in_flight.get(flight.writer_id, [])
+        if flight in flights:
+            flights.remove(flight)
+        if not flights:
+            self._in_flight.pop(flight.writer_id, None)
+        if _succeeded(flight.done) and _succeeded(flight.first_entry):
+            self.observe(flight.writer_id, flight.first, flight.last, flight.first_entry.result())
+
+    def observe(self, writer_id: str, first: int, last: int, first_message_id: Position | None) -> None:
+        """A durable block (send) of ``writer_id``: from a completed write or from replay."""
+        writer = self.durable.get(writer_id)
+        now = self._clock()
+        if writer is None:
+            self.durable[writer_id] = Writer(last, first, first_message_id, now)
+        elif last > writer.last:
+            writer.last, writer.last_first, writer.first_message_id = last, first, first_message_id
+            writer.last_active_ms = now
+
+    # --- housekeeping, snapshots -------------------------------------------------------------------
+    def expire(self) -> list[str]:
+        """Forget writers inactive for longer than the limit (none with a block in flight)."""
+        cutoff = self._clock() - self.inactivity_ms
+        gone = [
+            w
+            for w, state in self.durable.items()
+            if state.last_active_ms < cutoff and w not in self._in_flight
+        ]
+        for writer_id in gone:
+            del self.durable[writer_id]
+            self._epochs.pop(writer_id, None)
+        return gone
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self._in_flight)
+
+    def snapshot_rows(self) -> list[WriterRow]:
+        """Durable state plus flights already durable (their entries are covered by the ledger's last
+        confirmed entry, which a snapshot taken now covers)."""
+        merged = {
+            w: Writer(s.last, s.last_first, s.first_message_id, s.last_active_ms)
+            for w, s in self.durable.items()
+        }
+        for flights in self._in_flight.values():
+            for f in flights:
+                if _succeeded(f.done) and _succeeded(f.first_entry):
+                    pos = f.first_entry.result()
+                    current = merged.get(f.writer_id)
+                    if current is None or f.last > current.last:
+                        merged[f.writer_id] = Writer(f.last, f.first, pos, self._clock())
+        return [
+            (
+                writer_id,
+                s.last,
+                s.last_first,
+                -1 if s.first_message_id is None else s.first_message_id.ledger_id,
+                -1 if s.first_message_id is None else s.first_message_id.entry_id,
+                s.last_active_ms,
+            )
+            for writer_id, s in merged.items()
+        ]
+
+    def restore_row(
+        self, writer_id: str, last: int, last_first: int, mid: Position | None, active: int
+    ) -> None:
+        self.durable[writer_id] = Writer(last, last_first, mid, active)
+
+    def rows_for_admin(self) -> list[dict[str, object]]:
+        return [
+            {
+                "writerId": writer_id,
+                "lastEventNumber": s.last,
+                "lastBlockFirstEventNumber": s.last_first,
+                "lastBlockFirstMessageId": None
+                if s.first_message_id is None
+                else f"{s.first_message_id.ledger_id}:{s.first_message_id.entry_id}",
+                "lastActiveMs": s.last_active_ms,
+                "inFlightBlocks": len(self._in_flight.get(writer_id, [])),
+                "sessionEpoch": self._epochs.get(writer_id, 0),
+            }
+            for writer_id, s in sorted(self.durable.items())
+        ]
+
+
+def _succeeded(future: asyncio.Future[Position]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+MAX_WRITER_ID = 256
+
+
+def validate_writer_id(writer_id: str, what: str = "writer id") -> None:
+    if not writer_id or len(writer_id) > MAX_WRITER_ID or any(ord(c) < 32 for c in writer_id):
+        raise BadRequestError(f"{what} {writer_id!r} must be 1..{MAX_WRITER_ID} printable characters")
