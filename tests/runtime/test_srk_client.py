@@ -19,7 +19,7 @@ from txnkeeper.client import (
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "persistent://t/ns/srk"
-SRK = ["--srk-enabled"]
+SRK = ["--srk-enabled", "true"]
 
 
 async def drain(consumer: Consumer, count: int) -> list[tuple[bytes, str, MessageId]]:
@@ -115,12 +115,12 @@ async def test_a_newer_writer_with_the_same_id_fences_the_older(pods: Callable[.
 
 
 async def test_a_store_without_the_feature_is_unsupported(pods: Callable[..., ServePod]) -> None:
-    store = pods("pas-0", "store")  # single-key transactions not enabled
-    tc = pods("tc-0", "coordinator")  # a pod that serves no topics at all
-    for address in (store.listen, tc.listen):
-        async with Client(coordinators=[], stores=[address]) as client:
-            with pytest.raises(UnsupportedFeatureError, match="single-routing-key"):
-                await client.create_single_key_writer(TOPIC, "k", txn_timeout_ms=10_000)
+    store = pods("pas-0", "store")  # single-key transactions not enabled (the default)
+    async with Client(coordinators=[], stores=[store.listen]) as client:
+        with pytest.raises(UnsupportedFeatureError, match="single-routing-key transactions are disabled"):
+            await client.create_single_key_writer(TOPIC, "k", txn_timeout_ms=10_000)
+        with pytest.raises(UnsupportedFeatureError, match="last sequence id"):
+            await client.create_producer(TOPIC, producer_name="p")
 
 
 async def test_a_named_producer_resent_after_a_lost_receipt_appears_once(

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from cutproxy import CutProxy, CutRule
@@ -29,7 +31,7 @@ TOPIC = "persistent://t/ns/srk-crash"
 WRITERS = 8
 BLOCKS = int(os.environ.get("SRK_CRASH_BLOCKS", "60"))
 KILLS = int(os.environ.get("SRK_CRASH_KILLS", "20"))
-SRK = ["--srk-enabled"]
+SRK = ["--srk-enabled", "true"]
 
 
 def event(writer: int, block: int, index: int, count: int) -> bytes:
@@ -66,6 +68,10 @@ async def test_store_sigkills_with_blocks_on_the_wire(pods: Callable[..., ServeP
             for w in range(WRITERS)
         ]
 
+        kill_due = asyncio.Event()
+        every = max(1, total_blocks // (KILLS + 1))
+        timings: list[str] = []
+
         async def write(w: int) -> None:
             writer = writers[w]
             for b in range(BLOCKS):
@@ -73,36 +79,42 @@ async def test_store_sigkills_with_blocks_on_the_wire(pods: Callable[..., ServeP
                 txn = writer.begin_transaction()
                 for i in range(count):
                     txn.write(event(w, b, i, count))
-                committed[(w, b)] = await txn.commit()
+                commit = asyncio.ensure_future(txn.commit())
+                # Kill while this commit is on the wire (sent, unanswered): signalled right after
+                # sending, so the killer runs before the store can have answered it in most cases.
+                if len(committed) >= (len(kills_with_block_on_the_wire) + 1) * every:
+                    kill_due.set()
+                committed[(w, b)] = await commit
 
         def on_the_wire() -> int:
             return sum(1 for writer in writers if writer._appender.on_the_wire)
 
         async def killer() -> None:
-            every = max(1, total_blocks // (KILLS + 1))
-            for kill in range(KILLS):
-
-                async def due(kill: int = kill) -> bool:
-                    return len(committed) >= (kill + 1) * every and on_the_wire() > 0
-
-                try:
-                    await wait_until(due, 120, f"kill {kill}: progress with a block on the wire")
-                except TimeoutError:
-                    if len(committed) == total_blocks:
-                        return  # the writers finished first; the count is asserted below
-                    raise
+            while len(kills_with_block_on_the_wire) < KILLS:
+                kill_due.clear()
+                due = asyncio.ensure_future(kill_due.wait())
+                waiting: list[asyncio.Future[Any]] = [writing, due]
+                await asyncio.wait(waiting, timeout=300, return_when=asyncio.FIRST_COMPLETED)
+                due.cancel()
+                if writing.done():
+                    return  # the writers finished first; the count is asserted below
+                if on_the_wire() == 0:
+                    continue
                 kills_with_block_on_the_wire.append(on_the_wire())
+                began = time.monotonic()
                 store.kill()
                 await asyncio.to_thread(store.start)
+                timings.append(f"{time.monotonic() - began:.1f}s at {len(committed)}")
 
         writing = asyncio.gather(*(write(w) for w in range(WRITERS)))
         await asyncio.gather(writing, killer())
+        print("kills (restart time at committed blocks):", timings)
         resyncs = sum(writer._appender.resyncs for writer in writers)
 
         expected_events = sum(1 + (b + w) % 4 for w in range(WRITERS) for b in range(BLOCKS))
         seen = await read_back(client, TOPIC, "verify", expected_events)
 
-    assert len(kills_with_block_on_the_wire) >= 20, kills_with_block_on_the_wire
+    assert len(kills_with_block_on_the_wire) >= min(KILLS, 20), kills_with_block_on_the_wire
     assert resyncs >= len(kills_with_block_on_the_wire)
     for w, writer in enumerate(writers):
         # Event numbers contiguous per writer: the store's count for it is exactly what it committed.

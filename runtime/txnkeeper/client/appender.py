@@ -25,6 +25,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from txnkeeper.client.appendstate import BlockNumbers, reconcile
@@ -85,6 +86,7 @@ class _Block:
     size: int
     crc: int
     result: asyncio.Future[list[MessageId]]
+    chunk_failure: ServiceError | None = None  # why the store refused a chunk of the last send
 
 
 class BlockAppender:
@@ -194,13 +196,16 @@ class BlockAppender:
         block = self._queue[0]
         self._head_sent = True
         # The chunks as AppendBlock frames, then the AppendBlockEnd that commits them (contracts §10).
-        # A chunk is answered only when refused, and the refusal discards the block, so its end is
-        # refused too: the end's answer is the block's outcome, and chunks go without a request id.
+        # A chunk is answered only when refused; the refusal (fenced, too large, over the budget) is
+        # the real reason the end then fails, and it arrives before the end's answer (frames are
+        # handled in order), so it is kept for that. An accepted chunk's request expires with the
+        # connection's sweep after the timeout.
+        block.chunk_failure = None
         for chunk in block.chunks:
             piece = api.Command()
             piece.append_block.writer_id = self.writer_id
             piece.append_block.data = chunk
-            conn.notify(piece)
+            conn.request(piece, self._resync_timeout).add_done_callback(partial(_chunk_answered, block))
         end = api.Command()
         body = end.append_block_end
         body.writer_id = self.writer_id
@@ -231,6 +236,8 @@ class BlockAppender:
             )
             self._start_resync()
             return
+        if block.chunk_failure is not None:
+            failure = block.chunk_failure
         failure = writer_error(failure, f"writer {self.writer_id} of {self.topic}")
         if isinstance(failure, ServiceError) and failure.code not in _WRITER_ENDING:
             self._refused(block, failure)
@@ -387,3 +394,9 @@ class BlockAppender:
         if self._resyncing is not None:
             self._resyncing.cancel()
         self._fail(self._failure)
+
+
+def _chunk_answered(block: _Block, response: asyncio.Future[api.Command]) -> None:
+    failure = None if response.cancelled() else response.exception()
+    if isinstance(failure, ServiceError) and not isinstance(failure, _DOUBTFUL):
+        block.chunk_failure = block.chunk_failure or failure
