@@ -178,6 +178,9 @@ class _FailingPod:
     def metrics_text(self) -> bytes:
         return self._fail()  # type: ignore[no-any-return]
 
+    async def topic_writers(self, topic: str) -> dict[str, Any] | None:
+        return self._fail()  # type: ignore[no-any-return]
+
 
 async def test_unexpected_failure_is_a_generic_500_with_the_traceback_only_in_the_log(
     caplog: pytest.LogCaptureFixture,

@@ -159,6 +159,16 @@ async def pending_ack_internal_stats(request: web.Request) -> web.Response:
     return web.json_response({"pendingAckLogStats": store.internal_stats()})
 
 
+async def topic_writers(request: web.Request) -> web.Response:
+    topic = _utf8_query(request).get("topic", "")
+    if not topic:
+        raise BadRequest("query parameter 'topic' is required")
+    writers = await _pod(request).topic_writers(topic)
+    if writers is None:
+        return _error(404, f"topic {_cut(topic)} is not served by this pod (no store role or no such topic)")
+    return web.json_response(writers)
+
+
 async def list_stores(request: web.Request) -> web.Response:
     return web.json_response({"stores": [s.ref() for s in _pod(request).stores()]})
 
@@ -273,5 +283,6 @@ def build_admin_app(pod: PodView, token: str | None) -> web.Application:
     app.router.add_get("/admin/v1/stores", list_stores)
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)
+    app.router.add_get("/admin/v1/topics/writers", topic_writers)
     app.router.add_get("/metrics", metrics)
     return app

@@ -84,6 +84,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     pending.add_argument("--topic", required=True)
     pending.add_argument("--subscription", required=True)
+    topics = verbs.add_parser("topics", help="a topic's state on the pod")
+    topic_actions = topics.add_subparsers(dest="action", metavar="writers")
+    topic_actions.required = True
+    writers = topic_actions.add_parser(
+        "writers", help="single-routing-key writers and idempotent producers of TOPIC (last event numbers)"
+    )
+    writers.add_argument("topic", metavar="TOPIC")
     batch = verbs.add_parser("batch-log", help="get or set the batch log (PIP-160) of the pod's stores")
     actions = batch.add_subparsers(dest="action", metavar="get|set")
     actions.required = True
@@ -117,6 +124,8 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
     if verb == "pending-ack-internal-stats":
         query = urllib.parse.urlencode({"topic": ns.topic, "subscription": ns.subscription})
         return "GET", f"/admin/v3/transactions/pendingAckInternalStats?{query}", None
+    if verb == "topics":
+        return "GET", f"/admin/v1/topics/writers?{urllib.parse.urlencode({'topic': ns.topic})}", None
     if ns.action == "get":
         return "GET", "/admin/v1/batch-log", None
     partial: dict[str, Any] = {}

@@ -84,9 +84,8 @@ class BlockAppender:
             )
         try:
             writer.partition.writers.check_epoch(writer_id, writer.epoch)
-        except ServiceError:
+        except ServiceError:  # fenced or expired: every later command of this session says so too
             self._release(writer)
-            del self._sessions[session.session_id][writer_id]
             raise
         return writer
 
@@ -124,9 +123,10 @@ class BlockAppender:
             )
         budget = self.budget
         if budget is not None and budget.stats.pending_bytes + size > budget.limit:
+            would = budget.stats.pending_bytes + size
             self._release(writer)
             raise ResourceLimitError(
-                f"buffered blocks and incomplete frames would hold {budget.stats.pending_bytes + size}"
+                f"buffered blocks and incomplete frames would hold {would}"
                 f" bytes, over this server's limit of {budget.limit} (max pending bytes); the block of"
                 f" writer {body.writer_id!r} was dropped: retry it later"
             )

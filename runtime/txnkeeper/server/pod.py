@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from txnkeeper.admin.app import build_admin_app
@@ -39,6 +39,7 @@ from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
+from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
 from txnkeeper.txnlog import TransactionLogStore
@@ -266,6 +267,25 @@ class PodRuntime:
     def metrics_text(self) -> bytes:
         return generate_latest(REGISTRY)
 
+    async def topic_writers(self, topic: str) -> dict[str, Any] | None:
+        topics = self.topics
+        if topics is None:
+            return None
+        partition = topics.partitions().get(topic)
+        if partition is None:
+            return None
+        settings = topics.single_key
+        return {
+            "topic": topic,
+            "singleKeyTransactions": {
+                "enabled": settings.enabled,
+                "maxBlockBytes": settings.max_block_bytes,
+                "writerInactivityMinutes": settings.writer_inactivity_minutes,
+                "maxWritersPerTopic": settings.max_writers_per_topic,
+            },
+            "writers": partition.writers.rows_for_admin(),
+        }
+
 
 class _PodCollector(Collector):
     """txnkeeper's own service metrics, read from the live objects at scrape time."""
@@ -273,7 +293,7 @@ class _PodCollector(Collector):
     def __init__(self, pod: PodRuntime) -> None:
         self._pod = pod
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         pod = self._pod
         if pod.coordinators:
             ongoing = GaugeMetricFamily(
@@ -340,8 +360,42 @@ class _PodCollector(Collector):
                 closed.add_metric([reason], count)
             yield from (refused, closed)
         if pod.topics is not None:
+            yield from _srk_metrics(pod.topics)
             yield GaugeMetricFamily(
                 "txnkeeper_store_txn_fences",
                 "Txns ended on topics/subscriptions this pod does not hold, fenced until their deadline",
                 value=pod.topics.fence_count,
             )
+
+
+def _srk_metrics(topics: TopicService) -> Iterator[Metric]:
+    """txnkeeper_srk_*: single-routing-key blocks and writers, per topic."""
+    commits = CounterMetricFamily("txnkeeper_srk_commits", "Blocks committed", labels=["topic"])
+    events = CounterMetricFamily("txnkeeper_srk_events", "Events committed in blocks", labels=["topic"])
+    duplicates = CounterMetricFamily(
+        "txnkeeper_srk_duplicate_blocks", "Blocks answered as duplicates, not written", labels=["topic"]
+    )
+    duplicate_sends = CounterMetricFamily(
+        "txnkeeper_srk_duplicate_sends", "Idempotent produces answered as duplicates", labels=["topic"]
+    )
+    orphans = CounterMetricFamily(
+        "txnkeeper_srk_orphan_aborts", "Marker-less blocks aborted by recovery", labels=["topic"]
+    )
+    sizes = HistogramMetricFamily("txnkeeper_srk_block_bytes", "Committed block sizes", labels=["topic"])
+    writers = GaugeMetricFamily("txnkeeper_srk_writers", "Writers and producers remembered", labels=["topic"])
+    for topic, partition in topics.partitions().items():
+        stats = partition.block_stats
+        label = [topic]
+        commits.add_metric(label, stats.commits)
+        events.add_metric(label, stats.events)
+        duplicates.add_metric(label, stats.duplicate_blocks)
+        duplicate_sends.add_metric(label, stats.duplicate_sends)
+        orphans.add_metric(label, stats.orphan_aborts)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip((*BLOCK_BYTES_BUCKETS, None), stats.block_bytes_counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound is None else str(bound), cumulative))
+        sizes.add_metric(label, buckets, stats.block_bytes_sum)
+        writers.add_metric(label, len(partition.writers.durable))
+    yield from (commits, events, duplicates, duplicate_sends, orphans, sizes, writers)

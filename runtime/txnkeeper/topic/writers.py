@@ -135,6 +135,7 @@ class WriterTable:
         self.durable: dict[str, Writer] = {}
         self._in_flight: dict[str, list[InFlight]] = {}
         self._epochs: dict[str, int] = {}  # writer -> its newest session's epoch (in memory only)
+        self._setup_ms: dict[str, int] = {}  # writer -> when its newest session began
 
     # --- sessions ---------------------------------------------------------------------------------
     def _admit(self, writer_id: str) -> None:
@@ -153,6 +154,7 @@ class WriterTable:
         self._admit(writer_id)
         epoch = self._epochs.get(writer_id, 0) + 1
         self._epochs[writer_id] = epoch
+        self._setup_ms[writer_id] = self._clock()
         writer = self.durable.get(writer_id)
         if writer is not None:
             writer.last_active_ms = self._clock()
@@ -253,9 +255,16 @@ class WriterTable:
             for w, state in self.durable.items()
             if state.last_active_ms < cutoff and w not in self._in_flight
         ]
+        # Sessions of writers that never wrote a block count against the limit too: expire them alike.
+        gone += [
+            w
+            for w, began in self._setup_ms.items()
+            if began < cutoff and w not in self.durable and w not in self._in_flight
+        ]
         for writer_id in gone:
-            del self.durable[writer_id]
+            self.durable.pop(writer_id, None)
             self._epochs.pop(writer_id, None)
+            self._setup_ms.pop(writer_id, None)
         return gone
 
     @property

@@ -1,0 +1,127 @@
+"""Single-routing-key blocks on a partition over a real managed ledger: writer state survives trimming
+through the snapshot (and is reported lost, never silently re-applied, without it), recovery aborts a
+block left without its commit marker, and the pure pieces (writer table, block encoding)."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger.position import Position
+from txnkeeper.protocol.blocks import BlockEncodingError, decode_events, encode_events
+from txnkeeper.topic.partition import Partition
+from txnkeeper.topic.records import decode, encode_data
+from txnkeeper.topic.snapshot import snapshot_path
+from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.txnbuffer import TxnOutcome
+from txnkeeper.topic.writers import (
+    BLOCK_TXN_MOST,
+    TooManyWritersError,
+    WriterFencedError,
+    WriterStateLostError,
+    WriterTable,
+)
+from txnkeeper.txnid import TxnID
+
+TOPIC = "persistent://t/ns/srk"
+CONFIG = ManagedLedgerConfig(max_entries_per_ledger=4)
+
+
+async def _open(tmp_path: Path) -> tuple[ManagedLedgerFactory, Partition]:
+    factory = ManagedLedgerFactory(tmp_path / "ledgers")
+    ledger = await factory.open(TOPIC, CONFIG)
+    partition = Partition(TOPIC, ledger, snapshot_path(tmp_path / "snapshots", TOPIC))
+    await partition.recover()
+    return factory, partition
+
+
+async def test_writer_state_survives_trimming_through_the_snapshot(tmp_path: Path) -> None:
+    factory, partition = await _open(tmp_path)
+    await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 30)
+    last = await partition.append_block("w", 3, [b"d"], "k", 10)
+    sent = await partition.publish_idempotent(b"x", "", "prod", 9)
+    assert last.first_message_id is not None and sent.first_message_id is not None
+    for i in range(8):  # roll past the ledgers holding the markers and the producer's record
+        await partition.publish(f"p{i}".encode(), "", None)
+    ledger = partition.ledger
+    cursor = await cast(Any, ledger).open_cursor("sub")
+    await cursor.mark_delete(ledger.last_confirmed_entry())
+    partition.subscriptions["sub"] = cast(Subscription, cast(Any, object()))
+    await partition.housekeeping()  # snapshot, then trim
+    assert ledger.ledger_ids()[0] > sent.first_message_id.ledger_id  # every writer record is gone
+    await factory.close()
+
+    factory, partition = await _open(tmp_path)
+    again = await partition.append_block("w", 3, [b"d"], "k", 10)
+    assert again.duplicate and again.first_message_id == last.first_message_id
+    retry = await partition.publish_idempotent(b"x", "", "prod", 9)
+    assert retry.duplicate and retry.first_message_id == sent.first_message_id
+    await factory.close()
+
+    # Without the snapshot the trimmed state is gone: the retransmission is refused, not re-applied.
+    snapshot_path(tmp_path / "snapshots", TOPIC).unlink()
+    factory, partition = await _open(tmp_path)
+    with pytest.raises(WriterStateLostError, match="no state for writer 'w'"):
+        await partition.append_block("w", 3, [b"d"], "k", 10)
+    await factory.close()
+
+
+async def test_recovery_aborts_a_block_left_without_its_marker(tmp_path: Path) -> None:
+    factory, partition = await _open(tmp_path)
+    await partition.append_block("w", 0, [b"a"], "k", 5)
+    orphan = TxnID(BLOCK_TXN_MOST, 2**40)
+    for payload in (b"half-1", b"half-2"):  # what a crash between the events and the marker leaves
+        await partition.ledger.add_entry(encode_data(payload, "k", orphan, 0))
+    await partition.publish(b"after", "", None)
+    await factory.close()
+
+    factory, partition = await _open(tmp_path)
+    assert partition.buffer.outcome(orphan) is TxnOutcome.ABORTED
+    assert partition.block_stats.orphan_aborts == 1
+    assert partition.writers.queued_last("w") == 0  # the orphan never counted
+    applied = await partition.append_block("w", 1, [b"b"], "k", 5)
+    assert not applied.duplicate and applied.previous == 0
+    # A second restart finds the abort marker: nothing left to abort.
+    await factory.close()
+    factory, partition = await _open(tmp_path)
+    assert partition.block_stats.orphan_aborts == 0
+    entries = await partition.read_after(None, 100)
+    markers = [decode(data, TOPIC, pos) for pos, data in entries]
+    assert [(r.txn_id, r.commit) for r in markers if r.is_marker and r.txn_id == orphan] == [(orphan, False)]
+    await factory.close()
+
+
+def test_writer_table_limits_fencing_and_expiry() -> None:
+    now = [1_000_000]
+    table = WriterTable(TOPIC, max_writers=2, inactivity_ms=60_000, clock_ms=lambda: now[0])
+    epoch_a, last = table.setup("a")
+    assert last == -1
+    table.setup("b")
+    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
+        table.setup("c")
+    newer, _ = table.setup("a")
+    with pytest.raises(WriterFencedError):
+        table.check_epoch("a", epoch_a)
+    table.check_epoch("a", newer)
+    table.observe("a", 0, 4, Position(3, 0))
+    now[0] += 61_000
+    assert sorted(table.expire()) == ["a", "b"]  # b never wrote: its session alone expires too
+    with pytest.raises(WriterStateLostError, match="expired"):
+        table.check_epoch("a", newer)
+    assert table.setup("a")[1] == -1
+
+
+def test_block_encoding_round_trip_and_refusals() -> None:
+    block = encode_events([b"", b"one", b"x" * 300])
+    assert decode_events(block.data, 3, block.total_bytes, block.crc) == [b"", b"one", b"x" * 300]
+    with pytest.raises(BlockEncodingError, match="total_bytes"):
+        decode_events(block.data[:-1], 3, block.total_bytes, block.crc)
+    with pytest.raises(BlockEncodingError, match="crc32"):
+        decode_events(block.data, 3, block.total_bytes, block.crc ^ 0xFF)
+    truncated = block.data[:-1]
+    with pytest.raises(BlockEncodingError, match="event 2 declares 300 bytes"):
+        decode_events(truncated, 3, len(truncated), zlib.crc32(truncated))
