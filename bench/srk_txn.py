@@ -150,7 +150,8 @@ async def bench(
     pids: dict[str, list[int]] = {"coordinator": [], "store": [], "client": [os.getpid()]}
     try:
         procs.append(start_pod(root, "tc-0", "coordinator", ("--coordinator-ids", "0")))
-        procs.append(start_pod(root, "pas-0", "store", ("--srk-enabled", "true") if "single_key" in modes else ()))
+        srk_flags = ("--srk-enabled", "true") if "single_key" in modes else ()
+        procs.append(start_pod(root, "pas-0", "store", srk_flags))
         await asyncio.gather(*(p.wait_started(START_TIMEOUT_S) for p in procs))
         tc, store = procs
         for name, proc in (("coordinator", tc), ("store", store)):
