@@ -69,8 +69,9 @@ class Client:
     async def create_producer(self, topic: str, *, producer_name: str | None = None) -> Producer:
         """A producer of ``topic``. With ``producer_name`` its sends are idempotent (Pulsar's producer
         name + sequence id): each send gets the next sequence id of that name, and a send retried after
-        a lost receipt or a reconnect is written once. One producer per name at a time: a newer one
-        fences the older (``WriterFencedError``)."""
+        a lost receipt or a reconnect is written once. One producer per name at a time: the store does
+        not fence plain sends, so two producers of one name would reuse sequence ids and the store
+        would drop one's sends as the other's duplicates."""
         producer = Producer(
             self.connections,
             topic,
