@@ -50,7 +50,7 @@ def test_section_flags_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ("section", "message"),
     [
         ({"enabled": "yes"}, "enabled must be true or false"),
-        ({"maxBlockBytes": 0}, "maxBlockBytes must be an integer in 1..67108864"),
+        ({"maxBlockBytes": 0}, "maxBlockBytes must be an integer in 1..16777216"),
         ({"maxWritersPerTopic": True}, "maxWritersPerTopic must be an integer"),
         ({"maxBlockSize": 5}, "unknown key(s) ['maxBlockSize']"),
         ([], "must be an object"),
@@ -65,5 +65,5 @@ def test_bad_section_is_a_clear_error(tmp_path: Path, section: object, message: 
 
 
 def test_bad_flag_is_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match=r"--srk-max-block-bytes must be an integer in 1\.\.67108864"):
+    with pytest.raises(ConfigError, match=r"--srk-max-block-bytes must be an integer in 1\.\.16777216"):
         srk_config.single_key_settings(_flags("--srk-max-block-bytes", "-1"), None)

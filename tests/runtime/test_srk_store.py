@@ -4,6 +4,7 @@ sockets, with the raw-protocol writer of srk_wire (the client library's writer i
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import sys
@@ -193,6 +194,25 @@ async def test_idempotent_producer_retries_appear_once(pods: Callable[..., Serve
     status, body = http("GET", f"{pod.admin_url()}/admin/v1/topics/writers?topic={TOPIC}")
     assert status == 200
     assert {w["writerId"]: w["lastEventNumber"] for w in body["writers"]} == {"prod": 5, "other": 0}
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "txnkeeper.cli",
+        "admin",
+        "--url",
+        pod.admin_url(),
+        "topics",
+        "writers",
+        TOPIC,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0
+    assert json.loads(out)["writers"][0] == body["writers"][0]
+    status, missing = http("GET", f"{pod.admin_url()}/admin/v1/topics/writers?topic=persistent://t/ns/none")
+    assert status == 404 and "not served by this pod" in missing["error"]
+    metrics = http("GET", f"{pod.admin_url()}/metrics")[1]
+    assert re.search(r'txnkeeper_srk_duplicate_sends_total\{topic="persistent://t/ns/srk"\} 2\.0', metrics)
     wire.close()
 
 

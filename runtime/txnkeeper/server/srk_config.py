@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.server.config import ConfigError, _load, env
-from txnkeeper.topic.writers import SingleKeySettings
+from txnkeeper.topic.writers import DEFAULT_MAX_BLOCK_BYTES, SingleKeySettings
 
 SECTION = "singleKeyTransactions"
 # section key -> (SingleKeySettings field, minimum, maximum)
 _KEYS: dict[str, tuple[str, int, int]] = {
-    "maxBlockBytes": ("max_block_bytes", 1, 64 * 1024 * 1024),
+    "maxBlockBytes": ("max_block_bytes", 1, DEFAULT_MAX_BLOCK_BYTES),  # PDP-44: at most 16 MiB
     "writerInactivityMinutes": ("writer_inactivity_minutes", 1, 10 * 365 * 24 * 60),
     "maxWritersPerTopic": ("max_writers_per_topic", 1, 1_000_000),
 }
