@@ -1,10 +1,21 @@
-"""The asyncio client library (Pulsar-like): Client, Producer, Consumer, Transaction, MessageId."""
+"""The asyncio client library (Pulsar-like): Client, Producer, Consumer, Transaction, MessageId, and
+PDP-44's single-routing-key transactions (SingleKeyWriter)."""
 
 from txnkeeper.client.client import Client
 from txnkeeper.client.consumer import Consumer
-from txnkeeper.client.errors import ClientClosedError, OperationTimeoutError, TransactionFailedError
+from txnkeeper.client.errors import (
+    ClientClosedError,
+    MaxTransactionSizeExceededError,
+    OperationTimeoutError,
+    TransactionFailedError,
+    TxnFailedError,
+    UnsupportedFeatureError,
+    WriterFencedError,
+    WriterStateLostError,
+)
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.producer import Producer
+from txnkeeper.client.singlekey import SingleKeyTransaction, SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.errors import (
     InvalidTxnStatusError,
@@ -18,13 +29,20 @@ __all__ = [
     "ClientClosedError",
     "Consumer",
     "InvalidTxnStatusError",
+    "MaxTransactionSizeExceededError",
     "Message",
     "MessageId",
     "OperationTimeoutError",
     "Producer",
     "ServiceError",
+    "SingleKeyTransaction",
+    "SingleKeyWriter",
     "Transaction",
     "TransactionFailedError",
     "TxnConflictError",
+    "TxnFailedError",
     "TxnNotFoundError",
+    "UnsupportedFeatureError",
+    "WriterFencedError",
+    "WriterStateLostError",
 ]

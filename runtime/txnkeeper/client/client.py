@@ -7,11 +7,16 @@ client with the same list finds the same store; transactions are begun round-rob
 from __future__ import annotations
 
 import itertools
+import uuid
 import zlib
 
+from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
+from txnkeeper.client.errors import UnsupportedFeatureError
 from txnkeeper.client.producer import Producer
+from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
@@ -40,8 +45,11 @@ class Client:
         self._coordinator_cycle = itertools.cycle(self._coordinators) if coordinators else None
         if operation_timeout <= 0:
             raise ValueError(f"operation_timeout must be positive, got {operation_timeout}")
+        self._operation_timeout = operation_timeout
         self.connections = ConnectionPool(operation_timeout)
         self._consumers: dict[int, Consumer] = {}
+        # Closed with the client: a writer or named producer resynchronising must not reconnect after.
+        self._closables: list[Producer | SingleKeyWriter] = []
         self._consumer_ids = itertools.count(1)
         for address in self._stores:
             self.connections.on_push(address, self._on_push)
@@ -58,10 +66,71 @@ class Client:
             raise ValueError("this client was given no store addresses")
         return self._stores[zlib.crc32(topic.encode()) % len(self._stores)]
 
-    async def create_producer(self, topic: str) -> Producer:
-        producer = Producer(self.connections, topic, self.store_for(topic))
+    async def create_producer(self, topic: str, *, producer_name: str | None = None) -> Producer:
+        """A producer of ``topic``. With ``producer_name`` its sends are idempotent (Pulsar's producer
+        name + sequence id): each send gets the next sequence id of that name, and a send retried after
+        a lost receipt or a reconnect is written once. One producer per name at a time: the store does
+        not fence plain sends, so two producers of one name would reuse sequence ids and the store
+        would drop one's sends as the other's duplicates."""
+        producer = Producer(
+            self.connections,
+            topic,
+            self.store_for(topic),
+            producer_name=producer_name,
+            resync_timeout=self._operation_timeout,
+        )
         await self.connections.get(producer.store_address)
+        if producer_name is not None:
+            await producer.open_sequenced(await self._last_sequence_id(topic, producer_name))
+        self._closables.append(producer)
         return producer
+
+    async def _last_sequence_id(self, topic: str, producer_name: str) -> int:
+        """The store's last persisted sequence id for ``producer_name`` on ``topic`` (-1: none).
+
+        Producer names and writer ids share the store's writer state, so ``SetupAppend`` tells it.
+        Without it the producer cannot know where to continue: starting low would have the store
+        drop every send up to the name's old last sequence id as a duplicate, so it is refused."""
+        command = api.Command()
+        command.setup_append.topic = topic
+        command.setup_append.writer_id = producer_name
+        address = self.store_for(topic)
+        try:
+            response = await self.connections.request(address, command)
+        except ServiceError as exc:
+            if exc.code == api.UNSUPPORTED_FEATURE or "is not a request a server accepts" in str(exc):
+                raise UnsupportedFeatureError(
+                    f"producer {producer_name!r}: the store at {address} cannot say the name's last "
+                    f"sequence id ({exc}); idempotent producers need single-key transactions enabled "
+                    "on the store (--srk-enabled); leave producer_name out for a plain producer"
+                ) from exc
+            raise
+        return response.append_setup.last_event_number
+
+    async def create_single_key_writer(
+        self,
+        topic: str,
+        routing_key: str,
+        txn_timeout_ms: int,
+        max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+        *,
+        writer_id: str | None = None,
+    ) -> SingleKeyWriter:
+        """A writer of single-routing-key transactions (PDP-44) to ``topic``; ``routing_key`` becomes
+        every event's message key. ``writer_id`` (default: a new uuid) continues an earlier writer's
+        event numbering and de-duplication, e.g. after the application restarted."""
+        appender = BlockAppender(
+            self.connections,
+            topic,
+            self.store_for(topic),
+            writer_id or uuid.uuid4().hex,
+            key=routing_key,
+            resync_timeout=self._operation_timeout,
+        )
+        writer = SingleKeyWriter(appender, routing_key, txn_timeout_ms, max_txn_bytes)
+        await appender.open()
+        self._closables.append(writer)
+        return writer
 
     async def subscribe(self, topic: str, subscription: str, *, receiver_queue_size: int = 1000) -> Consumer:
         consumer = Consumer(
@@ -105,4 +174,6 @@ class Client:
     async def close(self) -> None:
         for consumer in list(self._consumers.values()):
             await consumer.close()
+        for closable in self._closables:
+            await closable.abandon()
         await self.connections.close()
