@@ -42,7 +42,6 @@ class FakeStore:
     unparsable: bool = False  # drop the connection on setup_append, as a release that cannot parse it
     blocks_applied: int = 0
     duplicates: int = 0
-    setups: int = 0
 
     def handle(self, session: Session, body_name: str, command: api.Command) -> api.Command | None:
         if body_name == "setup_append":
@@ -64,7 +63,6 @@ class FakeStore:
         if self.unparsable:
             session.close()  # type: ignore[attr-defined]
             return None
-        self.setups += 1
         writer = self.writers.setdefault(body.writer_id, Writer())
         writer.session = session  # the newest session fences older ones
         if body.writer_id in self.producers:
