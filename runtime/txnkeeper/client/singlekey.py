@@ -17,7 +17,6 @@ Nothing of a transaction is sent before ``commit``, so ``abort`` and a timeout w
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
 from txnkeeper.client.appender import MAX_EVENT_BYTES, BlockAppender
 from txnkeeper.client.errors import ClientClosedError, MaxTransactionSizeExceededError, TxnFailedError
@@ -98,9 +97,7 @@ class SingleKeyTransaction:
     async def __aenter__(self) -> SingleKeyTransaction:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             await self.commit()
         elif self.state == "OPEN":
