@@ -41,3 +41,6 @@ _.write_storage_error
 _.delete_offload_ops
 write_storage_error
 delete_offload_ops
+
+# Exception chaining set by hand where the error is returned rather than raised (client/errors.py).
+_.__cause__

@@ -60,7 +60,6 @@ class SequencedSends:
         self._resending: asyncio.Task[None] | None = None
         self._doubt_since: float | None = None  # when the oldest unanswered doubt began
         self._failure: ServiceError | None = None
-        self.resends = 0  # sends sent again after a reconnect (tests count them)
 
     async def open(self, last_persisted: int) -> None:
         """Continue after ``last_persisted``, the store's last sequence id for the name (-1: none)."""
@@ -161,7 +160,6 @@ class SequencedSends:
         self._use(conn)
         # In sequence order, with their original sequence ids: the store de-duplicates those it holds.
         for sequence_id, (command, _) in list(self._unanswered.items()):
-            self.resends += 1
             self._send(conn, sequence_id, command)
         log.info("producer %s of %s: re-sent %d sends", self.producer_name, self.topic, len(self._unanswered))
 
