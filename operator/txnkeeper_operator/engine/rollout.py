@@ -16,9 +16,9 @@ same way). Each call runs this algorithm and stops at the first step that has so
  5. Desired level below the data level: the downgrade (``_downgrade``) passes the gates of the
     features it takes away (contract.formats.lost_features). offload-segments first
     (RESTORING_OFFLOADED, ``_restore_offloaded``): each pod still at an offload-capable release that
-    reports tier-only ledgers or metadata version 2 is asked to restore (RestoreOffloaded), then
-    restarted at the template's release so it restores before opening its ledgers; a clean pod whose
-    running configuration still offloads automatically is restarted (the template's has it off);
+    reports tier-only ledgers or metadata version 2, or whose running configuration still offloads
+    automatically (it may offload at any moment), is asked to restore (RestoreOffloaded), then
+    restarted at the template's release (offload off) so it restores before opening its ledgers;
     held until every such pod reports none. Without batched-log among the lost features (3.x -> 2.x)
     the roll then proceeds like step 6. Otherwise the batched-log gates:
     a. batching re-enabled on any pod throws away markers and proof taken so far;
@@ -279,9 +279,17 @@ class _Planner:
 
     def _restore_offloaded(self, template: Template) -> Decision | None:
         """Gate 0, RESTORING_OFFLOADED: every pod still at a release with offload reports no tier-only
-        ledger and metadata version 1; a pod that does not is asked to restore at its next start
-        (RestoreOffloaded) and then restarted at the template's (offload-capable) release. Pods
-        already below that level started, so their data was clean (the runtime refuses otherwise)."""
+        ledger, metadata version 1 and no automatic offload. A pod that does not is asked to restore at
+        its next start (RestoreOffloaded), then restarted at the template's (offload-capable, offload
+        off) release. Pods already below that level started, so their data was clean (the runtime
+        refuses otherwise).
+
+        A pod that offloads by itself is asked to restore even while it reports nothing tier-only: it
+        may offload between this observation and its restart, and an operator restart in between
+        observes it again. Deciding "restart" for a clean one and "restore first" for the same pod a
+        moment later would make the actions depend on when the operator happened to look; with the
+        request first, the pod-reported ``restore_requested`` is the only memory the gate needs, and the
+        one restart restores whatever it offloaded meanwhile."""
         for pod in self.pods:
             if format_level(pod.version) < OFFLOAD_LEVEL:
                 continue
@@ -290,47 +298,32 @@ class _Planner:
                 return self._decision(
                     None, Phase.RESTORING_OFFLOADED, f"waiting for the offload state of {pod.name}"
                 )
-            if state.clean and state.automatic and not state.restore_requested:
-                # Found clean, but its running configuration still offloads by itself: restart it
-                # from the template (offload disabled for the downgrade) before it can offload more.
-                return self._act(
-                    RestartPod(
-                        pod.name,
-                        pod.ordinal,
-                        pod.version,
-                        template.version,
-                        f"restart {pod.name} at {template.version} with automatic offload off",
-                    ),
-                    Phase.RESTORING_OFFLOADED,
-                )
-            if state.clean:
+            if state.clean and not state.automatic:
                 continue
-            what = f"{state.tier_only_ledgers} tier-only ledger(s), metadata version {state.metadata_version}"
+            if state.clean:
+                held = f"{pod.name} offloads automatically"
+                restart = f"restart {pod.name} at {template.version} with automatic offload off"
+                request = (
+                    f"{held} (nothing tier-only yet); {self.desired.version} cannot read tier-only "
+                    "ledgers: have it restore whatever it offloads before its restart"
+                )
+            else:
+                tier_only, version = state.tier_only_ledgers, state.metadata_version
+                what = f"{tier_only} tier-only ledger(s), metadata version {version}"
+                held = f"{pod.name} still holds {what}"
+                restart = f"restart {pod.name} at {template.version} so it restores {what} first"
+                request = (
+                    f"{pod.name} holds {what}; {self.desired.version} cannot read them: restore them locally"
+                )
             if format_level(template.version) < OFFLOAD_LEVEL:
                 # Only after a lost StatefulSet: a restart must come back at a release that restores.
-                return self._act(
-                    ApplyTemplate(pod.version, template.batch, f"{pod.name} still holds {what}"),
-                    Phase.RESTORING_OFFLOADED,
-                )
+                return self._act(ApplyTemplate(pod.version, template.batch, held), Phase.RESTORING_OFFLOADED)
             if state.restore_requested:
                 return self._act(
-                    RestartPod(
-                        pod.name,
-                        pod.ordinal,
-                        pod.version,
-                        template.version,
-                        f"restart {pod.name} at {template.version} so it restores {what} first",
-                    ),
+                    RestartPod(pod.name, pod.ordinal, pod.version, template.version, restart),
                     Phase.RESTORING_OFFLOADED,
                 )
-            return self._act(
-                RestoreOffloaded(
-                    pod.name,
-                    pod.ordinal,
-                    f"{pod.name} holds {what}; {self.desired.version} cannot read them: restore them locally",
-                ),
-                Phase.RESTORING_OFFLOADED,
-            )
+            return self._act(RestoreOffloaded(pod.name, pod.ordinal, request), Phase.RESTORING_OFFLOADED)
         return None
 
     def _batched_downgrade(self, template: Template) -> Decision:
