@@ -11,7 +11,8 @@ its ``run``/``steps`` commands pass through, in each way it can die (before pers
 persisting the decision but before acting, after acting but before persisting the action's result):
 the actions taken must be the uninterrupted run's (a repeated action, e.g. a second rollover of the same
 pod, is the only allowed difference: it only makes LastBatchedLedger stricter) and the pods must end
-the same, with the invariant holding throughout.
+the same, with the invariant holding throughout. A file therefore never restarts the operator itself:
+the replay covers every phase it passes in every mode, and a restart of its own would fight that one.
 
 Commands (DESIRED is ``VERSION [on] [replicas=N] [records=N] [delay=MS]``; ``on`` enables the batch
 log, records/delay change its limits):
@@ -48,8 +49,6 @@ log, records/delay change its limits):
   offload POD N                    POD's volume now holds N tier-only ledgers (PIP-76, needs 3.x)
   offload-config on|off            the template's config offloads automatically (on: running 3.x
                                    pods too, as if started with it; off: running pods keep theirs)
-  run ... restart-in=PHASE [restart-mode=before|between|after]
-                                   the operator restarts once, at the first decision in PHASE
   persisted                        which keys the persisted status.downgrade holds (or "none")
 """
 
@@ -80,6 +79,8 @@ from .opsim import CONFIG, OFF, ON, T0, InvariantViolation, SimCluster, desired,
 SCENARIOS = Path(__file__).parent / "scenarios"
 REWRITE = os.environ.get("TXNKEEPER_REWRITE_SCENARIOS") == "1"
 CRASH_MODES = ("before", "between", "after")
+# What ``run`` accepts: DESIRED's options, and where to stop.
+RUN_OPTIONS = frozenset({"replicas", "records", "delay", "until"})
 
 
 def _blocks(text: str) -> list[tuple[str, str, str]]:
@@ -261,6 +262,10 @@ class _Runner:
 
     def _run(self, sim: SimCluster, want: Desired, options: dict[str, str], after: str) -> str:
         seen, decided = len(sim.log), len(sim.decisions)
+        unknown = sorted(set(options) - RUN_OPTIONS)
+        if unknown:
+            # A scenario does not restart the operator itself: the replay restarts it in every phase.
+            raise ValueError(f"unknown run option(s) {unknown}; known: {sorted(RUN_OPTIONS)}")
         until = options.get("until")
         stop: Callable[[Decision], bool] | None = None
         if until:
@@ -268,8 +273,6 @@ class _Runner:
         elif after:
             stop = lambda d: sim.actions()[-1:] == [after]  # noqa: E731
         crash = self.crash
-        if "restart-in" in options:  # the scenario's own restart, in place of the replayed one
-            crash = CrashOnce(Phase(options["restart-in"]), options.get("restart-mode", "between"))
         mode = crash.mode if crash is not None else "before"
         last = sim.run(want, until=stop, crash_when=crash, crash_mode=mode)
         self._passed(sim, decided)
@@ -404,3 +407,46 @@ def test_scenario_survives_an_operator_restart_in_every_phase(path: Path) -> Non
         assert _essential(restarted.log()) == _essential(baseline.log()), where
         assert _ending(again) == _ending(sim), where
         again.check_invariant()
+
+
+class _LookAtFirst(CrashOnce):
+    """A restart hook that never restarts: notes which pods hold tier-only ledgers at the first
+    decision in ``phase``, i.e. what the replay's restart in that phase would interrupt."""
+
+    def __init__(self, phase: Phase) -> None:
+        super().__init__(phase, "before")
+        self.runner: _Runner | None = None
+        self.tier_only: list[str] | None = None
+
+    def __call__(self, decision: Decision) -> bool:
+        if self.tier_only is None and decision.phase == self.phase and self.runner is not None:
+            pods = self.runner.cluster().pods.values()
+            self.tier_only = sorted(p.name for p in pods if p.tier_only)
+        return False
+
+
+@pytest.mark.parametrize(
+    ("name", "holding"),
+    [
+        ("offload_downgrade_restores_first", ["tc-0", "tc-2"]),
+        ("offload_downgrade_clean_pods_still_offloading", ["tc-0"]),
+    ],
+)
+def test_the_replay_restarts_the_operator_in_every_phase_of_the_restore_gate(
+    name: str, holding: list[str]
+) -> None:
+    """The 3.x -> 2.x restore gate's restarts are the generic replay's: these files pass every phase
+    of it (so each is interrupted in every mode), the first RestoringOffloaded decision meets the pods
+    in ``holding`` with tier-only ledgers (several, or only one with the others clean but offloading),
+    and every pod is asked to restore."""
+    look = _LookAtFirst(Phase.RESTORING_OFFLOADED)
+    runner = _Runner(look)
+    look.runner = runner
+    for _, command, _ in _blocks((SCENARIOS / f"{name}.txt").read_text()):
+        runner.execute(command)
+    gate = [Phase.RESTORING_OFFLOADED, Phase.WAITING_FOR_PODS, Phase.ROLLING_DOWNGRADE, Phase.READY]
+    assert [p for p in runner.phases if p in gate] == gate
+    assert look.tier_only == holding
+    requested = {line.split()[1] for line in runner.log() if line.startswith("restore-request")}
+    assert requested == {"tc-0", "tc-1", "tc-2"}
+    assert "operator restart" not in runner.log()
