@@ -294,6 +294,7 @@ class BlockAppender:
             )
             return
         first = answer.first_message_id
+        # Contiguous by the store's rule (contracts §10): a block's entries never straddle a rollover.
         ids = [MessageId(first.ledger_id, first.entry_id + i) for i in range(block.numbers.event_count)]
         if not block.result.done():
             block.result.set_result(ids)

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import Enum
@@ -201,6 +201,53 @@ class ManagedLedger:
         return self._writer.append(
             cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id)
         )
+
+    def add_entries(self, datas: Sequence[bytes]) -> list[asyncio.Future[Position]]:
+        """Append ``datas`` as consecutive entries of one ledger; one future per entry, as add_entry.
+
+        For records whose positions must be computable from the first one (a single-routing-key
+        block: its events' MessageIds are contiguous entry ids). A rollover that is due, or that the
+        group would make due by crossing the entry or size limit, runs before the first of them, never
+        between them; a group larger than a whole ledger's limits is placed whole in a fresh ledger,
+        which then exceeds them (the next append rolls over). Refusals (an oversized or mistyped entry,
+        a closed ledger) raise before anything is queued.
+        """
+        if self._state is not _State.OPEN:
+            self._raise_not_writable()
+        if not datas:
+            raise ValueError("add_entries needs at least one entry")
+        payloads = [data if type(data) is bytes else self._coerce(data) for data in datas]
+        total = 0
+        for data in payloads:
+            if len(data) > MAX_ENTRY_SIZE:
+                raise ValueError(
+                    f"entry of {len(data)} bytes is larger than the maximum {MAX_ENTRY_SIZE}; "
+                    "split it before appending"
+                )
+            total += len(data)
+        cur = self._cur
+        if cur.broken is not None or (
+            cur.assigned_entries  # an empty ledger takes the group whole, whatever its size
+            and (
+                cur.assigned_entries + len(payloads) > self._max_entries
+                or cur.assigned_bytes + total > self._max_bytes
+                or (self._max_age is not None and time.monotonic() - cur.created_mono >= self._max_age)
+            )
+        ):
+            self._start_rollover()
+            cur = self._cur
+        futures: list[asyncio.Future[Position]] = []
+        append = self._writer.append
+        for data in payloads:
+            entry_id = cur.assigned_entries
+            cur.assigned_entries = entry_id + 1
+            offset = cur.assigned_end
+            cur.assigned_end = offset + RECORD_HEADER_SIZE + len(data)
+            cur.assigned_bytes += len(data)
+            futures.append(
+                append(cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id))
+            )
+        return futures
 
     def _count_added(self, ledger: LedgerFile, entries: int) -> None:
         self._entries_added += entries

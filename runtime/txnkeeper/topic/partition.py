@@ -8,6 +8,7 @@ for a transaction that already ended here are refused, which fences zombie produ
 Single-routing-key blocks (contracts §10) reuse that machinery: a block's events are written under a
 store-local transaction and its commit marker, all queued in one event-loop turn (one group commit), so
 readers see the block only whole; a block left without its marker by a crash is aborted by ``recover``.
+The block's entries are placed in one ledger (``add_entries``), so its MessageIds are contiguous.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -91,6 +92,8 @@ class PartitionLedger(Protocol):
     name: str
 
     def add_entry(self, data: bytes) -> Awaitable[Position]: ...
+
+    def add_entries(self, datas: Sequence[bytes]) -> Sequence[Awaitable[Position]]: ...
 
     async def read_entries(self, start: Position, max_entries: int) -> list[Entry]: ...
 
@@ -379,9 +382,10 @@ class Partition:
         self.buffer.message_written(txn_id)
         encoded = [encode_data(payload, key, txn_id, now) for payload in events]
         marker = encode_marker(txn_id, True, 0, (writer_id, first, last))
-        # Queued back to back with no await between them: one group commit, contiguous entries.
-        futures = [_as_future(self.ledger.add_entry(data)) for data in encoded]
-        marker_future = _as_future(self.ledger.add_entry(marker))
+        # One call queues the events and the marker back to back in one ledger (a due rollover runs
+        # before them, never inside): one group commit, and the events' MessageIds are the contiguous
+        # entry ids first .. first + count - 1 that DataAppended and the writer's dedup answer imply.
+        *futures, marker_future = [_as_future(f) for f in self.ledger.add_entries([*encoded, marker])]
         flight = InFlight(writer_id, first, last, marker_future, futures[0])
         writers.began(flight)
         self._blocks[txn_id] = flight
