@@ -97,11 +97,8 @@ def test_offload_restart_drain_and_a_downgrade_held_until_restored(cluster: Clus
         for topic, ids in load["committed"].items():
             committed.setdefault(topic, []).extend(ids)
 
-    # 1. Closed ledgers are offloaded and (lag 0) their local files deleted: the status shows them.
-    offloaded = wait_cr(cluster, ns, PAS, "acks", lambda o: tier_only(o) > 0, "tier-only ledgers", 600)
-    assert condition(offloaded, "OffloadHealthy")["status"] == "True", summary(offloaded)
-
-    # 2. A restart and a drain (delete each pod): reads of tier-only ledgers keep working.
+    # 1. A restart and a drain (delete each pod): each topic's open ledger is closed when its pod goes
+    #    and a new one opened, so every topic now has a closed ledger, streamed to the tier already.
     def has_ip(name: str) -> bool:
         obj = cluster.pod(ns, name)
         return obj is not None and bool(obj["status"].get("podIP"))
@@ -110,13 +107,16 @@ def test_offload_restart_drain_and_a_downgrade_held_until_restored(cluster: Clus
         cluster.core.delete_namespaced_pod(pod, ns)
         wait_for(functools.partial(has_ip, pod), f"{pod} recreated", 180)
         wait_cr(cluster, ns, PAS, "acks", offload_settled, f"{pod} back, Ready", 300)
+    # 2. Closed ledgers are offloaded and (lag 0, threshold 0) their local files deleted: the status
+    #    shows tier-only ledgers, and every committed message still reads back, now from the tier.
+    offloaded = wait_cr(cluster, ns, PAS, "acks", lambda o: tier_only(o) > 0, "tier-only ledgers", 240)
+    assert condition(offloaded, "OffloadHealthy")["status"] == "True", summary(offloaded)
     stores = addresses(cluster, ns, "acks", 2)
     audit = run_workload(
         cluster, ns, "read", "--stores", stores, "--topics", TOPICS, "--subscription", "audit"
     )
     for topic, ids in committed.items():
         assert sorted(set(ids) - set(audit[topic])) == [], f"{topic}: committed messages lost after restarts"
-
     # 3. Downgrade to 2.x (offload disabled, location kept): held in RestoringOffloaded while any pod
     #    holds tier-only ledgers, no pod runs 2.x before every pod restored, then it completes.
     apply(cluster, ns, offload_store(OLD, enabled=False))
