@@ -85,7 +85,7 @@ def test_offload_verbs_config_and_read_through_on_a_real_store_pod(
         "managedLedgerOffloadMaxBlockSizeInBytes": 4096,
     }
     tc = start(pods, ServePod(tmp_path, "tc-0", "coordinator"))
-    store = start(pods, ServePod(tmp_path, "pas-0", "store", config={"offload": offload}))
+    store = start(pods, ServePod(tmp_path, "pas-0", "store", release="3.0.0", config={"offload": offload}))
     asyncio.run(produce(store, tc, 30))
 
     code, out, err = cli(store, "offload", TOPIC)
