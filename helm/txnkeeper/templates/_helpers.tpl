@@ -75,7 +75,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["get", "list", "create"]
 - apiGroups: ["batch"]
   resources: ["cronjobs"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
