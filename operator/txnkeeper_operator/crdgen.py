@@ -243,8 +243,8 @@ def _offload() -> Schema:
                 "managedLedgerOffloadMaxBlockSizeInBytes: size of one data block (one ranged read), "
                 "default 64 MiB.",
                 default=gated.DEFAULT_MAX_BLOCK_SIZE_BYTES,
+                minimum=gated.MIN_MAX_BLOCK_SIZE_BYTES,
                 maximum=gated.MAX_MAX_BLOCK_SIZE_BYTES,
-                **positive,
             ),
             "verifySchedule": _p(
                 "string",
