@@ -1,22 +1,24 @@
 """PIP-76 offload through the operator on the local cluster: a PendingAckStore at 3.x offloads its
-topics' closed ledgers to a shared ReadWriteMany volume (the filesystem driver), survives a restart and
-a node drain, and a downgrade to 2.x is held until every pod restored its tier-only ledgers, then
+topics' closed ledgers to a shared ReadWriteMany volume (the filesystem driver), the operator's
+verify-offload audit (a Job made from its CronJob) finds the tier sound, the store survives a restart
+and a node drain, and a downgrade to 2.x is held until every pod restored its tier-only ledgers, then
 completes; every committed message is still readable at 2.x from local files alone.
 
-Why a file of its own: it needs the runtime's offload wiring (the pod config file's "offload" section
-opening topic ledgers with an OffloadPolicy), which this test only drives through the CR. Without that
-wiring in the image the test is skipped, saying so.
+The keys the operator renders for spec.offload are checked against what the runtime parses in
+tests/operator/test_op_runtime_config.py (no cluster); this file is the end-to-end half.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from e2e.helpers import Cluster, wait_for
+from e2e.helpers import Cluster, to_json, wait_for
 from e2e.test_operator import (  # noqa: F401 - `operator` is a fixture used by name
     PAS,
     TC,
@@ -32,15 +34,17 @@ from e2e.test_operator import (  # noqa: F401 - `operator` is a fixture used by 
     tc_manifest,
     wait_cr,
 )
+from txnkeeper.contract.formats import Feature, has_feature
 
 Obj = dict[str, Any]
 NEW, OLD = "3.0.0", "2.0.0"
 CLAIM = "offload-rwx"
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("txnkeeper.server.offload_settings") is None,
-    reason="the runtime does not read the pod config file's 'offload' section yet "
-    "(txnkeeper.server.offload_settings, issue 13's runtime half); nothing would be offloaded",
+    importlib.util.find_spec("txnkeeper.server.offload_settings") is None
+    or not has_feature(NEW, Feature.OFFLOAD_SEGMENTS),
+    reason=f"this runtime cannot offload at {NEW} (txnkeeper.server.offload_settings and the "
+    "'offload-segments' feature, issue 13); nothing would be offloaded",
 )
 
 
@@ -67,11 +71,30 @@ spec:
     deletionLagMs: 0
     maxSegmentSizeBytes: 65536
     maxSegmentRolloverSeconds: 5
+    verifySchedule: ""
 """
 
 
 def tier_only(obj: Obj) -> int:
     return sum(int((p.get("offload") or {}).get("tierOnlyLedgers", 0)) for p in obj["status"].get("pods", []))
+
+
+def run_offload_audit(cluster: Cluster, ns: str, name: str) -> None:
+    """What ``kubectl create job --from=cronjob/acks-verify-offload`` does: a Job from the template."""
+    cron: Obj = to_json(cluster.api, cluster.batch.read_namespaced_cron_job("acks-verify-offload", ns))
+    template = cron["spec"]["jobTemplate"]
+    body = {"metadata": {"name": name, "labels": template["metadata"]["labels"]}, "spec": template["spec"]}
+    cluster.batch.create_namespaced_job(ns, body)  # type: ignore[arg-type]  # a dict body for a V1Job
+
+
+def audited_after(started: str) -> Callable[[Obj], bool]:
+    def pred(obj: Obj) -> bool:
+        audit = obj["status"].get("offloadAudit") or {}
+        return str(audit.get("generatedAt", "")) >= started and condition(obj, "OffloadAudit").get(
+            "reason"
+        ) in ("Clean", "Findings", "AuditFailed")
+
+    return pred
 
 
 def offload_settled(obj: Obj) -> bool:
@@ -100,6 +123,16 @@ def test_offload_restart_drain_and_a_downgrade_held_until_restored(cluster: Clus
     # 1. Closed ledgers are offloaded and (lag 0) their local files deleted: the status shows them.
     offloaded = wait_cr(cluster, ns, PAS, "acks", lambda o: tier_only(o) > 0, "tier-only ledgers", 600)
     assert condition(offloaded, "OffloadHealthy")["status"] == "True", summary(offloaded)
+
+    # 1b. The operator's tier audit (suspended CronJob: no verifySchedule) run once on demand: Spark
+    #     reads every Offloaded segment back from the shared volume; its report lands in the status.
+    assert condition(offloaded, "OffloadAudit").get("reason") == "NoReport", summary(offloaded)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run_offload_audit(cluster, ns, "audit-1")
+    audited = wait_cr(cluster, ns, PAS, "acks", audited_after(started), "the offload audit's report", 900)
+    report = audited["status"]["offloadAudit"]
+    assert condition(audited, "OffloadAudit")["status"] == "True", (report, summary(audited))
+    assert report["ok"] is True and report["segmentsChecked"] >= 1 and report["findingCount"] == 0, report
 
     # 2. A restart and a drain (delete each pod): reads of tier-only ledgers keep working.
     def has_ip(name: str) -> bool:
