@@ -189,11 +189,26 @@ def audit(
         raise VerifierInputError("no pod endpoints: the tier cannot be audited against nothing")
     store_config(properties)  # refuse bad settings before Spark starts anything
     generated_at = datetime.now(UTC)
+    props = dict(properties)
+
+    async def listing() -> list[str]:
+        store = open_blob_store(store_config(props))
+        try:
+            return await store.list("")
+        finally:
+            await store.close()
+
+    # List before asking the pods: every object listed then belongs to a segment some pod's metadata
+    # already names (Assigned before its first upload), so a segment started during the audit cannot
+    # look like an orphan.
+    try:
+        keys = asyncio.run(listing())
+    except OffloadError as exc:
+        raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
     refs, findings = fetch_segments(endpoints, timeout_s)
     offloaded = [r for r in refs if r.status == "Offloaded"]
     context = spark.sparkContext
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
-    props = dict(properties)
     try:
         results: list[SegmentResult] = (
             context.parallelize(offloaded, partitions)
@@ -205,17 +220,6 @@ def audit(
     for result in results:
         findings.extend(result.findings)
 
-    async def listing() -> list[str]:
-        store = open_blob_store(store_config(props))
-        try:
-            return await store.list("")
-        finally:
-            await store.close()
-
-    try:
-        keys = asyncio.run(listing())
-    except OffloadError as exc:
-        raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
     if not any(f.kind == "pod-unreadable" for f in findings):  # else every object of that pod is "orphan"
         findings.extend(find_orphans(keys, {r.uuid for r in refs}))
     return {
