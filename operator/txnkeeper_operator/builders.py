@@ -455,6 +455,8 @@ def verifier_job(cr: Resource, settings: OperatorSettings, stamp: int) -> Manife
 
 
 def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
+    # Without a usable spec.offload: no settings, no credentials, no claim (a manual run says so).
+    audit_settings = gated.audit_settings(cr) if gated.audits_offload(cr) else {}
     volumes, mounts = gated.offload_volumes(cr, cr.version)
     # The audit only reads the tier: the filesystem driver's shared claim is mounted read-only.
     mounts = [{**mount, "readOnly": True} for mount in mounts]
@@ -479,7 +481,7 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
                     str(naming.ADMIN_PORT),
                     # The same blob-store settings the pods get (their config file's offload section).
                     "--offload-json",
-                    json.dumps(gated.audit_settings(cr), sort_keys=True),
+                    json.dumps(audit_settings, sort_keys=True),
                     "--output",
                     f"configmap:{naming.offload_audit_report(cr.name)}",
                     "--master",
@@ -499,12 +501,14 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
 
 
 def offload_audit_cron_job(cr: Resource, settings: OperatorSettings) -> Manifest | None:
-    """The periodic tier audit, or None when the resource has no offload its release can use (the
-    reconciler then deletes a CronJob left from before). Without spec.offload.verifySchedule it is
-    suspended: a template for ``kubectl create job --from=cronjob/NAME``."""
-    if not gated.audits_offload(cr):
+    """The periodic tier audit of a PendingAckStore (None for coordinators). Like the verifier's
+    CronJob it always exists: suspended without spec.offload.verifySchedule (a template for
+    ``kubectl create job --from=cronjob/NAME``) and whenever the spec has no offload its release can
+    use, then with empty settings. Kept rather than deleted: the operator may delete pods only."""
+    if cr.kind is not naming.PENDING_ACK_STORE:
         return None
-    schedule = str(cr.section("offload").get("verifySchedule") or "")
+    active = gated.audits_offload(cr)
+    schedule = str(cr.section("offload").get("verifySchedule") or "") if active else ""
     labels = naming.offload_audit_labels(cr.name)
     return {
         "apiVersion": "batch/v1",

@@ -25,7 +25,6 @@ class KubeApi(Protocol):
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]: ...
     async def list_jobs(self, namespace: str, selector: str) -> list[Obj]: ...
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
-    async def delete(self, kind: str, namespace: str, name: str) -> None: ...
     async def patch_status(
         self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None: ...
@@ -58,8 +57,8 @@ class KubernetesClient:
             config.load_kube_config()
         return cls()
 
-    def _api_of(self, kind: str) -> tuple[Any, str]:
-        """(API group client, method suffix) of a kind the operator manages."""
+    def _methods(self, kind: str) -> tuple[Any, Any, Any, bool]:
+        """(read, patch, create, namespaced) for a kind the operator manages."""
         table: dict[str, tuple[Any, str]] = {
             "ConfigMap": (self.core, "config_map"),
             "Secret": (self.core, "secret"),
@@ -73,11 +72,7 @@ class KubernetesClient:
             "Job": (self.batch, "job"),
             "CronJob": (self.batch, "cron_job"),
         }
-        return table[kind]
-
-    def _methods(self, kind: str) -> tuple[Any, Any, Any, bool]:
-        """(read, patch, create, namespaced) for a kind the operator manages."""
-        api, suffix = self._api_of(kind)
+        api, suffix = table[kind]
         return (
             getattr(api, f"read_namespaced_{suffix}"),
             getattr(api, f"patch_namespaced_{suffix}"),
@@ -145,17 +140,6 @@ class KubernetesClient:
             await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace, body=body)
         except self._client.ApiException as err:
             if err.status not in (404, 409):
-                raise
-
-    async def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Delete an owned object if it exists (its Jobs and pods go with it, in the background)."""
-        api, suffix = self._api_of(kind)
-        remove = getattr(api, f"delete_namespaced_{suffix}")
-        body = self._client.V1DeleteOptions(propagation_policy="Background")
-        try:
-            await asyncio.to_thread(remove, name, namespace, body=body)
-        except self._client.ApiException as err:
-            if err.status != 404:
                 raise
 
     async def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:

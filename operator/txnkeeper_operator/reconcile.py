@@ -123,9 +123,6 @@ async def ensure_children(ctx: Context, cr: Resource) -> str:
     await ctx.kube.create_if_absent(builders.cluster_secret(cr.namespace, secrets.token_urlsafe(32)))
     if gated.audits_offload(cr):
         await ctx.kube.create_if_absent(builders.offload_audit_report_config_map(cr))
-    elif cr.kind is naming.PENDING_ACK_STORE:
-        # Offload removed (or the release lost it): no audit may keep running against stale settings.
-        await ctx.kube.delete("CronJob", cr.namespace, naming.offload_audit(cr.name))
     return await _token(ctx, cr)
 
 

@@ -308,14 +308,19 @@ def test_offload_audit_cron_job_runs_verify_offload_with_the_pods_settings_and_c
         kubernetes_validate.validate(builders.offload_audit_report_config_map(s3), version, strict=True)
 
 
-def test_no_offload_audit_without_offload_a_release_with_it_or_for_coordinators() -> None:
-    assert builders.offload_audit_cron_job(store(), SETTINGS) is None
-    assert (
-        builders.offload_audit_cron_job(store("2.0.0", offload={**OFFLOAD_FS, "enabled": False}), SETTINGS)
-        is None
-    )
+def test_offload_audit_is_suspended_without_settings_when_nothing_can_be_audited() -> None:
+    # No spec.offload, or a spec heading for 2.x: the CronJob stays (the operator deletes only pods),
+    # suspended, with no settings, credentials or claim.
+    for cr in (store(), store("2.0.0", offload={**OFFLOAD_S3, "enabled": False, "verifySchedule": "@daily"})):
+        cron = builders.offload_audit_cron_job(cr, SETTINGS)
+        assert cron is not None and cron["spec"]["suspend"] is True
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["args"][container["args"].index("--offload-json") + 1] == "{}"
+        assert {e["name"] for e in container["env"]} == {"HOME", "SPARK_LOCAL_DIRS"}
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
     assert builders.offload_audit_cron_job(TC, SETTINGS) is None
-    assert all(m["metadata"]["name"] != "txn-verify-offload" for m in builders.children(PAS, SETTINGS))
+    assert all(m["metadata"]["name"] != "txn-verify-offload" for m in builders.children(TC, SETTINGS))
 
 
 def test_offload_audit_condition_and_status_from_the_report() -> None:

@@ -41,8 +41,7 @@ class FakeKube:
     def __init__(self, cr: Obj) -> None:
         self.cr = cr
         self.objects: dict[tuple[str, str, str], Obj] = {}
-        self.deleted: list[str] = []  # pods
-        self.removed: list[str] = []  # other objects
+        self.deleted: list[str] = []
         self.status_writes: list[Mapping[str, Any]] = []
         self._uid = 0
 
@@ -92,10 +91,6 @@ class FakeKube:
         assert pod is not None and pod["metadata"]["uid"] == uid
         del self.objects[("Pod", namespace, name)]
         self.deleted.append(name)
-
-    async def delete(self, kind: str, namespace: str, name: str) -> None:
-        if self.objects.pop((kind, namespace, name), None) is not None:
-            self.removed.append(f"{kind}/{name}")
 
     async def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.status_writes.append(json.loads(json.dumps(status)))
@@ -434,9 +429,11 @@ async def test_offloading_store_reports_offload_and_restores_before_a_downgrade(
     ]
     assert kube.deleted == ["txn-2", "txn-0", "txn-2", "txn-1", "txn-0"]
     assert kube.cr["status"]["currentVersion"] == "2.0.0"
-    # Heading for 2.x, nothing is audited any more: the CronJob goes, the condition says why.
-    assert kube.removed == ["CronJob/txn-verify-offload"]
-    assert ("CronJob", "ns", "txn-verify-offload") not in kube.objects
+    # Heading for 2.x, nothing is audited any more: the CronJob is suspended without settings.
+    cron = kube.objects[("CronJob", "ns", "txn-verify-offload")]
+    assert cron["spec"]["suspend"] is True
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--offload-json") + 1] == "{}"
     audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
     assert (audit["status"], audit["reason"]) == ("Unknown", "NotConfigured")
     config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
@@ -485,11 +482,14 @@ async def test_offload_audit_cron_job_and_its_report_in_status() -> None:
     audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
     assert (audit["status"], audit["reason"]) == ("False", "ReportUnusable")
 
-    # spec.offload removed: the CronJob is deleted, the stale audit cleared.
+    # spec.offload removed: the CronJob is suspended (the operator deletes nothing but pods), the stale
+    # audit cleared.
     del kube.cr["spec"]["offload"]
     await _until(kube, ctx, Phase.READY)
-    assert ("CronJob", "ns", "txn-verify-offload") not in kube.objects
+    assert kube.objects[("CronJob", "ns", "txn-verify-offload")]["spec"]["suspend"] is True
     assert "offloadAudit" not in kube.cr["status"]
+    audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
+    assert audit["reason"] == "NotConfigured"
 
 
 async def test_a_store_spec_using_a_feature_its_release_lacks_gets_a_false_condition() -> None:

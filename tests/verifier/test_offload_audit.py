@@ -153,3 +153,7 @@ def test_selector_discovery_and_configmap_report(
         assert run(parser.parse_args([*common, "--offload-json", bad])) == 2
         report = json.loads(kube.configmaps[(namespace, "pas-main-offload-audit")]["data"]["report.json"])
         assert report["ok"] is False and "gcs" in report["error"]
+        # What the operator's suspended CronJob carries when the resource has no usable offload.
+        assert run(parser.parse_args([*common, "--offload-json", "{}"])) == 2
+        report = json.loads(kube.configmaps[(namespace, "pas-main-offload-audit")]["data"]["report.json"])
+        assert "no offload settings" in report["error"] and "spec.offload" in report["error"]

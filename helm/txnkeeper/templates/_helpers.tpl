@@ -75,7 +75,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["get", "list", "create"]
 - apiGroups: ["batch"]
   resources: ["cronjobs"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

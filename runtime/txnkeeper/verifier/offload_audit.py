@@ -352,6 +352,11 @@ def run(ns: argparse.Namespace) -> int:
         properties = json.loads(text)
         if not isinstance(properties, dict):
             raise VerifierInputError("the offload settings must be a JSON object of Pulsar keys")
+        if not properties:
+            raise VerifierInputError(
+                "no offload settings (an empty object): the resource has no offload its release can use,"
+                " so there is no tier to audit; set spec.offload (release 3.x) first"
+            )
         owned = not spark_running()  # a session the caller runs (tests, the fleet) is left running
         spark = spark_session(ns.master)
         try:
