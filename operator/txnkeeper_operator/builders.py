@@ -312,7 +312,11 @@ def verifier_role(cr: Resource) -> Manifest:
             {
                 "apiGroups": [""],
                 "resources": ["configmaps"],
-                "resourceNames": [naming.markers_config_map(cr.name), naming.report_config_map(cr.name)],
+                "resourceNames": [
+                    naming.markers_config_map(cr.name),
+                    naming.report_config_map(cr.name),
+                    naming.offload_audit_report(cr.name),
+                ],
                 "verbs": ["get", "update", "patch"],
             },
         ],
@@ -447,9 +451,117 @@ def verifier_job(cr: Resource, settings: OperatorSettings, stamp: int) -> Manife
     }
 
 
+# ---- the offload audit: a periodic verify-offload against the tier (PendingAckStores with offload) -----
+
+
+def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
+    # Without a usable spec.offload: no settings, no credentials, no claim (a manual run says so).
+    audit_settings = gated.audit_settings(cr) if gated.audits_offload(cr) else {}
+    volumes, mounts = gated.offload_volumes(cr, cr.version)
+    # The audit only reads the tier: the filesystem driver's shared claim is mounted read-only.
+    mounts = [{**mount, "readOnly": True} for mount in mounts]
+    return {
+        # The verifier's account: list pods, write its own report ConfigMap, nothing else.
+        "serviceAccountName": naming.verifier(cr.name),
+        "restartPolicy": "Never",
+        "securityContext": _RESTRICTED_POD,
+        "containers": [
+            {
+                "name": "verify-offload",
+                "image": settings.verifier_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["txnkeeper"],
+                "args": [
+                    "verify-offload",
+                    "--selector",
+                    naming.selector_string(cr.kind, cr.name),
+                    "--namespace",
+                    cr.namespace,
+                    "--admin-port",
+                    str(naming.ADMIN_PORT),
+                    # The same blob-store settings the pods get (their config file's offload section).
+                    "--offload-json",
+                    json.dumps(audit_settings, sort_keys=True),
+                    "--output",
+                    f"configmap:{naming.offload_audit_report(cr.name)}",
+                    "--master",
+                    str(cr.section("verifier").get("sparkMaster") or "local[*]"),
+                ],
+                "env": [
+                    {"name": "HOME", "value": "/tmp"},
+                    {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
+                    *gated.offload_env(cr, cr.version),
+                ],
+                "securityContext": _RESTRICTED_CONTAINER,
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *volumes],
+    }
+
+
+def offload_audit_cron_job(cr: Resource, settings: OperatorSettings) -> Manifest | None:
+    """The periodic tier audit of a PendingAckStore (None for coordinators). Like the verifier's
+    CronJob it always exists: suspended without spec.offload.verifySchedule (a template for
+    ``kubectl create job --from=cronjob/NAME``) and whenever the spec has no offload its release can
+    use, then with empty settings. Kept rather than deleted: the operator may delete pods only."""
+    if cr.kind is not naming.PENDING_ACK_STORE:
+        return None
+    active = gated.audits_offload(cr)
+    schedule = str(cr.section("offload").get("verifySchedule") or "") if active else ""
+    labels = naming.offload_audit_labels(cr.name)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": _meta(cr, naming.offload_audit(cr.name), labels),
+        "spec": {
+            "schedule": schedule or "@daily",
+            "suspend": not schedule,
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 2,
+            "failedJobsHistoryLimit": 2,
+            "jobTemplate": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    # Exit 1 means findings (the report is written): a retry would find them again.
+                    "backoffLimit": 1,
+                    "podFailurePolicy": {
+                        "rules": [
+                            {
+                                "action": "FailJob",
+                                "onExitCodes": {
+                                    "containerName": "verify-offload",
+                                    "operator": "In",
+                                    "values": [1],
+                                },
+                            }
+                        ]
+                    },
+                    "activeDeadlineSeconds": 3600,
+                    "ttlSecondsAfterFinished": 600,
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": _offload_audit_pod_spec(cr, settings),
+                    },
+                },
+            },
+        },
+    }
+
+
+def offload_audit_report_config_map(cr: Resource) -> Manifest:
+    """Pre-created (owned) so the audit only patches its key and the report goes with the resource."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cr, naming.offload_audit_report(cr.name), naming.offload_audit_labels(cr.name)),
+    }
+
+
 def children(cr: Resource, settings: OperatorSettings) -> list[Manifest]:
     """Everything that exists independently of the rollout (the StatefulSet and its ConfigMap are
     written only by the engine's ApplyTemplate; the token Secret only once)."""
+    audit = offload_audit_cron_job(cr, settings)
     return [
         service_account(cr),
         headless_service(cr),
@@ -458,4 +570,5 @@ def children(cr: Resource, settings: OperatorSettings) -> list[Manifest]:
         verifier_role(cr),
         verifier_role_binding(cr),
         verifier_cron_job(cr, settings),
+        *([audit] if audit is not None else []),
     ]

@@ -243,8 +243,18 @@ def _offload() -> Schema:
                 "managedLedgerOffloadMaxBlockSizeInBytes: size of one data block (one ranged read), "
                 "default 64 MiB.",
                 default=gated.DEFAULT_MAX_BLOCK_SIZE_BYTES,
+                minimum=gated.MIN_MAX_BLOCK_SIZE_BYTES,
                 maximum=gated.MAX_MAX_BLOCK_SIZE_BYTES,
-                **positive,
+            ),
+            "verifySchedule": _p(
+                "string",
+                "Cron schedule (five fields, e.g. '0 3 * * *', or @daily/...) of the verify-offload "
+                "CronJob ({name}-verify-offload), a Spark job that audits the tier against the pods' "
+                "metadata (objects present, index lengths, sampled block CRCs, orphans); the result is "
+                "status.offloadAudit and the OffloadAudit condition. Empty: the CronJob is suspended "
+                "(run it with kubectl create job --from=cronjob/{name}-verify-offload).",
+                maxLength=100,
+                pattern=_CRON,
             ),
         },
         required=["driver"],
@@ -543,8 +553,8 @@ def _status(kind: str) -> Schema:
         {
             "type": _p(
                 "string",
-                "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, FeaturesSupported or "
-                "OffloadHealthy.",
+                "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, FeaturesSupported, "
+                "OffloadHealthy or OffloadAudit.",
             ),
             "status": _p("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _p("string", "CamelCase reason."),
@@ -667,6 +677,32 @@ def _status(kind: str) -> Schema:
             ),
         )
     else:
+        finding = _obj(
+            "One thing the audit found wrong.",
+            {
+                "kind": _p("string", "missing-object, corrupt, orphan or pod-unreadable."),
+                "pod": _p("string", "Pod whose metadata names the segment."),
+                "store": _p("string", "Managed-ledger name."),
+                "uuid": _p("string", "Segment uuid."),
+                "key": _p("string", "Blob-store object key."),
+                "detail": _p("string", "What was wrong."),
+            },
+        )
+        props["offloadAudit"] = _obj(
+            "The last verify-offload report (the offload audit CronJob's ConfigMap {name}-offload-audit).",
+            {
+                "generatedAt": time | {"description": "When the audit ran."},
+                "ok": _p("boolean", "Nothing was found (and the audit could run)."),
+                "error": _p("string", "Why the audit could not run, if it could not."),
+                "pods": _p("integer", "Store pods audited against."),
+                "segments": _p("integer", "Segments the pods' metadata records."),
+                "segmentsChecked": _p("integer", "Offloaded segments checked in the tier."),
+                "blocksSampled": _p("integer", "Blocks read back with their CRCs."),
+                "objects": _p("integer", "Objects listed in the tier."),
+                "findingCount": _p("integer", "Findings in the report."),
+                "findings": _arr("The first 20 findings.", finding),
+            },
+        )
         props["subscriptionArray"] = _arr(
             "Per-subscription pending-ack batched-write settings (PIP-160).",
             _obj(

@@ -15,10 +15,12 @@ from typing import Any
 
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, UnknownReleaseError, require_feature
+from txnkeeper_operator import naming
 from txnkeeper_operator.engine import Condition, ConditionStatus
 from txnkeeper_operator.resource import Resource
 
 OFFLOAD_VOLUME = "offload"
+MAX_REPORTED_FINDINGS = 20
 
 
 def refusals(cr: Resource, version: str) -> list[str]:
@@ -149,3 +151,82 @@ def offload_condition(
     if unreadable:
         return Condition("OffloadHealthy", ConditionStatus.FALSE, "SummaryUnavailable", "; ".join(unreadable))
     return Condition("OffloadHealthy", ConditionStatus.TRUE, "Healthy", "no pod reports a Failed segment")
+
+
+# ---- the offload audit (verify-offload CronJob) ---------------------------------------------------------
+
+
+def audits_offload(cr: Resource) -> bool:
+    """Whether the resource gets the verify-offload CronJob: a PendingAckStore whose spec names an
+    offload location and whose release has the feature (pods below it serve no offload summary)."""
+    return cr.kind is naming.PENDING_ACK_STORE and _allowed(cr, "offload", cr.version)
+
+
+def audit_settings(cr: Resource) -> dict[str, Any]:
+    """The blob-store settings the audit reads the tier with: the pods' own offload section."""
+    return gated.offload_config(cr.section("offload"))
+
+
+def audit_status(report: Mapping[str, Any]) -> dict[str, Any]:
+    """status.offloadAudit from the audit's report (contracts §7): counts and the first findings."""
+    findings = [f for f in report.get("findings") or [] if isinstance(f, Mapping)]
+    out: dict[str, Any] = {
+        "generatedAt": str(report.get("generatedAt", "")),
+        "ok": bool(report.get("ok", False)),
+        "findingCount": len(findings),
+        "findings": [
+            {k: str(f[k]) for k in ("kind", "pod", "store", "uuid", "key", "detail") if f.get(k) is not None}
+            for f in findings[:MAX_REPORTED_FINDINGS]
+        ],
+    }
+    for key in ("pods", "segments", "segmentsChecked", "blocksSampled", "objects"):
+        if isinstance(report.get(key), int):
+            out[key] = int(report[key])
+    if report.get("error"):
+        out["error"] = str(report["error"])
+    return out
+
+
+def offload_audit_condition(cr: Resource, report: Mapping[str, Any] | None, problem: str | None) -> Condition:
+    """OffloadAudit: True when the last verify-offload run found nothing, False on findings or a run
+    that could not audit, Unknown before the first report (or without offload)."""
+    if not audits_offload(cr):
+        return Condition(
+            "OffloadAudit", ConditionStatus.UNKNOWN, "NotConfigured", "no offload for this release to audit"
+        )
+    if problem is not None:
+        return Condition("OffloadAudit", ConditionStatus.FALSE, "ReportUnusable", problem)
+    if report is None:
+        schedule = cr.section("offload").get("verifySchedule") or ""
+        how = f"schedule {schedule!r}" if schedule else "no verifySchedule"
+        return Condition(
+            "OffloadAudit",
+            ConditionStatus.UNKNOWN,
+            "NoReport",
+            f"no verify-offload report yet ({how}; run one with kubectl create job --from="
+            f"cronjob/{naming.offload_audit(cr.name)} NAME)",
+        )
+    status = audit_status(report)
+    at = status["generatedAt"]
+    if "error" in status:
+        why = f"audit at {at} could not run: {status['error']}"
+        return Condition("OffloadAudit", ConditionStatus.FALSE, "AuditFailed", why)
+    if not status["ok"]:
+        kinds: dict[str, int] = {}
+        for finding in report.get("findings") or []:
+            kind = str(finding.get("kind", "unknown")) if isinstance(finding, Mapping) else "unknown"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "not ok"
+        return Condition(
+            "OffloadAudit",
+            ConditionStatus.FALSE,
+            "Findings",
+            f"audit at {at}: {listed} (status.offloadAudit.findings lists them)",
+        )
+    return Condition(
+        "OffloadAudit",
+        ConditionStatus.TRUE,
+        "Clean",
+        f"audit at {at}: {status.get('segmentsChecked', 0)} segment(s) of {status.get('pods', 0)} pod(s) "
+        f"checked, {status.get('blocksSampled', 0)} block(s) sampled, no findings",
+    )

@@ -129,6 +129,27 @@ def report_config_map(name: str) -> str:
     return f"{name}-verifier-report"
 
 
+def offload_audit(name: str) -> str:
+    """CronJob of the periodic ``txnkeeper verify-offload`` tier audit (PendingAckStores with offload)."""
+    return f"{name}-verify-offload"
+
+
+def offload_audit_report(name: str) -> str:
+    """Where the audit writes its report (key report.json); the operator reads it into status."""
+    return f"{name}-offload-audit"
+
+
+def offload_audit_labels(name: str) -> dict[str, str]:
+    """Audit Jobs and pods: neither runtime pods nor verify-invalidation Jobs (whose label
+    VERIFIER_OF_LABEL the downgrade gate lists), so neither selector ever matches them."""
+    return {
+        "app.kubernetes.io/name": "txnkeeper",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "offload-audit",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+    }
+
+
 def verifier_job(name: str, stamp: int) -> str:
     return f"{name}-verify-{stamp}"
 

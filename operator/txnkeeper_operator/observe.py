@@ -118,6 +118,20 @@ def read_report(config_map: Obj | None) -> tuple[VerifierReport | None, str | No
         return None, f"unusable verifier report: {err}"
 
 
+def read_offload_audit(config_map: Obj | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The verify-offload report in its ConfigMap (None: none yet), or why it is unusable."""
+    raw = ((config_map or {}).get("data") or {}).get(naming.REPORT_KEY)
+    if not raw:
+        return None, None
+    try:
+        doc = json.loads(raw)
+    except ValueError as err:
+        return None, f"unusable offload audit report: {err}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+        return None, "unusable offload audit report: not an object with a boolean 'ok'"
+    return doc, None
+
+
 def latest_failure(jobs: Sequence[Obj]) -> tuple[datetime | None, str]:
     """When the most recent failed verifier Job failed, and why (None: no failed Job)."""
     latest: tuple[datetime, str] | None = None

@@ -41,7 +41,15 @@ from txnkeeper_operator.engine import (
 )
 from txnkeeper_operator.engine.persist import format_time, progress_from_status, progress_to_status
 from txnkeeper_operator.kube import KubeApi
-from txnkeeper_operator.observe import PodView, admin_base, creation_stamp, pod_ip, pod_ready, verifier_state
+from txnkeeper_operator.observe import (
+    PodView,
+    admin_base,
+    creation_stamp,
+    pod_ip,
+    pod_ready,
+    read_offload_audit,
+    verifier_state,
+)
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
 from txnkeeper_operator.status import build_status
@@ -113,7 +121,16 @@ async def ensure_children(ctx: Context, cr: Resource) -> str:
     await ctx.kube.create_if_absent(builders.markers_config_map(cr, {}, format_time(EPOCH)))
     await ctx.kube.create_if_absent(builders.report_config_map(cr))
     await ctx.kube.create_if_absent(builders.cluster_secret(cr.namespace, secrets.token_urlsafe(32)))
+    if gated.audits_offload(cr):
+        await ctx.kube.create_if_absent(builders.offload_audit_report_config_map(cr))
     return await _token(ctx, cr)
+
+
+async def _offload_audit(ctx: Context, cr: Resource) -> tuple[dict[str, Any] | None, str | None]:
+    if not gated.audits_offload(cr):
+        return None, None
+    report = await ctx.kube.get("ConfigMap", cr.namespace, naming.offload_audit_report(cr.name))
+    return read_offload_audit(report)
 
 
 async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
@@ -144,6 +161,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     jobs = await ctx.kube.list_jobs(cr.namespace, f"{naming.VERIFIER_OF_LABEL}={cr.name}")
     report_cm = await ctx.kube.get("ConfigMap", cr.namespace, naming.report_config_map(cr.name))
     verifier, report_problem = verifier_state(jobs, report_cm)
+    offload_audit = await _offload_audit(ctx, cr)
     states = tuple(s for s in (v.state() for v in views) if s is not None)
     observed = Observed(template, states, now, verifier, cr.paused)
 
@@ -181,6 +199,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
         now=now,
         report=verifier.report,
         last_action=last_action,
+        offload_audit=offload_audit,
     )
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)

@@ -104,12 +104,19 @@ def report_status(report: VerifierReport) -> dict[str, Any]:
     }
 
 
-def _gated_conditions(cr: Resource, pods: Sequence[PodView]) -> tuple[Condition, ...]:
-    """FeaturesSupported and OffloadHealthy: PendingAckStores only (the sections are theirs)."""
+def _gated_conditions(
+    cr: Resource, pods: Sequence[PodView], audit: tuple[Mapping[str, Any] | None, str | None]
+) -> tuple[Condition, ...]:
+    """FeaturesSupported, OffloadHealthy and OffloadAudit: PendingAckStores only (the sections are
+    theirs)."""
     if cr.kind is not naming.PENDING_ACK_STORE:
         return ()
     summaries = [(p.name, p.offload, p.offload_error) for p in sorted(pods, key=lambda p: p.name)]
-    return (gated.features_condition(cr, cr.version), gated.offload_condition(cr, summaries))
+    return (
+        gated.features_condition(cr, cr.version),
+        gated.offload_condition(cr, summaries),
+        gated.offload_audit_condition(cr, *audit),
+    )
 
 
 def build_status(
@@ -121,15 +128,21 @@ def build_status(
     now: datetime,
     report: VerifierReport | None,
     last_action: str | None,
+    offload_audit: tuple[Mapping[str, Any] | None, str | None] = (None, None),
 ) -> dict[str, Any]:
-    """The full status to merge-patch (None values clear stale fields)."""
+    """The full status to merge-patch (None values clear stale fields). ``offload_audit`` is the
+    verify-offload report (None: none) and why it is unusable, if it is."""
     ours = [p for p in pods if p.state() is not None]
     status: dict[str, Any] = {
         "observedGeneration": cr.generation,
         "phase": str(decision.phase),
         "phaseReason": decision.reason,
         "conditions": merge_conditions(
-            previous.get("conditions") or [], decision, cr.generation, now, _gated_conditions(cr, ours)
+            previous.get("conditions") or [],
+            decision,
+            cr.generation,
+            now,
+            _gated_conditions(cr, ours, offload_audit),
         ),
         "replicas": len(ours),
         "readyReplicas": sum(1 for p in ours if (s := p.state()) is not None and s.ready),
@@ -142,6 +155,9 @@ def build_status(
     }
     if report is not None:
         status["lastVerifierReport"] = report_status(report)
+    if cr.kind is naming.PENDING_ACK_STORE:
+        audit = offload_audit[0]
+        status["offloadAudit"] = gated.audit_status(audit) if audit is not None else None
     if last_action is not None:
         status["lastAction"] = {"action": last_action, "time": format_time(now)}
     return status

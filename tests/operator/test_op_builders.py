@@ -138,7 +138,11 @@ def test_verifier_job_runs_the_verifier_cli_against_this_resource() -> None:
 def test_verifier_role_is_least_privilege() -> None:
     rules = builders.verifier_role(TC)["rules"]
     assert rules[0] == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
-    assert set(rules[1]["resourceNames"]) == {"txn-verifier-markers", "txn-verifier-report"}
+    assert set(rules[1]["resourceNames"]) == {
+        "txn-verifier-markers",
+        "txn-verifier-report",
+        "txn-offload-audit",  # verify-offload's report (same account)
+    }
     assert "create" not in rules[1]["verbs"] and "delete" not in rules[1]["verbs"]
 
 
@@ -258,3 +262,90 @@ def test_disabled_offload_keeps_the_location_but_uploads_nothing_new() -> None:
     ).reason == ("Supported")
     with pytest.raises(ValueError, match="put it back with enabled: false"):
         gated.restore_settings(store("2.0.0"))
+
+
+# ---- the offload audit: verify-offload as a CronJob, its report in status --------------------------------
+
+
+def test_offload_audit_cron_job_runs_verify_offload_with_the_pods_settings_and_credentials() -> None:
+    s3 = store(offload={**OFFLOAD_S3, "verifySchedule": "0 3 * * *"}, verifier={"sparkMaster": "local[2]"})
+    cron = builders.offload_audit_cron_job(s3, SETTINGS)
+    assert cron is not None and cron in builders.children(s3, SETTINGS)
+    assert cron["metadata"]["name"] == "txn-verify-offload"
+    assert cron["spec"]["schedule"] == "0 3 * * *" and cron["spec"]["suspend"] is False
+    job = cron["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    # Neither a runtime pod nor a verify-invalidation Job (the downgrade gate lists those by label).
+    labels = job["template"]["metadata"]["labels"]
+    assert naming.VERIFIER_OF_LABEL not in labels
+    assert not naming.selector_labels(s3.kind, "txn").items() <= labels.items()
+    assert pod["serviceAccountName"] == "txn-verifier"
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[0] == "verify-offload" and container["image"] == "txnkeeper-verifier:test"
+    flags = dict(zip(args[1::2], args[2::2], strict=False))
+    assert flags["--selector"] == naming.selector_string(s3.kind, "txn")
+    assert flags["--namespace"] == "prod" and flags["--admin-port"] == str(naming.ADMIN_PORT)
+    assert flags["--output"] == "configmap:txn-offload-audit" and flags["--master"] == "local[2]"
+    # The pods' own offload section: what the audit reads the tier with.
+    pod_config = json.loads(builders.config_map(s3, ON, "3.0.0")["data"]["config.json"])
+    assert json.loads(flags["--offload-json"]) == pod_config["offload"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-creds"
+    # Exit 1 is "findings": never retried.
+    (rule,) = job["podFailurePolicy"]["rules"]
+    assert rule["onExitCodes"]["values"] == [1] and rule["onExitCodes"]["containerName"] == "verify-offload"
+
+    fs = builders.offload_audit_cron_job(store(offload=OFFLOAD_FS), SETTINGS)
+    assert fs is not None and fs["spec"]["suspend"] is True  # no verifySchedule: on demand only
+    fs_pod = fs["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert {"name": "offload", "persistentVolumeClaim": {"claimName": "tier-rwx"}} in fs_pod["volumes"]
+    mounts = fs_pod["containers"][0]["volumeMounts"]
+    assert {"name": "offload", "mountPath": "/var/lib/txnkeeper-offload", "readOnly": True} in mounts
+    for version in K8S_VERSIONS[::4]:
+        kubernetes_validate.validate(cron, version, strict=True)
+        kubernetes_validate.validate(fs, version, strict=True)
+        kubernetes_validate.validate(builders.offload_audit_report_config_map(s3), version, strict=True)
+
+
+def test_offload_audit_is_suspended_without_settings_when_nothing_can_be_audited() -> None:
+    # No spec.offload, or a spec heading for 2.x: the CronJob stays (the operator deletes only pods),
+    # suspended, with no settings, credentials or claim.
+    for cr in (store(), store("2.0.0", offload={**OFFLOAD_S3, "enabled": False, "verifySchedule": "@daily"})):
+        cron = builders.offload_audit_cron_job(cr, SETTINGS)
+        assert cron is not None and cron["spec"]["suspend"] is True
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["args"][container["args"].index("--offload-json") + 1] == "{}"
+        assert {e["name"] for e in container["env"]} == {"HOME", "SPARK_LOCAL_DIRS"}
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert builders.offload_audit_cron_job(TC, SETTINGS) is None
+    assert all(m["metadata"]["name"] != "txn-verify-offload" for m in builders.children(TC, SETTINGS))
+
+
+def test_offload_audit_condition_and_status_from_the_report() -> None:
+    cr = store(offload=OFFLOAD_FS)
+    none = gated.offload_audit_condition(cr, None, None)
+    assert (str(none.status), none.reason) == ("Unknown", "NoReport")
+    assert "kubectl create job --from=cronjob/txn-verify-offload" in none.message
+    clean = {
+        "generatedAt": "2026-11-24T03:00:00Z", "ok": True, "pods": 3, "segments": 4, "segmentsChecked": 4,
+        "blocksSampled": 9, "objects": 8, "findings": [],
+    }  # fmt: skip
+    cond = gated.offload_audit_condition(cr, clean, None)
+    assert (str(cond.status), cond.reason) == ("True", "Clean") and "4 segment(s) of 3 pod(s)" in cond.message
+    findings = [{"kind": "orphan", "uuid": f"u{i}", "key": f"u{i}", "detail": "x"} for i in range(25)]
+    findings.append({"kind": "corrupt", "pod": "txn-1", "store": "t", "uuid": "c", "detail": "bad CRC"})
+    bad = {**clean, "ok": False, "findings": findings}
+    cond = gated.offload_audit_condition(cr, bad, None)
+    assert (str(cond.status), cond.reason) == ("False", "Findings")
+    assert "1 corrupt, 25 orphan" in cond.message
+    status = gated.audit_status(bad)
+    assert status["findingCount"] == 26 and len(status["findings"]) == gated.MAX_REPORTED_FINDINGS
+    assert status["ok"] is False and status["segmentsChecked"] == 4
+    failed = {"generatedAt": "2026-11-24T03:00:00Z", "ok": False, "error": "selector matched no pods"}
+    cond = gated.offload_audit_condition(cr, failed, None)
+    assert (str(cond.status), cond.reason) == ("False", "AuditFailed") and "matched no pods" in cond.message
+    cond = gated.offload_audit_condition(cr, None, "unusable offload audit report: x")
+    assert (str(cond.status), cond.reason) == ("False", "ReportUnusable")
+    assert gated.offload_audit_condition(store(), None, None).reason == "NotConfigured"

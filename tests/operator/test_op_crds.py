@@ -432,6 +432,9 @@ S3 = {"driver": "aws-s3", "bucket": "ledgers", "region": "eu-west-1", "credentia
         {"version": "2.0.0", "singleKeyTransactions": {"enabled": False}},
         # A 3.x -> 2.x downgrade keeps the location, disabled, so tier-only ledgers can be restored.
         {"version": "2.0.0", "offload": {**FS, "enabled": False}},
+        {"version": "3.0.0", "offload": {**FS, "verifySchedule": "0 3 * * *"}},
+        {"version": "3.0.0", "offload": {**S3, "verifySchedule": "@daily"}},
+        {"version": "3.0.0", "offload": {**S3, "verifySchedule": ""}},
     ],
 )
 def test_valid_gated_specs_are_accepted(spec: dict[str, Any]) -> None:
@@ -473,6 +476,9 @@ def test_cel_refuses_gated_specs_saying_what_to_fix(spec: dict[str, Any], fragme
         {"version": "3.0.0", "offload": {**FS, "thresholdBytes": -2}},
         {"version": "3.0.0", "offload": {**FS, "deletionLagMs": -1}},
         {"version": "3.0.0", "offload": {**S3, "endpoint": "minio:9000"}},
+        {"version": "3.0.0", "offload": {**FS, "verifySchedule": "every day"}},
+        {"version": "3.0.0", "offload": {**FS, "verifySchedule": "0 3 * *"}},
+        {"version": "3.0.0", "offload": {**FS, "verifySchedule": "TZ=UTC 0 3 * * *"}},
         {"version": "3.0.0", "singleKeyTransactions": {"maxBlockBytes": 16 * 1024 * 1024 + 1}},
         {"version": "3.0.0", "singleKeyTransactions": {"maxBlockBytes": 0}},
         {"version": "3.0.0", "singleKeyTransactions": {"writerInactivityMinutes": 0}},

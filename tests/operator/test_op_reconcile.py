@@ -429,8 +429,67 @@ async def test_offloading_store_reports_offload_and_restores_before_a_downgrade(
     ]
     assert kube.deleted == ["txn-2", "txn-0", "txn-2", "txn-1", "txn-0"]
     assert kube.cr["status"]["currentVersion"] == "2.0.0"
+    # Heading for 2.x, nothing is audited any more: the CronJob is suspended without settings.
+    cron = kube.objects[("CronJob", "ns", "txn-verify-offload")]
+    assert cron["spec"]["suspend"] is True
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--offload-json") + 1] == "{}"
+    audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
+    assert (audit["status"], audit["reason"]) == ("Unknown", "NotConfigured")
     config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
     assert "offload" not in config  # 2.x pods never get the section
+
+
+async def test_offload_audit_cron_job_and_its_report_in_status() -> None:
+    offload = {"driver": "filesystem", "filesystem": {"claimName": "tier"}, "verifySchedule": "@daily"}
+    kube = StoreKube(_store_cr("3.0.0", offload))
+    pods = OffloadingPods(kube)
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=Events(), clock=Clock())  # type: ignore[arg-type]
+    await _until(kube, ctx, Phase.READY)
+    cron = kube.objects[("CronJob", "ns", "txn-verify-offload")]
+    assert cron["spec"]["schedule"] == "@daily" and cron["spec"]["suspend"] is False
+    report_cm = kube.objects[("ConfigMap", "ns", "txn-offload-audit")]
+    assert report_cm["metadata"]["ownerReferences"][0]["kind"] == "PendingAckStore"
+    conditions = {c["type"]: c for c in kube.cr["status"]["conditions"]}
+    assert (conditions["OffloadAudit"]["status"], conditions["OffloadAudit"]["reason"]) == (
+        "Unknown",
+        "NoReport",
+    )
+    assert "offloadAudit" not in kube.cr["status"]
+
+    # The audit Job (not run here) patches its report into the pre-created ConfigMap.
+    finding = {"kind": "missing-object", "pod": "txn-0", "store": "t", "uuid": "u1", "detail": "gone"}
+    report = {
+        "generatedAt": "2026-11-24T03:00:00Z",
+        "ok": False,
+        "pods": 3,
+        "segments": 2,
+        "findings": [finding],
+    }
+    report_cm["data"] = {"report.json": json.dumps(report)}
+    await _until(kube, ctx, Phase.READY)
+    status = kube.cr["status"]
+    audit = {c["type"]: c for c in status["conditions"]}["OffloadAudit"]
+    assert (audit["status"], audit["reason"]) == ("False", "Findings") and "1 missing-object" in audit[
+        "message"
+    ]
+    assert status["offloadAudit"]["findings"] == [finding] and status["offloadAudit"]["ok"] is False
+    # Audit Jobs are not verify-invalidation Jobs: the downgrade gate's listing never sees them.
+    assert "lastVerifierReport" not in status
+
+    report_cm["data"] = {"report.json": "{not json"}
+    await _until(kube, ctx, Phase.READY)
+    audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
+    assert (audit["status"], audit["reason"]) == ("False", "ReportUnusable")
+
+    # spec.offload removed: the CronJob is suspended (the operator deletes nothing but pods), the stale
+    # audit cleared.
+    del kube.cr["spec"]["offload"]
+    await _until(kube, ctx, Phase.READY)
+    assert kube.objects[("CronJob", "ns", "txn-verify-offload")]["spec"]["suspend"] is True
+    assert "offloadAudit" not in kube.cr["status"]
+    audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]
+    assert audit["reason"] == "NotConfigured"
 
 
 async def test_a_store_spec_using_a_feature_its_release_lacks_gets_a_false_condition() -> None:

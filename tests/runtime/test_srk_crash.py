@@ -85,7 +85,7 @@ class Round:
 
 
 async def test_blocks_exactly_once_across_sigkills(pods: Callable[..., ServePod]) -> None:
-    pod = pods("pas-0", "store", extra=["--srk-enabled", "true"])
+    pod = pods("pas-0", "store", release="3.0.0", extra=["--srk-enabled", "true"])
     rng = random.Random(14)
     acknowledged = [-1] * WRITERS
     in_flight: list[int | None] = [None] * WRITERS

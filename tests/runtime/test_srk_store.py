@@ -24,10 +24,11 @@ pytestmark = pytest.mark.timeout(180)
 
 TOPIC = "persistent://t/ns/srk"
 SRK = ["--srk-enabled", "true"]
+RELEASE = "3.0.0"  # the first release line with the single-key-transactions feature
 
 
 def store(pods: Callable[..., ServePod], *extra: str, **kwargs: object) -> ServePod:
-    return pods("pas-0", "store", extra=[*SRK, *extra], **kwargs)
+    return pods("pas-0", "store", extra=[*SRK, *extra], **{"release": RELEASE, **kwargs})
 
 
 Delivered = list[tuple[bytes, str, tuple[int, int]]]
@@ -227,6 +228,7 @@ async def test_limits_and_disabled_feature_are_clear_errors(pods: Callable[..., 
     limited = pods(
         "pas-1",
         "store",
+        release=RELEASE,
         config={"singleKeyTransactions": {"enabled": True, "maxBlockBytes": 1000, "maxWritersPerTopic": 2}},
     )
     wire = await SrkWire.open(limited.listen)

@@ -108,3 +108,52 @@ def test_cli_exit_codes(spark: Any, pods: SyntheticPods, tiered: tuple[Path, Pat
         ["--endpoint", f"pas-0={endpoint.url}", "--offload-json", '{"managedLedgerOffloadDriver": "gcs"}']
     )
     assert run(bad) == 2
+
+
+def test_selector_discovery_and_configmap_report(
+    spark: Any, pods: SyntheticPods, tiered: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """How the operator's CronJob runs it: pods found by label selector (a pod without an IP is a
+    finding, never skipped), the report patched into the pre-created ConfigMap, and a run that cannot
+    audit still publishes ``ok: false`` with the error."""
+    import argparse
+
+    from txnkeeper.verifier.offload_audit import add_arguments
+
+    from .fake_kube import FakeKubeApi
+
+    root, tier = tiered
+    endpoint = _serve(pods, root)[0]
+    assert endpoint.url is not None
+    port = endpoint.url.rsplit(":", 1)[1]
+    namespace, labels = "txn", {"app.kubernetes.io/instance": "pas-main"}
+    settings = json.dumps({"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tier)})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with FakeKubeApi() as kube:
+        kube.add_pod(namespace, "pas-0", labels, "127.0.0.1", "Running")
+        kube.add_pod(namespace, "other-0", {"app.kubernetes.io/instance": "other"}, "127.0.0.9", "Running")
+        common = [
+            "--kubeconfig", str(kube.kubeconfig(tmp_path, namespace)), "--namespace", namespace,
+            "--selector", "app.kubernetes.io/instance=pas-main", "--admin-port", port,
+            "--output", "configmap:pas-main-offload-audit",
+        ]  # fmt: skip
+        assert run(parser.parse_args([*common, "--offload-json", settings])) == 0
+        stored = kube.configmaps[(namespace, "pas-main-offload-audit")]
+        report = json.loads(stored["data"]["report.json"])
+        assert report["ok"] is True and report["pods"] == 1 and report["segments"] >= 2
+
+        kube.add_pod(namespace, "pas-1", labels, None, "Pending")
+        assert run(parser.parse_args([*common, "--offload-json", settings])) == 1
+        report = json.loads(kube.configmaps[(namespace, "pas-main-offload-audit")]["data"]["report.json"])
+        assert report["ok"] is False
+        assert [(f["kind"], f["pod"]) for f in report["findings"]] == [("pod-unreadable", "pas-1")]
+
+        bad = json.dumps({"managedLedgerOffloadDriver": "gcs"})
+        assert run(parser.parse_args([*common, "--offload-json", bad])) == 2
+        report = json.loads(kube.configmaps[(namespace, "pas-main-offload-audit")]["data"]["report.json"])
+        assert report["ok"] is False and "gcs" in report["error"]
+        # What the operator's suspended CronJob carries when the resource has no usable offload.
+        assert run(parser.parse_args([*common, "--offload-json", "{}"])) == 2
+        report = json.loads(kube.configmaps[(namespace, "pas-main-offload-audit")]["data"]["report.json"])
+        assert "no offload settings" in report["error"] and "spec.offload" in report["error"]

@@ -47,6 +47,8 @@ DEFAULT_MAX_SEGMENT_ROLLOVER_SECONDS = 600
 DEFAULT_MIN_SEGMENT_ROLLOVER_SECONDS = 0
 DEFAULT_MAX_BLOCK_SIZE_BYTES = 64 * MIB
 MAX_MAX_BLOCK_SIZE_BYTES = 256 * MIB  # a block is one ranged GET held in memory
+# The runtime's smallest block: its 128-byte header plus one framed (empty) entry (ledger.offload.config).
+MIN_MAX_BLOCK_SIZE_BYTES = 128 + 12
 
 
 def offload_config(spec: Mapping[str, Any]) -> dict[str, Any]:

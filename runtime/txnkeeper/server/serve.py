@@ -12,9 +12,11 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
+from txnkeeper.contract.formats import Feature, FeatureUnavailableError, require_feature
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
@@ -136,6 +138,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
     single_key = srk_config.single_key_settings(ns, ns.config)
+    _gate_features(ns, offload, single_key.enabled)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
@@ -156,6 +159,38 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         offload=offload,
         single_key=single_key,
     )
+
+
+def _gate_features(ns: argparse.Namespace, offload: dict[str, Any] | None, srk_enabled: bool) -> None:
+    """Refuse settings that switch on a feature the pod's ``--release`` lacks (contracts §4, §6).
+
+    The operator never renders them for such a release (CEL and its own gate), but a hand-written
+    config or flag must not let a 2.x pod write metadata version 2 or writer state that the same
+    release could not read back after a restart. Checked after the sections' own validation, so a
+    malformed section is reported as such first.
+    """
+    wanted: list[tuple[Feature, str]] = []
+    if srk_enabled:
+        if ns.srk_enabled == "true":
+            source = "--srk-enabled true (or TXNKEEPER_SRK_ENABLED=true)"
+        else:
+            source = f"{ns.config}: {srk_config.SECTION}.enabled: true"
+        wanted.append((Feature.SINGLE_KEY_TRANSACTIONS, source))
+    if offload:
+        # Every accepted section has a driver (filesystem when the key is left out), so even with the
+        # threshold at -1 the admin verbs could offload by hand: any section needs the feature.
+        driver = offload.get("managedLedgerOffloadDriver", "filesystem")
+        threshold = offload.get("managedLedgerOffloadThresholdInBytes", -1)
+        source = (
+            f"{ns.config}: the {offload_settings.SECTION!r} section (managedLedgerOffloadDriver {driver!r},"
+            f" managedLedgerOffloadThresholdInBytes {threshold})"
+        )
+        wanted.append((Feature.OFFLOAD_SEGMENTS, source))
+    for feature, source in wanted:
+        try:
+            require_feature(ns.release, feature, source)
+        except FeatureUnavailableError as exc:
+            raise ConfigError(f"{exc} with --release (or TXNKEEPER_RELEASE), or remove the setting") from exc
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -7,10 +7,14 @@ decodes and its lengths match the data object, and a sample of blocks read back 
 structure intact; then it lists the store and reports orphans (objects no segment of any pod names).
 Segments are spread over Spark partitions; each partition opens its own blob-store client.
 
-Input: the pods (``--endpoint``/``--endpoints-file`` as for verify-invalidation; each pod's
+Input: the pods (``--endpoint``/``--endpoints-file`` as for verify-invalidation, or in-cluster
+``--selector`` discovery, which is how the operator's CronJob finds them; each pod's
 GET /admin/v1/offload/summary lists its segments) and the blob store's settings (``--offload-config``
 FILE or ``--offload-json`` JSON: Pulsar key names, as in the pods' config file). Output: a JSON report
-(``--output``); exit 0 when nothing was found, 1 on findings, 2 on a usage or infrastructure error.
+(``--output``: stdout, a file or ``configmap:NAME``, key report.json, which the operator reads into
+``status.offloadAudit``); exit 0 when nothing was found, 1 on findings, 2 on a usage or infrastructure
+error (with a ConfigMap target, an ``ok: false`` report carrying the ``error`` is still published, so
+the status never keeps claiming a clean tier the last run could not check).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from txnkeeper.ledger.offload.errors import BlobNotFound, OffloadError
 from txnkeeper.ledger.offload.offloader import open_blob_store
 from txnkeeper.ledger.offload.reader import SegmentReader
 from txnkeeper.ledger.offload.writer import INDEX_SUFFIX
-from txnkeeper.verifier.inputs import load_endpoints, parse_endpoint
+from txnkeeper.verifier import k8s
+from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
 
 if TYPE_CHECKING:
@@ -184,11 +189,26 @@ def audit(
         raise VerifierInputError("no pod endpoints: the tier cannot be audited against nothing")
     store_config(properties)  # refuse bad settings before Spark starts anything
     generated_at = datetime.now(UTC)
+    props = dict(properties)
+
+    async def listing() -> list[str]:
+        store = open_blob_store(store_config(props))
+        try:
+            return await store.list("")
+        finally:
+            await store.close()
+
+    # List before asking the pods: every object listed then belongs to a segment some pod's metadata
+    # already names (Assigned before its first upload), so a segment started during the audit cannot
+    # look like an orphan.
+    try:
+        keys = asyncio.run(listing())
+    except OffloadError as exc:
+        raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
     refs, findings = fetch_segments(endpoints, timeout_s)
     offloaded = [r for r in refs if r.status == "Offloaded"]
     context = spark.sparkContext
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
-    props = dict(properties)
     try:
         results: list[SegmentResult] = (
             context.parallelize(offloaded, partitions)
@@ -200,17 +220,6 @@ def audit(
     for result in results:
         findings.extend(result.findings)
 
-    async def listing() -> list[str]:
-        store = open_blob_store(store_config(props))
-        try:
-            return await store.list("")
-        finally:
-            await store.close()
-
-    try:
-        keys = asyncio.run(listing())
-    except OffloadError as exc:
-        raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
     if not any(f.kind == "pod-unreadable" for f in findings):  # else every object of that pod is "orphan"
         findings.extend(find_orphans(keys, {r.uuid for r in refs}))
     return {
@@ -232,6 +241,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoint", action="append", default=[], help="[POD=]URL of a store pod's admin API"
     )
     parser.add_argument("--endpoints-file", help="JSON list of {pod, url}")
+    parser.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        metavar="LABELS",
+        help="in-cluster: audit against every pod matching this label selector (repeatable)",
+    )
+    parser.add_argument("--admin-port", type=int, default=k8s.DEFAULT_ADMIN_PORT, help="pods' admin port")
+    parser.add_argument("--namespace", help="namespace of the pods and ConfigMap (default: the pod's own)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     settings = parser.add_mutually_exclusive_group(required=True)
     settings.add_argument("--offload-config", help="JSON file: the offload section (Pulsar key names)")
     settings.add_argument("--offload-json", help="the offload section as JSON text")
@@ -239,7 +258,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sample-blocks", type=int, default=DEFAULT_SAMPLE_BLOCKS, help="blocks read per segment"
     )
     parser.add_argument("--master", default="local[*]", help="Spark master URL")
-    parser.add_argument("--output", default="-", help="report file, or - for stdout")
+    parser.add_argument(
+        "--output",
+        default="-",
+        help=f"- (stdout), a report file, or configmap:NAME (key {k8s.REPORT_KEY})",
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per pod request")
 
 
@@ -254,13 +277,72 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+class _Kube:
+    """The Kubernetes client, created only when a flag needs it (local runs never touch it)."""
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self._kubeconfig: str | None = ns.kubeconfig
+        self.namespace: str = ns.namespace or k8s.current_namespace()
+        self._api: Any = None
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            self._api = k8s.core_api(self._kubeconfig)
+        return self._api
+
+
+def _endpoints(ns: argparse.Namespace, kube: _Kube) -> list[PodEndpoint]:
+    endpoints = [parse_endpoint(text) for text in ns.endpoint]
+    if ns.endpoints_file:
+        endpoints += load_endpoints(ns.endpoints_file)
+    if ns.selector:
+        endpoints += k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port)
+    if not endpoints:
+        raise VerifierInputError("no pods to audit against: give --endpoint, --endpoints-file or --selector")
+    return dedupe_endpoints(endpoints)
+
+
+def _configmap_target(output: str) -> str | None:
+    if not output.startswith("configmap:"):
+        return None
+    name = output.removeprefix("configmap:")
+    if not name:
+        raise VerifierInputError("--output configmap:NAME needs a ConfigMap name")
+    return name
+
+
+def _publish(text: str, output: str, kube: _Kube) -> None:
+    configmap = _configmap_target(output)
+    if configmap is not None:
+        labels = {"app.kubernetes.io/component": "offload-audit", "app.kubernetes.io/part-of": "txnkeeper"}
+        k8s.write_configmap_key(kube.api, kube.namespace, configmap, k8s.REPORT_KEY, text, labels=labels)
+    elif output == "-":
+        print(text)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+
+
+def failure_report(error: str) -> dict[str, Any]:
+    """What a run that could not audit publishes: not ok, saying why (no findings were looked for)."""
+    return {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "OffloadAuditReport",
+        "generatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ok": False,
+        "error": error,
+        "findings": [],
+    }
+
+
 def run(ns: argparse.Namespace) -> int:
     from txnkeeper.verifier.job import spark_running, spark_session
 
+    kube = _Kube(ns)
     try:
-        endpoints = [parse_endpoint(text) for text in ns.endpoint]
-        if ns.endpoints_file:
-            endpoints += load_endpoints(ns.endpoints_file)
+        _configmap_target(ns.output)  # a bad target is a usage error before anything runs
+        endpoints = _endpoints(ns, kube)
         if ns.sample_blocks < 0:
             raise VerifierInputError(f"--sample-blocks must be >= 0, got {ns.sample_blocks}")
         text = ns.offload_json
@@ -270,6 +352,11 @@ def run(ns: argparse.Namespace) -> int:
         properties = json.loads(text)
         if not isinstance(properties, dict):
             raise VerifierInputError("the offload settings must be a JSON object of Pulsar keys")
+        if not properties:
+            raise VerifierInputError(
+                "no offload settings (an empty object): the resource has no offload its release can use,"
+                " so there is no tier to audit; set spec.offload (release 3.x) first"
+            )
         owned = not spark_running()  # a session the caller runs (tests, the fleet) is left running
         spark = spark_session(ns.master)
         try:
@@ -281,11 +368,19 @@ def run(ns: argparse.Namespace) -> int:
                 spark.stop()
     except (VerifierInputError, VerifierInfraError, OSError, ValueError) as exc:
         print(f"txnkeeper {COMMAND}: {exc}", file=sys.stderr)
+        if _is_configmap(ns.output):
+            try:
+                _publish(json.dumps(failure_report(str(exc)), indent=2, sort_keys=True), ns.output, kube)
+            except (VerifierInputError, VerifierInfraError) as again:
+                print(f"txnkeeper {COMMAND}: could not publish the failure report: {again}", file=sys.stderr)
         return 2
-    out = json.dumps(report, indent=2, sort_keys=True)
-    if ns.output == "-":
-        print(out)
-    else:
-        with open(ns.output, "w", encoding="utf-8") as handle:
-            handle.write(out + "\n")
+    try:
+        _publish(json.dumps(report, indent=2, sort_keys=True), ns.output, kube)
+    except (VerifierInputError, VerifierInfraError, OSError) as exc:
+        print(f"txnkeeper {COMMAND}: cannot write the report: {exc}", file=sys.stderr)
+        return 2
     return 0 if report["ok"] else 1
+
+
+def _is_configmap(output: str) -> bool:
+    return output.startswith("configmap:") and output != "configmap:"
