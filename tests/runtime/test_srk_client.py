@@ -19,7 +19,7 @@ from txnkeeper.client import (
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "persistent://t/ns/srk"
-SRK = ["--srk-enabled", "true"]
+SRK = ["--srk-enabled", "true", "--release", "3.0.0"]  # single-key transactions need a 3.x release
 
 
 async def drain(consumer: Consumer, count: int) -> list[tuple[bytes, str, MessageId]]:

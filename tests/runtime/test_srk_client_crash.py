@@ -31,7 +31,7 @@ TOPIC = "persistent://t/ns/srk-crash"
 WRITERS = 8
 BLOCKS = int(os.environ.get("SRK_CRASH_BLOCKS", "60"))
 KILLS = int(os.environ.get("SRK_CRASH_KILLS", "20"))
-SRK = ["--srk-enabled", "true"]
+SRK = ["--srk-enabled", "true", "--release", "3.0.0"]  # single-key transactions need a 3.x release
 
 
 def event(writer: int, block: int, index: int, count: int) -> bytes:

@@ -22,7 +22,7 @@ from txnkeeper.topic.records import decode
 from txnkeeper.topic.snapshot import snapshot_path
 
 TOPIC = "persistent://t/ns/srk-rollover"
-SRK = ["--srk-enabled", "true"]
+SRK = ["--srk-enabled", "true", "--release", "3.0.0"]  # single-key transactions need a 3.x release
 MIB = 1024 * 1024
 
 
