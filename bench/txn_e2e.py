@@ -6,7 +6,9 @@ receive one input message, produce one output message in the transaction, ack th
 transaction, commit. Measured at 1, 16 and 256 concurrent transactions with the PIP-160 batch log on
 and off (toggled through the admin API on every pod, in the same run; ``--flush-mode delay`` for
 Pulsar's flush, default adaptive). Prints JSON: transactions/s, p50/p99 commit latency, CPU ms per
-transaction per process role, and the on/off ratio per level.
+transaction per process role, and the on/off ratio per level. Each transaction names its output
+partition and input subscription in NewTxn (registered with the begin, one round trip less;
+``--register-at-begin no`` for begin then AddToTxn).
 
     .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3] [--pods 1,1]
 
@@ -92,8 +94,10 @@ async def run_level(
     seconds: float,
     *,
     pids: dict[str, list[int]],
+    register_at_begin: bool = True,
 ) -> dict[str, Any]:
     latencies: list[float] = []
+    subscription = (consumer.topic, consumer.subscription)
     done = 0
     stop_at = time.perf_counter() + seconds
 
@@ -103,7 +107,14 @@ async def run_level(
             # Receive, then begin (the input is prefetched, so receiving rarely waits); the send and
             # the ack overlap, pipelined on their connections: both are sent at the call.
             message = await consumer.receive(timeout=30)
-            txn = await client.new_transaction(timeout_ms=60_000)
+            if register_at_begin:
+                # NewTxn names the output partition and the input subscription: one request and one
+                # log write instead of a begin and an AddToTxn (contracts §6).
+                txn = await client.new_transaction(
+                    timeout_ms=60_000, topics=[producer.topic], subscriptions=[subscription]
+                )
+            else:
+                txn = await client.new_transaction(timeout_ms=60_000)
             await asyncio.gather(producer.send(b"output", txn=txn), consumer.acknowledge(message, txn=txn))
             started = time.perf_counter()
             await txn.commit()
@@ -145,6 +156,7 @@ async def bench(
     loop: str,
     pods: tuple[int, int],
     flush_mode: str,
+    register_at_begin: bool = True,
 ) -> dict[str, Any]:
     # One coordinator per coordinator pod (ids by ordinal); the client begins transactions round-robin
     # over them and places topics on the store pods by hash, as with the CRs.
@@ -177,7 +189,15 @@ async def bench(
                         producer_in = await client.create_producer(topic)
                         await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
                         consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
-                        result = await run_level(client, consumer, producer_out, workers, seconds, pids=pids)
+                        result = await run_level(
+                            client,
+                            consumer,
+                            producer_out,
+                            workers,
+                            seconds,
+                            pids=pids,
+                            register_at_begin=register_at_begin,
+                        )
                         await consumer.close()
                         runs[mode].setdefault(workers, []).append(result)
                         print(json.dumps({"mode": mode, "round": round_no, **result}), file=sys.stderr)
@@ -204,6 +224,7 @@ async def bench(
                 "client_event_loop": loop,
                 "rounds": rounds,
                 "flush_mode": flush_mode,
+                "register_at_begin": register_at_begin,
                 "figures": "per level, the median run of each mode (by txn/s)",
                 **results,
                 "best_txn_per_s": {"batching_on": best_on, "batching_off": best_off},
@@ -225,6 +246,12 @@ def main() -> int:
         choices=("adaptive", "delay"),
         default="adaptive",
         help="batch flush mode while batching is on (delay = Pulsar's)",
+    )
+    parser.add_argument(
+        "--register-at-begin",
+        choices=("yes", "no"),
+        default="yes",
+        help="name the output partition and input subscription in NewTxn (no: begin, then AddToTxn)",
     )
     parser.add_argument(
         "--pods",
@@ -257,6 +284,7 @@ def main() -> int:
                 loop=settings.event_loop,
                 pods=(pods[0], pods[1]),
                 flush_mode=ns.flush_mode,
+                register_at_begin=ns.register_at_begin == "yes",
             )
         )
     print(json.dumps(result, indent=2))

@@ -51,6 +51,18 @@ def test_adaptive_is_the_default_and_delay_is_selectable() -> None:
     assert BatchedWriteConfig(flush_mode="delay").to_stat()["batchedWriteFlushMode"] == "delay"
 
 
+async def test_records_written_in_one_turn_share_the_idle_flush() -> None:
+    """Two records queued back to back while the ledger is idle (a coordinator logs ADD_PARTITION and
+    ADD_SUBSCRIPTION of one request so) leave as one entry: sending the first alone made the second
+    wait for a whole ledger write."""
+    log = MemLog()
+    w, registry = metered(log, adaptive(max_records=100, max_delay_millis=NEVER_MS))
+    both = [w.submit(rec(0)), w.submit(rec(1))]
+    assert await asyncio.wait_for(asyncio.gather(*both), 10) == [WritePosition(1, 0, 2, i) for i in (0, 1)]
+    assert records_of(log) == [(True, [0, 1])]
+    assert trigger(registry, "idle") == 1 and trigger(registry, "max_delay") == 0
+
+
 async def test_a_lone_writer_is_never_held_by_the_delay() -> None:
     log = MemLog()
     w, registry = metered(log, adaptive(max_records=100, max_delay_millis=NEVER_MS))
@@ -99,6 +111,7 @@ async def test_max_delay_bounds_the_wait_while_a_batch_is_in_flight() -> None:
     w, registry = metered(log, adaptive(max_records=100, max_delay_millis=2))
     log.hold()
     first = w.submit(rec(0))
+    await wait_until(lambda: log.appends_started == 1, "the idle flush of the first record")
     second = w.submit(rec(1))
     assert w.flush_deadline is not None, "a record waiting behind an in-flight batch must have a deadline"
     await wait_until(lambda: log.appends_started == 2, "the timer to flush while the first entry is held")
@@ -113,7 +126,9 @@ async def test_large_record_while_in_flight_flushes_pending_then_goes_alone() ->
         log, TXN_LOG_CODEC, adaptive(max_records=100, max_size_bytes=200, max_delay_millis=NEVER_MS)
     )
     log.hold()
-    futs = [w.submit(rec(0)), w.submit(rec(1)), w.submit(rec(2, "x" * 300))]
+    futs = [w.submit(rec(0))]
+    await wait_until(lambda: log.appends_started == 1, "the idle flush of the first record")
+    futs += [w.submit(rec(1)), w.submit(rec(2, "x" * 300))]
     await wait_until(lambda: log.appends_started == 3, "pending batch and the large record to go")
     log.release()
     await asyncio.gather(*futs)
@@ -198,9 +213,9 @@ async def test_writers_woken_by_one_entry_share_the_next_entry() -> None:
     await asyncio.gather(*(writer(n) for n in range(writers)))
     sizes = [len(records) for _, records in records_of(log)]
     assert sum(sizes) == writers * rounds
-    # The very first record leaves alone (the ledger was idle), the other writers' first records join
-    # the first woken writer's second one, and so on: every later entry carries every writer.
-    assert sizes == [1] + [writers] * (rounds - 1) + [writers - 1], sizes
+    # The writers' first records are written in one loop turn with the ledger idle: they leave together
+    # at the end of it, and every later entry carries every writer too.
+    assert sizes == [writers] * rounds, sizes
     assert trigger(registry, "idle") == len(sizes) and trigger(registry, "max_delay") == 0
     for n in range(writers):  # each writer's records in its own order
         assert positions[n] == sorted(positions[n])

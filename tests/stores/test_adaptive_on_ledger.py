@@ -33,9 +33,13 @@ async def test_records_submitted_during_an_fsync_form_the_next_batch(factory: Ma
     ledger = await factory.open("adaptive-burst")
     config = BatchedWriteConfig(enabled=True, max_records=512, max_delay_millis=NEVER_MS)
     writer = BufferedWriter(ledger, TXN_LOG_CODEC, config)
-    # All submitted in one loop step: the first goes at once; the ledger cannot settle it before the
-    # others are queued, so they accumulate and leave together when it does.
-    futs = [writer.submit(new_txn(0, n)) for n in range(200)]
+    # The first leaves at the end of its loop turn (the ledger is idle); the others, submitted in the
+    # next turn while it is in the ledger (which cannot settle it that fast), accumulate and leave
+    # together when it does.
+    futs = [writer.submit(new_txn(0, 0))]
+    await asyncio.sleep(0)
+    assert writer.pending_records == 0, "the idle flush should have handed the first record over"
+    futs += [writer.submit(new_txn(0, n)) for n in range(1, 200)]
     got = await asyncio.wait_for(asyncio.gather(*futs), 30)
     await writer.close()
     entries = await read_all(factory, "adaptive-burst")

@@ -19,9 +19,13 @@ settles (trigger ``idle``), or earlier on maxRecords/maxSize, and maxDelay still
 "When that entry settles" means at the end of that loop turn, after the entry's own callers woke: a
 steady set of writers then puts all its records into one entry per ledger write instead of splitting
 into two alternating halves (each half paid a whole ledger write, 0.6x of the unbatched log at 16
-writers). For the same reason a record that finds the ledger idle waits for the end of the loop turn
-too, unless the previous batch carried a single record (a lone writer never waits a turn). The byte
-format, the large-record rule, order, and close/fail semantics are the same in both modes.
+writers). For the same reason a record that finds the ledger idle leaves at the end of its loop turn,
+not at the call: records written in one turn (a coordinator logs ADD_PARTITION and ADD_SUBSCRIPTION of
+one request back to back) share one entry. Leaving at the call sent the first alone and made the second
+wait for that entry's whole ledger write, where the unbatched log's group commit wrote both with one
+fsync (at 1 transaction in flight that was a second fsync on every transaction's critical path). The
+ledger starts its write a loop turn later anyway, so even a lone writer loses only one loop iteration.
+The byte format, the large-record rule, order, and close/fail semantics are the same in both modes.
 """
 
 from __future__ import annotations
@@ -160,9 +164,6 @@ class BufferedWriter(Generic[R]):
         # store snapshot may claim to cover).
         self._last_settled: tuple[int, int] | None = None
         self._idle_flush_scheduled = False
-        # Whether the last batch carried a single record: then a record finding the ledger idle
-        # leaves at once (a lone or sequential writer), else at the end of the loop turn.
-        self._lone = True
         self._closed = asyncio.Event()
         self._apply(config)
 
@@ -248,10 +249,7 @@ class BufferedWriter(Generic[R]):
         elif len(waiters) == 1:
             self._oldest_at = now = loop.time()
             if self._adaptive and not self._batches_in_flight:
-                if self._lone:
-                    self._flush(FlushTrigger.IDLE)  # a lone writer never waits a loop turn
-                else:
-                    self._schedule_idle_flush(loop)
+                self._schedule_idle_flush(loop)
             elif self._timer is None:
                 self._arm_timer(loop, now)
         return fut
@@ -396,7 +394,6 @@ class BufferedWriter(Generic[R]):
         assert loop is not None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
-        self._lone = len(waiters) == 1
         task = self._start_entry(loop, b"".join(framed))
         self._in_flight.add(task)
         self._batches_in_flight += 1

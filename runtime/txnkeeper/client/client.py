@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import uuid
 import zlib
+from collections.abc import Sequence
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
@@ -149,16 +150,44 @@ class Client:
             raise
         return consumer
 
-    async def new_transaction(self, timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS) -> Transaction:
+    async def new_transaction(
+        self,
+        timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
+        *,
+        topics: Sequence[str] = (),
+        subscriptions: Sequence[tuple[str, str]] = (),
+    ) -> Transaction:
+        """Begin a transaction.
+
+        ``topics`` (produced to) and ``subscriptions`` ((topic, subscription) pairs acknowledged on)
+        that the transaction will use may be named here: those served by the same store pod as the
+        first one are registered with the begin (one request and one log write instead of a begin
+        and an AddToTxn); the rest, and all of them with a coordinator that does not know this, are
+        registered at first use as usual. Naming one that is never used only adds it to the end.
+        """
         if self._coordinator_cycle is None:
             raise ValueError("this client was given no coordinator addresses")
         address = next(self._coordinator_cycle)
         command = api.Command()
-        command.new_txn.timeout_ms = timeout_ms
+        body = command.new_txn
+        body.timeout_ms = timeout_ms
+        named = [*topics, *(topic for topic, _ in subscriptions)]
+        store = self.store_for(named[0]) if named else ""
+        if store:
+            body.store_address = store
+            body.topics.extend(t for t in topics if self.store_for(t) == store)
+            for topic, subscription in subscriptions:
+                if self.store_for(topic) == store:
+                    ref = body.subscriptions.add()
+                    ref.topic = topic
+                    ref.subscription = subscription
         response = await self.connections.request(address, command)
         answer = response.new_txn_response
         txn = answer.txn_id
-        return Transaction(self.connections, TxnID(txn.most, txn.least), address, answer.owner_token)
+        transaction = Transaction(self.connections, TxnID(txn.most, txn.least), address, answer.owner_token)
+        if answer.tickets:
+            transaction.registered_at_begin(store, answer.tickets)
+        return transaction
 
     async def transaction_status(self, txn: Transaction) -> str:
         body = api.GetTxnStatus(txn_id=api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least))

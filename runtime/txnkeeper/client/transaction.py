@@ -9,7 +9,7 @@ ack conflict), committing would lose that operation, so ``commit`` aborts instea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -63,6 +63,18 @@ class Transaction:
     def _check_open(self) -> None:
         if self.state != "OPEN":
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
+
+    def registered_at_begin(self, store_address: str, tickets: Iterable[api.TxnTicket]) -> None:
+        """Record the partitions/subscriptions the coordinator registered with the begin (NewTxn with
+        topics/subscriptions): their sends and acks use these tickets without an AddToTxn."""
+        granted = api.Command()
+        granted.txn_tickets.tickets.extend(tickets)
+        loop = asyncio.get_running_loop()
+        for ticket in granted.txn_tickets.tickets:
+            registration: asyncio.Future[api.Command] = loop.create_future()
+            registration.set_result(granted)
+            key = ("s", ticket.topic, ticket.subscription) if ticket.subscription else ("p", ticket.topic)
+            self._registered[key] = registration
 
     def partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
         """Registers ``topic`` with the coordinator once per transaction; a send waits on the future."""

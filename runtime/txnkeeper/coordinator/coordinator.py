@@ -47,6 +47,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _retrieve(future: asyncio.Future[list[object]]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _settle_registered(
+    txn_id: TxnID, begun: asyncio.Future[TxnID], registered: asyncio.Future[list[object]]
+) -> None:
+    settle(begun, failure_of(registered), txn_id)
+
+
 class TransactionCoordinator:
     """State machine + log + fan-out for one coordinator id."""
 
@@ -120,21 +131,67 @@ class TransactionCoordinator:
     # checks and state changes happen at the call, and the usual case (an id left in the reserved
     # block, a store address already known) waits only for the log append's own future, so a pod
     # serves them without a coroutine or task each. Refusals raise at the call.
-    def new_txn(self, timeout_ms: int) -> asyncio.Future[TxnID]:
-        """Begin a transaction; the future resolves to its id once its NEW record is durable."""
+    def new_txn(
+        self,
+        timeout_ms: int,
+        topics: list[str] | None = None,
+        subscriptions: list[tuple[str, str]] | None = None,
+        store_address: str = "",
+    ) -> asyncio.Future[TxnID]:
+        """Begin a transaction; the future resolves to its id once its NEW record is durable.
+
+        ``topics`` / ``subscriptions`` (served by ``store_address``) are registered with the begin:
+        their ADD records are appended right behind NEW, in the same loop turn, so they share its
+        ledger write (one entry when batching, one group commit when not) and the client saves the
+        AddToTxn round trip. The future then resolves once all of them are durable.
+        """
         self._require_ready()
         if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
             raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
+        topics = topics or []
+        subscriptions = subscriptions or []
+        if topics or subscriptions:
+            if any(not t for t in topics) or any(not t or not s for t, s in subscriptions):
+                raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+            if not store_address:
+                raise BadRequestError("registering partitions or subscriptions at begin needs store_address")
+            named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
+            if not self._routes.knows(named, store_address):
+                return asyncio.ensure_future(
+                    self._begin_after_learning(timeout_ms, named, store_address, topics, subscriptions)
+                )
         least = self._sequence.next_nowait()
         if least is None:
-            return asyncio.ensure_future(self._new_txn_after_reserving(timeout_ms))
-        return self._begin(least, timeout_ms)
+            return asyncio.ensure_future(self._new_txn_after_reserving(timeout_ms, topics, subscriptions))
+        return self._begin(least, timeout_ms, topics, subscriptions)
 
-    async def _new_txn_after_reserving(self, timeout_ms: int) -> TxnID:
+    async def _new_txn_after_reserving(
+        self, timeout_ms: int, topics: list[str], subscriptions: list[tuple[str, str]]
+    ) -> TxnID:
         least = await self._sequence.next()
-        return await self._begin(least, timeout_ms)
+        return await self._begin(least, timeout_ms, topics, subscriptions)
 
-    def _begin(self, least: int, timeout_ms: int) -> asyncio.Future[TxnID]:
+    async def _begin_after_learning(
+        self,
+        timeout_ms: int,
+        named: list[str],
+        store_address: str,
+        topics: list[str],
+        subscriptions: list[tuple[str, str]],
+    ) -> TxnID:
+        """First sight of a topic (or a moved store): persist its route, then begin as usual."""
+        await self._routes.learn(named, store_address)
+        self._require_ready()
+        least = await self._sequence.next()
+        return await self._begin(least, timeout_ms, topics, subscriptions)
+
+    def _begin(
+        self,
+        least: int,
+        timeout_ms: int,
+        topics: list[str] | None = None,
+        subscriptions: list[tuple[str, str]] | None = None,
+    ) -> asyncio.Future[TxnID]:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
         meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
@@ -150,17 +207,45 @@ class TransactionCoordinator:
         )
         written = asyncio.ensure_future(self._log.append(entry))
         begun: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
-        written.add_done_callback(partial(self._begun, meta, begun))
+        if not topics and not subscriptions:
+            written.add_done_callback(partial(self._begun, meta, begun))
+            return begun
+        # Registered with the begin: the ADD records follow NEW in this turn (the writer's idle flush
+        # or the ledger's group commit takes all three together); replay folds them in log order.
+        adds = [self._add_partitions(meta, topics)] if topics else []
+        if subscriptions:
+            adds.append(self._add_subscriptions(meta, subscriptions))
+        registered = asyncio.gather(*adds)
+        written.add_done_callback(partial(self._begun_registered, meta, begun, registered))
         return begun
 
     def _begun(self, meta: TxnMeta, begun: asyncio.Future[TxnID], written: asyncio.Future[object]) -> None:
         failure = failure_of(written)
         if failure is None:
-            # Known (and subject to its timeout) only once its NEW record is durable.
-            self._txns[meta.txn_id] = meta
-            heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
-            self.created_count += 1
+            self._adopt(meta)
         settle(begun, failure, meta.txn_id)
+
+    def _adopt(self, meta: TxnMeta) -> None:
+        # Known (and subject to its timeout) only once its NEW record is durable.
+        self._txns[meta.txn_id] = meta
+        heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+        self.created_count += 1
+
+    def _begun_registered(
+        self,
+        meta: TxnMeta,
+        begun: asyncio.Future[TxnID],
+        registered: asyncio.Future[list[object]],
+        written: asyncio.Future[object],
+    ) -> None:
+        failure = failure_of(written)
+        if failure is not None:
+            registered.add_done_callback(_retrieve)
+            settle(begun, failure, meta.txn_id)
+            return
+        # NEW is durable: the transaction exists (and times out) whatever becomes of its ADD records.
+        self._adopt(meta)
+        registered.add_done_callback(partial(_settle_registered, meta.txn_id, begun))
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)

@@ -31,6 +31,8 @@ NONCE_BYTES = 32
 # a txn ended on a topic the store does not hold stays fenced out of it until deadline + 2 * grace.
 TICKET_GRACE_MS = 10_000
 _U64 = struct.Struct(">QQ")
+_LEN = struct.Struct(">I")
+_SHA256_BLOCK = 64
 
 
 class UnauthorizedError(ServiceError):
@@ -66,22 +68,32 @@ def not_configured(what: str) -> UnauthorizedError:
 
 
 class ClusterSecret:
-    __slots__ = ("_key",)
+    __slots__ = ("_inner", "_key", "_outer")
 
     def __init__(self, key: bytes) -> None:
         self._key = key
+        # HMAC-SHA256 (RFC 2104) with the key's padded inner and outer hash states computed once:
+        # every transactional request checks a ticket or owner token, and hmac.new redoes the key
+        # schedule each time (about a third of the cost). Same bytes as hmac.new(key, msg, sha256).
+        block = hashlib.sha256(key).digest() if len(key) > _SHA256_BLOCK else key
+        block = block.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
 
     @property
     def key(self) -> bytes:
         return self._key
 
     def _mac(self, label: bytes, *parts: bytes) -> bytes:
-        mac = hmac.new(self._key, label, hashlib.sha256)
+        inner = self._inner.copy()
+        inner.update(label)
         for part in parts:
             # length-prefixed: ("ab", "c") and ("a", "bc") must differ
-            mac.update(struct.pack(">I", len(part)))
-            mac.update(part)
-        return mac.digest()
+            inner.update(_LEN.pack(len(part)))
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
     # --- owner tokens (coordinator only) -----------------------------------------------------------
     def owner_token(self, txn_id: TxnID) -> bytes:

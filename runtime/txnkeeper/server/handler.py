@@ -61,6 +61,35 @@ def _answer_new_txn(
     settle(response, None, command)
 
 
+def _answer_new_registered_txn(
+    grant: tuple[ClusterSecret, TransactionCoordinator, list[str], list[tuple[str, str]]],
+    response: asyncio.Future[api.Command],
+    begun: asyncio.Future[TxnID],
+) -> None:
+    """NewTxnResponse for a begin that registered partitions/subscriptions: id, owner token, tickets."""
+    secret, coordinator, topics, subscriptions = grant
+    failure = failure_of(begun)
+    if failure is not None:
+        settle(response, failure, api.Command())
+        return
+    txn_id = begun.result()
+    try:
+        deadline_ms = coordinator.deadline_of(txn_id)
+    except Exception as exc:  # ended meanwhile (e.g. timed out): the client hears why
+        settle(response, exc, api.Command())
+        return
+    command = api.Command()
+    answer = command.new_txn_response
+    answer.txn_id.most = txn_id.most
+    answer.txn_id.least = txn_id.least
+    answer.owner_token = secret.owner_token(txn_id)
+    for topic in topics:
+        secret.fill_ticket(answer.tickets.add(), txn_id, topic, "", deadline_ms)
+    for topic, subscription in subscriptions:
+        secret.fill_ticket(answer.tickets.add(), txn_id, topic, subscription, deadline_ms)
+    settle(response, None, command)
+
+
 def _answer_tickets(
     grant: tuple[ClusterSecret, TxnID, int, list[str], list[tuple[str, str]]],
     response: asyncio.Future[api.Command],
@@ -212,9 +241,19 @@ class PodHandler:
         if self._secret is None:
             raise not_configured("beginning a transaction")
         coordinator = self._coordinators[next(self._coordinator_cycle)]
-        begun = coordinator.new_txn(command.new_txn.timeout_ms)
+        body = command.new_txn
         response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
-        begun.add_done_callback(partial(_answer_new_txn, self._secret, response))
+        if not body.topics and not body.subscriptions:
+            begun = coordinator.new_txn(body.timeout_ms)
+            begun.add_done_callback(partial(_answer_new_txn, self._secret, response))
+            return response
+        # Begin + register in one request: the answer carries the tickets AddToTxn would have.
+        topics = list(body.topics)
+        subs = [(s.topic, s.subscription) for s in body.subscriptions]
+        begun = coordinator.new_txn(body.timeout_ms, topics, subs, body.store_address)
+        begun.add_done_callback(
+            partial(_answer_new_registered_txn, (self._secret, coordinator, topics, subs), response)
+        )
         return response
 
     def _owned(

@@ -399,16 +399,19 @@ class RecordLog(Generic[R]):
                         group = batched[entry] = (size, [])
                     group[1].append(packed & _FIELD_MASK)
             before = self._cursor.mark_delete_position()
-            ops = [
-                self._cursor.delete_batch_indexes(
-                    Position(entry >> _FIELD_BITS, entry & _FIELD_MASK), size, indexes
+            # One cursor call, so one state write, for the whole round (a call per batched entry
+            # wrote the state twice per round: the first call alone, then all the others).
+            error: BaseException | None = None
+            try:
+                await self._cursor.delete_round(
+                    plain,
+                    [
+                        (Position(entry >> _FIELD_BITS, entry & _FIELD_MASK), size, indexes)
+                        for entry, (size, indexes) in batched.items()
+                    ],
                 )
-                for entry, (size, indexes) in batched.items()
-            ]
-            if plain:
-                ops.append(self._cursor.delete(plain))
-            results = await asyncio.gather(*ops, return_exceptions=True)
-            error = next((r for r in results if isinstance(r, BaseException)), None)
+            except Exception as exc:
+                error = exc
             for _, done in round_:
                 if done.done():
                     continue

@@ -1,0 +1,48 @@
+"""The cluster secret's MACs are plain HMAC-SHA256 over length-prefixed parts.
+
+ClusterSecret precomputes the key's inner and outer hash states (a hot path: every transactional
+request checks one); these tests pin its output to the standard library's HMAC for every key length
+class (shorter than, equal to and longer than the SHA-256 block), so tokens and tickets issued by a
+pod running an older release stay valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+import pytest
+
+from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError
+from txnkeeper.txnid import TxnID
+
+
+def reference_mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
+    mac = hmac.new(key, label, hashlib.sha256)
+    for part in parts:
+        mac.update(struct.pack(">I", len(part)))
+        mac.update(part)
+    return mac.digest()
+
+
+@pytest.mark.parametrize("key_len", [16, 44, 63, 64, 65, 200])
+def test_owner_tokens_and_tickets_equal_the_standard_hmac(key_len: int) -> None:
+    key = bytes(range(256))[:key_len]
+    secret = ClusterSecret(key)
+    txn = TxnID(3, 77)
+    ids = struct.pack(">QQ", 3, 77)
+    assert secret.owner_token(txn) == reference_mac(key, b"owner", ids)
+    assert secret.coordinator_proof(b"nonce") == reference_mac(key, b"coordinator", b"nonce")
+    expected = reference_mac(key, b"ticket", ids, b"t", b"s", struct.pack(">Q", 123))
+    assert secret._ticket_mac(txn, "t", "s", 123) == expected
+    # The same secret gives the same answer twice (the precomputed states are copied, never reused).
+    assert secret.owner_token(txn) == secret.owner_token(txn)
+
+
+def test_a_token_from_another_secret_is_refused() -> None:
+    txn = TxnID(0, 1)
+    token = ClusterSecret(b"a" * 32).owner_token(txn)
+    ClusterSecret(b"a" * 32).check_owner(txn, token, "end-txn")
+    with pytest.raises(UnauthorizedError, match="owner token is not"):
+        ClusterSecret(b"b" * 32).check_owner(txn, token, "end-txn")
