@@ -134,22 +134,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class _Kube:
-    """The Kubernetes client, created only when a flag needs it (local runs never touch it)."""
-
-    def __init__(self, ns: argparse.Namespace) -> None:
-        self._kubeconfig: str | None = ns.kubeconfig
-        self.namespace: str = ns.namespace or k8s.current_namespace()
-        self._api: Any = None
-
-    @property
-    def api(self) -> Any:
-        if self._api is None:
-            self._api = k8s.core_api(self._kubeconfig)
-        return self._api
-
-
-def _markers(ns: argparse.Namespace, kube: _Kube) -> RolloverMarkers:
+def _markers(ns: argparse.Namespace, kube: k8s.LazyKube) -> RolloverMarkers:
     if ns.markers is not None:
         return load_markers(ns.markers)
     if ns.markers_json is not None:
@@ -161,7 +146,7 @@ def _markers(ns: argparse.Namespace, kube: _Kube) -> RolloverMarkers:
     raise VerifierInputError("no rollover markers: give --markers, --markers-json or --markers-configmap")
 
 
-def _endpoints(ns: argparse.Namespace, kube: _Kube) -> list[PodEndpoint]:
+def _endpoints(ns: argparse.Namespace, kube: k8s.LazyKube) -> list[PodEndpoint]:
     endpoints = [parse_endpoint(text) for text in ns.endpoint]
     for path in ns.endpoints_file:
         endpoints.extend(load_endpoints(path))
@@ -172,7 +157,7 @@ def _endpoints(ns: argparse.Namespace, kube: _Kube) -> list[PodEndpoint]:
     return dedupe_endpoints(endpoints)
 
 
-def write_report(report: Report, target: OutputTarget, kube: _Kube) -> None:
+def write_report(report: Report, target: OutputTarget, kube: k8s.LazyKube) -> None:
     text = json.dumps(report.to_dict(), indent=2) + "\n"
     if target.kind == "stdout":
         sys.stdout.write(text)
@@ -202,7 +187,7 @@ def _say(message: str) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    kube = _Kube(ns)
+    kube = k8s.LazyKube(ns.kubeconfig, ns.namespace)
     markers: RolloverMarkers | None = None
     started = datetime.now(UTC)
     try:
@@ -226,7 +211,7 @@ def run(ns: argparse.Namespace) -> int:
     return EXIT_SAFE if report.safe else EXIT_NOT_SAFE
 
 
-def _publish_failure(report: Report, ns: argparse.Namespace, kube: _Kube) -> None:
+def _publish_failure(report: Report, ns: argparse.Namespace, kube: k8s.LazyKube) -> None:
     try:
         write_report(report, OutputTarget.parse(ns.output), kube)
     except (VerifierInputError, VerifierInfraError) as exc:

@@ -48,6 +48,23 @@ def core_api(kubeconfig: str | None = None) -> Any:
         raise VerifierInfraError(f"cannot configure the Kubernetes client: {exc}") from exc
 
 
+class LazyKube:
+    """The Kubernetes client of a verifier run, created only when a flag needs it (local runs never
+    touch it): both Spark jobs (verify-invalidation, verify-offload) take ``--kubeconfig`` and
+    ``--namespace`` and reach the API only for discovery or a ConfigMap."""
+
+    def __init__(self, kubeconfig: str | None, namespace: str | None) -> None:
+        self._kubeconfig = kubeconfig
+        self.namespace: str = namespace or current_namespace()
+        self._api: Any = None
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            self._api = core_api(self._kubeconfig)
+        return self._api
+
+
 def _api_error(action: str, exc: Exception) -> VerifierInfraError:
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", None)

@@ -277,22 +277,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class _Kube:
-    """The Kubernetes client, created only when a flag needs it (local runs never touch it)."""
-
-    def __init__(self, ns: argparse.Namespace) -> None:
-        self._kubeconfig: str | None = ns.kubeconfig
-        self.namespace: str = ns.namespace or k8s.current_namespace()
-        self._api: Any = None
-
-    @property
-    def api(self) -> Any:
-        if self._api is None:
-            self._api = k8s.core_api(self._kubeconfig)
-        return self._api
-
-
-def _endpoints(ns: argparse.Namespace, kube: _Kube) -> list[PodEndpoint]:
+def _endpoints(ns: argparse.Namespace, kube: k8s.LazyKube) -> list[PodEndpoint]:
     endpoints = [parse_endpoint(text) for text in ns.endpoint]
     if ns.endpoints_file:
         endpoints += load_endpoints(ns.endpoints_file)
@@ -312,7 +297,7 @@ def _configmap_target(output: str) -> str | None:
     return name
 
 
-def _publish(text: str, output: str, kube: _Kube) -> None:
+def _publish(text: str, output: str, kube: k8s.LazyKube) -> None:
     configmap = _configmap_target(output)
     if configmap is not None:
         labels = {"app.kubernetes.io/component": "offload-audit", "app.kubernetes.io/part-of": "txnkeeper"}
@@ -339,7 +324,7 @@ def failure_report(error: str) -> dict[str, Any]:
 def run(ns: argparse.Namespace) -> int:
     from txnkeeper.verifier.job import spark_running, spark_session
 
-    kube = _Kube(ns)
+    kube = k8s.LazyKube(ns.kubeconfig, ns.namespace)
     try:
         _configmap_target(ns.output)  # a bad target is a usage error before anything runs
         endpoints = _endpoints(ns, kube)
