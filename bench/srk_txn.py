@@ -29,12 +29,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from txn_e2e import cpu_seconds, start_pod  # the same pods and CPU accounting as the e2e bench
+
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client
 from txnkeeper.fleet.process import RuntimeProcess
 from txnkeeper.process_settings import ProcessSettings
 
-TOKEN = "bench-token"
 START_TIMEOUT_S = 60.0
 TOPIC = "persistent://bench/ns/srk"
 EVENTS_PER_TXN = 4
@@ -42,31 +43,6 @@ EVENT = b"e" * 100
 MODES = ("single_key", "full_txn", "plain")
 
 Step = Callable[[], Awaitable[None]]
-
-
-def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> RuntimeProcess:
-    """A ``txnkeeper serve`` process (the fleet's launcher), as bench/txn_e2e.py starts them."""
-    token = root / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)  # serve refuses a token file others can read
-    pod = RuntimeProcess(
-        name=name,
-        role=role,
-        data_dir=root / name,
-        work_dir=root,
-        release="2.0.0",
-        token_file=token,
-        extra_args=list(extra),
-    )
-    pod.config_file.write_text("{}")
-    pod.start()
-    return pod
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU time of a process (Linux /proc): per transaction it barely depends on load."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def make_steps(client: Client, mode: str, workers: int, topic: str) -> list[Step]:
@@ -151,7 +127,8 @@ async def bench(
     try:
         procs.append(start_pod(root, "tc-0", "coordinator", ("--coordinator-ids", "0")))
         srk_flags = ("--srk-enabled", "true") if "single_key" in modes else ()
-        procs.append(start_pod(root, "pas-0", "store", srk_flags))
+        # single-key transactions need a 3.x release (a 2.x serve refuses --srk-enabled)
+        procs.append(start_pod(root, "pas-0", "store", srk_flags, release="3.0.0"))
         await asyncio.gather(*(p.wait_started(START_TIMEOUT_S) for p in procs))
         tc, store = procs
         for name, proc in (("coordinator", tc), ("store", store)):

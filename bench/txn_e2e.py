@@ -45,7 +45,9 @@ OUT_TOPIC = "persistent://bench/ns/out"
 START_TIMEOUT_S = 60.0
 
 
-def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> RuntimeProcess:
+def start_pod(
+    root: Path, name: str, role: str, extra: tuple[str, ...] = (), release: str = "2.0.0"
+) -> RuntimeProcess:
     """A ``txnkeeper serve`` process with default batch settings, started (the fleet's launcher)."""
     token = root / "token"
     token.write_text(TOKEN)
@@ -55,7 +57,7 @@ def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> 
         role=role,
         data_dir=root / name,
         work_dir=root,
-        release="2.0.0",
+        release=release,
         token_file=token,
         extra_args=list(extra),
     )
