@@ -7,6 +7,7 @@ directory; each test gets its own bucket, so listings never see another test's o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -15,12 +16,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.offload import BlobStore, FileSystemBlobStore
 
 ACCESS_KEY = "txnkeeper-test"
@@ -154,3 +156,26 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield s3
     finally:
         await s3.close()
+
+
+@pytest.fixture
+async def opened() -> AsyncIterator[Callable[[Path], ManagedLedgerFactory]]:
+    """Factories closed at teardown even when a test fails (their offloader tasks stop with them)."""
+    made: list[ManagedLedgerFactory] = []
+
+    def make(root: Path) -> ManagedLedgerFactory:
+        made.append(ManagedLedgerFactory(root))
+        return made[-1]
+
+    yield make
+    for factory in made:
+        await factory.close()
+
+
+async def wait_for(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    """Poll ``check`` until it holds (a background offload pass has run), failing after ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)

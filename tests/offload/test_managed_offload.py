@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,8 @@ from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.offload import BlobStoreUnavailable, OffloadConfig, OffloadCorruptionError
 from txnkeeper.ledger.offload.offloader import OffloadPolicy
 from txnkeeper.ledger.recovery import LEDGERS_DIR
+
+from .conftest import wait_for
 
 NAME = "persistent://public/default/offloaded"
 
@@ -49,28 +51,6 @@ async def produce(ml: ManagedLedger, count: int, start: int = 0) -> list[Positio
 async def read_all(ml: ManagedLedger) -> list[bytes]:
     entries = await ml.read_entries(Position(ml.ledger_ids()[0], 0), 1000)
     return [e.data for e in entries]
-
-
-@pytest.fixture
-async def opened() -> AsyncIterator[Callable[[Path], ManagedLedgerFactory]]:
-    """Factories closed at teardown even when a test fails (their offloader tasks stop with them)."""
-    made: list[ManagedLedgerFactory] = []
-
-    def make(root: Path) -> ManagedLedgerFactory:
-        made.append(ManagedLedgerFactory(root))
-        return made[-1]
-
-    yield make
-    for factory in made:
-        await factory.close()
-
-
-async def wait_for(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_disabled_by_default_keeps_metadata_version_1(

@@ -6,7 +6,7 @@ managed ledger without offload configured (what a 2.x pod does) and must read ev
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,19 +26,6 @@ from txnkeeper.ledger.offload.restore import (
 )
 
 from .test_managed_offload import NAME, ml_config, policy, produce, read_all
-
-
-@pytest.fixture
-async def opened() -> AsyncIterator[Callable[[Path], ManagedLedgerFactory]]:
-    made: list[ManagedLedgerFactory] = []
-
-    def make(root: Path) -> ManagedLedgerFactory:
-        made.append(ManagedLedgerFactory(root))
-        return made[-1]
-
-    yield make
-    for factory in made:
-        await factory.close()
 
 
 async def offloaded_volume(

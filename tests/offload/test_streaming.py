@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from txnkeeper.ledger.offload import (
     OffloadCorruptionError,
 )
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
+
+from .conftest import wait_for
 
 NAME = "persistent://public/default/streamed"
 
@@ -51,27 +53,6 @@ def policy(tier: Path, clock: Clock, **kw: object) -> OffloadPolicy:
 
 def ml_config(offload: OffloadPolicy | None) -> ManagedLedgerConfig:
     return ManagedLedgerConfig(max_entries_per_ledger=10, max_ledger_age_seconds=None, offload=offload)
-
-
-@pytest.fixture
-async def opened() -> AsyncIterator[Callable[[Path], ManagedLedgerFactory]]:
-    made: list[ManagedLedgerFactory] = []
-
-    def make(root: Path) -> ManagedLedgerFactory:
-        made.append(ManagedLedgerFactory(root))
-        return made[-1]
-
-    yield make
-    for factory in made:
-        await factory.close()
-
-
-async def wait_for(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def produce(ml: ManagedLedger, count: int, start: int = 0) -> list[Position]:
