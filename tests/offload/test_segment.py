@@ -25,6 +25,7 @@ from txnkeeper.ledger.offload import (
     index_key,
 )
 from txnkeeper.ledger.offload import index as index_format
+from txnkeeper.ledger.offload.block import assemble_block, decode_block, encode_block, frame_entry
 from txnkeeper.ledger.offload.index import LedgerIndex
 from txnkeeper.ledger.offload.ledgerinfo import LedgerInfo
 from txnkeeper.ledger.position import Position
@@ -295,3 +296,19 @@ async def test_add_entries_writes_the_same_objects_as_add_entry_one_by_one(tmp_p
     with pytest.raises(OffloadInputError, match="consecutive"):
         await gap.add_entries(5, 5, [b"c"])
     await gap.abort()
+
+
+@pytest.mark.parametrize("max_block_size", [140, BLOCK, 64 * 1024])
+def test_a_block_assembled_from_framed_entries_is_encode_blocks_byte_for_byte(max_block_size: int) -> None:
+    # The streaming writer frames entries as they arrive and assembles the block without a per-entry
+    # loop; the result must still be Pulsar's block (encode_block is checked against golden bytes).
+    rnd = random.Random(max_block_size)
+    entries = [(100 + i, rnd.randbytes(rnd.randrange(0, 300))) for i in range(40)]
+    framed = bytearray()
+    for entry_id, data in entries:
+        frame_entry(framed, entry_id, data)
+    block = assemble_block(9, 100, framed, max_block_size)
+    assert block == encode_block(9, entries, max_block_size)
+    assert decode_block(block).entries == tuple(entries)
+    with pytest.raises(ValueError, match="at least one entry"):
+        assemble_block(9, 100, bytearray(), max_block_size)

@@ -18,6 +18,12 @@ from .blobstore import BlobStore, BlobUpload, check_key, check_range
 from .errors import BlobNotFound, BlobStoreError, BlobStoreUnavailable
 
 _TEMP_PREFIX = ".txnkeeper-upload-"
+# An upload writes and fdatasyncs its object in slices this large. Left to the kernel, a streaming
+# segment's blocks pile up as tens of MiB of dirty pages that are written back in bursts; when the
+# directory shares a disk with the ledgers (the default beside them, or one small volume), every
+# group commit's fdatasync then queues behind such a burst: 10-25 ms p99 appends instead of 3-7 ms
+# with offload off. Syncing each slice as it is written keeps the tier's writeback small and steady.
+WRITE_SLICE_BYTES = 256 * 1024
 
 
 class FileSystemBlobStore(BlobStore):
@@ -150,8 +156,9 @@ class _FileUpload(BlobUpload):
                 self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             view = memoryview(data)
             while view:
-                n = os.write(self.fd, view)
+                n = os.write(self.fd, view[:WRITE_SLICE_BYTES])
                 view = view[n:]
+                os.fdatasync(self.fd)
             self.size += len(data)
         except OSError as exc:
             self.abort_sync()

@@ -605,16 +605,20 @@ class Offloader:
             count = min(available - pos.entry_id, _READ_BATCH, max(1, buffer // stream.average_entry))
             batch = await self.host.read_local(pos.ledger_id, pos.entry_id, count)
             cut, full = len(batch), False
-            if self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds:
-                room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+            batch_bytes = sum(map(len, batch))  # no per-entry Python loop on the event loop
+            room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+            if (
+                batch_bytes >= room
+                and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
+            ):
                 for n, data in enumerate(batch):  # the segment ends with the entry that fills it
                     room -= len(data)
                     if room <= 0:
                         cut, full = n + 1, True
                         break
-            batch = batch[:cut]
+                batch = batch[:cut]
+                batch_bytes = sum(map(len, batch))
             await stream.writer.add_entries(pos.ledger_id, pos.entry_id, batch)
-            batch_bytes = sum(len(d) for d in batch)
             stream.payload += batch_bytes
             self.stats.offload_bytes += batch_bytes
             stream.next = Position(pos.ledger_id, pos.entry_id + cut)

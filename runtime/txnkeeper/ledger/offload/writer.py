@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,13 +21,14 @@ from txnkeeper.ledger.position import Position
 
 from . import index as index_format
 from .blobstore import BlobStore, BlobUpload
-from .block import ENTRY_HEADER_SIZE, HEADER_SIZE, MAX_ENTRY_SIZE, block_crc, encode_block
+from .block import ENTRY_HEADER_SIZE, HEADER_SIZE, MAX_ENTRY_SIZE, assemble_block, block_crc, frame_entry
 from .config import OffloadConfig
 from .errors import OffloadInputError
 from .index import IndexEntry, LedgerIndex
 from .ledgerinfo import CRC_PROPERTY_PREFIX, LedgerInfo, crc_property
 
 INDEX_SUFFIX = "-index"
+_pack_entry_header = struct.Struct(">iq").pack  # block framing: entry_len, entry_id
 
 
 def data_key(uuid: str) -> str:
@@ -58,8 +60,8 @@ class SegmentDescription:
     index_length: int
 
 
-def _encode(ledger_id: int, entries: list[tuple[int, bytes]], max_block_size: int) -> tuple[bytes, int]:
-    block = encode_block(ledger_id, entries, max_block_size)
+def _encode(ledger_id: int, first_entry_id: int, framed: bytearray, max_block_size: int) -> tuple[bytes, int]:
+    block = assemble_block(ledger_id, first_entry_id, framed, max_block_size)
     return block, block_crc(block)
 
 
@@ -83,9 +85,12 @@ class SegmentWriter:
         self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         self.uuid = uuid or str(uuidlib.uuid4())
         self._upload: BlobUpload | None = None
-        self._pending: list[tuple[int, bytes]] = []
+        # The block being filled, its entries already framed: a bytearray and two ints, never an
+        # object per entry (see block.assemble_block).
+        self._pending = bytearray()
+        self._pending_first = 0
+        self._pending_last = 0
         self._pending_ledger: int | None = None
-        self._pending_bytes = 0
         self._blocks: list[BlockDescription] = []
         self._offset = 0
         self._last: Position | None = None
@@ -126,12 +131,14 @@ class SegmentWriter:
         framed = ENTRY_HEADER_SIZE + len(data)
         if self._pending and (
             ledger_id != self._pending_ledger
-            or HEADER_SIZE + self._pending_bytes + framed > self.max_block_size
+            or HEADER_SIZE + len(self._pending) + framed > self.max_block_size
         ):
             await self._flush_block()
-        self._pending.append((entry_id, bytes(data)))
+        if not self._pending:
+            self._pending_first = entry_id
+        frame_entry(self._pending, entry_id, data)
+        self._pending_last = entry_id
         self._pending_ledger = ledger_id
-        self._pending_bytes += framed
         self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + len(data)
         self._last = Position(ledger_id, entry_id)
         if self._first is None:
@@ -144,23 +151,29 @@ class SegmentWriter:
             return
         await self.add_entry(ledger_id, first_entry_id, datas[0])
         limit = MAX_ENTRY_SIZE - ENTRY_HEADER_SIZE - HEADER_SIZE
+        room = self.max_block_size - HEADER_SIZE - ENTRY_HEADER_SIZE
+        pack = _pack_entry_header
         entry_id = first_entry_id
         added = 0
         try:
+            pending = self._pending
             for data in datas[1:]:
                 size = len(data)
                 if size > limit:
                     raise OffloadInputError(
                         f"entry {ledger_id}:{entry_id + 1} of {size} bytes is too large to offload"
                     )
-                framed = ENTRY_HEADER_SIZE + size
-                if self._pending and HEADER_SIZE + self._pending_bytes + framed > self.max_block_size:
+                if pending and len(pending) + size > room:
+                    self._pending_last = entry_id
                     await self._flush_block()
+                    pending = self._pending
+                    self._pending_first = entry_id + 1
                 entry_id += 1
-                self._pending.append((entry_id, data if type(data) is bytes else bytes(data)))
-                self._pending_bytes += framed
+                pending += pack(size, entry_id)
+                pending += data
                 added += size
         finally:
+            self._pending_last = entry_id
             self._ledger_bytes[ledger_id] += added
             self._last = Position(ledger_id, entry_id)
 
@@ -168,7 +181,7 @@ class SegmentWriter:
         assert self._pending_ledger is not None
         # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
         block, crc = await asyncio.to_thread(
-            _encode, self._pending_ledger, self._pending, self.max_block_size
+            _encode, self._pending_ledger, self._pending_first, self._pending, self.max_block_size
         )
         part_id = len(self._blocks) + 1
         if self._upload is None:
@@ -181,8 +194,8 @@ class SegmentWriter:
         self._blocks.append(
             BlockDescription(
                 ledger_id=self._pending_ledger,
-                first_entry_id=self._pending[0][0],
-                last_entry_id=self._pending[-1][0],
+                first_entry_id=self._pending_first,
+                last_entry_id=self._pending_last,
                 part_id=part_id,
                 offset=self._offset,
                 length=len(block),
@@ -190,8 +203,7 @@ class SegmentWriter:
             )
         )
         self._offset += len(block)
-        self._pending = []
-        self._pending_bytes = 0
+        self._pending = bytearray()
 
     async def finish(self, ledger_infos: Mapping[int, LedgerInfo] | None = None) -> SegmentDescription:
         """Upload the last block, complete the data object, then write the index.
