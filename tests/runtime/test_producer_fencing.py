@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from cutproxy import CutProxy, CutRule
 from runtime_pods import ServePod, http
 
 from txnkeeper.client import Client, MessageId, ProducerFencedError, WriterFencedError
+from txnkeeper.errors import BadRequestError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.frames import encode_frame
+from txnkeeper.server.blocks import BlockAppender, WriterSession
+from txnkeeper.topic.partition import Partition
+from txnkeeper.topic.service import TopicService
+from txnkeeper.topic.writers import WriterFencedError as StoreWriterFencedError
+from txnkeeper.topic.writers import WriterTable
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -157,3 +165,43 @@ async def test_a_producer_whose_connection_was_cut_resumes_its_name_and_resends_
             assert m1 != MessageId(-1, -1)  # the store still knew the duplicate's original id
     finally:
         await proxy.close()
+
+
+class _Conn:
+    """A connection as the block appender sees it (only its id matters here)."""
+
+    def __init__(self, session_id: int) -> None:
+        self.session_id = session_id
+        self.is_open = True
+
+    def push(self, command: api.Command) -> None:
+        raise AssertionError("nothing is pushed to a producer")
+
+
+def test_a_producer_session_whose_name_expired_is_renewed_unless_another_took_the_name() -> None:
+    now = [1_000_000]
+    table = WriterTable(TOPIC, inactivity_ms=60_000, clock_ms=lambda: now[0])
+    partition = cast(Partition, SimpleNamespace(writers=table))
+    enabled = SimpleNamespace(single_key=SimpleNamespace(enabled=True))
+    appender = BlockAppender(lambda: cast(TopicService, enabled))
+    first, second = _Conn(1), _Conn(2)
+    with pytest.raises(BadRequestError, match="no SetupAppend"):
+        appender.producer_epoch(first, TOPIC, "app")
+    epoch, _ = table.setup("app", owner="instance-1")
+    appender._sessions[1] = {"app": WriterSession(TOPIC, partition, epoch, "instance-1")}
+    assert appender.producer_epoch(first, TOPIC, "app") == epoch
+    with pytest.raises(BadRequestError, match="no SetupAppend"):  # a session of another topic
+        appender.producer_epoch(first, TOPIC + "-other", "app")
+    now[0] += 61_000
+    assert table.expire() == ["app"]
+    renewed = appender.producer_epoch(first, TOPIC, "app")  # nobody took the name: renewed
+    table.check_epoch("app", renewed, producer=True)
+    # Expired again, and this time another producer opened the name first: the idle one is fenced.
+    now[0] += 61_000
+    assert table.expire() == ["app"]
+    newer, _ = table.setup("app", owner="instance-2")
+    appender._sessions[2] = {"app": WriterSession(TOPIC, partition, newer, "instance-2")}
+    stale = appender.producer_epoch(first, TOPIC, "app")
+    with pytest.raises(StoreWriterFencedError, match="newer producer"):
+        table.check_epoch("app", stale, producer=True)
+    assert appender.producer_epoch(second, TOPIC, "app") == newer

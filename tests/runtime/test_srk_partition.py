@@ -128,6 +128,18 @@ def test_block_encoding_round_trip_and_refusals() -> None:
         decode_events(truncated, 3, len(truncated), zlib.crc32(truncated))
 
 
+def test_a_session_from_before_its_writer_expired_never_matches_a_newer_session() -> None:
+    now = [1_000_000]
+    table = WriterTable(TOPIC, inactivity_ms=60_000, clock_ms=lambda: now[0])
+    old, _ = table.setup("x")
+    now[0] += 61_000
+    assert table.expire() == ["x"]
+    new, _ = table.setup("x")  # another connection, after the state was forgotten
+    assert new != old
+    with pytest.raises(WriterFencedError):
+        table.check_epoch("x", old)
+
+
 def test_a_producer_reconnect_is_refused_once_another_instance_took_the_name() -> None:
     table = WriterTable(TOPIC)
     first, _ = table.setup("app", owner="instance-1")

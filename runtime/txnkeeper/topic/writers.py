@@ -139,6 +139,9 @@ class WriterTable:
         self.durable: dict[str, Writer] = {}
         self._in_flight: dict[str, list[InFlight]] = {}
         self._epochs: dict[str, int] = {}  # writer -> its newest session's epoch (in memory only)
+        # Epochs are unique in the table, not per writer: a session of a writer that expired and was
+        # set up again by someone else must never match the new session's epoch.
+        self._last_epoch = 0
         self._setup_ms: dict[str, int] = {}  # writer -> when its newest session began
         # producer name -> the producer instance (its session token) that holds the name now
         self._owners: dict[str, str] = {}
@@ -175,7 +178,8 @@ class WriterTable:
             self._owners[writer_id] = owner
         else:
             self._owners.pop(writer_id, None)
-        epoch = self._epochs.get(writer_id, 0) + 1
+        self._last_epoch += 1
+        epoch = self._last_epoch
         self._epochs[writer_id] = epoch
         self._setup_ms[writer_id] = self._clock()
         writer = self.durable.get(writer_id)
