@@ -701,6 +701,11 @@ def _status(kind: str) -> Schema:
                 "objects": _p("integer", "Objects listed in the tier."),
                 "findingCount": _p("integer", "Findings in the report."),
                 "findings": _arr("The first 20 findings.", finding),
+                "stale": _p(
+                    "string",
+                    "Set when the last audit run (its Job, or its scheduled run) left no report: this "
+                    "report is an earlier run's. Says what to check (the Job's logs).",
+                ),
             },
         )
         props["subscriptionArray"] = _arr(

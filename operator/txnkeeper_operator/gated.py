@@ -167,8 +167,9 @@ def audit_settings(cr: Resource) -> dict[str, Any]:
     return gated.offload_config(cr.section("offload"))
 
 
-def audit_status(report: Mapping[str, Any]) -> dict[str, Any]:
-    """status.offloadAudit from the audit's report (contracts §7): counts and the first findings."""
+def audit_status(report: Mapping[str, Any], stale: str | None = None) -> dict[str, Any]:
+    """status.offloadAudit from the audit's report (contracts §7): counts and the first findings, and
+    ``stale`` when the last run left no report (this one is an earlier run's)."""
     findings = [f for f in report.get("findings") or [] if isinstance(f, Mapping)]
     out: dict[str, Any] = {
         "generatedAt": str(report.get("generatedAt", "")),
@@ -182,20 +183,27 @@ def audit_status(report: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("pods", "segments", "segmentsChecked", "blocksSampled", "objects"):
         if isinstance(report.get(key), int):
             out[key] = int(report[key])
-    if report.get("error"):
-        out["error"] = str(report["error"])
+    # Merge-patched into the status: None removes what an earlier report or run left there.
+    out["error"] = str(report["error"]) if report.get("error") else None
+    out["stale"] = stale
     return out
 
 
-def offload_audit_condition(cr: Resource, report: Mapping[str, Any] | None, problem: str | None) -> Condition:
-    """OffloadAudit: True when the last verify-offload run found nothing, False on findings or a run
-    that could not audit, Unknown before the first report (or without offload)."""
+def offload_audit_condition(
+    cr: Resource, report: Mapping[str, Any] | None, problem: str | None, stale: str | None = None
+) -> Condition:
+    """OffloadAudit: True when the last verify-offload run found nothing, False on findings, a run
+    that could not audit or a run that left no report (``stale``, auditfresh: False rather than
+    Unknown, because an audit that silently stops running must alert like one that fails), Unknown
+    before the first run (or without offload)."""
     if not audits_offload(cr):
         return Condition(
             "OffloadAudit", ConditionStatus.UNKNOWN, "NotConfigured", "no offload for this release to audit"
         )
     if problem is not None:
         return Condition("OffloadAudit", ConditionStatus.FALSE, "ReportUnusable", problem)
+    if stale is not None:
+        return Condition("OffloadAudit", ConditionStatus.FALSE, "LastAuditDidNotReport", stale)
     if report is None:
         schedule = cr.section("offload").get("verifySchedule") or ""
         how = f"schedule {schedule!r}" if schedule else "no verifySchedule"
@@ -208,7 +216,7 @@ def offload_audit_condition(cr: Resource, report: Mapping[str, Any] | None, prob
         )
     status = audit_status(report)
     at = status["generatedAt"]
-    if "error" in status:
+    if status["error"] is not None:
         why = f"audit at {at} could not run: {status['error']}"
         return Condition("OffloadAudit", ConditionStatus.FALSE, "AuditFailed", why)
     if not status["ok"]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminClient, AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import builders, gated, naming
+from txnkeeper_operator import auditfresh, builders, gated, naming
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
@@ -39,7 +39,12 @@ from txnkeeper_operator.engine import (
     describe,
     record_rollover,
 )
-from txnkeeper_operator.engine.persist import format_time, progress_from_status, progress_to_status
+from txnkeeper_operator.engine.persist import (
+    format_time,
+    parse_time,
+    progress_from_status,
+    progress_to_status,
+)
 from txnkeeper_operator.kube import KubeApi
 from txnkeeper_operator.observe import (
     PodView,
@@ -52,7 +57,7 @@ from txnkeeper_operator.observe import (
 )
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
-from txnkeeper_operator.status import build_status
+from txnkeeper_operator.status import AuditView, build_status
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -126,11 +131,27 @@ async def ensure_children(ctx: Context, cr: Resource) -> str:
     return await _token(ctx, cr)
 
 
-async def _offload_audit(ctx: Context, cr: Resource) -> tuple[dict[str, Any] | None, str | None]:
+async def _offload_audit(ctx: Context, cr: Resource) -> AuditView:
+    """The audit's report, why it is unusable, and why it is not the last run's (a Job that died
+    without reporting must not leave an earlier report looking current)."""
     if not gated.audits_offload(cr):
-        return None, None
-    report = await ctx.kube.get("ConfigMap", cr.namespace, naming.offload_audit_report(cr.name))
-    return read_offload_audit(report)
+        return None, None, None
+    report_cm = await ctx.kube.get("ConfigMap", cr.namespace, naming.offload_audit_report(cr.name))
+    report, problem = read_offload_audit(report_cm)
+    if problem is not None:
+        return report, problem, None
+    component = naming.offload_audit_labels(cr.name)["app.kubernetes.io/component"]
+    jobs = await ctx.kube.list_jobs(cr.namespace, f"app.kubernetes.io/component={component}")
+    cron = await ctx.kube.get("CronJob", cr.namespace, naming.offload_audit(cr.name))
+    raw_schedule = ((cron or {}).get("status") or {}).get("lastScheduleTime")
+    stale = auditfresh.stale_reason(
+        auditfresh.report_time(report),
+        auditfresh.audit_runs(jobs, cr.name),
+        parse_time(raw_schedule) if isinstance(raw_schedule, str) else None,
+        ctx.clock(),
+        cron_job=naming.offload_audit(cr.name),
+    )
+    return report, None, stale
 
 
 async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:

@@ -18,6 +18,8 @@ from txnkeeper_operator.observe import PodView
 from txnkeeper_operator.resource import Resource
 
 MAX_REPORTED_VERDICTS = 50
+# The verify-offload report (None: none), why it is unusable, why it is not the last run's.
+AuditView = tuple[Mapping[str, Any] | None, str | None, str | None]
 
 
 def merge_conditions(
@@ -104,9 +106,7 @@ def report_status(report: VerifierReport) -> dict[str, Any]:
     }
 
 
-def _gated_conditions(
-    cr: Resource, pods: Sequence[PodView], audit: tuple[Mapping[str, Any] | None, str | None]
-) -> tuple[Condition, ...]:
+def _gated_conditions(cr: Resource, pods: Sequence[PodView], audit: AuditView) -> tuple[Condition, ...]:
     """FeaturesSupported, OffloadHealthy and OffloadAudit: PendingAckStores only (the sections are
     theirs)."""
     if cr.kind is not naming.PENDING_ACK_STORE:
@@ -128,10 +128,11 @@ def build_status(
     now: datetime,
     report: VerifierReport | None,
     last_action: str | None,
-    offload_audit: tuple[Mapping[str, Any] | None, str | None] = (None, None),
+    offload_audit: AuditView = (None, None, None),
 ) -> dict[str, Any]:
     """The full status to merge-patch (None values clear stale fields). ``offload_audit`` is the
-    verify-offload report (None: none) and why it is unusable, if it is."""
+    verify-offload report (None: none), why it is unusable, if it is, and why it is not the last
+    run's, if it is not (``auditfresh.stale_reason``)."""
     ours = [p for p in pods if p.state() is not None]
     status: dict[str, Any] = {
         "observedGeneration": cr.generation,
@@ -156,8 +157,8 @@ def build_status(
     if report is not None:
         status["lastVerifierReport"] = report_status(report)
     if cr.kind is naming.PENDING_ACK_STORE:
-        audit = offload_audit[0]
-        status["offloadAudit"] = gated.audit_status(audit) if audit is not None else None
+        audit, _, stale = offload_audit
+        status["offloadAudit"] = gated.audit_status(audit, stale) if audit is not None else None
     if last_action is not None:
         status["lastAction"] = {"action": last_action, "time": format_time(now)}
     return status

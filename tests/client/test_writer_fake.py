@@ -217,6 +217,7 @@ async def test_a_named_producer_resends_after_a_lost_receipt_and_writes_once(
     assert message_id == MessageId(LEDGER, 1)
     assert [m[1] for m in fake.messages] == [b"m1", b"m2"] and fake.duplicates == 1
     # A restarted application with the same name continues after the store's last sequence id.
+    await producer.close()
     again = await client.create_producer(TOPIC, producer_name="app-1")
     assert again.last_sequence_id == 1  # m1 was 0, m2 was 1
     await again.send(b"m3")

@@ -477,6 +477,39 @@ async def test_offload_audit_cron_job_and_its_report_in_status() -> None:
     # Audit Jobs are not verify-invalidation Jobs: the downgrade gate's listing never sees them.
     assert "lastVerifierReport" not in status
 
+    # The next audit Job dies without a report (here: past its deadline): the earlier report must not
+    # look current. The condition names the Job and where to look; the report stays, marked stale.
+    dead = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "txn-verify-offload-29001", "namespace": "ns", "labels": dict(cron["metadata"]["labels"]),
+        },
+        "status": {
+            "startTime": "2026-11-25T03:00:00Z",
+            "conditions": [
+                {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long",
+                 "lastTransitionTime": "2026-11-25T04:00:00Z"},
+            ],
+        },
+    }  # fmt: skip
+    kube.objects[("Job", "ns", "txn-verify-offload-29001")] = dead
+    await _until(kube, ctx, Phase.READY)
+    status = kube.cr["status"]
+    audit = {c["type"]: c for c in status["conditions"]}["OffloadAudit"]
+    assert (audit["status"], audit["reason"]) == ("False", "LastAuditDidNotReport")
+    assert "kubectl logs job/txn-verify-offload-29001" in audit["message"]
+    assert "DeadlineExceeded" in audit["message"]
+    assert status["offloadAudit"]["findings"] == [finding]
+    assert "txn-verify-offload-29001" in status["offloadAudit"]["stale"]
+    # A run that reports again makes it current: stale cleared, the condition from the new report.
+    report_cm["data"] = {"report.json": json.dumps({**report, "generatedAt": "2026-11-26T03:10:00Z"})}
+    await _until(kube, ctx, Phase.READY)
+    status = kube.cr["status"]
+    audit = {c["type"]: c for c in status["conditions"]}["OffloadAudit"]
+    assert (audit["status"], audit["reason"]) == ("False", "Findings")
+    assert "stale" not in status["offloadAudit"]
+
     report_cm["data"] = {"report.json": "{not json"}
     await _until(kube, ctx, Phase.READY)
     audit = {c["type"]: c for c in kube.cr["status"]["conditions"]}["OffloadAudit"]

@@ -34,6 +34,18 @@ class SrkWire:
         response = await self.conn.request(command, TIMEOUT)
         return response.append_setup.last_event_number
 
+    async def setup_producer(
+        self, topic: str, producer_name: str, instance: str = "instance-1", *, resume: bool = False
+    ) -> int:
+        """SetupAppend of a named producer (instance token ``instance``): the name's last sequence id."""
+        command = api.Command()
+        command.setup_append.topic = topic
+        command.setup_append.writer_id = producer_name
+        command.setup_append.producer_session = instance
+        command.setup_append.resume = resume
+        response = await self.conn.request(command, TIMEOUT)
+        return response.append_setup.last_event_number
+
     def send_chunks(self, writer_id: str, data: bytes, chunk_size: int) -> list[asyncio.Future[api.Command]]:
         sent = []
         for piece in chunks(data, chunk_size):

@@ -4,6 +4,7 @@ block left without its commit marker, and the pure pieces (writer table, block e
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from pathlib import Path
 from typing import Any, cast
@@ -125,3 +126,45 @@ def test_block_encoding_round_trip_and_refusals() -> None:
     truncated = block.data[:-1]
     with pytest.raises(BlockEncodingError, match="event 2 declares 300 bytes"):
         decode_events(truncated, 3, len(truncated), zlib.crc32(truncated))
+
+
+def test_a_session_from_before_its_writer_expired_never_matches_a_newer_session() -> None:
+    now = [1_000_000]
+    table = WriterTable(TOPIC, inactivity_ms=60_000, clock_ms=lambda: now[0])
+    old, _ = table.setup("x")
+    now[0] += 61_000
+    assert table.expire() == ["x"]
+    new, _ = table.setup("x")  # another connection, after the state was forgotten
+    assert new != old
+    with pytest.raises(WriterFencedError):
+        table.check_epoch("x", old)
+
+
+def test_a_producer_reconnect_is_refused_once_another_instance_took_the_name() -> None:
+    table = WriterTable(TOPIC)
+    first, _ = table.setup("app", owner="instance-1")
+    assert table.setup("app", owner="instance-1", resume=True)[0] == first + 1  # its own reconnect
+    table.setup("app", owner="instance-2")  # a new producer of the name: always admitted
+    with pytest.raises(WriterFencedError, match="fenced for good"):
+        table.setup("app", owner="instance-1", resume=True)
+    with pytest.raises(WriterFencedError, match="newer producer with the same name"):
+        table.check_epoch("app", first, producer=True)
+
+
+async def test_a_new_producer_session_continues_after_the_older_sessions_queued_sends(
+    tmp_path: Path,
+) -> None:
+    factory, partition = await _open(tmp_path)
+    older, last = await partition.setup_producer("app", "instance-1", resume=False)
+    assert last == -1
+    queued = asyncio.ensure_future(partition.publish_idempotent(b"m0", "", "app", 0, epoch=older))
+    await asyncio.sleep(0)  # one loop turn: the task runs to its first await, the send is queued
+    assert partition.writers.in_flight_of("app")
+    newer, last = await partition.setup_producer("app", "instance-2", resume=False)
+    assert last == 0  # it waited for the older session's queued send and counts it
+    assert not (await queued).duplicate
+    with pytest.raises(WriterFencedError):
+        await partition.publish_idempotent(b"m1", "", "app", 1, epoch=older)
+    written = await partition.publish_idempotent(b"n1", "", "app", 1, epoch=newer)
+    assert not written.duplicate
+    await factory.close()

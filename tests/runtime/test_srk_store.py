@@ -163,6 +163,7 @@ async def test_writer_state_survives_sigkill_restart(pods: Callable[..., ServePo
     await wire.setup(TOPIC, "w")
     await wire.append("w", 0, [b"a", b"b", b"c"])
     last = await wire.append("w", 3, [b"d"])
+    assert await wire.setup_producer(TOPIC, "producer-1") == -1
     receipt = await wire.produce(TOPIC, b"p0", "producer-1", 7)
     wire.close()
     pod.restart()  # SIGKILL, then start again on the same data
@@ -170,6 +171,7 @@ async def test_writer_state_survives_sigkill_restart(pods: Callable[..., ServePo
     assert await wire.setup(TOPIC, "w") == 3
     again = await wire.append("w", 3, [b"d"])
     assert again.duplicate and again.first_message_id.entry_id == last.first_message_id.entry_id
+    assert await wire.setup_producer(TOPIC, "producer-1", resume=True) == 7
     dup = await wire.produce(TOPIC, b"p0", "producer-1", 7)
     assert dup.duplicate and dup.message_id.entry_id == receipt.message_id.entry_id
     async with Client(coordinators=[], stores=[pod.listen]) as client:
@@ -181,6 +183,8 @@ async def test_writer_state_survives_sigkill_restart(pods: Callable[..., ServePo
 async def test_idempotent_producer_retries_appear_once(pods: Callable[..., ServePod]) -> None:
     pod = store(pods)
     wire = await SrkWire.open(pod.listen)
+    await wire.setup_producer(TOPIC, "prod")
+    await wire.setup_producer(TOPIC, "other", "instance-2")
     receipts = [await wire.produce(TOPIC, f"m{i}".encode(), "prod", i) for i in (0, 1, 5)]
     assert not any(r.duplicate for r in receipts)
     retry = await wire.produce(TOPIC, b"m5", "prod", 5)

@@ -13,11 +13,9 @@ from collections.abc import Sequence
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
-from txnkeeper.client.errors import UnsupportedFeatureError
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.errors import ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, split_address
@@ -51,6 +49,7 @@ class Client:
         self._consumers: dict[int, Consumer] = {}
         # Closed with the client: a writer or named producer resynchronising must not reconnect after.
         self._closables: list[Producer | SingleKeyWriter] = []
+        self._named: dict[tuple[str, str], Producer] = {}  # (topic, producer name) -> open producer
         self._consumer_ids = itertools.count(1)
         for address in self._stores:
             self.connections.on_push(address, self._on_push)
@@ -70,9 +69,16 @@ class Client:
     async def create_producer(self, topic: str, *, producer_name: str | None = None) -> Producer:
         """A producer of ``topic``. With ``producer_name`` its sends are idempotent (Pulsar's producer
         name + sequence id): each send gets the next sequence id of that name, and a send retried after
-        a lost receipt or a reconnect is written once. One producer per name at a time: the store does
-        not fence plain sends, so two producers of one name would reuse sequence ids and the store
-        would drop one's sends as the other's duplicates."""
+        a lost receipt or a reconnect is written once. One producer per name at a time: opening one
+        fences every older producer of the name on the store (their sends then fail with
+        ``ProducerFencedError``), and this client refuses a second open producer of a name it holds."""
+        if producer_name is not None:
+            holder = self._named.get((topic, producer_name))
+            if holder is not None and not holder.closed:
+                raise ValueError(
+                    f"producer name {producer_name!r} of {topic} is already held by an open producer of"
+                    " this client: close that one first (a second one would fence it)"
+                )
         producer = Producer(
             self.connections,
             topic,
@@ -82,31 +88,10 @@ class Client:
         )
         await self.connections.get(producer.store_address)
         if producer_name is not None:
-            await producer.open_sequenced(await self._last_sequence_id(topic, producer_name))
+            await producer.open_sequenced()
+            self._named[(topic, producer_name)] = producer
         self._closables.append(producer)
         return producer
-
-    async def _last_sequence_id(self, topic: str, producer_name: str) -> int:
-        """The store's last persisted sequence id for ``producer_name`` on ``topic`` (-1: none).
-
-        Producer names and writer ids share the store's writer state, so ``SetupAppend`` tells it.
-        Without it the producer cannot know where to continue: starting low would have the store
-        drop every send up to the name's old last sequence id as a duplicate, so it is refused."""
-        command = api.Command()
-        command.setup_append.topic = topic
-        command.setup_append.writer_id = producer_name
-        address = self.store_for(topic)
-        try:
-            response = await self.connections.request(address, command)
-        except ServiceError as exc:
-            if exc.code == api.UNSUPPORTED_FEATURE or "is not a request a server accepts" in str(exc):
-                raise UnsupportedFeatureError(
-                    f"producer {producer_name!r}: the store at {address} cannot say the name's last "
-                    f"sequence id ({exc}); idempotent producers need single-key transactions enabled "
-                    "on the store (--srk-enabled); leave producer_name out for a plain producer"
-                ) from exc
-            raise
-        return response.append_setup.last_event_number
 
     async def create_single_key_writer(
         self,

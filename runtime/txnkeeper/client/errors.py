@@ -59,6 +59,13 @@ class WriterFencedError(ServiceError):
     code = api.WRITER_FENCED
 
 
+class ProducerFencedError(WriterFencedError):
+    """Another producer with the same name opened on the store after this one (the newest producer of
+    a name fences the older ones, like a writer's SetupAppend): this producer's sends are refused from
+    now on and it does not reconnect. Sends answered before stay written, once. Close it; run one
+    producer per name (a restarted application reusing its name is the newer one and continues)."""
+
+
 def writer_error(failure: BaseException, context: str) -> BaseException:
     """The client-side error a store's refusal means for a writer (by its code), else ``failure``."""
     if isinstance(failure, ServiceError) and not isinstance(failure, _WRITER_ERRORS):

@@ -8,6 +8,14 @@ same sequence id, and the application's send resolves once, with the message's i
 
 Sequence ids continue from the store's record for the name, learned when the producer opens (a
 restarted application keeps its name and so its de-duplication).
+
+A name is exclusive: opening a producer sends SetupAppend(name, a fresh instance token), which fences
+every older producer of the name on the store (their sends fail with ``ProducerFencedError``). A
+reconnect sends it again as a *resume* of the same instance, which the store refuses once another
+instance took the name, and which this class refuses itself when the store's last sequence id is beyond
+any it assigned (another producer wrote under the name while the store forgot who held it, e.g. after a
+restart). Two producers would otherwise interleave sequence ids and the store would drop one's sends as
+the other's duplicates.
 """
 
 from __future__ import annotations
@@ -15,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from txnkeeper.client.errors import ClientClosedError
+from txnkeeper.client.errors import ClientClosedError, ProducerFencedError, UnsupportedFeatureError
 from txnkeeper.client.message import MessageId
 from txnkeeper.errors import ConnectionClosedError, RequestTimeoutError, ServiceError, UnavailableError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -60,11 +69,45 @@ class SequencedSends:
         self._resending: asyncio.Task[None] | None = None
         self._doubt_since: float | None = None  # when the oldest unanswered doubt began
         self._failure: ServiceError | None = None
+        self._instance = uuid.uuid4().hex  # this producer's token: its reconnects resume it
 
-    async def open(self, last_persisted: int) -> None:
-        """Continue after ``last_persisted``, the store's last sequence id for the name (-1: none)."""
-        self.last_sequence_id = last_persisted
-        self._use(await self._connections.get(self.store_address))
+    async def open(self) -> None:
+        """Take the name on the store (fencing older producers of it) and continue after its last
+        persisted sequence id (-1: none)."""
+        conn = await self._connections.get(self.store_address)
+        self.last_sequence_id = await self._setup(conn, resume=False)
+        self._use(conn)
+
+    async def _setup(self, conn: RpcConnection, *, resume: bool) -> int:
+        """SetupAppend of the name on ``conn`` (the connection the sends then use): the store's last
+        sequence id for the name."""
+        command = api.Command()
+        setup = command.setup_append
+        setup.topic = self.topic
+        setup.writer_id = self.producer_name
+        setup.producer_session = self._instance
+        setup.resume = resume
+        try:
+            response = await conn.request(command, self._resend_timeout)
+        except ServiceError as exc:
+            if exc.code == api.UNSUPPORTED_FEATURE or "is not a request a server accepts" in str(exc):
+                raise UnsupportedFeatureError(
+                    f"producer {self.producer_name!r}: the store at {self.store_address} cannot say the "
+                    f"name's last sequence id ({exc}); idempotent producers need single-key transactions"
+                    " enabled on the store (--srk-enabled); leave producer_name out for a plain producer",
+                    api.UNSUPPORTED_FEATURE,
+                ) from exc
+            if exc.code == api.WRITER_FENCED:
+                raise self._fenced(exc) from exc
+            raise
+        return response.append_setup.last_event_number
+
+    def _fenced(self, cause: ServiceError) -> ProducerFencedError:
+        return ProducerFencedError(
+            f"producer {self.producer_name!r} of {self.topic}: fenced by a newer producer with the same"
+            f" name ({cause}); its later sends are refused: close it",
+            api.WRITER_FENCED,
+        )
 
     def send(self, payload: bytes, key: str) -> asyncio.Future[MessageId]:
         if self._failure is not None:
@@ -107,6 +150,12 @@ class SequencedSends:
             return
         _, result = self._unanswered.pop(sequence_id)
         self._doubt_since = None
+        if isinstance(failure, ServiceError) and failure.code == api.WRITER_FENCED:
+            # Refused before it was written; the sends still unanswered get their own answers (one
+            # queued before the newer producer opened is written and answered as usual).
+            failure = self._fenced(failure)
+            if self._failure is None:
+                self._failure = failure
         if failure is not None:
             result.set_exception(failure)
             result.exception()
@@ -124,6 +173,14 @@ class SequencedSends:
             self._conn = None
             if self._unanswered and self._failure is None:
                 self._start_resend()
+            elif self._unanswered and isinstance(self._failure, ProducerFencedError):
+                # A fenced producer does not reconnect, so these will get no answer.
+                self._fail(
+                    ConnectionClosedError(
+                        f"producer {self.producer_name!r} of {self.topic} was fenced and its connection"
+                        " closed before these sends were answered: their outcome is unknown"
+                    )
+                )
 
     def _start_resend(self) -> None:
         if self._resending is None and self._failure is None:
@@ -141,6 +198,9 @@ class SequencedSends:
                 if time.monotonic() > deadline:
                     raise RequestTimeoutError("its sends got no answer in time")
                 conn = await self._connections.get(self.store_address)
+                # Resume the name on the new connection before re-sending (the store refuses a
+                # Produce of a name without a session of it there).
+                persisted = await self._setup(conn, resume=True)
                 break
             except _DOUBTFUL as exc:
                 if time.monotonic() + delay > deadline:
@@ -156,6 +216,22 @@ class SequencedSends:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESEND_BACKOFF[1])
+            except ServiceError as exc:  # fenced, or the store refuses named producers now
+                self._resending = None
+                self._fail(exc)
+                return
+        if persisted > self.last_sequence_id:
+            self._resending = None
+            self._fail(
+                ProducerFencedError(
+                    f"producer {self.producer_name!r} of {self.topic}: the store holds sequence id "
+                    f"{persisted} for the name, beyond {self.last_sequence_id}, the last this producer "
+                    "assigned: another producer with the same name wrote since; this one is fenced "
+                    "and the outcome of its unanswered sends is unknown (read the topic): close it",
+                    api.WRITER_FENCED,
+                )
+            )
+            return
         self._resending = None
         self._use(conn)
         # In sequence order, with their original sequence ids: the store de-duplicates those it holds.

@@ -55,8 +55,9 @@ class Producer:
         """The sequence id of the latest send of a named producer (they start at 0; -1: none yet)."""
         return self._sequenced.last_sequence_id if self._sequenced is not None else -1
 
-    async def open_sequenced(self, last_persisted: int) -> None:
-        """Make a named producer's sends idempotent, continuing after the store's ``last_persisted``."""
+    async def open_sequenced(self) -> None:
+        """Make a named producer's sends idempotent: take the name on the store (fencing any older
+        producer of it) and continue after the name's last persisted sequence id."""
         assert self.producer_name is not None
         sequenced = SequencedSends(
             self._connections,
@@ -65,7 +66,7 @@ class Producer:
             self.producer_name,
             resend_timeout=self._resync_timeout,
         )
-        await sequenced.open(last_persisted)
+        await sequenced.open()
         self._sequenced = sequenced
 
     def send(
@@ -145,6 +146,10 @@ class Producer:
                 del appenders[key]
             raise
         return appender
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:

@@ -47,6 +47,7 @@ class WriterSession:
     topic: str
     partition: Partition
     epoch: int
+    owner: str = ""  # a named producer's instance token ("" for a single-key writer)
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
 
@@ -93,18 +94,39 @@ class BlockAppender:
         validate_writer_id(body.writer_id)
         partition = await topics.partition(body.topic)
         await topics.register_topic(body.topic)
-        epoch, last = partition.writers.setup(body.writer_id)
+        if body.producer_session:
+            epoch, last = await partition.setup_producer(body.writer_id, body.producer_session, body.resume)
+        else:
+            epoch, last = partition.writers.setup(body.writer_id)
         writers = self._sessions.setdefault(session.session_id, {})
         old = writers.get(body.writer_id)
         if old is not None:
             self._release(old)
-        writers[body.writer_id] = WriterSession(body.topic, partition, epoch)
+        writers[body.writer_id] = WriterSession(body.topic, partition, epoch, body.producer_session)
         answer = api.Command()
         setup = answer.append_setup
         setup.topic = body.topic
         setup.writer_id = body.writer_id
         setup.last_event_number = last
         return answer
+
+    def producer_epoch(self, session: Session, topic: str, producer_name: str) -> int:
+        """The epoch of this connection's session of producer ``producer_name`` on ``topic``, for
+        its Produce to carry: the partition refuses the send once a newer session took the name."""
+        writer = self._sessions.get(session.session_id, {}).get(producer_name)
+        if writer is None or writer.topic != topic or not writer.owner:
+            self._enabled("Produce with producer_name (an idempotent producer)")
+            raise BadRequestError(
+                f"producer {producer_name!r} has no SetupAppend for topic {topic!r} on this connection:"
+                " send SetupAppend(topic, writer_id = producer name, producer_session) first; it answers"
+                " the name's last sequence id and fences older producers of the name"
+            )
+        writers = writer.partition.writers
+        if not writers.has_session(producer_name):
+            # The name's state expired while this connection idled and no other producer took it
+            # since (that would have opened a session): this one still holds the name.
+            writer.epoch, _ = writers.setup(producer_name, owner=writer.owner, resume=True)
+        return writer.epoch
 
     def append_block(self, session: Session, command: api.Command) -> None:
         body = command.append_block

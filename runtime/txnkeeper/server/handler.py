@@ -352,13 +352,14 @@ class PodHandler:
                 "producer_name (idempotent produce) applies to non-transactional produces only:"
                 " a transaction already makes its sends atomic",
             )
-            return self._produce_idempotent(topics, body)
+            epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
+            return self._produce_idempotent(topics, body, epoch)
         return self._produce_async(topics, body.topic, body.payload, body.key, txn)
 
     @staticmethod
-    async def _produce_idempotent(topics: TopicService, body: api.Produce) -> api.Command:
+    async def _produce_idempotent(topics: TopicService, body: api.Produce, epoch: int) -> api.Command:
         result = await topics.publish_idempotent(
-            body.topic, body.payload, body.key, body.producer_name, body.sequence_id
+            body.topic, body.payload, body.key, body.producer_name, body.sequence_id, epoch=epoch
         )
         command = api.Command()
         receipt = command.produce_receipt

@@ -327,13 +327,32 @@ class Partition:
         entries = await self.ledger.read_entries(start, max_entries)
         return [(e.position, e.data) for e in entries]
 
+    async def setup_producer(self, producer_name: str, owner: str, resume: bool) -> tuple[int, int]:
+        """A new session of producer ``producer_name`` (instance ``owner``): its epoch, which fences
+        every older session of the name, and the name's last persisted sequence id.
+
+        Sends of an older session already queued to the ledger are waited for, so the number answered
+        counts them: the new producer continues after them instead of reusing their sequence ids
+        (the store would drop its sends as their duplicates)."""
+        writers = self.writers
+        epoch, _ = writers.setup(producer_name, owner=owner, resume=resume)
+        pending = writers.in_flight_of(producer_name)
+        if pending:
+            await asyncio.wait(pending)
+        return epoch, writers.settled_last(producer_name)
+
     async def publish_idempotent(
-        self, payload: bytes, key: str, producer_name: str, sequence_id: int
+        self, payload: bytes, key: str, producer_name: str, sequence_id: int, *, epoch: int | None = None
     ) -> BlockResult:
-        """A non-transactional send deduplicated by (producer name, sequence id)."""
+        """A non-transactional send deduplicated by (producer name, sequence id); with ``epoch``, only
+        while that session of the name is its newest (checked right before queuing, with no await
+        between the check and the queuing, so a newer session's ``setup_producer`` sees every send
+        of an older one it must wait for)."""
         writers = self.writers
         writers.admit_producer(producer_name)
         while True:
+            if epoch is not None:
+                writers.check_epoch(producer_name, epoch, producer=True)
             decision = writers.decide_send(producer_name, sequence_id)
             if isinstance(decision, WaitFor):
                 await asyncio.wait([decision.future])

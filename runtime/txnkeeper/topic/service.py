@@ -196,10 +196,17 @@ class TopicService:
         return await partition.publish(payload, key, txn_id)
 
     async def publish_idempotent(
-        self, topic: str, payload: bytes, key: str, producer_name: str, sequence_id: int
+        self,
+        topic: str,
+        payload: bytes,
+        key: str,
+        producer_name: str,
+        sequence_id: int,
+        *,
+        epoch: int | None = None,
     ) -> BlockResult:
         partition = self._partitions.get(topic) or await self.partition(topic)
-        return await partition.publish_idempotent(payload, key, producer_name, sequence_id)
+        return await partition.publish_idempotent(payload, key, producer_name, sequence_id, epoch=epoch)
 
     # --- fences: ends of transactions on topics or subscriptions this pod does not hold -------------
     def _unknown_topic(self, topic: str) -> bool:

@@ -5,6 +5,9 @@ answer from what it remembers instead of writing twice, refuse a gap, and say so
 forgotten the writer rather than re-apply silently. Both use one table: writer id (or producer name) ->
 the last durable event (sequence) number and the first MessageId of its last block (send).
 
+Named producers are fenced like writers: each SetupAppend of a name opens a session with a new epoch
+and a Produce carries its session's epoch, so the newest producer of a name is the only one writing.
+
 Pure state, no I/O: the partition feeds it what it queues, what became durable and what it replays.
 Two views are kept: ``durable`` (what a snapshot and a reconnecting writer may see) and the *queued*
 last number (durable plus blocks in flight), which orders pipelined blocks and catches a retransmission
@@ -136,7 +139,12 @@ class WriterTable:
         self.durable: dict[str, Writer] = {}
         self._in_flight: dict[str, list[InFlight]] = {}
         self._epochs: dict[str, int] = {}  # writer -> its newest session's epoch (in memory only)
+        # Epochs are unique in the table, not per writer: a session of a writer that expired and was
+        # set up again by someone else must never match the new session's epoch.
+        self._last_epoch = 0
         self._setup_ms: dict[str, int] = {}  # writer -> when its newest session began
+        # producer name -> the producer instance (its session token) that holds the name now
+        self._owners: dict[str, str] = {}
 
     # --- sessions ---------------------------------------------------------------------------------
     def _admit(self, writer_id: str) -> None:
@@ -149,11 +157,29 @@ class WriterTable:
                 f"{self.max_writers}); reuse a writer id or raise singleKeyTransactions.maxWritersPerTopic"
             )
 
-    def setup(self, writer_id: str) -> tuple[int, int]:
-        """A new session of ``writer_id``: its epoch (fencing every older session) and last number."""
+    def setup(self, writer_id: str, *, owner: str = "", resume: bool = False) -> tuple[int, int]:
+        """A new session of ``writer_id``: its epoch (fencing every older session) and last number.
+
+        ``owner`` is a named producer's instance token. The newest session of a name always wins, so
+        a producer reconnecting after a cut is never locked out by its own dead connection; but a
+        reconnect (``resume``) of an instance that another instance has taken the name from since is
+        refused: the fenced producer would otherwise take the name back and re-send sequence ids the
+        newer one already used, and the store would drop them as duplicates."""
         validate_writer_id(writer_id)
+        holder = self._owners.get(writer_id)
+        if resume and owner and holder is not None and holder != owner:
+            raise WriterFencedError(
+                f"producer {writer_id!r} of topic {self.topic!r} was taken over by another producer with"
+                " the same name since this one connected; this producer is fenced for good: close it"
+                " (run one producer per name)"
+            )
         self._admit(writer_id)
-        epoch = self._epochs.get(writer_id, 0) + 1
+        if owner:
+            self._owners[writer_id] = owner
+        else:
+            self._owners.pop(writer_id, None)
+        self._last_epoch += 1
+        epoch = self._last_epoch
         self._epochs[writer_id] = epoch
         self._setup_ms[writer_id] = self._clock()
         writer = self.durable.get(writer_id)
@@ -161,7 +187,7 @@ class WriterTable:
             writer.last_active_ms = self._clock()
         return epoch, writer.last if writer is not None else NO_EVENT
 
-    def check_epoch(self, writer_id: str, epoch: int) -> None:
+    def check_epoch(self, writer_id: str, epoch: int, *, producer: bool = False) -> None:
         current = self._epochs.get(writer_id)
         if current is None:
             raise WriterStateLostError(
@@ -169,10 +195,34 @@ class WriterTable:
                 "writerInactivityMinutes); send SetupAppend again and check last_event_number"
             )
         if current != epoch:
+            if producer:
+                raise WriterFencedError(
+                    f"producer {writer_id!r} of topic {self.topic!r} was taken over by a newer producer "
+                    "with the same name (another connection); this producer's sends are refused from "
+                    "now on: close it (run one producer per name)"
+                )
             raise WriterFencedError(
                 f"writer {writer_id!r} of topic {self.topic!r} was taken over by a newer SetupAppend "
                 "(another connection); this session's blocks are refused"
             )
+
+    def has_session(self, writer_id: str) -> bool:
+        """False once the writer's sessions expired (or it never had one)."""
+        return writer_id in self._epochs
+
+    def in_flight_of(self, writer_id: str) -> list[asyncio.Future[Position]]:
+        """The writes of ``writer_id`` queued to the ledger and not yet settled."""
+        return [flight.done for flight in self._in_flight.get(writer_id, [])]
+
+    def settled_last(self, writer_id: str) -> int:
+        """The last number durable for ``writer_id``, counting flights that completed but whose
+        writer has not run ``settled`` yet (a new session must start after them)."""
+        writer = self.durable.get(writer_id)
+        last = writer.last if writer is not None else NO_EVENT
+        for flight in self._in_flight.get(writer_id, []):
+            if _succeeded(flight.done) and _succeeded(flight.first_entry):
+                last = max(last, flight.last)
+        return last
 
     # --- deciding and applying blocks --------------------------------------------------------------
     def queued_last(self, writer_id: str) -> int:
@@ -266,6 +316,7 @@ class WriterTable:
             self.durable.pop(writer_id, None)
             self._epochs.pop(writer_id, None)
             self._setup_ms.pop(writer_id, None)
+            self._owners.pop(writer_id, None)
         return gone
 
     @property
