@@ -16,7 +16,9 @@ data directory; a mode's figures pool all its rounds (records, entries, fsyncs, 
 at 16 writers is the tail of the disk's fsync times (every record waits for exactly one ledger write in
 both modes), so a burst of other I/O during one mode's single 3 s run used to decide the p99 ratio on
 its own; interleaved rounds spread such bursts over all modes. ``perRound`` keeps each round's rate and
-p99 so the spread stays visible. Before anything is measured, every mode runs once unmeasured: the first
+p99 so the spread stays visible (with ``--components``, also where each round's latency went: ledger
+fsyncs waited per record, fsync times, the loop's time between fsyncs, what slow records overlapped).
+Before anything is measured, every mode runs once unmeasured: the first
 run of a process is slower, and it used to be the batched mode's at 1 writer in every run.
 
 Prints one JSON document. Figures depend on the machine and its load; compare ratios, not absolutes.
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gc
+import itertools
 import json
 import os
 import platform
@@ -40,14 +44,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.bufferedwriter import BatchedWriteConfig
 from txnkeeper.ledger import FileIO, ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger.watermark import WATERMARK_FILE
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.txnlog import TransactionLogStore, TxnID
@@ -57,14 +63,24 @@ COORDINATOR = 0
 
 
 class CountingIO(FileIO):
-    """The real file layer, counting the syncs the ledger issues."""
+    """The real file layer, counting the syncs the ledger issues (and timing them for --components)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, timed: bool = False) -> None:
         self.syncs = 0
+        # (start, end) of every fdatasync of a ledger data file (not the watermark's), when timed.
+        self.data_syncs: list[tuple[float, float]] | None = [] if timed else None
 
     def sync_data(self, fd: int) -> None:
         self.syncs += 1
+        timed = self.data_syncs
+        if timed is None:
+            super().sync_data(fd)
+            return
+        start = time.perf_counter()
         super().sync_data(fd)
+        end = time.perf_counter()
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) != WATERMARK_FILE:
+            timed.append((start, end))
 
     def sync(self, fd: int) -> None:
         self.syncs += 1
@@ -125,6 +141,7 @@ class Result:
     latencies: list[float]
     cpu_seconds: float
     loadavg: float
+    components: dict[str, Any] | None = field(default=None)
 
     @classmethod
     def pooled(cls, rounds: list[Result]) -> Result:
@@ -140,6 +157,12 @@ class Result:
             sum(r.cpu_seconds for r in rounds),
             statistics.fmean(r.loadavg for r in rounds),
         )
+
+    def round_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"recordsPerSecond": round(self.records / self.seconds), "p99Ms": self.p99_ms()}
+        if self.components is not None:
+            out["components"] = self.components
+        return out
 
     def p99_ms(self) -> float:
         lat = sorted(self.latencies)
@@ -174,16 +197,25 @@ class Mode:
 
 
 async def run_one(
-    mode: str, setup: Mode, writers: int, seconds: float, warmup: float, *, delete: bool
+    mode: str,
+    setup: Mode,
+    writers: int,
+    seconds: float,
+    warmup: float,
+    *,
+    delete: bool,
+    components: bool = False,
 ) -> Result:
     with tempfile.TemporaryDirectory(prefix="txnlog-bench-") as tmp:
-        io = CountingIO()
+        io = CountingIO(timed=components)
         factory = ManagedLedgerFactory(Path(tmp), io=io)
         store = await TransactionLogStore.open(factory, COORDINATOR, setup.writer, ledger_config=setup.ledger)
         lives = [txn_life(seq) for seq in range(writers)]
         measuring = False
         stop = False
         latencies: list[float] = []
+        # (submit, acknowledgement) of every measured record, for --components
+        spans: list[tuple[float, float]] | None = [] if components else None
         counted = 0
         clock = time.perf_counter
 
@@ -202,8 +234,11 @@ async def run_one(
                     t0 = clock()
                     await append(record)
                     if measuring:
-                        latencies.append(clock() - t0)
+                        t1 = clock()
+                        latencies.append(t1 - t0)
                         counted += 1
+                        if spans is not None:
+                            spans.append((t0, t1))
                 if delete:
                     task = asyncio.create_task(store.delete_txn(TxnID(COORDINATOR, seq)))
                     deletes.add(task)
@@ -214,11 +249,24 @@ async def run_one(
         await asyncio.sleep(warmup)
         entries0 = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"]
         syncs0 = io.syncs
+        pauses: list[tuple[float, float]] = []
+        gc_started = [0.0]
+
+        def on_gc(phase: str, _info: dict[str, Any]) -> None:
+            if phase == "start":
+                gc_started[0] = clock()
+            else:
+                pauses.append((gc_started[0], clock()))
+
+        if components:
+            gc.callbacks.append(on_gc)
         measuring = True
         started, cpu_started = clock(), time.process_time()
         await asyncio.sleep(seconds)
         measuring = False
         elapsed, cpu = clock() - started, time.process_time() - cpu_started
+        if components:
+            gc.callbacks.remove(on_gc)
         entries = store.internal_stats()["managedLedgerInternalStats"]["entriesAddedCounter"] - entries0
         syncs = io.syncs - syncs0
         stop = True
@@ -226,7 +274,55 @@ async def run_one(
         await asyncio.gather(*deletes)
         await store.close()
         await factory.close()
-        return Result(mode, writers, counted, elapsed, entries, syncs, latencies, cpu, os.getloadavg()[0])
+        found = None
+        if spans is not None and io.data_syncs is not None:
+            found = latency_components(spans, io.data_syncs, pauses)
+        return Result(
+            mode, writers, counted, elapsed, entries, syncs, latencies, cpu, os.getloadavg()[0], found
+        )
+
+
+def latency_components(
+    spans: list[tuple[float, float]], syncs: list[tuple[float, float]], pauses: list[tuple[float, float]]
+) -> dict[str, Any]:
+    """Where records' latency went: how many ledger fsyncs each waited for, how long those took, how
+    long the loop worked between one fsync's end and the next one's start, and what the slow records
+    (over 3x the median latency) overlapped: a fsync longer than the median latency, a GC pause, or
+    neither (other load)."""
+    syncs = sorted(syncs)
+    ends = sorted(end for _, end in syncs)
+    starts = [start for start, _ in syncs]
+    waited = Counter(bisect.bisect_left(ends, ack) - bisect.bisect_left(ends, t0) for t0, ack in spans)
+    first, last = (spans[0][0], max(ack for _, ack in spans)) if spans else (0.0, 0.0)
+    measured = [(a, b) for a, b in syncs if first <= a and b <= last]
+
+    def ms(values: list[float], p: float) -> float:
+        values = sorted(values)
+        return round(values[min(len(values) - 1, int(p * len(values)))] * 1000, 3) if values else 0.0
+
+    fsync_times = [b - a for a, b in measured]
+    gaps = [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(measured)]
+    median = sorted(b - a for a, b in spans)[len(spans) // 2] if spans else 0.0
+    slow: Counter[str] = Counter()
+    for t0, ack in spans:
+        if ack - t0 <= 3 * median:
+            continue
+        if any(a < ack and b > t0 for a, b in pauses):
+            slow["gcPause"] += 1
+            continue
+        # Ledger writes are serialized, so the fsyncs overlapping [t0, ack] are one run of indexes.
+        overlapping = syncs[bisect.bisect_right(ends, t0) : bisect.bisect_left(starts, ack)]
+        if any(b - a > median and a < ack and b > t0 for a, b in overlapping):
+            slow["longFsync"] += 1
+        else:
+            slow["other"] += 1
+    return {
+        "ledgerFsyncsWaited": {str(k): v for k, v in sorted(waited.items())},
+        "fsyncMs": {"p50": ms(fsync_times, 0.5), "p99": ms(fsync_times, 0.99)},
+        "betweenFsyncsMs": {"p50": ms(gaps, 0.5), "p99": ms(gaps, 0.99)},
+        "slowRecords": {"over3xMedian": sum(slow.values()), **slow},
+        "gcPauses": len(pauses),
+    }
 
 
 def batched_mode(delay_ms: float) -> Mode:
@@ -278,16 +374,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 gc.collect()
                 setup = MODES[mode](args.max_delay_ms)
                 result = await run_one(
-                    mode, setup, writers, round_seconds, args.warmup, delete=args.with_deletes
+                    mode,
+                    setup,
+                    writers,
+                    round_seconds,
+                    args.warmup,
+                    delete=args.with_deletes,
+                    components=args.components,
                 )
                 by_round[mode].append(result)
                 print(json.dumps({"round": index, **result.to_json()}), file=sys.stderr)
         by_mode: dict[str, dict[str, Any]] = {}
         for mode, results in by_round.items():
             by_mode[mode] = Result.pooled(results).to_json()
-            by_mode[mode]["perRound"] = [
-                {"recordsPerSecond": round(r.records / r.seconds), "p99Ms": r.p99_ms()} for r in results
-            ]
+            by_mode[mode]["perRound"] = [r.round_json() for r in results]
             runs.append(by_mode[mode])
         b = by_mode.get("batched")
         if b is None:
@@ -365,6 +465,11 @@ def main() -> int:
         "--with-deletes",
         action="store_true",
         help="also delete each ended transaction's records (cursor load)",
+    )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="time every ledger fsync and record, and report per round where latency went",
     )
     process_settings.add_arguments(parser)
     args = parser.parse_args()
