@@ -186,7 +186,11 @@ class BufferedWriter(Generic[R]):
 
     @property
     def flush_deadline(self) -> float | None:
-        """Loop time of the next timer tick while records wait (``None`` when nothing waits on it)."""
+        """Loop time of the next timer tick (``None`` when no timer is armed).
+
+        Armed whenever records wait on the timer; one armed for a batch that left earlier (on
+        maxRecords or maxSize) may still tick once and find nothing, as Pulsar's periodic timer does.
+        """
         return self._timer.when() if self._timer is not None else None
 
     @property
