@@ -151,6 +151,28 @@ async def test_coordinator_commit_logs_every_step_and_is_idempotent(tmp_path: Pa
     assert coordinator.status_of(txn) == "COMMITTED"
 
 
+async def test_coordinator_end_whose_decision_cannot_be_logged_leaves_the_txn_open(tmp_path: Path) -> None:
+    # The end runs as callbacks (no task): a failed decision write must still reach the caller and
+    # every concurrent end of the same transaction, and undo the COMMITTING status.
+    clock = [1_000]
+    coordinator, log, sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txn = await coordinator.new_txn(5_000)
+    await coordinator.add_partitions(txn, ["t1"], "s:1")
+    log.fail = True
+    first = coordinator.end_txn(txn, commit=True)
+    second = coordinator.end_txn(txn, commit=True)  # joins the end in progress
+    with pytest.raises(OSError, match="disk gone"):
+        await first
+    with pytest.raises(Exception, match="could not log the end"):
+        await second
+    assert coordinator.status_of(txn) == "OPEN" and sink.ends == []
+    log.fail = False
+    await coordinator.end_txn(txn, commit=True)
+    await coordinator.close()
+    assert coordinator.status_of(txn) == "COMMITTED" and sink.ends == [("t1", txn, True)]
+
+
 async def test_coordinator_ends_once_per_store_and_retries_only_the_failed_store(tmp_path: Path) -> None:
     clock = [1_000]
     coordinator, _log, sink = make_coordinator(tmp_path, clock)
