@@ -28,11 +28,15 @@ async def test_first_failure_prefers_a_refusal_given_at_the_call_and_resolves_wi
     ok.set_result(None)
     with pytest.raises(KeyError):
         await first_failure([ok], KeyError("refused at the call"))
-    assert await first_failure([]) is None
+    empty = first_failure([])
+    await empty
+    assert empty.done() and empty.exception() is None
     single = loop.create_future()
     combined = first_failure([single])
+    assert not combined.done()
     single.set_result("x")
-    assert await combined is None
+    await combined
+    assert combined.exception() is None
 
 
 async def test_when_all_calls_back_once_with_every_future_in_order() -> None:
