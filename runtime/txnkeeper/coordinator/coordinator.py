@@ -523,6 +523,8 @@ class TransactionCoordinator:
         else:
             self.aborted_count += 1
         settle(done, None, None)
+        if self.state == "Closed":
+            return  # ended after the last round was drained: sealed by the replay after the restart
         # Sealed in rounds (see SEAL_INTERVAL), not a log write per transaction.
         self._seals.add((meta, commit))
 
