@@ -151,6 +151,64 @@ async def test_coordinator_commit_logs_every_step_and_is_idempotent(tmp_path: Pa
     assert coordinator.status_of(txn) == "COMMITTED"
 
 
+async def test_coordinator_end_whose_decision_cannot_be_logged_leaves_the_txn_open(tmp_path: Path) -> None:
+    # The end runs as callbacks (no task): a failed decision write must still reach the caller and
+    # every concurrent end of the same transaction, and undo the COMMITTING status.
+    clock = [1_000]
+    coordinator, log, sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txn = await coordinator.new_txn(5_000)
+    await coordinator.add_partitions(txn, ["t1"], "s:1")
+    log.fail = True
+    first = coordinator.end_txn(txn, commit=True)
+    second = coordinator.end_txn(txn, commit=True)  # joins the end in progress
+    with pytest.raises(OSError, match="disk gone"):
+        await first
+    with pytest.raises(Exception, match="could not log the end"):
+        await second
+    assert coordinator.status_of(txn) == "OPEN" and sink.ends == []
+    log.fail = False
+    await coordinator.end_txn(txn, commit=True)
+    await coordinator.close()
+    assert coordinator.status_of(txn) == "COMMITTED" and sink.ends == [("t1", txn, True)]
+
+
+async def test_coordinator_seals_ended_transactions_in_rounds_then_deletes_them(tmp_path: Path) -> None:
+    # COMMITTED/ABORTED is not written per transaction but for all transactions ended since the
+    # last round, queued together (one entry), and only those sealed are deleted.
+    clock = [1_000]
+    coordinator, log, _sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    txns = [await coordinator.new_txn(5_000) for _ in range(3)]
+    for txn in txns:
+        await coordinator.add_partitions(txn, ["t1"], "s:1")
+    await coordinator.end_txn(txns[0], commit=True)
+    await coordinator.end_txn(txns[1], commit=False)
+    await coordinator.end_txn(txns[2], commit=True)
+    assert [coordinator.status_of(t) for t in txns] == ["COMMITTED", "ABORTED", "COMMITTED"]
+
+    def sealed() -> list[tuple[int, int]]:
+        op = meta_pb.TransactionMetadataEntry.UPDATE
+        finals = (meta_pb.COMMITTED, meta_pb.ABORTED)
+        return [
+            (r.txnid_least_bits, r.new_status)
+            for r in log.records
+            if r.metadata_op == op and r.new_status in finals
+        ]
+
+    async def all_deleted() -> bool:
+        return sorted(log.deleted) == sorted(txns)
+
+    await wait_until(all_deleted, 10, "the ended transactions' records to be deleted")
+    assert sorted(sealed()) == [(1, meta_pb.COMMITTED), (2, meta_pb.ABORTED), (3, meta_pb.COMMITTED)]
+    late = await coordinator.new_txn(5_000)
+    await coordinator.add_partitions(late, ["t1"], "s:1")
+    await coordinator.end_txn(late, commit=True)
+    log.fail = True  # its seal cannot be logged: its records stay for the replay to finish
+    await coordinator.close()  # drains the pending round
+    assert late not in log.deleted and coordinator.status_of(late) == "COMMITTED"
+
+
 async def test_coordinator_ends_once_per_store_and_retries_only_the_failed_store(tmp_path: Path) -> None:
     clock = [1_000]
     coordinator, _log, sink = make_coordinator(tmp_path, clock)

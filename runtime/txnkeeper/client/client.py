@@ -171,7 +171,7 @@ class Client:
         txn = answer.txn_id
         transaction = Transaction(self.connections, TxnID(txn.most, txn.least), address, answer.owner_token)
         if answer.tickets:
-            transaction.registered_at_begin(store, answer.tickets)
+            transaction.registered_at_begin(store, response)
         return transaction
 
     async def transaction_status(self, txn: Transaction) -> str:

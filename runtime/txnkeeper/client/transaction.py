@@ -9,7 +9,7 @@ ack conflict), committing would lose that operation, so ``commit`` aborts instea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -39,8 +39,9 @@ class Transaction:
         self.coordinator_address = coordinator_address
         self._registered: dict[object, asyncio.Future[api.Command]] = {}
         self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Created only when an end has to wait for operations still in flight (rarely: callers
+        # usually await their sends and acks first), not an Event per transaction.
+        self._idle_waiter: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self.state = "OPEN"
         self._end_attempt: bool | None = None
@@ -64,17 +65,18 @@ class Transaction:
         if self.state != "OPEN":
             raise InvalidTxnStatusError(f"transaction {self.txn_id} is {self.state}")
 
-    def registered_at_begin(self, store_address: str, tickets: Iterable[api.TxnTicket]) -> None:
+    def registered_at_begin(self, store_address: str, begun: api.Command) -> None:
         """Record the partitions/subscriptions the coordinator registered with the begin (NewTxn with
-        topics/subscriptions): their sends and acks use these tickets without an AddToTxn."""
-        granted = api.Command()
-        granted.txn_tickets.tickets.extend(tickets)
-        loop = asyncio.get_running_loop()
-        for ticket in granted.txn_tickets.tickets:
-            registration: asyncio.Future[api.Command] = loop.create_future()
-            registration.set_result(granted)
-            key = ("s", ticket.topic, ticket.subscription) if ticket.subscription else ("p", ticket.topic)
-            self._registered[key] = registration
+        topics/subscriptions; ``begun`` is its response): their sends and acks use its tickets without
+        an AddToTxn. One resolved registration shared by all, read in place (no copy of the tickets)."""
+        registration: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        registration.set_result(begun)
+        registered = self._registered
+        for ticket in begun.new_txn_response.tickets:
+            if ticket.subscription:
+                registered[("s", ticket.topic, ticket.subscription)] = registration
+            else:
+                registered[("p", ticket.topic)] = registration
 
     def partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
         """Registers ``topic`` with the coordinator once per transaction; a send waits on the future."""
@@ -142,7 +144,13 @@ class Transaction:
     def ticket(registration: asyncio.Future[api.Command], topic: str, subscription: str) -> api.TxnTicket:
         """The coordinator's ticket for ``topic`` (and ``subscription``) from a resolved registration
         (the store refuses a transactional produce or ack without it)."""
-        for ticket in registration.result().txn_tickets.tickets:
+        granted = registration.result()
+        tickets = (
+            granted.txn_tickets.tickets
+            if granted.WhichOneof("body") == "txn_tickets"
+            else granted.new_txn_response.tickets
+        )
+        for ticket in tickets:
             if ticket.topic == topic and ticket.subscription == subscription:
                 return ticket
         return api.TxnTicket()  # the store says what is missing
@@ -204,14 +212,23 @@ class Transaction:
     def op_started(self) -> None:
         self._check_open()
         self._in_flight += 1
-        self._idle.clear()
 
     def op_finished(self, failure: BaseException | None) -> None:
         if failure is not None and self._failure is None:
             self._failure = failure
         self._in_flight -= 1
-        if self._in_flight == 0:
-            self._idle.set()
+        waiter = self._idle_waiter
+        if self._in_flight == 0 and waiter is not None:
+            self._idle_waiter = None
+            settle(waiter, None, None)
+
+    async def _operations_done(self) -> None:
+        """Wait until no send or ack of this transaction is in flight."""
+        while self._in_flight:
+            waiter = self._idle_waiter
+            if waiter is None:
+                waiter = self._idle_waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)  # a cancelled end must not cancel the shared waiter
 
     async def commit(self) -> None:
         """Commit once every send/ack of the transaction finished; aborts (and raises) if one failed.
@@ -226,7 +243,8 @@ class Transaction:
             return
         self._check_open()
         self.state = "COMMITTING"
-        await self._idle.wait()
+        if self._in_flight:
+            await self._operations_done()
         if self._failure is not None:
             self.state = "OPEN"
             cause = self._failure
@@ -246,7 +264,8 @@ class Transaction:
                 f"transaction {self.txn_id} was being committed; retry commit() instead"
             )
         self.state = "ABORTING"
-        await self._idle.wait()
+        if self._in_flight:
+            await self._operations_done()
         await self._end(commit=False)
 
     async def _end(self, commit: bool) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,6 +23,7 @@ from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_config
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.server.blocks import BlockAppender, PendingBudget
 from txnkeeper.topic.service import TopicService
+from txnkeeper.topic.settled import when_all
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.txnid import TxnID
 
@@ -109,6 +110,23 @@ def _answer_tickets(
         secret.fill_ticket(tickets.tickets.add(), txn_id, topic, "", deadline_ms)
     for topic, subscription in subscriptions:
         secret.fill_ticket(tickets.tickets.add(), txn_id, topic, subscription, deadline_ms)
+    settle(response, None, command)
+
+
+def _answer_ends(response: asyncio.Future[api.Command], results: Sequence[asyncio.Future[Any]]) -> None:
+    """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied)."""
+    command = api.Command()
+    answer = command.end_txns_on_store_result
+    answer.SetInParent()
+    for index, result in enumerate(results):
+        failure = failure_of(result)
+        if failure is None:
+            continue
+        if not isinstance(failure, Exception):
+            settle(response, failure, command)  # cancelled: the server is closing
+            return
+        answer.failed.append(index)
+        fill_error(answer.errors.add(), failure)
     settle(response, None, command)
 
 
@@ -503,29 +521,24 @@ class PodHandler:
         ends = command.end_txns_on_store.ends
         topics = self._coordinator_store(session, "end-txns-on-store")
         require(len(ends) > 0, "the request names no end")
-        return self._ends_on_store_async(topics, [self._one_end(topics, end) for end in ends])
+        # Each end is applied on its own (concurrently, as separate requests would be) and answered
+        # on its own: one failure does not fail the others. Futures and one countdown, no task.
+        loop = asyncio.get_running_loop()
+        results: list[asyncio.Future[Any]] = []
+        for end in ends:
+            try:
+                results.append(self._one_end(topics, end))
+            except Exception as exc:
+                refused: asyncio.Future[Any] = loop.create_future()
+                settle(refused, exc, None)
+                results.append(refused)
+        response: asyncio.Future[api.Command] = loop.create_future()
+        when_all(results, partial(_answer_ends, response))
+        return response
 
     @staticmethod
-    async def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> None:
+    def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> asyncio.Future[None]:
         require(len(end.topics) + len(end.subscriptions) > 0, "end names no partition or subscription")
         subs = [(s.topic, s.subscription) for s in end.subscriptions]
         commit = end.action == api.COMMIT
-        await topics.end_txn_on_store(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)
-
-    @staticmethod
-    async def _ends_on_store_async(
-        topics: TopicService, ends: list[Coroutine[Any, Any, None]]
-    ) -> api.Command:
-        # Each end is applied on its own (concurrently, as separate requests would be) and answered
-        # on its own: one failure does not fail the others.
-        results = await asyncio.gather(*ends, return_exceptions=True)
-        command = api.Command()
-        answer = command.end_txns_on_store_result
-        answer.SetInParent()
-        for index, result in enumerate(results):
-            if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result
-                answer.failed.append(index)
-                fill_error(answer.errors.add(), result)
-        return command
+        return topics.end_txn_on_store(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)

@@ -19,9 +19,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+from txnkeeper.aio import failure_of, resolved, settle
 from txnkeeper.errors import InvalidTxnStatusError
 from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
@@ -443,38 +445,51 @@ class Partition:
             self._notify()
         return position
 
-    async def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> None:
+    def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
         """Write the transaction's marker (once) and let its messages be dispatched or dropped.
 
         ``deadline_ms`` (the txn's timeout deadline, in the marker) keeps it refusing the txn's late
-        messages until then, even once its outcome is forgotten."""
+        messages until then, even once its outcome is forgotten. A plain function returning a future
+        (the marker's write finishes by a callback, whoever waits): no coroutine per end."""
         if self.buffer.is_ended(txn_id):
             committed = self.buffer.outcome(txn_id).value == "committed"
             if committed != commit:
                 raise InvalidTxnStatusError(
                     f"transaction {txn_id} already ended the other way on {self.topic}"
                 )
-            return
+            return resolved(None)
         in_progress = self._ending.get(txn_id)
         if in_progress is not None:
-            await asyncio.shield(in_progress)
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ending[txn_id] = done
+            return asyncio.shield(in_progress)
         self.buffer.begin_end(txn_id)
         marker = encode_marker(txn_id, commit, deadline_ms)
         try:
-            position = await self.ledger.add_entry(marker)
-            self._remember(position, marker)
-        except BaseException as exc:
+            written = _as_future(self.ledger.add_entry(marker))
+        except BaseException:
             self.buffer.cancel_end(txn_id)
-            done.set_exception(exc)
-            done.exception()
             raise
-        finally:
-            del self._ending[txn_id]
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending[txn_id] = done
+        written.add_done_callback(partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done))
+        return done
+
+    def _marker_written(
+        self,
+        end: tuple[TxnID, bool, int, bytes],
+        done: asyncio.Future[None],
+        written: asyncio.Future[Position],
+    ) -> None:
+        txn_id, commit, deadline_ms, marker = end
+        del self._ending[txn_id]
+        failure = failure_of(written)
+        if failure is not None:
+            self.buffer.cancel_end(txn_id)
+            settle(done, failure, None)
+            return
+        position = written.result()
+        self._remember(position, marker)
         self.buffer.ended(txn_id, commit, position, deadline_ms)
-        done.set_result(None)
+        settle(done, None, None)
         self._count_written()
         self._notify()
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
@@ -19,6 +19,7 @@ from txnkeeper.ledger.position import Position
 from txnkeeper.topic.partition import BlockResult, Partition, PartitionLedger
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
+from txnkeeper.topic.settled import first_failure
 from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
@@ -266,45 +267,44 @@ class TopicService:
             subscription = await self.subscription(topic, name)
         await subscription.end_txn(txn_id, commit, deadline_ms)
 
-    async def end_txn_on_store(
+    def end_txn_on_store(
         self,
         txn_id: TxnID,
         commit: bool,
         topics: Iterable[str],
         subscriptions: list[tuple[str, str]],
         deadline_ms: int = 0,
-    ) -> None:
+    ) -> asyncio.Future[None]:
         """End the transaction on these partitions and subscriptions of this pod, all at once.
 
-        Subscription ends queue their record at the call and return futures, so they overlap with the
-        partition's marker write (started by the first await) without a task each; only several
-        partitions need a gather.
+        Partition and subscription ends queue their record at the call and return futures, so they
+        overlap without a task each (only a partition or subscription not open yet takes one); the
+        future resolves once every end settled, failing with the first failure if any.
         """
-        waiting: list[Awaitable[object]] = []
+        waiting: list[asyncio.Future[Any]] = []
         first_error: BaseException | None = None
-        ends = [
-            partition.end_txn(txn_id, commit, deadline_ms)
-            if (partition := self._partitions.get(topic)) is not None
-            else self.end_txn_on_partition(topic, txn_id, commit, deadline_ms)
-            for topic in topics
-        ]
-        if len(ends) == 1:
-            waiting.append(ends[0])
-        elif ends:
-            waiting.append(asyncio.gather(*ends))
+        for topic in topics:
+            try:
+                partition = self._partitions.get(topic)
+                if partition is None:
+                    waiting.append(
+                        asyncio.ensure_future(self.end_txn_on_partition(topic, txn_id, commit, deadline_ms))
+                    )
+                else:
+                    waiting.append(partition.end_txn(txn_id, commit, deadline_ms))
+            except Exception as exc:  # the others still end; the coordinator retries the whole end
+                first_error = first_error or exc
         for topic, name in subscriptions:
             try:
                 subscription = self._subscriptions.get((topic, name))
                 if subscription is None:
-                    waiting.append(self.end_txn_on_subscription(topic, name, txn_id, commit, deadline_ms))
+                    waiting.append(
+                        asyncio.ensure_future(
+                            self.end_txn_on_subscription(topic, name, txn_id, commit, deadline_ms)
+                        )
+                    )
                 else:
                     waiting.append(subscription.end_txn(txn_id, commit, deadline_ms))
-            except Exception as exc:  # the others still end; the coordinator retries the whole end
-                first_error = first_error or exc
-        for awaitable in waiting:
-            try:
-                await awaitable
             except Exception as exc:
                 first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
+        return first_failure(waiting, first_error)
