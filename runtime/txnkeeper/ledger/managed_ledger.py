@@ -202,6 +202,16 @@ class ManagedLedger:
             cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id)
         )
 
+    def start_queued_writes(self) -> None:
+        """Start the write of what is queued now, in this callback, if the ledger is not writing.
+
+        For a caller that has just appended everything one loop turn produced (the buffered writer's
+        end-of-turn flush): the group-commit task would otherwise submit it a loop turn later. While
+        a write runs this does nothing, so concurrent appends keep sharing the next write and fsync.
+        """
+        if self._state is _State.OPEN:
+            self._writer.start_now()
+
     def add_entries(self, datas: Sequence[bytes]) -> list[asyncio.Future[Position]]:
         """Append ``datas`` as consecutive entries of one ledger; one future per entry, as add_entry.
 

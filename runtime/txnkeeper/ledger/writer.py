@@ -9,6 +9,11 @@ With group_commit off every append is its own group: the fsync-per-append baseli
 written mark, which a process crash cannot lose); ``on_durable`` hears of every confirmed group (the
 managed ledger counts entries and moves the watermark's confirmed value, whose write then runs
 alongside the next group's).
+
+``start_now`` lets a caller that already gathered a loop turn's records (the buffered writer's
+end-of-turn flush) have the write submitted within its own callback instead of when the flush task
+first runs, a loop turn later. It acts only while no write is running, so it never splits a group:
+appends queued while a write runs still join the next one.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class GroupCommitWriter:
         self._on_failure = on_failure
         self._queue: deque[_Group | _Barrier] = deque()
         self._task: asyncio.Task[None] | None = None
+        # The task exists but has not run its first step yet: start_now may take its first write.
+        self._task_pending = False
+        # A write start_now submitted, which the task completes first: its groups and the I/O future.
+        self._head: tuple[list[_Group], asyncio.Future[None]] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self.pending_appends = 0
@@ -106,28 +115,58 @@ class GroupCommitWriter:
             self._start()
         return future
 
+    def start_now(self) -> None:
+        """Submit the queued write to the I/O thread now if no write is running or about to run.
+
+        Only the first group(s) are taken, exactly those the flush task would take; everything else
+        stays queued for the task, which completes this write first. A no-op while a write runs
+        (appends then keep grouping behind it) or when a barrier is next.
+        """
+        queue = self._queue
+        if not self._task_pending or self._head is not None or not queue or type(queue[0]) is not _Group:
+            return
+        groups = self._take_groups()
+        future = self._submit(groups)
+        if future is not None:
+            self._head = (groups, future)
+
     async def drain(self) -> None:
         """Wait until everything queued so far (and since) has completed."""
         await self._idle.wait()
 
     def _start(self) -> None:
         self._idle.clear()
+        self._task_pending = True
         self._task = self._loop.create_task(self._run(), name="ledger-group-commit")
 
+    def _take_groups(self) -> list[_Group]:
+        # The queue's head is a group: it and (with group commit) the groups of the same ledger after it.
+        queue = self._queue
+        first = queue.popleft()
+        assert type(first) is _Group
+        groups = [first]
+        if self._group_commit:
+            while queue and type(queue[0]) is _Group and queue[0].ledger is first.ledger:
+                groups.append(queue.popleft())  # type: ignore[arg-type]
+        return groups
+
     async def _run(self) -> None:
+        self._task_pending = False
         queue = self._queue
         try:
+            head, self._head = self._head, None
+            if head is not None:
+                await self._complete(*head)
             while queue:
-                item = queue.popleft()
-                if type(item) is _Barrier:
-                    await self._run_barrier(item)
+                if type(queue[0]) is _Barrier:
+                    barrier = queue.popleft()
+                    assert type(barrier) is _Barrier
+                    await self._run_barrier(barrier)
                     continue
-                assert type(item) is _Group
-                groups = [item]
-                if self._group_commit:
-                    while queue and type(queue[0]) is _Group and queue[0].ledger is item.ledger:
-                        groups.append(queue.popleft())  # type: ignore[arg-type]
-                await self._write(groups)
+                groups = self._take_groups()
+                future = self._submit(groups)
+                if future is not None:
+                    await self._complete(groups, future)
         finally:
             self._task = None
             self._idle.set()
@@ -142,29 +181,44 @@ class GroupCommitWriter:
             if not barrier.future.done():
                 barrier.future.set_result(result)
 
-    async def _write(self, groups: list[_Group]) -> None:
+    def _submit(self, groups: list[_Group]) -> asyncio.Future[None] | None:
+        """Hand the groups' write to the I/O thread; None if they failed at once (already reported)."""
         ledger = groups[0].ledger
         count = sum(len(g.futures) for g in groups)
         self.pending_appends -= count
         if ledger.broken is not None:
             self._fail(groups, ledger.broken)
-            return
+            return None
         buffers = groups[0].buffers if len(groups) == 1 else [b for g in groups for b in g.buffers]
         start = groups[0].start
         mark = None
         if self._mark_written is not None:
             mark = partial(self._mark_written, ledger.ledger_id, ledger.entries + count - 1)
         try:
-            await self._loop.run_in_executor(
+            return self._loop.run_in_executor(
                 self._executor, ledger.write_and_sync, buffers, start, self._sync, mark
             )
+        except Exception as exc:  # e.g. the executor was shut down: never leave an append hanging
+            self._broken(groups, exc)
+            return None
+
+    def _broken(self, groups: list[_Group], exc: Exception) -> None:
+        ledger = groups[0].ledger
+        error = LedgerWriteError(f"append to ledger {ledger.ledger_id} failed unexpectedly: {exc!r}")
+        ledger.broken = error
+        self._fail(groups, error)
+
+    async def _complete(self, groups: list[_Group], io: asyncio.Future[None]) -> None:
+        """Wait for the submitted write, then confirm the groups and resolve their appends."""
+        ledger = groups[0].ledger
+        count = sum(len(g.futures) for g in groups)
+        try:
+            await io
         except GroupWriteFailed as failure:
             self._fail(groups, self._on_failure(ledger, failure))
             return
         except Exception as exc:  # a bug or a closed fd: never leave an append hanging
-            error = LedgerWriteError(f"append to ledger {ledger.ledger_id} failed unexpectedly: {exc!r}")
-            ledger.broken = error
-            self._fail(groups, error)
+            self._broken(groups, exc)
             return
         for group in groups:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
