@@ -9,11 +9,14 @@ end-of-turn flush, so the flush hands the entry to the ledger and starts its wri
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from pathlib import Path
 
+import pytest
+
 from txnkeeper.bufferedwriter import TXN_LOG_CODEC, BatchedWriteConfig, BufferedWriter, WritePosition
-from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger import LedgerWriteError, ManagedLedgerFactory
 from txnkeeper.ledger.fileio import FileIO
 
 from .test_writer_logic import rec
@@ -34,7 +37,11 @@ class WriteSeenIO(FileIO):
             self.ledger_fds.discard(fd)
         return fd
 
+    disk_full = False
+
     def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        if self.disk_full and fd in self.ledger_fds:
+            raise OSError(errno.ENOSPC, "No space left on device")
         super().pwrite_all(fd, data, offset)
         if fd in self.ledger_fds:
             self.written.set()
@@ -57,4 +64,26 @@ async def test_adaptive_idle_flush_starts_the_ledger_write_in_its_own_callback(t
     positions = await asyncio.gather(*both)
     assert [(p.entry_id, p.batch_size, p.batch_index) for p in positions] == [(1, 2, 0), (1, 2, 1)]
     await writer.close()
+    await factory.close()
+
+
+async def test_a_failed_batch_write_fails_its_records_and_flush_still_returns(tmp_path: Path) -> None:
+    """Batches are settled by the ledger's callback (add_entry_notify), not a future: a failed write
+    must still reach every record of the batch, and flush()/close() must not wait forever for it."""
+    io = WriteSeenIO()
+    factory = ManagedLedgerFactory(tmp_path, io=io)
+    ledger = await factory.open("log")
+    writer = BufferedWriter(ledger, TXN_LOG_CODEC, BatchedWriteConfig(enabled=True, flush_mode="adaptive"))
+    kept = await writer.write(rec(1))
+    io.disk_full = True
+    sink: list[int] = []
+    lost = [writer.submit(rec(n), sink) for n in (2, 3)]
+    await asyncio.wait_for(writer.flush(), 30)
+    for future in lost:
+        with pytest.raises(LedgerWriteError, match="No space left on device"):
+            await future
+    assert sink == [-1, -1], "each record's sink hears FAILED"
+    assert writer.pending_records == 0
+    await asyncio.wait_for(writer.close(), 30)
+    assert kept.entry_id == 0
     await factory.close()

@@ -67,8 +67,10 @@ class LedgerPosition(Protocol):
 class EntryLog(Protocol):
     """The one ledger operation the writer needs (``txnkeeper.ledger.ManagedLedger`` satisfies it).
 
-    A ledger may also offer ``start_queued_writes()`` (the managed ledger does): the writer calls it
-    after its end-of-turn idle flush so the entry's write starts in that callback, not a turn later.
+    A ledger may also offer (the managed ledger does) ``start_queued_writes()``, which the writer calls
+    after its end-of-turn idle flush so the entry's write starts in that callback, not a turn later;
+    and ``add_entry_notify(data, notify)``, which settles a batch by calling ``notify(position, error)``
+    in the step that confirms the write instead of a loop turn later through a future's callback.
     """
 
     def add_entry(self, data: bytes) -> Awaitable[LedgerPosition]: ...
@@ -147,6 +149,9 @@ class BufferedWriter(Generic[R]):
             raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
         self._ledger = ledger
         self._start_writes: Callable[[], None] | None = getattr(ledger, "start_queued_writes", None)
+        self._add_notify: (
+            Callable[[bytes, Callable[[LedgerPosition | None, BaseException | None], None]], None] | None
+        ) = getattr(ledger, "add_entry_notify", None)
         self._codec = codec
         self._serialize = codec.serialize
         self._record_type = codec.record_type
@@ -405,10 +410,20 @@ class BufferedWriter(Generic[R]):
         assert loop is not None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
-        task = self._start_entry(loop, b"".join(framed))
-        self._in_flight.add(task)
         self._batches_in_flight += 1
-        task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
+        if self._add_notify is not None:
+            # Settled by the ledger in the step that confirms the write; ``tracker`` only lets
+            # flush() and close() wait for it (nothing is attached to it on this path).
+            tracker: asyncio.Future[LedgerPosition] = loop.create_future()
+            self._in_flight.add(tracker)
+            try:
+                self._add_notify(b"".join(framed), partial(self._batch_settled, waiters, sinks, tracker))
+            except Exception as exc:  # refused at the call (closed or failed ledger): the entry failed
+                self._batch_settled(waiters, sinks, tracker, None, exc)
+        else:
+            task = self._start_entry(loop, b"".join(framed))
+            self._in_flight.add(task)
+            task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
         if trigger is FlushTrigger.IDLE and self._start_writes is not None:
             # The idle flush runs at the end of a loop turn and nothing of this writer is in flight:
             # the turn's records are all in this entry, so waiting another turn for the ledger's
@@ -435,15 +450,41 @@ class BufferedWriter(Generic[R]):
         task: asyncio.Future[LedgerPosition],
     ) -> None:
         self._in_flight.discard(task)
-        self._batches_in_flight -= 1
         error = _failure(task)
+        self._settle_batch(waiters, sinks, None if error is not None else task.result(), error)
+
+    def _batch_settled(
+        self,
+        waiters: list[asyncio.Future[WritePosition]],
+        sinks: list[PositionSink | None],
+        tracker: asyncio.Future[LedgerPosition],
+        position: LedgerPosition | None,
+        error: BaseException | None,
+    ) -> None:
+        self._in_flight.discard(tracker)
+        self._settle_batch(waiters, sinks, position, error)
         if error is not None:
+            tracker.set_exception(error)
+            tracker.exception()  # retrieved: flush() and close() only wait for it
+        else:
+            tracker.set_result(position)  # type: ignore[arg-type]
+
+    def _settle_batch(
+        self,
+        waiters: list[asyncio.Future[WritePosition]],
+        sinks: list[PositionSink | None],
+        position: LedgerPosition | None,
+        error: BaseException | None,
+    ) -> None:
+        self._batches_in_flight -= 1
+        if error is not None or position is None:
+            if error is None:
+                error = BufferedWriterClosedError("the ledger settled a batch without a position or an error")
             if self._metrics is not None:
                 self._metrics.on_failed(len(waiters))
             self._settle_failed(waiters, sinks, error)
             self._after_batch()
             return
-        position = task.result()
         ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
         if self._metrics is not None:
             self._metrics.on_written(size, batched=True)

@@ -14,11 +14,17 @@ alongside the next group's).
 end-of-turn flush) have the write submitted within its own callback instead of when the flush task
 first runs, a loop turn later. It acts only while no write is running, so it never splits a group:
 appends queued while a write runs still join the next one.
+
+An append may carry a ``notify`` callback instead of a future: it is called with (result, None) or
+(None, error) inside the step that confirms the group, where a future's callbacks would only run a
+loop turn later. The buffered writer settles its batches so: its callers, and the end-of-turn flush of
+what accumulated behind the entry, then run one loop turn earlier.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -30,6 +36,10 @@ from .ledger_file import GroupWriteFailed, LedgerFile
 
 FailureHandler = Callable[[LedgerFile, GroupWriteFailed], LedgerWriteError]
 T = TypeVar("T")
+# Called once with (result, None) when the append is durable, or (None, error) when it failed.
+Notify = Callable[[Any, BaseException | None], None]
+
+log = logging.getLogger(__name__)
 
 
 class _Group:
@@ -43,7 +53,7 @@ class _Group:
         self.end = start
         self.buffers: list[bytes] = []
         self.offsets: list[int] = []
-        self.futures: list[asyncio.Future[Any]] = []
+        self.futures: list[asyncio.Future[Any] | Notify] = []
         self.results: list[object] = []
         self.data_bytes = 0
 
@@ -106,6 +116,26 @@ class GroupCommitWriter:
         if self._task is None:
             self._start()
         return future
+
+    def append_notify(
+        self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T, *, notify: Notify
+    ) -> None:
+        """``append``, but ``notify`` is called in the confirming step instead of resolving a future."""
+        queue = self._queue
+        group = queue[-1] if queue else None
+        if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
+            group = _Group(ledger, offset)
+            queue.append(group)
+        group.buffers.append(header)
+        group.buffers.append(data)
+        group.offsets.append(offset)
+        group.data_bytes += len(data)
+        group.end = offset + len(header) + len(data)
+        group.futures.append(notify)
+        group.results.append(result)
+        self.pending_appends += 1
+        if self._task is None:
+            self._start()
 
     def barrier(self, action: Callable[[], Awaitable[Any]]) -> asyncio.Future[Any]:
         """Run ``action`` after everything queued so far and before anything queued later."""
@@ -226,12 +256,24 @@ class GroupCommitWriter:
             self._on_durable(ledger, count)  # e.g. the watermark: after confirm, before the acks
         for group in groups:
             for future, result in zip(group.futures, group.results, strict=True):
-                if not future.done():
+                if not isinstance(future, asyncio.Future):
+                    _notify(future, result, None)
+                elif not future.done():
                     future.set_result(result)
 
     @staticmethod
     def _fail(groups: list[_Group], error: LedgerWriteError) -> None:
         for group in groups:
             for future in group.futures:
-                if not future.done():
+                if not isinstance(future, asyncio.Future):
+                    _notify(future, None, error)
+                elif not future.done():
                     future.set_exception(error)
+
+
+def _notify(notify: Notify, result: object, error: BaseException | None) -> None:
+    # A notify callback runs inside the flush task: its bug must not stop the appends behind it.
+    try:
+        notify(result, error)
+    except Exception:
+        log.exception("an append's settle callback failed; the ledger goes on with the next group")
