@@ -6,9 +6,10 @@ least maxSize bytes flushes the queue and is then written alone as a plain entry
 (or maxRecords <= 1) every record is a plain entry. Every caller learns where its record landed.
 
 Why it is shaped like this: the record path is the throughput limit, so a record costs one
-serialization, one list append and one future; batches go to the ledger as tasks started in flush
-order (entry order equals flush order), and the next batch fills while the previous one is being
-fsync'd, which feeds the ledger's group commit. At most one timer is ever armed (see _arm_timer).
+serialization, one list append and one future; batches go to the ledger as appends made in flush
+order (entry order equals flush order), settled by the ledger's callback in the step that confirms
+the write where the ledger offers one (``add_entry_notify``: a future's callbacks would run a loop
+turn later), and the next batch fills while the previous one is being fsync'd. At most one timer is ever armed (see _arm_timer).
 
 Flush modes (``BatchedWriteConfig.flush_mode``). "delay" is Pulsar's behaviour, byte for byte: a
 partial batch waits for the timer tick. "adaptive" (the default) never holds a batch while the ledger
