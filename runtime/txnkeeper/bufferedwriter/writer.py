@@ -201,8 +201,9 @@ class BufferedWriter(Generic[R]):
     def flush_deadline(self) -> float | None:
         """Loop time of the next timer tick (``None`` when no timer is armed).
 
-        Armed whenever records wait on the timer; one armed for a batch that left earlier (on
-        maxRecords or maxSize) may still tick once and find nothing, as Pulsar's periodic timer does.
+        Armed whenever records wait on the timer. In delay mode one armed for a batch that left earlier
+        (on maxRecords or maxSize) may still tick once and find nothing, as Pulsar's periodic timer
+        does; the adaptive mode cancels it whenever a flush leaves nothing waiting.
         """
         return self._timer.when() if self._timer is not None else None
 
@@ -409,6 +410,12 @@ class BufferedWriter(Generic[R]):
         self._waiters, self._sinks, self._framed, self._pending_bytes = [], [], [BATCH_HEADER], 0
         loop = self._loop
         assert loop is not None
+        if self._adaptive and self._timer is not None:
+            # Nothing waits any more. Pulsar's timer (delay mode) ticks on regardless; the adaptive
+            # mode arms one whenever records queue behind an in-flight batch (at 1 transaction in
+            # flight: every transaction), and its empty tick was a wasted loop wake-up each time.
+            self._timer.cancel()
+            self._timer = None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
         self._batches_in_flight += 1
