@@ -9,7 +9,8 @@ Why it is shaped like this: the record path is the throughput limit, so a record
 serialization, one list append and one future; batches go to the ledger as appends made in flush
 order (entry order equals flush order), settled by the ledger's callback in the step that confirms
 the write where the ledger offers one (``add_entry_notify``: a future's callbacks would run a loop
-turn later), and the next batch fills while the previous one is being fsync'd. At most one timer is ever armed (see _arm_timer).
+turn later), and the next batch fills while the previous one is being fsync'd. At most one timer is
+ever armed (see _arm_timer).
 
 Flush modes (``BatchedWriteConfig.flush_mode``). "delay" is Pulsar's behaviour, byte for byte: a
 partial batch waits for the timer tick. "adaptive" (the default) never holds a batch while the ledger
