@@ -91,6 +91,32 @@ async def test_records_accumulate_while_a_batch_is_in_flight_and_leave_when_it_s
     assert trigger(registry, "idle") == 2
 
 
+async def test_the_idle_flush_of_accumulated_records_disarms_their_timer() -> None:
+    """Records queued behind an in-flight batch arm maxDelay's timer; when they leave on the idle
+    flush the timer is cancelled (its empty tick was a wasted loop wake-up per transaction at one in
+    flight), and a record queued behind the next batch arms a fresh one. Delay mode keeps Pulsar's
+    ticking timer (test_flush_decisions' delay rows)."""
+    log = MemLog()
+    w, registry = metered(log, adaptive(max_records=100, max_delay_millis=NEVER_MS))
+    log.hold()
+    first = w.submit(rec(0))
+    await wait_until(lambda: log.appends_started == 1, "the first record to go at once")
+    second = w.submit(rec(1))
+    assert w.flush_deadline is not None, "the record behind the in-flight batch has a deadline"
+    log.release()
+    await asyncio.gather(first, second)
+    assert w.flush_deadline is None, "nothing waits, so no timer may stay armed"
+    log.hold()
+    third = w.submit(rec(2))
+    await wait_until(lambda: log.appends_started == 3, "the third record to go at once")
+    fourth = w.submit(rec(3))
+    assert w.flush_deadline is not None, "a record behind the next batch arms a fresh timer"
+    log.release()
+    await asyncio.gather(third, fourth)
+    assert w.flush_deadline is None
+    assert trigger(registry, "idle") == 4 and trigger(registry, "max_delay") == 0
+
+
 async def test_max_records_and_max_size_still_flush_while_a_batch_is_in_flight() -> None:
     log = MemLog()
     size = len(rec(1).SerializeToString())

@@ -63,3 +63,81 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     assert io.syncs == 256  # the baseline: one write + fsync per append
     assert grouped_syncs <= 16, f"256 concurrent appends took {grouped_syncs} fsyncs"
     await factory.close()
+
+
+class WriteSeenIO(GatedSyncIO):
+    """Signals (thread-safely) each data pwrite to a ledger file, so the loop can block on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = threading.Event()
+
+    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+        super().pwrite_all(fd, data, offset)
+        if fd in self.ledger_fds:
+            self.written.set()
+
+
+async def test_start_queued_writes_submits_the_write_in_the_same_callback(tmp_path: Path) -> None:
+    """The buffered writer's end-of-turn flush must not wait a loop turn for the flush task: with
+    start_queued_writes the I/O thread writes while the loop thread is still inside this callback.
+    (Blocking the loop thread here means no loop turn can pass: without the early start the write
+    could not begin and the wait would time out.)"""
+    io = WriteSeenIO()
+    factory = ManagedLedgerFactory(tmp_path, io=io)
+    ml = await factory.open("log")
+    await ml.add_entry(b"first")  # the ledger file exists; what follows is a plain append
+    io.written.clear()
+    append = ml.add_entry(b"now")
+    ml.start_queued_writes()
+    assert io.written.wait(timeout=30), "the write did not start before the loop turned"
+    assert (await append).entry_id == 1
+    await factory.close()
+
+
+async def test_start_queued_writes_never_splits_the_group_behind_a_running_write(tmp_path: Path) -> None:
+    """While a write runs, start_queued_writes does nothing: what is queued meanwhile still shares
+    the next write and fsync (group commit at high concurrency is unchanged)."""
+    io = GatedSyncIO()
+    factory = ManagedLedgerFactory(tmp_path, io=io)
+    ml = await factory.open("log")
+    await ml.add_entry(b"create the ledger file")
+    io.syncs = 0
+    io.gate.clear()
+    first = ml.add_entry(b"a")
+    ml.start_queued_writes()
+    await wait_for(lambda: io.waiting == 1, what="the first write's fsync to start")
+    behind = [ml.add_entry(b"%d" % i) for i in range(8)]
+    ml.start_queued_writes()  # a write runs: must not submit a second one beside it
+    ml.start_queued_writes()
+    io.gate.set()
+    positions = await asyncio.gather(first, *behind)
+    assert [p.entry_id for p in positions] == list(range(1, 10))
+    assert io.syncs == 2, "the eight appends queued behind the running write share one fsync"
+    await factory.close()
+
+
+async def test_appends_after_an_early_start_follow_it_in_order(tmp_path: Path) -> None:
+    """Appends queued in the same callback after an early start go in the next write, after it, and
+    reads see every entry in append order."""
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open("log")
+    head = ml.add_entry(b"head")
+    ml.start_queued_writes()
+    ml.start_queued_writes()  # the head is already submitted: a second call takes nothing more
+    rest = [ml.add_entry(b"rest-%d" % i) for i in range(3)]
+    positions = await asyncio.gather(head, *rest)
+    assert [p.entry_id for p in positions] == [0, 1, 2, 3]
+    entries = await ml.read_entries(positions[0], 4)
+    assert [e.data for e in entries] == [b"head", b"rest-0", b"rest-1", b"rest-2"]
+    await factory.close()
+
+
+async def test_start_queued_writes_on_a_closed_ledger_does_nothing(tmp_path: Path) -> None:
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open("log")
+    await ml.add_entry(b"x")
+    await ml.close()
+    ml.start_queued_writes()
+    assert ml.state == "Closed"
+    await factory.close()

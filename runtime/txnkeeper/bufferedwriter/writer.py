@@ -6,9 +6,11 @@ least maxSize bytes flushes the queue and is then written alone as a plain entry
 (or maxRecords <= 1) every record is a plain entry. Every caller learns where its record landed.
 
 Why it is shaped like this: the record path is the throughput limit, so a record costs one
-serialization, one list append and one future; batches go to the ledger as tasks started in flush
-order (entry order equals flush order), and the next batch fills while the previous one is being
-fsync'd, which feeds the ledger's group commit. At most one timer is ever armed (see _arm_timer).
+serialization, one list append and one future; batches go to the ledger as appends made in flush
+order (entry order equals flush order), settled by the ledger's callback in the step that confirms
+the write where the ledger offers one (``add_entry_notify``: a future's callbacks would run a loop
+turn later), and the next batch fills while the previous one is being fsync'd. At most one timer is
+ever armed (see _arm_timer).
 
 Flush modes (``BatchedWriteConfig.flush_mode``). "delay" is Pulsar's behaviour, byte for byte: a
 partial batch waits for the timer tick. "adaptive" (the default) never holds a batch while the ledger
@@ -23,8 +25,10 @@ writers). For the same reason a record that finds the ledger idle leaves at the 
 not at the call: records written in one turn (a coordinator logs ADD_PARTITION and ADD_SUBSCRIPTION of
 one request back to back) share one entry. Leaving at the call sent the first alone and made the second
 wait for that entry's whole ledger write, where the unbatched log's group commit wrote both with one
-fsync (at 1 transaction in flight that was a second fsync on every transaction's critical path). The
-ledger starts its write a loop turn later anyway, so even a lone writer loses only one loop iteration.
+fsync (at 1 transaction in flight that was a second fsync on every transaction's critical path). That
+end-of-turn flush also asks the ledger to start the write at once (``start_queued_writes``) rather than
+when its group-commit task first runs a turn later, so a lone writer's record reaches the disk as many
+loop turns after its submit as an unbatched record does (one).
 The byte format, the large-record rule, order, and close/fail semantics are the same in both modes.
 """
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -63,7 +67,13 @@ class LedgerPosition(Protocol):
 
 
 class EntryLog(Protocol):
-    """The one ledger operation the writer needs (``txnkeeper.ledger.ManagedLedger`` satisfies it)."""
+    """The one ledger operation the writer needs (``txnkeeper.ledger.ManagedLedger`` satisfies it).
+
+    A ledger may also offer (the managed ledger does) ``start_queued_writes()``, which the writer calls
+    after its end-of-turn idle flush so the entry's write starts in that callback, not a turn later;
+    and ``add_entry_notify(data, notify)``, which settles a batch by calling ``notify(position, error)``
+    in the step that confirms the write instead of a loop turn later through a future's callback.
+    """
 
     def add_entry(self, data: bytes) -> Awaitable[LedgerPosition]: ...
 
@@ -140,6 +150,10 @@ class BufferedWriter(Generic[R]):
         if not isinstance(config, BatchedWriteConfig):
             raise TypeError(f"config must be a BatchedWriteConfig, got {type(config).__name__}")
         self._ledger = ledger
+        self._start_writes: Callable[[], None] | None = getattr(ledger, "start_queued_writes", None)
+        self._add_notify: (
+            Callable[[bytes, Callable[[LedgerPosition | None, BaseException | None], None]], None] | None
+        ) = getattr(ledger, "add_entry_notify", None)
         self._codec = codec
         self._serialize = codec.serialize
         self._record_type = codec.record_type
@@ -188,8 +202,9 @@ class BufferedWriter(Generic[R]):
     def flush_deadline(self) -> float | None:
         """Loop time of the next timer tick (``None`` when no timer is armed).
 
-        Armed whenever records wait on the timer; one armed for a batch that left earlier (on
-        maxRecords or maxSize) may still tick once and find nothing, as Pulsar's periodic timer does.
+        Armed whenever records wait on the timer. In delay mode one armed for a batch that left earlier
+        (on maxRecords or maxSize) may still tick once and find nothing, as Pulsar's periodic timer
+        does; the adaptive mode cancels it whenever a flush leaves nothing waiting.
         """
         return self._timer.when() if self._timer is not None else None
 
@@ -396,18 +411,42 @@ class BufferedWriter(Generic[R]):
         self._waiters, self._sinks, self._framed, self._pending_bytes = [], [], [BATCH_HEADER], 0
         loop = self._loop
         assert loop is not None
+        if self._adaptive and self._timer is not None:
+            # Nothing waits any more. Pulsar's timer (delay mode) ticks on regardless; the adaptive
+            # mode arms one whenever records queue behind an in-flight batch (at 1 transaction in
+            # flight: every transaction), and its empty tick was a wasted loop wake-up each time.
+            self._timer.cancel()
+            self._timer = None
         if self._metrics is not None:
             self._metrics.on_flush(trigger, len(waiters), size, loop.time() - self._oldest_at)
-        task = self._start_entry(loop, b"".join(framed))
-        self._in_flight.add(task)
         self._batches_in_flight += 1
-        task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
+        if self._add_notify is not None:
+            # Settled by the ledger in the step that confirms the write; ``tracker`` only lets
+            # flush() and close() wait for it (nothing is attached to it on this path).
+            tracker: asyncio.Future[LedgerPosition] = loop.create_future()
+            self._in_flight.add(tracker)
+            try:
+                self._add_notify(b"".join(framed), partial(self._batch_settled, waiters, sinks, tracker))
+            except Exception as exc:  # refused at the call (closed or failed ledger): the entry failed
+                self._batch_settled(waiters, sinks, tracker, None, exc)
+        else:
+            task = self._start_entry(loop, b"".join(framed))
+            self._in_flight.add(task)
+            task.add_done_callback(partial(self._on_batch_written, waiters, sinks))
+        if trigger is FlushTrigger.IDLE and self._start_writes is not None:
+            # The idle flush runs at the end of a loop turn and nothing of this writer is in flight:
+            # the turn's records are all in this entry, so waiting another turn for the ledger's
+            # flush task to submit it only adds latency (it was the batched log's one extra turn).
+            self._start_writes()
 
     def _start_entry(self, loop: asyncio.AbstractEventLoop, data: bytes) -> asyncio.Future[LedgerPosition]:
         # The ledger's append is a future (no task needed); a refusal at the call (closed or failed
         # ledger) becomes that entry's failure, reported to its records like a failed write.
         try:
-            return asyncio.ensure_future(self._ledger.add_entry(data), loop=loop)
+            appended = self._ledger.add_entry(data)
+            if isinstance(appended, asyncio.Future):
+                return appended  # the managed ledger's own future: ensure_future's checks cost more
+            return asyncio.ensure_future(appended, loop=loop)
         except Exception as exc:
             failed: asyncio.Future[LedgerPosition] = loop.create_future()
             failed.set_exception(exc)
@@ -420,15 +459,41 @@ class BufferedWriter(Generic[R]):
         task: asyncio.Future[LedgerPosition],
     ) -> None:
         self._in_flight.discard(task)
-        self._batches_in_flight -= 1
         error = _failure(task)
+        self._settle_batch(waiters, sinks, None if error is not None else task.result(), error)
+
+    def _batch_settled(
+        self,
+        waiters: list[asyncio.Future[WritePosition]],
+        sinks: list[PositionSink | None],
+        tracker: asyncio.Future[LedgerPosition],
+        position: LedgerPosition | None,
+        error: BaseException | None,
+    ) -> None:
+        self._in_flight.discard(tracker)
+        self._settle_batch(waiters, sinks, position, error)
         if error is not None:
+            tracker.set_exception(error)
+            tracker.exception()  # retrieved: flush() and close() only wait for it
+        else:
+            tracker.set_result(position)  # type: ignore[arg-type]
+
+    def _settle_batch(
+        self,
+        waiters: list[asyncio.Future[WritePosition]],
+        sinks: list[PositionSink | None],
+        position: LedgerPosition | None,
+        error: BaseException | None,
+    ) -> None:
+        self._batches_in_flight -= 1
+        if error is not None or position is None:
+            if error is None:
+                error = BufferedWriterClosedError("the ledger settled a batch without a position or an error")
             if self._metrics is not None:
                 self._metrics.on_failed(len(waiters))
             self._settle_failed(waiters, sinks, error)
             self._after_batch()
             return
-        position = task.result()
         ledger_id, entry_id, size = position.ledger_id, position.entry_id, len(waiters)
         if self._metrics is not None:
             self._metrics.on_written(size, batched=True)

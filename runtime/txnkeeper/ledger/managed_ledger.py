@@ -170,6 +170,31 @@ class ManagedLedger:
         was a measurable part of a store pod's CPU. Refusals (closed or failed ledger, oversized
         entry, wrong type) raise at the call.
         """
+        cur, entry_id, offset, data = self._assign(data)
+        return self._writer.append(
+            cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id)
+        )
+
+    def add_entry_notify(
+        self,
+        data: bytes | bytearray | memoryview,
+        notify: Callable[[Position | None, BaseException | None], None],
+    ) -> None:
+        """``add_entry`` settled by a callback: ``notify(position, None)`` once durable, or
+        ``notify(None, error)`` if the write failed, called in the step that confirms the write (a
+        future's callbacks run a loop turn later). Refusals raise at the call, as for add_entry."""
+        cur, entry_id, offset, payload = self._assign(data)
+        self._writer.append_notify(
+            cur,
+            record_header(entry_id, payload),
+            payload,
+            offset,
+            Position(cur.ledger_id, entry_id),
+            notify=notify,
+        )
+
+    def _assign(self, data: bytes | bytearray | memoryview) -> tuple[LedgerFile, int, int, bytes]:
+        # The checks and the entry id/offset assignment of one append (rolling over first if due).
         if self._state is not _State.OPEN:
             self._raise_not_writable()
         if type(data) is not bytes:
@@ -198,9 +223,17 @@ class ManagedLedger:
         offset = cur.assigned_end
         cur.assigned_end = offset + RECORD_HEADER_SIZE + size
         cur.assigned_bytes += size
-        return self._writer.append(
-            cur, record_header(entry_id, data), data, offset, Position(cur.ledger_id, entry_id)
-        )
+        return cur, entry_id, offset, data
+
+    def start_queued_writes(self) -> None:
+        """Start the write of what is queued now, in this callback, if the ledger is not writing.
+
+        For a caller that has just appended everything one loop turn produced (the buffered writer's
+        end-of-turn flush): the group-commit task would otherwise submit it a loop turn later. While
+        a write runs this does nothing, so concurrent appends keep sharing the next write and fsync.
+        """
+        if self._state is _State.OPEN:
+            self._writer.start_now()
 
     def add_entries(self, datas: Sequence[bytes]) -> list[asyncio.Future[Position]]:
         """Append ``datas`` as consecutive entries of one ledger; one future per entry, as add_entry.

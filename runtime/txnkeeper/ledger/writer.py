@@ -9,11 +9,22 @@ With group_commit off every append is its own group: the fsync-per-append baseli
 written mark, which a process crash cannot lose); ``on_durable`` hears of every confirmed group (the
 managed ledger counts entries and moves the watermark's confirmed value, whose write then runs
 alongside the next group's).
+
+``start_now`` lets a caller that already gathered a loop turn's records (the buffered writer's
+end-of-turn flush) have the write submitted within its own callback instead of when the flush task
+first runs, a loop turn later. It acts only while no write is running, so it never splits a group:
+appends queued while a write runs still join the next one.
+
+An append may carry a ``notify`` callback instead of a future: it is called with (result, None) or
+(None, error) inside the step that confirms the group, where a future's callbacks would only run a
+loop turn later. The buffered writer settles its batches so: its callers, and the end-of-turn flush of
+what accumulated behind the entry, then run one loop turn earlier.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -25,6 +36,10 @@ from .ledger_file import GroupWriteFailed, LedgerFile
 
 FailureHandler = Callable[[LedgerFile, GroupWriteFailed], LedgerWriteError]
 T = TypeVar("T")
+# Called once with (result, None) when the append is durable, or (None, error) when it failed.
+Notify = Callable[[Any, BaseException | None], None]
+
+log = logging.getLogger(__name__)
 
 
 class _Group:
@@ -38,7 +53,7 @@ class _Group:
         self.end = start
         self.buffers: list[bytes] = []
         self.offsets: list[int] = []
-        self.futures: list[asyncio.Future[Any]] = []
+        self.futures: list[asyncio.Future[Any] | Notify] = []
         self.results: list[object] = []
         self.data_bytes = 0
 
@@ -71,6 +86,10 @@ class GroupCommitWriter:
         self._on_failure = on_failure
         self._queue: deque[_Group | _Barrier] = deque()
         self._task: asyncio.Task[None] | None = None
+        # The task exists but has not run its first step yet: start_now may take its first write.
+        self._task_pending = False
+        # A write start_now submitted, which the task completes first: its groups and the I/O future.
+        self._head: tuple[list[_Group], asyncio.Future[None]] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self.pending_appends = 0
@@ -98,6 +117,26 @@ class GroupCommitWriter:
             self._start()
         return future
 
+    def append_notify(
+        self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T, *, notify: Notify
+    ) -> None:
+        """``append``, but ``notify`` is called in the confirming step instead of resolving a future."""
+        queue = self._queue
+        group = queue[-1] if queue else None
+        if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
+            group = _Group(ledger, offset)
+            queue.append(group)
+        group.buffers.append(header)
+        group.buffers.append(data)
+        group.offsets.append(offset)
+        group.data_bytes += len(data)
+        group.end = offset + len(header) + len(data)
+        group.futures.append(notify)
+        group.results.append(result)
+        self.pending_appends += 1
+        if self._task is None:
+            self._start()
+
     def barrier(self, action: Callable[[], Awaitable[Any]]) -> asyncio.Future[Any]:
         """Run ``action`` after everything queued so far and before anything queued later."""
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -106,28 +145,58 @@ class GroupCommitWriter:
             self._start()
         return future
 
+    def start_now(self) -> None:
+        """Submit the queued write to the I/O thread now if no write is running or about to run.
+
+        Only the first group(s) are taken, exactly those the flush task would take; everything else
+        stays queued for the task, which completes this write first. A no-op while a write runs
+        (appends then keep grouping behind it) or when a barrier is next.
+        """
+        queue = self._queue
+        if not self._task_pending or self._head is not None or not queue or type(queue[0]) is not _Group:
+            return
+        groups = self._take_groups()
+        future = self._submit(groups)
+        if future is not None:
+            self._head = (groups, future)
+
     async def drain(self) -> None:
         """Wait until everything queued so far (and since) has completed."""
         await self._idle.wait()
 
     def _start(self) -> None:
         self._idle.clear()
+        self._task_pending = True
         self._task = self._loop.create_task(self._run(), name="ledger-group-commit")
 
+    def _take_groups(self) -> list[_Group]:
+        # The queue's head is a group: it and (with group commit) the groups of the same ledger after it.
+        queue = self._queue
+        first = queue.popleft()
+        assert type(first) is _Group
+        groups = [first]
+        if self._group_commit:
+            while queue and type(queue[0]) is _Group and queue[0].ledger is first.ledger:
+                groups.append(queue.popleft())  # type: ignore[arg-type]
+        return groups
+
     async def _run(self) -> None:
+        self._task_pending = False
         queue = self._queue
         try:
+            head, self._head = self._head, None
+            if head is not None:
+                await self._complete(*head)
             while queue:
-                item = queue.popleft()
-                if type(item) is _Barrier:
-                    await self._run_barrier(item)
+                if type(queue[0]) is _Barrier:
+                    barrier = queue.popleft()
+                    assert type(barrier) is _Barrier
+                    await self._run_barrier(barrier)
                     continue
-                assert type(item) is _Group
-                groups = [item]
-                if self._group_commit:
-                    while queue and type(queue[0]) is _Group and queue[0].ledger is item.ledger:
-                        groups.append(queue.popleft())  # type: ignore[arg-type]
-                await self._write(groups)
+                groups = self._take_groups()
+                future = self._submit(groups)
+                if future is not None:
+                    await self._complete(groups, future)
         finally:
             self._task = None
             self._idle.set()
@@ -142,29 +211,44 @@ class GroupCommitWriter:
             if not barrier.future.done():
                 barrier.future.set_result(result)
 
-    async def _write(self, groups: list[_Group]) -> None:
+    def _submit(self, groups: list[_Group]) -> asyncio.Future[None] | None:
+        """Hand the groups' write to the I/O thread; None if they failed at once (already reported)."""
         ledger = groups[0].ledger
         count = sum(len(g.futures) for g in groups)
         self.pending_appends -= count
         if ledger.broken is not None:
             self._fail(groups, ledger.broken)
-            return
+            return None
         buffers = groups[0].buffers if len(groups) == 1 else [b for g in groups for b in g.buffers]
         start = groups[0].start
         mark = None
         if self._mark_written is not None:
             mark = partial(self._mark_written, ledger.ledger_id, ledger.entries + count - 1)
         try:
-            await self._loop.run_in_executor(
+            return self._loop.run_in_executor(
                 self._executor, ledger.write_and_sync, buffers, start, self._sync, mark
             )
+        except Exception as exc:  # e.g. the executor was shut down: never leave an append hanging
+            self._broken(groups, exc)
+            return None
+
+    def _broken(self, groups: list[_Group], exc: Exception) -> None:
+        ledger = groups[0].ledger
+        error = LedgerWriteError(f"append to ledger {ledger.ledger_id} failed unexpectedly: {exc!r}")
+        ledger.broken = error
+        self._fail(groups, error)
+
+    async def _complete(self, groups: list[_Group], io: asyncio.Future[None]) -> None:
+        """Wait for the submitted write, then confirm the groups and resolve their appends."""
+        ledger = groups[0].ledger
+        count = sum(len(g.futures) for g in groups)
+        try:
+            await io
         except GroupWriteFailed as failure:
             self._fail(groups, self._on_failure(ledger, failure))
             return
         except Exception as exc:  # a bug or a closed fd: never leave an append hanging
-            error = LedgerWriteError(f"append to ledger {ledger.ledger_id} failed unexpectedly: {exc!r}")
-            ledger.broken = error
-            self._fail(groups, error)
+            self._broken(groups, exc)
             return
         for group in groups:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
@@ -172,12 +256,24 @@ class GroupCommitWriter:
             self._on_durable(ledger, count)  # e.g. the watermark: after confirm, before the acks
         for group in groups:
             for future, result in zip(group.futures, group.results, strict=True):
-                if not future.done():
+                if not isinstance(future, asyncio.Future):
+                    _notify(future, result, None)
+                elif not future.done():
                     future.set_result(result)
 
     @staticmethod
     def _fail(groups: list[_Group], error: LedgerWriteError) -> None:
         for group in groups:
             for future in group.futures:
-                if not future.done():
+                if not isinstance(future, asyncio.Future):
+                    _notify(future, None, error)
+                elif not future.done():
                     future.set_exception(error)
+
+
+def _notify(notify: Notify, result: object, error: BaseException | None) -> None:
+    # A notify callback runs inside the flush task: its bug must not stop the appends behind it.
+    try:
+        notify(result, error)
+    except Exception:
+        log.exception("an append's settle callback failed; the ledger goes on with the next group")
