@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from ..metadata import LedgerInfo, ManagedLedgerMetadata, OffloadSegment
 from ..position import Position
 from .blobstore import BlobStore
+from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
 from .reader import IndexCache, SegmentReader
@@ -47,6 +48,10 @@ GIB = 1024 * 1024 * 1024
 READ_PRIORITIES = ("tiered-storage-first", "bookkeeper-first")
 MODES = ("streaming", "ledger")
 _READ_BATCH = 256  # local entries read per executor call while uploading
+# Streaming read-back batches (one read-back worker call each): big enough that a call's overhead is
+# small next to the work, small enough that a batch travels the worker's pipe in a few milliseconds.
+_FRAME_BATCH_BYTES = 1024 * 1024
+_FRAME_BATCH_ENTRIES = 16384
 # Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
 # for a moment, so one pass uploads many group commits instead of running once per commit.
 _STREAM_POLL_SECONDS = 0.1
@@ -156,6 +161,10 @@ class OffloadHost(Protocol):
 
     async def read_local(self, ledger_id: int, first: int, count: int) -> list[bytes]: ...
 
+    def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int: ...  # durable, no I/O
+
+    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray: ...
+
     def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (the open ledger too)
 
     def local_bytes(self, ledger_id: int) -> int: ...  # payload bytes in its local file (0: none)
@@ -176,7 +185,6 @@ class _Stream:
         self.opened_at = opened_at
         self.next = segment.begin
         self.payload = 0
-        self.average_entry = 1024
 
 
 class Offloader:
@@ -583,48 +591,67 @@ class Offloader:
 
     async def _feed(self, stream: _Stream) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
-        reached and old enough to close). Reads at most the write buffer's worth at a time."""
-        policy = self.policy
-        buffer = policy.config.streaming_buffer_size
+        reached and old enough to close).
+
+        Batches are planned from the ledger's offset index alone (``local_payload_bytes``: no I/O):
+        at most _FRAME_BATCH_BYTES of framing, within the room left in the block being filled, so a
+        block is cut between batches, and ending at the entry that fills the segment. The host's
+        read-back worker process reads, checks and frames each batch; this loop only appends the
+        buffer it returns.
+        """
+        host = self.host
         while True:
-            meta = self.host.offload_metadata()
+            meta = host.offload_metadata()
             pos = stream.next
             info = meta.find(pos.ledger_id)
             if info is None or info.offloaded:
                 raise OffloadRangeError(
-                    f"streaming segment {stream.segment.uuid} of managed ledger {self.host.name!r} reached "
+                    f"streaming segment {stream.segment.uuid} of managed ledger {host.name!r} reached "
                     f"{pos}, which was trimmed meanwhile; the segment is retried from the first live entry"
                 )
-            available = self.host.confirmed_entries(pos.ledger_id)
+            available = host.confirmed_entries(pos.ledger_id)
             if pos.entry_id >= available:
                 later = [i for i in meta.ledgers if i.ledger_id > pos.ledger_id]
                 if info.closed and later:
                     stream.next = Position(later[0].ledger_id, 0)
                     continue
                 return False
-            count = min(available - pos.entry_id, _READ_BATCH, max(1, buffer // stream.average_entry))
-            batch = await self.host.read_local(pos.ledger_id, pos.entry_id, count)
-            cut, full = len(batch), False
-            batch_bytes = sum(map(len, batch))  # no per-entry Python loop on the event loop
-            room = policy.maxOffloadSegmentSizeInBytes - stream.payload
-            if (
-                batch_bytes >= room
-                and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
-            ):
-                for n, data in enumerate(batch):  # the segment ends with the entry that fills it
-                    room -= len(data)
-                    if room <= 0:
-                        cut, full = n + 1, True
-                        break
-                batch = batch[:cut]
-                batch_bytes = sum(map(len, batch))
-            await stream.writer.add_entries(pos.ledger_id, pos.entry_id, batch)
+            ledger_id, first = pos.ledger_id, pos.entry_id
+            count, full = self._plan_batch(stream, ledger_id, first, available - first)
+            batch_bytes = self.host.local_payload_bytes(ledger_id, first, count)
+            framed = await host.read_local_framed(ledger_id, first, count)
+            await stream.writer.add_framed(ledger_id, first, count, framed, batch_bytes)
             stream.payload += batch_bytes
             self.stats.offload_bytes += batch_bytes
-            stream.next = Position(pos.ledger_id, pos.entry_id + cut)
-            stream.average_entry = max(1, batch_bytes // max(1, cut))
+            stream.next = Position(ledger_id, first + count)
             if full:
                 return True
+
+    def _plan_batch(self, stream: _Stream, ledger_id: int, first: int, available: int) -> tuple[int, bool]:
+        """How many entries from ``first`` the next read-back batch takes, and whether the last one
+        fills the segment."""
+        policy = self.policy
+        host = self.host
+        limit = min(available, _FRAME_BATCH_ENTRIES)
+
+        def payload(n: int) -> int:
+            return host.local_payload_bytes(ledger_id, first, n) if n else 0
+
+        def framed_fits(room: int) -> Callable[[int], bool]:
+            return lambda n: payload(n) + n * ENTRY_HEADER_SIZE <= room
+
+        writer = stream.writer
+        count = _largest(limit, framed_fits(min(writer.block_room(ledger_id), _FRAME_BATCH_BYTES)))
+        if count == 0:  # the block being filled has no room for the next entry: it is cut first
+            whole_block = min(writer.max_block_size, _FRAME_BATCH_BYTES)
+            count = max(1, _largest(limit, framed_fits(whole_block)))
+        segment_room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+        if (
+            payload(count) >= segment_room
+            and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
+        ):  # the segment ends with the entry that fills it
+            return _largest(count, lambda n: payload(n) < segment_room) + 1, True
+        return count, False
 
     # --- coverage and local deletion ------------------------------------------------------------------
 
@@ -667,6 +694,18 @@ class Offloader:
             if threshold >= 0 and newer_local < threshold:
                 break  # keep the newest threshold bytes local
             await self.host.drop_local(info.ledger_id)
+
+
+def _largest(limit: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in 0..limit with ``fits(n)``, for ``fits`` true up to some n and false after."""
+    low, high = 0, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _set_status(meta: ManagedLedgerMetadata, uuid: str, status: str) -> None:

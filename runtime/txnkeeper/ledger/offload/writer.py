@@ -177,6 +177,55 @@ class SegmentWriter:
             self._ledger_bytes[ledger_id] += added
             self._last = Position(ledger_id, entry_id)
 
+    def block_room(self, ledger_id: int) -> int:
+        """Bytes of framed entries of ``ledger_id`` that fit in the block being filled without cutting
+        it (a new block's room when the pending block holds another ledger or nothing)."""
+        pending = len(self._pending) if ledger_id == self._pending_ledger else 0
+        return self.max_block_size - HEADER_SIZE - pending
+
+    async def add_framed(
+        self, ledger_id: int, first_entry_id: int, count: int, framed: bytearray, payload: int
+    ) -> None:
+        """``count`` consecutive entries of one ledger from ``first_entry_id``, already checked and
+        framed (``frame_entry`` layout; the read-back worker makes them) holding ``payload`` data bytes.
+
+        The block being filled is cut first unless they fit in it (``block_room``); a batch larger than
+        a whole block makes one block of its own (the caller sizes batches to ``block_room``).
+        """
+        self._check_open()
+        if count < 1 or first_entry_id < 0 or ledger_id < 0:
+            raise OffloadInputError(
+                f"entries {ledger_id}:{first_entry_id} (+{count}): "
+                "need non-negative ids and at least one entry"
+            )
+        last = self._last
+        if last is not None:
+            if ledger_id < last.ledger_id:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{first_entry_id} comes after ledger {last.ledger_id}; "
+                    "feed ledgers in ascending order"
+                )
+            if ledger_id == last.ledger_id and first_entry_id != last.entry_id + 1:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{first_entry_id} after {last}: "
+                    "entries of a ledger must be consecutive"
+                )
+        if self._pending and (
+            ledger_id != self._pending_ledger or len(framed) > self.block_room(ledger_id)
+        ):  # a block holds one ledger
+            await self._flush_block()
+        if self._pending:
+            self._pending += framed
+        else:
+            self._pending = framed  # the worker's buffer becomes the block's: no copy
+            self._pending_first = first_entry_id
+        self._pending_last = first_entry_id + count - 1
+        self._pending_ledger = ledger_id
+        self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + payload
+        self._last = Position(ledger_id, self._pending_last)
+        if self._first is None:
+            self._first = Position(ledger_id, first_entry_id)
+
     async def _flush_block(self) -> None:
         assert self._pending_ledger is not None
         # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
