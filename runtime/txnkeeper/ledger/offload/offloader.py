@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import CorruptEntryError
 from ..metadata import LedgerInfo, ManagedLedgerMetadata, OffloadSegment
 from ..position import Position
 from .blobstore import BlobStore
@@ -257,7 +258,7 @@ class Offloader:
             self._wake.clear()
             if time.monotonic() < self._retry_at:
                 continue  # the store failed lately: appends must not turn into a retry storm
-            with contextlib.suppress(OffloadError, OSError):
+            with contextlib.suppress(OffloadError, OSError, CorruptEntryError):
                 await self._pass(manual=False)
             if self.policy.streams:
                 await asyncio.sleep(_STREAM_POLL_SECONDS)
@@ -387,7 +388,9 @@ class Offloader:
                     while (begin := self._next_begin(manual)) is not None:
                         done.append(await self._offload_segment(begin))
                 await self._delete_local_files()
-            except (OffloadError, OSError) as exc:
+            except (OffloadError, OSError, CorruptEntryError) as exc:
+                # A corrupt local record is never uploaded: the segment is Failed and the error
+                # (file, entry, offset, what to do) stays in status() until the operator acts.
                 self.last_error = str(exc)
                 self._retry_at = time.monotonic() + self.policy.offloadRetryIntervalSeconds
                 log.warning("managed ledger %s: offload failed: %s", self.host.name, exc)
