@@ -49,8 +49,9 @@ GIB = 1024 * 1024 * 1024
 READ_PRIORITIES = ("tiered-storage-first", "bookkeeper-first")
 MODES = ("streaming", "ledger")
 _READ_BATCH = 256  # local entries read per executor call while uploading
-# Streaming read-back batches (one read-back worker call each): big enough that a call's overhead is
-# small next to the work, small enough that a batch travels the worker's pipe in a few milliseconds.
+# Streaming read-back batches (one read-back worker call each, at most the write buffer's worth): big
+# enough that a call's overhead is small next to the work, small enough that a batch crosses the
+# worker's pipe in a millisecond or two.
 _FRAME_BATCH_BYTES = 1024 * 1024
 _FRAME_BATCH_ENTRIES = 16384
 # Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
@@ -644,10 +645,10 @@ class Offloader:
             return lambda n: payload(n) + n * ENTRY_HEADER_SIZE <= room
 
         writer = stream.writer
-        count = _largest(limit, framed_fits(min(writer.block_room(ledger_id), _FRAME_BATCH_BYTES)))
+        batch = min(_FRAME_BATCH_BYTES, policy.config.streaming_buffer_size)
+        count = _largest(limit, framed_fits(min(writer.block_room(ledger_id), batch)))
         if count == 0:  # the block being filled has no room for the next entry: it is cut first
-            whole_block = min(writer.max_block_size, _FRAME_BATCH_BYTES)
-            count = max(1, _largest(limit, framed_fits(whole_block)))
+            count = max(1, _largest(limit, framed_fits(min(writer.max_block_size, batch))))
         segment_room = policy.maxOffloadSegmentSizeInBytes - stream.payload
         if (
             payload(count) >= segment_room
