@@ -135,8 +135,7 @@ class ManagedLedger:
         self.offloader: Offloader | None = None
         self._offload_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"offload-read:{name}")
         if config.offload is not None:
-            self.offloader = Offloader(self, config.offload)
-            self.offloader.start()
+            self._start_offloader(config.offload)
 
     @classmethod
     async def open(
@@ -666,10 +665,14 @@ class ManagedLedger:
         if self._state in (_State.CLOSING, _State.CLOSED):
             self._raise_not_writable()
         if self.offloader is None:
-            self.offloader = Offloader(self, policy)
-            self.offloader.start()
+            self._start_offloader(policy)
         else:
             self.offloader.set_policy(policy)
+
+    def _start_offloader(self, policy: OffloadPolicy) -> None:
+        self.offloader = Offloader(self, policy)
+        self.offloader.start()
+        self._offload_pool.submit(shared_worker().start)  # its start-up off the first read-back
 
     def local_bytes(self, ledger_id: int) -> int:
         ledger = self._files.get(ledger_id)

@@ -138,6 +138,12 @@ class ReadBackWorker:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    def start(self) -> None:
+        """Start the worker now if none runs (blocking: call it on a thread), so that its interpreter
+        start does not land in the first read-back, while producers are already appending."""
+        with self._lock:
+            self._started()
+
     def frame(self, path: Path, ledger_id: int, first: int, count: int, *, start: int, end: int) -> bytearray:
         """Entries ``first``..``first+count-1`` of the ledger file at ``path`` (their records span
         ``start``..``end``, all durable), checked and block-framed. Blocking: call it on a thread.
