@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -176,6 +177,11 @@ async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> tuple[flo
 
 
 async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]:
+    # The earlier phases left a large heap (boto3, the backlogs' metadata); every full collection during
+    # the rounds scanned it, 60-180 ms each, about once a second in either mode (gc.callbacks), and one
+    # such stall is the p99 of a whole round. Frozen, full collections scan only what the rounds make.
+    gc.collect()
+    gc.freeze()
     tier = tier_root / "produce-tier"
     tier.mkdir(parents=True)
     streaming = OffloadPolicy(
