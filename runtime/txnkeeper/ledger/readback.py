@@ -43,7 +43,6 @@ _RESPONSE = struct.Struct("<BQ")
 _CORRUPT = struct.Struct("<qq")
 _OS_ERROR = struct.Struct("<i")
 _BLOCK_ENTRY_HEADER = struct.Struct(">iq")  # offload.block framing: entry_len, entry_id (Pulsar's)
-_BLOCK_ENTRY_HEADER_SIZE = _BLOCK_ENTRY_HEADER.size
 _OK, _CORRUPT_STATUS, _OS_ERROR_STATUS = 0, 1, 2
 _WORKER_CODE = "from txnkeeper.ledger.readback import serve; serve()"
 
@@ -56,11 +55,6 @@ class _Corrupt(Exception):
     def __init__(self, entry_id: int, offset: int, reason: str) -> None:
         super().__init__(reason)
         self.entry_id, self.offset, self.reason = entry_id, offset, reason
-
-
-def framed_size(record_bytes: int, count: int) -> int:
-    """Bytes of block framing for ``count`` records spanning ``record_bytes`` in a ledger file."""
-    return record_bytes - count * (RECORD_HEADER_SIZE - _BLOCK_ENTRY_HEADER_SIZE)
 
 
 def frame_records(chunk: bytes | bytearray, first_entry_id: int, count: int) -> bytearray:
