@@ -53,10 +53,16 @@ _READ_BATCH = 256  # local entries read per executor call while uploading
 # enough that a call's overhead is small next to the work, small enough that a batch crosses the
 # worker's pipe in a millisecond or two.
 _FRAME_BATCH_BYTES = 1024 * 1024
+# The background stream reads back in smaller batches, more often: bursts of several MiB every 100 ms
+# (Pulsar's streamingOffloadLoop pace) kept the second core busy for tens of milliseconds, and
+# group commits finishing meanwhile waited for a core (docs/performance.md, issue 13). A manual
+# offload, which a caller waits for, keeps the big batches.
+_STREAM_BATCH_BYTES = 256 * 1024
 _FRAME_BATCH_ENTRIES = 16384
-# Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
-# for a moment, so one pass uploads many group commits instead of running once per commit.
-_STREAM_POLL_SECONDS = 0.1
+# Streaming wakes on appends; like Pulsar's streamingOffloadLoop (which waits 100 ms) it then lets
+# entries gather for a moment, so one pass uploads many group commits instead of running once per
+# commit; 20 ms, so that each pass is short (see _STREAM_BATCH_BYTES).
+_STREAM_POLL_SECONDS = 0.02
 _CLOSE_FINISH_SECONDS = 5.0
 
 
@@ -569,7 +575,7 @@ class Offloader:
                 self._stream = _Stream(writer, segment, self._clock())
             stream = self._stream
             try:
-                full = await self._feed(stream)
+                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES)
             except BaseException as exc:
                 self._stream = None
                 await self._fail(stream.writer, exc)
@@ -593,12 +599,12 @@ class Offloader:
             await self._fail(stream.writer, exc)
             raise
 
-    async def _feed(self, stream: _Stream) -> bool:
+    async def _feed(self, stream: _Stream, batch_bytes: int) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
         reached and old enough to close).
 
         Batches are planned from the ledger's offset index alone (``local_payload_bytes``: no I/O):
-        at most _FRAME_BATCH_BYTES of framing, within the room left in the block being filled, so a
+        at most ``batch_bytes`` of framing, within the room left in the block being filled, so a
         block is cut between batches, and ending at the entry that fills the segment. The host's
         read-back worker process reads, checks and frames each batch; this loop only appends the
         buffer it returns.
@@ -621,17 +627,19 @@ class Offloader:
                     continue
                 return False
             ledger_id, first = pos.ledger_id, pos.entry_id
-            count, full = self._plan_batch(stream, ledger_id, first, available - first)
-            batch_bytes = self.host.local_payload_bytes(ledger_id, first, count)
+            count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
+            payload = host.local_payload_bytes(ledger_id, first, count)
             framed = await host.read_local_framed(ledger_id, first, count)
-            await stream.writer.add_framed(ledger_id, first, count, framed, batch_bytes)
-            stream.payload += batch_bytes
-            self.stats.offload_bytes += batch_bytes
+            await stream.writer.add_framed(ledger_id, first, count, framed, payload)
+            stream.payload += payload
+            self.stats.offload_bytes += payload
             stream.next = Position(ledger_id, first + count)
             if full:
                 return True
 
-    def _plan_batch(self, stream: _Stream, ledger_id: int, first: int, available: int) -> tuple[int, bool]:
+    def _plan_batch(
+        self, stream: _Stream, ledger_id: int, first: int, available: int, batch_bytes: int
+    ) -> tuple[int, bool]:
         """How many entries from ``first`` the next read-back batch takes, and whether the last one
         fills the segment."""
         policy = self.policy
@@ -645,7 +653,7 @@ class Offloader:
             return lambda n: payload(n) + n * ENTRY_HEADER_SIZE <= room
 
         writer = stream.writer
-        batch = min(_FRAME_BATCH_BYTES, policy.config.streaming_buffer_size)
+        batch = min(batch_bytes, policy.config.streaming_buffer_size)
         count = _largest(limit, framed_fits(min(writer.block_room(ledger_id), batch)))
         if count == 0:  # the block being filled has no room for the next entry: it is cut first
             count = max(1, _largest(limit, framed_fits(min(writer.max_block_size, batch))))
