@@ -208,6 +208,7 @@ class Offloader:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._recovered = False
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._stream: _Stream | None = None
         self._retry_at = 0.0  # monotonic: automatic passes wait until then after a failure
@@ -241,6 +242,7 @@ class Offloader:
         self._wake.set()
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -259,7 +261,9 @@ class Offloader:
         await self.store.close()
 
     async def _loop(self) -> None:
-        while True:
+        # Python 3.11's wait_for can swallow a cancel that lands as the event is set (an append's
+        # notify racing close): the flag ends the loop then, else close() would wait forever.
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._timeout())
             self._wake.clear()
