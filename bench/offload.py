@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -123,9 +124,10 @@ async def max_rate(ml: ManagedLedger, seconds: float) -> float:
     return done / (time.perf_counter() - started)
 
 
-async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> tuple[float, float]:
+async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> tuple[float, float, float]:
     """p99 append latency (ms) of an open-loop producer at a steady ``rate``: (from each append's
-    intended send time, from its actual submission) to its completion.
+    intended send time, from its actual submission) to its completion; and the p99 loop lag (ms: how
+    late the producer's 1 ms ticks woke, i.e. how long something else held the event loop or the GIL).
 
     Arrivals follow the clock, not completions: every tick sends the appends whose time has come, so a
     stalled loop or a slow ledger shows as latency from the intended time (a producer's view; no
@@ -152,6 +154,7 @@ async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> tuple[flo
         if outstanding == 0:
             all_done.set()
 
+    lags = array("d")
     started = clock()
     issued = 0
     while (elapsed := clock() - started) < seconds:
@@ -161,17 +164,24 @@ async def paced_p99(ml: ManagedLedger, rate: float, seconds: float) -> tuple[flo
             outstanding += 1
             ml.add_entry(data).add_done_callback(partial(completed, started + issued / rate, submitted))
             issued += 1
+        tick = clock()
         await asyncio.sleep(0.001)
+        lags.append(clock() - tick - 0.001)
     if outstanding:
         await all_done.wait()
 
     def p99(samples: array[float]) -> float:
         return round(statistics.quantiles(samples, n=100)[98] * 1000, 2)
 
-    return p99(from_intended), p99(from_submit)
+    return p99(from_intended), p99(from_submit), p99(lags)
 
 
 async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]:
+    # The earlier phases left a large heap (boto3, the backlogs' metadata); every full collection during
+    # the rounds scanned it, 60-180 ms each, about once a second in either mode (gc.callbacks), and one
+    # such stall is the p99 of a whole round. Frozen, full collections scan only what the rounds make.
+    gc.collect()
+    gc.freeze()
     tier = tier_root / "produce-tier"
     tier.mkdir(parents=True)
     streaming = OffloadPolicy(
@@ -189,11 +199,17 @@ async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]
         p99_on: list[float] = []
         submit_off: list[float] = []
         submit_on: list[float] = []
+        lag_off: list[float] = []
+        lag_on: list[float] = []
         for _ in range(ROUNDS):  # alternated, so a noisy neighbour or a warming disk hits both modes
-            for ml, p99s, submits in ((off, p99_off, submit_off), (on, p99_on, submit_on)):
-                p99, submit = await paced_p99(ml, top / 2, seconds)
+            for ml, p99s, submits, lags in (
+                (off, p99_off, submit_off, lag_off),
+                (on, p99_on, submit_on, lag_on),
+            ):
+                p99, submit, lag = await paced_p99(ml, top / 2, seconds)
                 p99s.append(p99)
                 submits.append(submit)
+                lags.append(lag)
         assert on.offloader is not None
         streamed = on.offloader.stats.offload_bytes
         return {
@@ -204,6 +220,8 @@ async def produce(work: Path, seconds: float, tier_root: Path) -> dict[str, Any]
             "p99_ms_offload_on": p99_on,
             "p99_ms_from_submit_off": submit_off,
             "p99_ms_from_submit_on": submit_on,
+            "loop_lag_p99_ms_off": lag_off,
+            "loop_lag_p99_ms_on": lag_on,
             "p99_ratio": round(max(p99_on) / max(p99_off), 2),  # worst round against worst round
             "streamed_mib_during_run": round(streamed / MIB, 1),
         }

@@ -38,7 +38,7 @@ class _KillingUpload(BlobUpload):
         self.inner = inner
         self.countdown = countdown
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         self.countdown[0] -= 1
         if self.countdown[0] <= 0:
             await self.inner.write(data[: len(data) // 2])

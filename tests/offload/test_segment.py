@@ -255,7 +255,7 @@ class FailingSecondWrite(FileSystemBlobStore):
         original = upload.write
         calls = 0
 
-        async def write(data: bytes) -> None:
+        async def write(data: bytes | bytearray) -> None:
             nonlocal calls
             calls += 1
             if calls == 2:

@@ -208,6 +208,15 @@ class LedgerFile:
             chunk, first, count, ledger_id=self.ledger_id, path=self.path, base_offset=start
         )
 
+    def span(self, first: int, count: int) -> tuple[int, int]:
+        """The file offsets [start, end) the confirmed records first..first+count-1 occupy."""
+        last = first + count
+        if first < 0 or count < 1 or last > self.entries:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id} holds {self.entries} durable entries, not {first}..{last - 1}"
+            )
+        return self.offsets[first], self.offsets[last] if last < self.entries else self.file_bytes
+
     def begin_read(self) -> None:
         """Pin the read fd while a read runs on a thread (trim closes it only after).
 

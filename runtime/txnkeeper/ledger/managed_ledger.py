@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, Metadata
 from .names import encode_name
 from .offload.offloader import Offloader, OffloadPolicy
 from .position import Entry, Position
+from .readback import shared_worker
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
 from .watermark import WatermarkKeeper
@@ -133,8 +135,7 @@ class ManagedLedger:
         self.offloader: Offloader | None = None
         self._offload_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"offload-read:{name}")
         if config.offload is not None:
-            self.offloader = Offloader(self, config.offload)
-            self.offloader.start()
+            self._start_offloader(config.offload)
 
     @classmethod
     async def open(
@@ -660,16 +661,51 @@ class ManagedLedger:
             )
         return (await self._read([(ledger, first, count)], pool=self._offload_pool))[0]
 
+    def _local_file(self, ledger_id: int, first: int, count: int) -> LedgerFile:
+        ledger = self._files.get(ledger_id)
+        if ledger is None or first + count > ledger.entries:
+            raise NoSuchEntryError(
+                f"entries {ledger_id}:{first}..{first + count - 1} of managed ledger {self.name!r} are not "
+                "in a local file (trimmed or offloaded meanwhile)"
+            )
+        return ledger
+
+    def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int:
+        """Payload bytes of durable local entries first..first+count-1 (from the offset index: no I/O)."""
+        start, end = self._local_file(ledger_id, first, count).span(first, count)
+        return end - start - count * RECORD_HEADER_SIZE
+
+    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray:
+        """Durable local entries first..first+count-1, checked and framed for an offload block by the
+        read-back worker process (see readback.py: the per-entry work never holds this process's GIL)."""
+        ledger = self._local_file(ledger_id, first, count)
+        start, end = ledger.span(first, count)
+        self._reads_in_flight += 1
+        self._reads_done.clear()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._offload_pool,
+                partial(shared_worker().frame, ledger.path, ledger_id, first, count, start=start, end=end),
+            )
+        finally:
+            self._reads_in_flight -= 1
+            if self._reads_in_flight == 0:
+                self._reads_done.set()
+
     def set_offload_policy(self, policy: OffloadPolicy) -> None:
         """Start offloading, or change the policy of a running offloader (admin API; see
         Offloader.set_policy for what may not change live)."""
         if self._state in (_State.CLOSING, _State.CLOSED):
             self._raise_not_writable()
         if self.offloader is None:
-            self.offloader = Offloader(self, policy)
-            self.offloader.start()
+            self._start_offloader(policy)
         else:
             self.offloader.set_policy(policy)
+
+    def _start_offloader(self, policy: OffloadPolicy) -> None:
+        self.offloader = Offloader(self, policy)
+        self.offloader.start()
+        self._offload_pool.submit(shared_worker().start)  # its start-up off the first read-back
 
     def local_bytes(self, ledger_id: int) -> int:
         ledger = self._files.get(ledger_id)

@@ -37,7 +37,7 @@ class BlobUpload(abc.ABC):
     """One object being written in pieces; invisible to readers until ``complete`` returns."""
 
     @abc.abstractmethod
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         """Append ``data``; drivers may buffer it to their part size before sending."""
 
     @abc.abstractmethod

@@ -98,7 +98,7 @@ def assemble_block(
     return b"".join((header, framed, padding(block_len - HEADER_SIZE - len(framed))))
 
 
-def block_crc(block: bytes | memoryview) -> int:
+def block_crc(block: bytes | bytearray | memoryview) -> int:
     return zlib.crc32(block) & 0xFFFFFFFF
 
 

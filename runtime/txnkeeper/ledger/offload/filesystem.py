@@ -146,7 +146,7 @@ class _FileUpload(BlobUpload):
         self.size = 0
         self.done = False
 
-    def write_sync(self, data: bytes) -> None:
+    def write_sync(self, data: bytes | bytearray) -> None:
         if self.done:
             raise BlobStoreError(self.store.location, self.key, "upload already completed or aborted")
         try:
@@ -190,7 +190,7 @@ class _FileUpload(BlobUpload):
         with contextlib.suppress(FileNotFoundError):
             self.temp.unlink()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         await asyncio.to_thread(self.write_sync, data)
 
     async def complete(self) -> int:

@@ -32,9 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import CorruptEntryError
 from ..metadata import LedgerInfo, ManagedLedgerMetadata, OffloadSegment
 from ..position import Position
 from .blobstore import BlobStore
+from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
 from .reader import IndexCache, SegmentReader
@@ -47,9 +49,20 @@ GIB = 1024 * 1024 * 1024
 READ_PRIORITIES = ("tiered-storage-first", "bookkeeper-first")
 MODES = ("streaming", "ledger")
 _READ_BATCH = 256  # local entries read per executor call while uploading
-# Streaming wakes on appends; like Pulsar's streamingOffloadLoop (100 ms) it then lets entries gather
-# for a moment, so one pass uploads many group commits instead of running once per commit.
-_STREAM_POLL_SECONDS = 0.1
+# Streaming read-back batches (one read-back worker call each, at most the write buffer's worth): big
+# enough that a call's overhead is small next to the work, small enough that a batch crosses the
+# worker's pipe in a millisecond or two.
+_FRAME_BATCH_BYTES = 1024 * 1024
+# The background stream reads back in smaller batches, more often: bursts of several MiB every 100 ms
+# (Pulsar's streamingOffloadLoop pace) kept the second core busy for tens of milliseconds, and
+# group commits finishing meanwhile waited for a core (docs/performance.md, issue 13). A manual
+# offload, which a caller waits for, keeps the big batches.
+_STREAM_BATCH_BYTES = 256 * 1024
+_FRAME_BATCH_ENTRIES = 16384
+# Streaming wakes on appends; like Pulsar's streamingOffloadLoop (which waits 100 ms) it then lets
+# entries gather for a moment, so one pass uploads many group commits instead of running once per
+# commit; 20 ms, so that each pass is short (see _STREAM_BATCH_BYTES).
+_STREAM_POLL_SECONDS = 0.02
 _CLOSE_FINISH_SECONDS = 5.0
 
 
@@ -156,6 +169,10 @@ class OffloadHost(Protocol):
 
     async def read_local(self, ledger_id: int, first: int, count: int) -> list[bytes]: ...
 
+    def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int: ...  # durable, no I/O
+
+    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray: ...
+
     def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (the open ledger too)
 
     def local_bytes(self, ledger_id: int) -> int: ...  # payload bytes in its local file (0: none)
@@ -176,7 +193,6 @@ class _Stream:
         self.opened_at = opened_at
         self.next = segment.begin
         self.payload = 0
-        self.average_entry = 1024
 
 
 class Offloader:
@@ -192,6 +208,7 @@ class Offloader:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._recovered = False
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._stream: _Stream | None = None
         self._retry_at = 0.0  # monotonic: automatic passes wait until then after a failure
@@ -225,6 +242,7 @@ class Offloader:
         self._wake.set()
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -243,13 +261,15 @@ class Offloader:
         await self.store.close()
 
     async def _loop(self) -> None:
-        while True:
+        # Python 3.11's wait_for can swallow a cancel that lands as the event is set (an append's
+        # notify racing close): the flag ends the loop then, else close() would wait forever.
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._timeout())
             self._wake.clear()
             if time.monotonic() < self._retry_at:
                 continue  # the store failed lately: appends must not turn into a retry storm
-            with contextlib.suppress(OffloadError, OSError):
+            with contextlib.suppress(OffloadError, OSError, CorruptEntryError):
                 await self._pass(manual=False)
             if self.policy.streams:
                 await asyncio.sleep(_STREAM_POLL_SECONDS)
@@ -379,7 +399,9 @@ class Offloader:
                     while (begin := self._next_begin(manual)) is not None:
                         done.append(await self._offload_segment(begin))
                 await self._delete_local_files()
-            except (OffloadError, OSError) as exc:
+            except (OffloadError, OSError, CorruptEntryError) as exc:
+                # A corrupt local record is never uploaded: the segment is Failed and the error
+                # (file, entry, offset, what to do) stays in status() until the operator acts.
                 self.last_error = str(exc)
                 self._retry_at = time.monotonic() + self.policy.offloadRetryIntervalSeconds
                 log.warning("managed ledger %s: offload failed: %s", self.host.name, exc)
@@ -557,7 +579,7 @@ class Offloader:
                 self._stream = _Stream(writer, segment, self._clock())
             stream = self._stream
             try:
-                full = await self._feed(stream)
+                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES)
             except BaseException as exc:
                 self._stream = None
                 await self._fail(stream.writer, exc)
@@ -581,50 +603,71 @@ class Offloader:
             await self._fail(stream.writer, exc)
             raise
 
-    async def _feed(self, stream: _Stream) -> bool:
+    async def _feed(self, stream: _Stream, batch_bytes: int) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
-        reached and old enough to close). Reads at most the write buffer's worth at a time."""
-        policy = self.policy
-        buffer = policy.config.streaming_buffer_size
+        reached and old enough to close).
+
+        Batches are planned from the ledger's offset index alone (``local_payload_bytes``: no I/O):
+        at most ``batch_bytes`` of framing, within the room left in the block being filled, so a
+        block is cut between batches, and ending at the entry that fills the segment. The host's
+        read-back worker process reads, checks and frames each batch; this loop only appends the
+        buffer it returns.
+        """
+        host = self.host
         while True:
-            meta = self.host.offload_metadata()
+            meta = host.offload_metadata()
             pos = stream.next
             info = meta.find(pos.ledger_id)
             if info is None or info.offloaded:
                 raise OffloadRangeError(
-                    f"streaming segment {stream.segment.uuid} of managed ledger {self.host.name!r} reached "
+                    f"streaming segment {stream.segment.uuid} of managed ledger {host.name!r} reached "
                     f"{pos}, which was trimmed meanwhile; the segment is retried from the first live entry"
                 )
-            available = self.host.confirmed_entries(pos.ledger_id)
+            available = host.confirmed_entries(pos.ledger_id)
             if pos.entry_id >= available:
                 later = [i for i in meta.ledgers if i.ledger_id > pos.ledger_id]
                 if info.closed and later:
                     stream.next = Position(later[0].ledger_id, 0)
                     continue
                 return False
-            count = min(available - pos.entry_id, _READ_BATCH, max(1, buffer // stream.average_entry))
-            batch = await self.host.read_local(pos.ledger_id, pos.entry_id, count)
-            cut, full = len(batch), False
-            batch_bytes = sum(map(len, batch))  # no per-entry Python loop on the event loop
-            room = policy.maxOffloadSegmentSizeInBytes - stream.payload
-            if (
-                batch_bytes >= room
-                and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
-            ):
-                for n, data in enumerate(batch):  # the segment ends with the entry that fills it
-                    room -= len(data)
-                    if room <= 0:
-                        cut, full = n + 1, True
-                        break
-                batch = batch[:cut]
-                batch_bytes = sum(map(len, batch))
-            await stream.writer.add_entries(pos.ledger_id, pos.entry_id, batch)
-            stream.payload += batch_bytes
-            self.stats.offload_bytes += batch_bytes
-            stream.next = Position(pos.ledger_id, pos.entry_id + cut)
-            stream.average_entry = max(1, batch_bytes // max(1, cut))
+            ledger_id, first = pos.ledger_id, pos.entry_id
+            count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
+            payload = host.local_payload_bytes(ledger_id, first, count)
+            framed = await host.read_local_framed(ledger_id, first, count)
+            await stream.writer.add_framed(ledger_id, first, count, framed, payload)
+            stream.payload += payload
+            self.stats.offload_bytes += payload
+            stream.next = Position(ledger_id, first + count)
             if full:
                 return True
+
+    def _plan_batch(
+        self, stream: _Stream, ledger_id: int, first: int, available: int, batch_bytes: int
+    ) -> tuple[int, bool]:
+        """How many entries from ``first`` the next read-back batch takes, and whether the last one
+        fills the segment."""
+        policy = self.policy
+        host = self.host
+        limit = min(available, _FRAME_BATCH_ENTRIES)
+
+        def payload(n: int) -> int:
+            return host.local_payload_bytes(ledger_id, first, n) if n else 0
+
+        def framed_fits(room: int) -> Callable[[int], bool]:
+            return lambda n: payload(n) + n * ENTRY_HEADER_SIZE <= room
+
+        writer = stream.writer
+        batch = min(batch_bytes, policy.config.streaming_buffer_size)
+        count = _largest(limit, framed_fits(min(writer.block_room(ledger_id), batch)))
+        if count == 0:  # the block being filled has no room for the next entry: it is cut first
+            count = max(1, _largest(limit, framed_fits(min(writer.max_block_size, batch))))
+        segment_room = policy.maxOffloadSegmentSizeInBytes - stream.payload
+        if (
+            payload(count) >= segment_room
+            and self._clock() - stream.opened_at >= policy.minOffloadSegmentRolloverTimeInSeconds
+        ):  # the segment ends with the entry that fills it
+            return _largest(count, lambda n: payload(n) < segment_room) + 1, True
+        return count, False
 
     # --- coverage and local deletion ------------------------------------------------------------------
 
@@ -667,6 +710,18 @@ class Offloader:
             if threshold >= 0 and newer_local < threshold:
                 break  # keep the newest threshold bytes local
             await self.host.drop_local(info.ledger_id)
+
+
+def _largest(limit: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in 0..limit with ``fits(n)``, for ``fits`` true up to some n and false after."""
+    low, high = 0, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _set_status(meta: ManagedLedgerMetadata, uuid: str, status: str) -> None:

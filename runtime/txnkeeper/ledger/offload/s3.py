@@ -199,7 +199,7 @@ class _S3Upload(BlobUpload):
         if self.done:
             raise BlobStoreError(self.store.location, self.key, "upload already completed or aborted")
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         self._check()
         self.buffer += data
         self.size += len(data)

@@ -21,7 +21,16 @@ from txnkeeper.ledger.position import Position
 
 from . import index as index_format
 from .blobstore import BlobStore, BlobUpload
-from .block import ENTRY_HEADER_SIZE, HEADER_SIZE, MAX_ENTRY_SIZE, assemble_block, block_crc, frame_entry
+from .block import (
+    ENTRY_HEADER_SIZE,
+    HEADER_SIZE,
+    MAX_ENTRY_SIZE,
+    BlockHeader,
+    block_crc,
+    encode_header,
+    frame_entry,
+    padding,
+)
 from .config import OffloadConfig
 from .errors import OffloadInputError
 from .index import IndexEntry, LedgerIndex
@@ -60,9 +69,14 @@ class SegmentDescription:
     index_length: int
 
 
-def _encode(ledger_id: int, first_entry_id: int, framed: bytearray, max_block_size: int) -> tuple[bytes, int]:
-    block = assemble_block(ledger_id, first_entry_id, framed, max_block_size)
-    return block, block_crc(block)
+def _seal(ledger_id: int, first_entry_id: int, block: bytearray, max_block_size: int) -> int:
+    """Complete, in place, a block whose entries were framed after HEADER_SIZE reserved bytes: header
+    and padding written, as ``assemble_block`` makes it; returns its CRC. No copy of the entries (a
+    multi-MiB memcpy holds the GIL for its whole length); zlib releases the GIL while it CRCs."""
+    block_len = max(max_block_size, len(block))
+    block[:HEADER_SIZE] = encode_header(BlockHeader(HEADER_SIZE, block_len, first_entry_id, ledger_id))
+    block += padding(block_len - len(block))
+    return block_crc(block)
 
 
 class SegmentWriter:
@@ -85,9 +99,9 @@ class SegmentWriter:
         self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         self.uuid = uuid or str(uuidlib.uuid4())
         self._upload: BlobUpload | None = None
-        # The block being filled, its entries already framed: a bytearray and two ints, never an
-        # object per entry (see block.assemble_block).
-        self._pending = bytearray()
+        # The block being filled, its entries already framed after HEADER_SIZE bytes reserved for its
+        # header: a bytearray and two ints, never an object per entry (see block.assemble_block).
+        self._pending = bytearray(HEADER_SIZE)
         self._pending_first = 0
         self._pending_last = 0
         self._pending_ledger: int | None = None
@@ -129,12 +143,11 @@ class SegmentWriter:
                     f"entry {ledger_id}:{entry_id} after {last}: entries of a ledger must be consecutive"
                 )
         framed = ENTRY_HEADER_SIZE + len(data)
-        if self._pending and (
-            ledger_id != self._pending_ledger
-            or HEADER_SIZE + len(self._pending) + framed > self.max_block_size
+        if len(self._pending) > HEADER_SIZE and (
+            ledger_id != self._pending_ledger or len(self._pending) + framed > self.max_block_size
         ):
             await self._flush_block()
-        if not self._pending:
+        if len(self._pending) == HEADER_SIZE:
             self._pending_first = entry_id
         frame_entry(self._pending, entry_id, data)
         self._pending_last = entry_id
@@ -151,7 +164,7 @@ class SegmentWriter:
             return
         await self.add_entry(ledger_id, first_entry_id, datas[0])
         limit = MAX_ENTRY_SIZE - ENTRY_HEADER_SIZE - HEADER_SIZE
-        room = self.max_block_size - HEADER_SIZE - ENTRY_HEADER_SIZE
+        room = self.max_block_size - ENTRY_HEADER_SIZE  # the pending buffer holds the header's room
         pack = _pack_entry_header
         entry_id = first_entry_id
         added = 0
@@ -163,7 +176,7 @@ class SegmentWriter:
                     raise OffloadInputError(
                         f"entry {ledger_id}:{entry_id + 1} of {size} bytes is too large to offload"
                     )
-                if pending and len(pending) + size > room:
+                if len(pending) > HEADER_SIZE and len(pending) + size > room:
                     self._pending_last = entry_id
                     await self._flush_block()
                     pending = self._pending
@@ -177,11 +190,60 @@ class SegmentWriter:
             self._ledger_bytes[ledger_id] += added
             self._last = Position(ledger_id, entry_id)
 
+    def block_room(self, ledger_id: int) -> int:
+        """Bytes of framed entries of ``ledger_id`` that fit in the block being filled without cutting
+        it (a new block's room when the pending block holds another ledger or nothing)."""
+        if ledger_id != self._pending_ledger:
+            return self.max_block_size - HEADER_SIZE
+        return self.max_block_size - len(self._pending)
+
+    async def add_framed(
+        self, ledger_id: int, first_entry_id: int, count: int, framed: bytearray, payload: int
+    ) -> None:
+        """``count`` consecutive entries of one ledger from ``first_entry_id``, already checked and
+        framed (``frame_entry`` layout; the read-back worker makes them) holding ``payload`` data bytes.
+
+        The block being filled is cut first unless they fit in it (``block_room``); a batch larger than
+        a whole block makes one block of its own (the caller sizes batches to ``block_room``).
+        """
+        self._check_open()
+        if count < 1 or first_entry_id < 0 or ledger_id < 0:
+            raise OffloadInputError(
+                f"entries {ledger_id}:{first_entry_id} (+{count}): "
+                "need non-negative ids and at least one entry"
+            )
+        last = self._last
+        if last is not None:
+            if ledger_id < last.ledger_id:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{first_entry_id} comes after ledger {last.ledger_id}; "
+                    "feed ledgers in ascending order"
+                )
+            if ledger_id == last.ledger_id and first_entry_id != last.entry_id + 1:
+                raise OffloadInputError(
+                    f"entry {ledger_id}:{first_entry_id} after {last}: "
+                    "entries of a ledger must be consecutive"
+                )
+        if len(self._pending) > HEADER_SIZE and (
+            ledger_id != self._pending_ledger or len(framed) > self.block_room(ledger_id)
+        ):  # a block holds one ledger
+            await self._flush_block()
+        if len(self._pending) == HEADER_SIZE:
+            self._pending_first = first_entry_id
+        self._pending += framed
+        self._pending_last = first_entry_id + count - 1
+        self._pending_ledger = ledger_id
+        self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + payload
+        self._last = Position(ledger_id, self._pending_last)
+        if self._first is None:
+            self._first = Position(ledger_id, first_entry_id)
+
     async def _flush_block(self) -> None:
         assert self._pending_ledger is not None
         # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
-        block, crc = await asyncio.to_thread(
-            _encode, self._pending_ledger, self._pending_first, self._pending, self.max_block_size
+        block = self._pending
+        crc = await asyncio.to_thread(
+            _seal, self._pending_ledger, self._pending_first, block, self.max_block_size
         )
         part_id = len(self._blocks) + 1
         if self._upload is None:
@@ -203,7 +265,7 @@ class SegmentWriter:
             )
         )
         self._offset += len(block)
-        self._pending = bytearray()
+        self._pending = bytearray(HEADER_SIZE)
 
     async def finish(self, ledger_infos: Mapping[int, LedgerInfo] | None = None) -> SegmentDescription:
         """Upload the last block, complete the data object, then write the index.
