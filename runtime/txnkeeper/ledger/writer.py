@@ -99,28 +99,26 @@ class GroupCommitWriter:
     ) -> asyncio.Future[T]:
         """Queue one record at ``offset`` of ``ledger``; the future resolves to ``result`` once it is
         durable (the caller's position: one future per append, no wrapper awaiting it)."""
-        queue = self._queue
-        group = queue[-1] if queue else None
-        if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
-            group = _Group(ledger, offset)
-            queue.append(group)
-        group.buffers.append(header)
-        group.buffers.append(data)
-        group.offsets.append(offset)
-        group.data_bytes += len(data)
-        group.end = offset + len(header) + len(data)
         future: asyncio.Future[T] = self._loop.create_future()
-        group.futures.append(future)
-        group.results.append(result)
-        self.pending_appends += 1
-        if self._task is None:
-            self._start()
+        self._enqueue(ledger, header, data, offset, result=result, waiter=future)
         return future
 
     def append_notify(
         self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T, *, notify: Notify
     ) -> None:
         """``append``, but ``notify`` is called in the confirming step instead of resolving a future."""
+        self._enqueue(ledger, header, data, offset, result=result, waiter=notify)
+
+    def _enqueue(
+        self,
+        ledger: LedgerFile,
+        header: bytes,
+        data: bytes,
+        offset: int,
+        *,
+        result: T,
+        waiter: asyncio.Future[T] | Notify,
+    ) -> None:
         queue = self._queue
         group = queue[-1] if queue else None
         if type(group) is not _Group or group.ledger is not ledger or not self._group_commit:
@@ -131,7 +129,7 @@ class GroupCommitWriter:
         group.offsets.append(offset)
         group.data_bytes += len(data)
         group.end = offset + len(header) + len(data)
-        group.futures.append(notify)
+        group.futures.append(waiter)
         group.results.append(result)
         self.pending_appends += 1
         if self._task is None:

@@ -121,6 +121,20 @@ class SegmentWriter:
         if self._state != "open":
             raise OffloadInputError(f"segment {self.uuid} is {self._state}; start a new SegmentWriter")
 
+    def _check_follows(self, ledger_id: int, entry_id: int) -> None:
+        last = self._last
+        if last is None:
+            return
+        if ledger_id < last.ledger_id:
+            raise OffloadInputError(
+                f"entry {ledger_id}:{entry_id} comes after ledger {last.ledger_id}; "
+                "feed ledgers in ascending order"
+            )
+        if ledger_id == last.ledger_id and entry_id != last.entry_id + 1:
+            raise OffloadInputError(
+                f"entry {ledger_id}:{entry_id} after {last}: entries of a ledger must be consecutive"
+            )
+
     async def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         self._check_open()
         if ledger_id < 0 or entry_id < 0:
@@ -131,17 +145,7 @@ class SegmentWriter:
             raise OffloadInputError(
                 f"entry {ledger_id}:{entry_id} of {len(data)} bytes is too large to offload"
             )
-        last = self._last
-        if last is not None:
-            if ledger_id < last.ledger_id:
-                raise OffloadInputError(
-                    f"entry {ledger_id}:{entry_id} comes after ledger {last.ledger_id}; "
-                    "feed ledgers in ascending order"
-                )
-            if ledger_id == last.ledger_id and entry_id != last.entry_id + 1:
-                raise OffloadInputError(
-                    f"entry {ledger_id}:{entry_id} after {last}: entries of a ledger must be consecutive"
-                )
+        self._check_follows(ledger_id, entry_id)
         framed = ENTRY_HEADER_SIZE + len(data)
         if len(self._pending) > HEADER_SIZE and (
             ledger_id != self._pending_ledger or len(self._pending) + framed > self.max_block_size
@@ -212,18 +216,7 @@ class SegmentWriter:
                 f"entries {ledger_id}:{first_entry_id} (+{count}): "
                 "need non-negative ids and at least one entry"
             )
-        last = self._last
-        if last is not None:
-            if ledger_id < last.ledger_id:
-                raise OffloadInputError(
-                    f"entry {ledger_id}:{first_entry_id} comes after ledger {last.ledger_id}; "
-                    "feed ledgers in ascending order"
-                )
-            if ledger_id == last.ledger_id and first_entry_id != last.entry_id + 1:
-                raise OffloadInputError(
-                    f"entry {ledger_id}:{first_entry_id} after {last}: "
-                    "entries of a ledger must be consecutive"
-                )
+        self._check_follows(ledger_id, first_entry_id)
         if len(self._pending) > HEADER_SIZE and (
             ledger_id != self._pending_ledger or len(framed) > self.block_room(ledger_id)
         ):  # a block holds one ledger
