@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from txnkeeper.ledger import ManagedLedgerFactory
-from txnkeeper.ledger.offload import BlobStore, FileSystemBlobStore
+from txnkeeper.ledger.offload import BlobStore, FileSystemBlobStore, OffloadConfig
 
 ACCESS_KEY = "txnkeeper-test"
 SECRET_KEY = "txnkeeper-test-secret"
@@ -133,6 +133,34 @@ def make_bucket(server: MinioServer) -> str:
     client.create_bucket(Bucket=name)
     client.close()
     return name
+
+
+def stoppable_s3_tier(
+    bucket: str, endpoint: str
+) -> tuple[OffloadConfig, Callable[[OffloadConfig], BlobStore]]:
+    """An S3 tier on a test MinIO with 1 KiB blocks and short timeouts, for tests that stop the server
+    under the offloader (a default timeout would make every failed attempt take minutes)."""
+    from txnkeeper.ledger.offload.s3 import S3BlobStore
+
+    config = OffloadConfig(
+        managedLedgerOffloadDriver="S3",
+        managedLedgerOffloadBucket=bucket,
+        managedLedgerOffloadServiceEndpoint=endpoint,
+        managedLedgerOffloadMaxBlockSizeInBytes=1024,
+    )
+
+    def s3(c: OffloadConfig) -> BlobStore:
+        return S3BlobStore(
+            bucket,
+            endpoint=c.managedLedgerOffloadServiceEndpoint,
+            region="us-east-1",
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            connect_timeout=2.0,
+            read_timeout=10.0,
+        )
+
+    return config, s3
 
 
 @pytest.fixture(params=["filesystem", "s3"])

@@ -20,7 +20,7 @@ import pytest
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.ledger.managed_ledger import ManagedLedger
-from txnkeeper.ledger.offload import BlobStore, OffloadConfig
+from txnkeeper.ledger.offload import OffloadConfig
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 
 from .conftest import wait_for
@@ -127,17 +127,14 @@ async def test_filesystem_tier_gone_60s_while_producing(
 async def test_minio_stopped_60s_while_producing(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:
-    from txnkeeper.ledger.offload.s3 import S3BlobStore
-
     from .conftest import (
-        ACCESS_KEY,
         MINIO_MISSING,
-        SECRET_KEY,
         MinioServer,
         launch_minio,
         make_bucket,
         minio_binary,
         stop_minio,
+        stoppable_s3_tier,
     )
 
     binary = minio_binary()
@@ -147,23 +144,7 @@ async def test_minio_stopped_60s_while_producing(
     servers: list[MinioServer] = [launch_minio(binary, tmp_path / "minio")]  # its own: it is stopped
     try:
         bucket = make_bucket(servers[0])
-        config = OffloadConfig(
-            managedLedgerOffloadDriver="S3",
-            managedLedgerOffloadBucket=bucket,
-            managedLedgerOffloadServiceEndpoint=servers[0].endpoint,
-            managedLedgerOffloadMaxBlockSizeInBytes=1024,
-        )
-
-        def s3(c: OffloadConfig) -> BlobStore:
-            return S3BlobStore(
-                bucket,
-                endpoint=c.managedLedgerOffloadServiceEndpoint,
-                region="us-east-1",
-                access_key=ACCESS_KEY,
-                secret_key=SECRET_KEY,
-                connect_timeout=2.0,
-                read_timeout=10.0,
-            )
+        config, s3 = stoppable_s3_tier(bucket, servers[0].endpoint)
 
         def restart() -> None:
             port = int(servers[0].endpoint.rsplit(":", 1)[1])

@@ -346,16 +346,13 @@ async def test_streamed_segments_on_both_drivers_read_back_and_a_flipped_byte_is
 async def test_minio_stopped_while_streaming_never_fails_producing_and_the_segment_is_retried(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:
-    from txnkeeper.ledger.offload.s3 import S3BlobStore
-
     from .conftest import (
-        ACCESS_KEY,
         MINIO_MISSING,
-        SECRET_KEY,
         launch_minio,
         make_bucket,
         minio_binary,
         stop_minio,
+        stoppable_s3_tier,
     )
 
     binary = minio_binary()
@@ -365,23 +362,7 @@ async def test_minio_stopped_while_streaming_never_fails_producing_and_the_segme
     server = launch_minio(binary, tmp_path / "minio")  # its own MinIO: this test stops it
     try:
         bucket = make_bucket(server)
-        config = OffloadConfig(
-            managedLedgerOffloadDriver="S3",
-            managedLedgerOffloadBucket=bucket,
-            managedLedgerOffloadServiceEndpoint=server.endpoint,
-            managedLedgerOffloadMaxBlockSizeInBytes=1024,
-        )
-
-        def s3(c: OffloadConfig) -> BlobStore:
-            return S3BlobStore(
-                bucket,
-                endpoint=c.managedLedgerOffloadServiceEndpoint,
-                region="us-east-1",
-                access_key=ACCESS_KEY,
-                secret_key=SECRET_KEY,
-                connect_timeout=2.0,
-                read_timeout=10.0,
-            )
+        config, s3 = stoppable_s3_tier(bucket, server.endpoint)
 
         clock = Clock()
         pol = OffloadPolicy(
