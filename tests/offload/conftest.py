@@ -135,6 +135,17 @@ def make_bucket(server: MinioServer) -> str:
     return name
 
 
+class Clock:
+    """An offloader's wall clock that stands still until the test advances it (to make the open
+    segment due to close, or a deletion lag pass, without waiting)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def stoppable_s3_tier(
     bucket: str, endpoint: str
 ) -> tuple[OffloadConfig, Callable[[OffloadConfig], BlobStore]]:

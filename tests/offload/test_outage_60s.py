@@ -23,7 +23,7 @@ from txnkeeper.ledger.managed_ledger import ManagedLedger
 from txnkeeper.ledger.offload import OffloadConfig
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 
-from .conftest import wait_for
+from .conftest import Clock, wait_for
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
 
@@ -33,16 +33,6 @@ OUTAGE_SECONDS = 60.0
 # still appends steadily through the whole minute without writing thousands of ledgers.
 SEND_INTERVAL = 0.05
 RETRY_INTERVAL = 2.0  # offloadRetryIntervalSeconds: no retry storm while the store is down
-
-
-class Clock:
-    """The offloader's wall clock, advanced by the test to make the open segment due to close."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_policy(config: OffloadConfig, clock: Clock, **kw: object) -> OffloadPolicy:

@@ -26,8 +26,8 @@ from txnkeeper.ledger.errors import CorruptEntryError
 from txnkeeper.ledger.offload.block import frame_entry
 from txnkeeper.ledger.readback import shared_worker
 
-from .conftest import wait_for
-from .test_streaming import NAME, Clock, ml_config, policy, tier_of
+from .conftest import Clock, wait_for
+from .test_streaming import NAME, ml_config, policy, tier_of
 
 ENTRY = 100  # fixed-size entries: record k of a ledger file starts at FILE_HEADER + k * (20 + ENTRY)
 

@@ -7,7 +7,6 @@ Real managed ledgers on disk and a real filesystem blob store. Segment ages come
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -26,17 +25,9 @@ from txnkeeper.ledger.offload import (
 )
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 
-from .conftest import wait_for
+from .conftest import Clock, wait_for
 
 NAME = "persistent://public/default/streamed"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def policy(tier: Path, clock: Clock, **kw: object) -> OffloadPolicy:
