@@ -98,6 +98,16 @@ def launch_minio(binary: str, root: Path, port: int | None = None) -> MinioServe
     return MinioServer(endpoint, proc, log)
 
 
+def launch_own_minio(root: Path) -> tuple[str, MinioServer]:
+    """A MinIO of the test's own under ``root`` (a test that stops its server can't share the session's),
+    and the binary to start it again with; skips when MinIO was not built."""
+    binary = minio_binary()
+    if binary is None:
+        pytest.skip(MINIO_MISSING)
+    root.mkdir()
+    return binary, launch_minio(binary, root)
+
+
 def stop_minio(server: MinioServer) -> None:
     server.process.terminate()
     try:

@@ -118,20 +118,16 @@ async def test_minio_stopped_60s_while_producing(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:
     from .conftest import (
-        MINIO_MISSING,
         MinioServer,
         launch_minio,
+        launch_own_minio,
         make_bucket,
-        minio_binary,
         stop_minio,
         stoppable_s3_tier,
     )
 
-    binary = minio_binary()
-    if binary is None:
-        pytest.skip(MINIO_MISSING)
-    (tmp_path / "minio").mkdir()
-    servers: list[MinioServer] = [launch_minio(binary, tmp_path / "minio")]  # its own: it is stopped
+    binary, first = launch_own_minio(tmp_path / "minio")  # its own: it is stopped
+    servers: list[MinioServer] = [first]
     try:
         bucket = make_bucket(servers[0])
         config, s3 = stoppable_s3_tier(bucket, servers[0].endpoint)

@@ -23,7 +23,9 @@ import pytest
 from txnkeeper.ledger import ManagedLedgerFactory, Position
 from txnkeeper.ledger.entry_format import FILE_HEADER, RECORD_HEADER_SIZE
 from txnkeeper.ledger.errors import CorruptEntryError
+from txnkeeper.ledger.managed_ledger import ManagedLedger
 from txnkeeper.ledger.offload.block import frame_entry
+from txnkeeper.ledger.offload.offloader import Offloader
 from txnkeeper.ledger.readback import shared_worker
 
 from .conftest import Clock, wait_for
@@ -115,17 +117,24 @@ def queued_input(pid: int) -> int:
         os.close(fd)
 
 
-async def test_a_read_back_worker_killed_mid_call_fails_the_segment_and_a_new_worker_retries_it(
+async def streamed_three(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
-) -> None:
-    clock = Clock()
+) -> tuple[ManagedLedger, Offloader, list[Position]]:
+    """A streaming ledger (a Failed segment is retried only by hand) whose first 3 entries streamed."""
     ml = await opened(tmp_path / "data").open(
-        NAME, ml_config(policy(tier_of(tmp_path), clock, offloadRetryIntervalSeconds=3600))
+        NAME, ml_config(policy(tier_of(tmp_path), Clock(), offloadRetryIntervalSeconds=3600))
     )
     off = ml.offloader
     assert off is not None
     acked = [await ml.add_entry(data(n)) for n in range(3)]
     await wait_for(lambda: off.streamed_until() == acked[-1], "the first entries streamed")
+    return ml, off, acked
+
+
+async def test_a_read_back_worker_killed_mid_call_fails_the_segment_and_a_new_worker_retries_it(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    ml, off, acked = await streamed_three(tmp_path, opened)
     begin = off.segments()[0].begin
     pid = shared_worker().pid
     assert pid is not None
@@ -146,14 +155,7 @@ async def test_a_read_back_worker_killed_mid_call_fails_the_segment_and_a_new_wo
 async def test_a_worker_that_died_between_calls_is_replaced_without_failing_anything(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:
-    clock = Clock()
-    ml = await opened(tmp_path / "data").open(
-        NAME, ml_config(policy(tier_of(tmp_path), clock, offloadRetryIntervalSeconds=3600))
-    )
-    off = ml.offloader
-    assert off is not None
-    acked = [await ml.add_entry(data(n)) for n in range(3)]
-    await wait_for(lambda: off.streamed_until() == acked[-1], "the first entries streamed")
+    ml, off, acked = await streamed_three(tmp_path, opened)
     pid = shared_worker().pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)

@@ -338,19 +338,14 @@ async def test_minio_stopped_while_streaming_never_fails_producing_and_the_segme
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:
     from .conftest import (
-        MINIO_MISSING,
         launch_minio,
+        launch_own_minio,
         make_bucket,
-        minio_binary,
         stop_minio,
         stoppable_s3_tier,
     )
 
-    binary = minio_binary()
-    if binary is None:
-        pytest.skip(MINIO_MISSING)
-    (tmp_path / "minio").mkdir()
-    server = launch_minio(binary, tmp_path / "minio")  # its own MinIO: this test stops it
+    binary, server = launch_own_minio(tmp_path / "minio")  # its own MinIO: this test stops it
     try:
         bucket = make_bucket(server)
         config, s3 = stoppable_s3_tier(bucket, server.endpoint)
