@@ -15,6 +15,8 @@ _.do_POST  # e2e/podapps/probe_server.py
 _.log_message  # http.server: silences its stderr logging
 _.connection_made  # asyncio.Protocol callbacks: protocol/connection.py, protocol/server.py
 _.data_received
+_.pause_writing  # asyncio.Protocol flow control: protocol/server.py (a peer not reading)
+_.resume_writing
 _.connection_lost
 pytest_runtest_makereport  # pytest hook (e2e/conftest.py)
 pytestmark  # pytest reads a module's marks from this name

@@ -6,10 +6,13 @@ a message saying what was wrong."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
+import socket
 import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from runtime_pods import ServePod, coordinator_connection, http
@@ -21,7 +24,7 @@ from txnkeeper.errors import ServiceError
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, load_cluster_secret
-from txnkeeper.protocol.frames import FrameDecoder
+from txnkeeper.protocol.frames import FrameDecoder, encode_frame
 from txnkeeper.protocol.rpc import RpcConnection, connect, split_address
 from txnkeeper.txnid import TxnID
 
@@ -254,6 +257,105 @@ async def test_partial_large_frames_do_not_grow_memory(pods: Callable[..., Serve
     # The pod still serves.
     async with Client(coordinators=[], stores=[store.listen]) as client:
         await (await client.create_producer(TOPIC)).send(b"still serving")
+
+
+async def _open_small_window(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection with a small receive buffer, so answers it does not read back up quickly."""
+    host, port = split_address(address)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    return await asyncio.open_connection(sock=sock)
+
+
+class _UnreadRequests:
+    """Pipelines GetTxnStatus requests for made-up transactions and reads none of the answers."""
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int) -> None:
+        self.writer, self.limit, self.sent = writer, limit, 0
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while self.sent < self.limit:
+            batch = []
+            for _ in range(1000):
+                self.sent += 1
+                command = api.Command(
+                    request_id=self.sent,
+                    get_txn_status=api.GetTxnStatus(txn_id=api.TxnId(most=0, least=self.sent)),
+                )
+                batch.append(encode_frame(command))
+            self.writer.write(b"".join(batch))
+            await self.writer.drain()
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await self.task
+
+
+def _server_receive_queue(server_port: int, client_port: int) -> int:
+    """Bytes the server's end of a loopback connection has received but not read (/proc/net/tcp)."""
+    local, remote = f"0100007F:{server_port:04X}", f"0100007F:{client_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[2] == remote:
+            return int(fields[4].split(":")[1], 16)
+    return 0
+
+
+async def test_a_client_that_reads_no_answers_cannot_grow_the_server(pods: Callable[..., ServePod]) -> None:
+    tc = pods("tc-0", "coordinator")
+    reader, writer = await _open_small_window(tc.listen)
+    server_port = split_address(tc.listen)[1]
+    client_port = writer.get_extra_info("sockname")[1]
+    baseline = tc.rss_bytes()
+    # Unbounded, 2M answers of ~30 bytes would be ~60 MB held (plus the objects on the way) for a peer
+    # that never reads them; the sender would finish.
+    requests = _UnreadRequests(writer, limit=2_000_000)
+
+    async def stopped_reading() -> bool:
+        assert not requests.task.done(), f"the server read all {requests.sent} requests"
+        return (
+            _metric(tc, "txnkeeper_server_write_paused_connections") == 1
+            and _server_receive_queue(server_port, client_port) >= 256 * 1024
+        )
+
+    await wait_until(stopped_reading, 120, "the server to stop reading a connection whose peer reads nothing")
+    grown = tc.rss_bytes() - baseline
+    assert grown < 64 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB"
+    await requests.stop()
+    # Once the peer reads, every request it sent is answered, in order: nothing was dropped.
+    decoder, answered = FrameDecoder(), 0
+    while answered < requests.sent:
+        data = await asyncio.wait_for(reader.read(1 << 20), 120)
+        assert data, f"connection closed after {answered} of {requests.sent} answers"
+        for command in decoder.feed(data):
+            answered += 1
+            assert command.request_id == answered and command.WhichOneof("body") == "txn_status", command
+    assert _metric(tc, "txnkeeper_server_write_paused_connections") == 0
+    writer.close()
+
+
+async def test_a_client_that_stays_unread_is_cut_after_the_write_timeout(
+    pods: Callable[..., ServePod],
+) -> None:
+    tc = pods("tc-0", "coordinator", extra=["--write-timeout", "1"])
+    _, writer = await _open_small_window(tc.listen)
+    requests = _UnreadRequests(writer, limit=10_000_000)
+
+    async def cut() -> bool:
+        return _metric(tc, "txnkeeper_server_closed_connections_total", 'reason="write_timeout"') >= 1
+
+    await wait_until(cut, 120, "the server to abort a connection that reads none of its answers")
+    await requests.stop()
+    writer.close()
+    assert "has not read its answers" in tc.log() and "write timeout 1s" in tc.log()
+    assert _metric(tc, "txnkeeper_server_write_paused_connections") == 0
+    async with Client(coordinators=[tc.listen], stores=[]) as client:
+        txn = await client.new_transaction(timeout_ms=60_000)  # the pod still serves
+        await txn.abort()
 
 
 async def test_half_sent_frame_and_idle_connection_are_closed_consumers_stay(

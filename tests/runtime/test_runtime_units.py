@@ -383,6 +383,8 @@ async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_
         ({"max_pending_bytes": 1024}, "max_pending_bytes"),
         ({"idle_timeout_s": 0}, "idle_timeout_s"),
         ({"frame_timeout_s": -1.0}, "frame_timeout_s"),
+        ({"max_unsent_bytes": 1024}, "max_unsent_bytes"),
+        ({"write_timeout_s": 0}, "write_timeout_s"),
     ],
 )
 def test_connection_limits_refuse_nonsense_naming_the_limit(kwargs: dict[str, float], named: str) -> None:

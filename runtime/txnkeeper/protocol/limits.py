@@ -5,6 +5,14 @@ connection costs a socket and buffers. Without bounds, 80 connections each sendi
 frame grow a pod by 400 MB, and connections that send nothing (or half a frame) stay forever. Each
 refusal is an error frame with code RESOURCE_LIMIT (or FRAME_TOO_LARGE) and a logged close naming the
 limit, and is counted by reason.
+
+The other direction too: a peer that sends requests but does not read the answers (or the messages
+pushed to its consumers) would make the server buffer every answer. When a connection's unsent bytes
+pass the transport's high-water mark the server stops reading that connection's requests until the
+peer reads (the peer's own sends then block in its kernel buffers); a connection whose unsent bytes
+still pass ``max_unsent_bytes`` (pushes keep coming) or that stays unread for ``write_timeout_s`` is
+aborted, counted like the other limits. What it had acknowledged is durable; what it had not is
+unknown to it, as after any lost connection.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_FRAME_TIMEOUT_S = 30.0
+DEFAULT_MAX_UNSENT_BYTES = 32 * 1024 * 1024
+DEFAULT_WRITE_TIMEOUT_S = 120.0
+# Above this many unsent bytes a connection's requests are no longer read (asyncio's default is 64 KiB).
+WRITE_HIGH_WATER = 1024 * 1024
 
 # close/refusal reasons (the metrics' label values)
 TOO_MANY_CONNECTIONS = "max_connections"
@@ -25,6 +37,8 @@ PENDING_BUDGET = "max_pending_bytes"
 IDLE = "idle_timeout"
 SLOW_FRAME = "frame_timeout"
 BAD_FRAME = "bad_frame"
+UNSENT_BUDGET = "max_unsent_bytes"
+WRITE_TIMEOUT = "write_timeout"
 
 
 class InvalidLimitsError(ValueError):
@@ -39,6 +53,9 @@ class ConnectionLimits:
     whose data would exceed it is closed. ``idle_timeout_s``: a connection that sent nothing for this
     long, awaits no answer and holds no server-side state (no subscribed consumer) is closed.
     ``frame_timeout_s``: a frame whose first bytes arrived must be complete within this.
+    ``max_unsent_bytes``: answers and pushed messages one connection may have waiting for its peer to
+    read them; more aborts the connection. ``write_timeout_s``: a connection whose peer has not read
+    enough to take its unsent bytes below the high-water mark for this long is aborted.
     """
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
@@ -46,13 +63,15 @@ class ConnectionLimits:
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S
+    max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_connections", "max_pending_bytes"):
+        for name in ("max_frame_size", "max_connections", "max_pending_bytes", "max_unsent_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidLimitsError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("idle_timeout_s", "frame_timeout_s"):
+        for name in ("idle_timeout_s", "frame_timeout_s", "write_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise InvalidLimitsError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -60,6 +79,12 @@ class ConnectionLimits:
             raise InvalidLimitsError(
                 f"max_pending_bytes ({self.max_pending_bytes}) must be at least max_frame_size"
                 f" ({self.max_frame_size}), or no frame of the maximum size could ever arrive"
+            )
+        if self.max_unsent_bytes < self.max_frame_size + WRITE_HIGH_WATER:
+            raise InvalidLimitsError(
+                f"max_unsent_bytes ({self.max_unsent_bytes}) must be at least max_frame_size plus"
+                f" {WRITE_HIGH_WATER} ({self.max_frame_size + WRITE_HIGH_WATER}), or one answer of the"
+                " maximum size could close a connection that reads normally"
             )
 
 
@@ -69,6 +94,7 @@ class ServerStats:
 
     open_connections: int = 0
     pending_bytes: int = 0
+    write_paused: int = 0  # connections whose requests are not read until their peer reads answers
     accepted: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # reason -> connections refused at accept
     closed: Counter[str] = field(default_factory=Counter)  # reason -> connections closed by a limit

@@ -18,7 +18,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -30,11 +30,15 @@ from txnkeeper.protocol.limits import (
     PENDING_BUDGET,
     SLOW_FRAME,
     TOO_MANY_CONNECTIONS,
+    UNSENT_BUDGET,
+    WRITE_HIGH_WATER,
+    WRITE_TIMEOUT,
     ConnectionLimits,
     ServerStats,
 )
 
 log = logging.getLogger(__name__)
+_CLOSE_GRACE_S = 5.0
 
 Response = api.Command | None
 HandlerResult = Response | Awaitable[object]
@@ -111,6 +115,12 @@ class ServerConnection(FrameConnection):
         self.last_received = asyncio.get_running_loop().time()
         self.frame_started: float | None = None  # when the buffered partial frame began arriving
         self.in_flight = 0  # requests still being answered: a peer waiting for one is not idle
+        # Since when the peer has left more than WRITE_HIGH_WATER unsent: its requests are not read.
+        self.write_paused_since: float | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        super().connection_made(transport)
 
     def on_open(self) -> None:
         stats = self._stats
@@ -144,6 +154,51 @@ class ServerConnection(FrameConnection):
         log.warning("closing connection from %s: %s", self.peer, message)
         self.refuse(code, message)
         self._uncount()
+        # A peer that reads nothing would keep the socket (and its unsent bytes) forever: the error
+        # frame gets a grace period, then the connection is cut.
+        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, self.abort)
+
+    def abort_for(self, reason: str, message: str) -> None:
+        """Cut a connection whose peer does not read: an error frame would never reach it."""
+        if self._transport is None:
+            return
+        self._stats.closed[reason] += 1
+        log.warning("aborting connection from %s: %s", self.peer, message)
+        self._uncount()
+        self.abort()
+
+    # --- the peer not reading what it is sent -----------------------------------------------------
+    def pause_writing(self) -> None:
+        if self._transport is None or self._closing or self.write_paused_since is not None:
+            return
+        self.write_paused_since = asyncio.get_running_loop().time()
+        self._stats.write_paused += 1
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.write_paused_since is None:
+            return
+        self.write_paused_since = None
+        self._stats.write_paused -= 1
+        if self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+            if self._decoder.buffered:
+                # the frame's remaining bytes were not read because of this pause, not the peer
+                self.frame_started = asyncio.get_running_loop().time()
+
+    def _flush(self) -> None:
+        super()._flush()
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        unsent = transport.get_write_buffer_size()
+        if unsent > self._limits.max_unsent_bytes:
+            self.abort_for(
+                UNSENT_BUDGET,
+                f"its peer left {unsent} bytes of answers and messages unread, over the limit of"
+                f" {self._limits.max_unsent_bytes} (max unsent bytes); the client must read what it"
+                " is sent",
+            )
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -231,6 +286,9 @@ class ServerConnection(FrameConnection):
 
     def on_lost(self, exc: Exception | None) -> None:
         self._uncount()
+        if self.write_paused_since is not None:
+            self.write_paused_since = None
+            self._stats.write_paused -= 1
         if self in self._registry:
             self._registry.discard(self)
             self._stats.open_connections = len(self._registry)
@@ -263,7 +321,8 @@ class ProtocolServer:
 
     @property
     def _sweep_interval(self) -> float:
-        shortest = min(self.limits.idle_timeout_s, self.limits.frame_timeout_s)
+        limits = self.limits
+        shortest = min(limits.idle_timeout_s, limits.frame_timeout_s, limits.write_timeout_s)
         return min(1.0, max(0.05, shortest / 4))
 
     def _sweep(self) -> None:
@@ -272,6 +331,15 @@ class ProtocolServer:
         now = loop.time()
         limits = self.limits
         for conn in list(self._connections):
+            paused = conn.write_paused_since
+            if paused is not None:  # its requests are not being read: neither slow nor idle
+                if now - paused > limits.write_timeout_s:
+                    conn.abort_for(
+                        WRITE_TIMEOUT,
+                        f"its peer has not read its answers for {now - paused:.1f}s (write timeout"
+                        f" {limits.write_timeout_s:g}s); the client must read what it is sent",
+                    )
+                continue
             started = conn.frame_started
             if started is not None and now - started > limits.frame_timeout_s:
                 conn.close_for(

@@ -435,6 +435,11 @@ class _PodCollector(Collector):
                 "Bytes of incomplete frames buffered across connections",
                 value=stats.pending_bytes,
             )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_write_paused_connections",
+                "Connections whose requests are not read until their peer reads its answers",
+                value=stats.write_paused,
+            )
             yield CounterMetricFamily(
                 "txnkeeper_server_accepted_connections", "Connections accepted", value=stats.accepted
             )

@@ -100,6 +100,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env("FRAME_TIMEOUT", str(defaults.frame_timeout_s)),
         help="seconds a started frame has to arrive completely",
     )
+    parser.add_argument(
+        "--max-unsent-bytes",
+        type=int,
+        default=env("MAX_UNSENT_BYTES", str(defaults.max_unsent_bytes)),
+        help="bytes of answers and pushed messages one connection may leave unread; more aborts it"
+        " (its requests are not read once it leaves 1 MiB unread)",
+    )
+    parser.add_argument(
+        "--write-timeout",
+        type=float,
+        default=env("WRITE_TIMEOUT", str(defaults.write_timeout_s)),
+        help="seconds a connection may leave its answers unread before it is aborted",
+    )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     srk_config.add_arguments(parser)
     process_settings.add_arguments(parser)
@@ -129,6 +142,8 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
             max_pending_bytes=ns.max_pending_bytes,
             idle_timeout_s=ns.idle_timeout,
             frame_timeout_s=ns.frame_timeout,
+            max_unsent_bytes=ns.max_unsent_bytes,
+            write_timeout_s=ns.write_timeout,
         )
     except InvalidLimitsError as exc:
         raise ConfigError(f"connection limits: {exc}") from exc
