@@ -358,3 +358,25 @@ async def test_fleet_progress_is_checksummed_and_previous_release_file_read(tmp_
         refused(group.state_file, group.load_progress, "checksum mismatch")
         group.state_file.write_text('{"startedAt": "2026-01-02T03:04:05Z", "rolledOver": [{}]}')
         refused(group.state_file, group.load_progress, "not valid downgrade progress")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"b": list(range(10_000)), "a": [[i, "é"] for i in range(9_000)], "c": {"z": 1.5, "y": None}},
+        list(range(statefile._SLICE * 2 + 1)),
+        {"names": [], "n": 0, "s": 'ü\n"', "t": True},
+        {2: "int keys go through json.dumps whole", 1: [1]},
+        [],
+        "text",
+    ],
+)
+def test_state_file_bodies_are_encoded_in_slices_exactly_as_one_json_dumps(body: object) -> None:
+    """Large state files (a transaction log snapshot) are encoded in slices so a worker thread gives
+    up the GIL between them; the bytes, and so every checksum, stay those of one json.dumps."""
+    whole = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    assert statefile._json_bytes(body) == whole
+    data = statefile.encode("test-kind", 1, body)
+    assert data.endswith(whole + b"\n")
+    decoded = statefile.decode(data, Path("test.state"), "test-kind", frozenset({1}))
+    assert decoded.body == json.loads(whole)
