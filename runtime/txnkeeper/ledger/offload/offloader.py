@@ -376,9 +376,8 @@ class Offloader:
             await reader.index()
             self.stats.read_offload_index_latency.observe(time.monotonic() - started)
             started = time.monotonic()
-            entries = await reader.read_entries(ledger_id, entry, upto)
+            out.extend(await reader.read_entry_data(ledger_id, entry, upto))
             self.stats.read_offload_data_latency.observe(time.monotonic() - started)
-            out.extend(e.data for e in entries)
             entry = upto + 1
         return out
 

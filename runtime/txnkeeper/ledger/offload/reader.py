@@ -282,6 +282,12 @@ class SegmentReader:
         self, ledger_id: int, first_entry_id: int, last_entry_id: int
     ) -> list[OffloadedEntry]:
         """Entries ``first..last`` (inclusive) of ``ledger_id``, all or an error."""
+        datas = await self.read_entry_data(ledger_id, first_entry_id, last_entry_id)
+        return [OffloadedEntry(ledger_id, first_entry_id + i, d) for i, d in enumerate(datas)]
+
+    async def read_entry_data(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """The data of entries ``first..last`` (inclusive) of ``ledger_id``, in order, all or an error
+        (what the managed ledger's reads need, without an object per entry)."""
         if first_entry_id < 0 or last_entry_id < first_entry_id:
             raise OffloadRangeError(f"invalid entry range {first_entry_id}..{last_entry_id}")
         idx = await self.index()
@@ -308,11 +314,12 @@ class SegmentReader:
         crcs = dict(order.blocks[order.position[e.offset]] for e in wanted)
         if self.cache.read_ahead_blocks:
             self._read_ahead(idx, order, wanted)
-        out: list[OffloadedEntry] = []
+        out: list[bytes] = []
         for entry in wanted:
-            for entry_id, data in await self._read_block(idx, entry, crcs[entry]):
-                if first_entry_id <= entry_id <= last_entry_id:
-                    out.append(OffloadedEntry(ledger_id, entry_id, data))
+            block = await self._read_block(idx, entry, crcs[entry])
+            # A checked block holds consecutive ids from its first (decode_block refuses anything else).
+            skip = max(first_entry_id - entry.first_entry_id, 0)
+            out.extend(data for _, data in block[skip : last_entry_id - entry.first_entry_id + 1])
         expected = last_entry_id - first_entry_id + 1
         if len(out) != expected:
             raise OffloadCorruptionError(
