@@ -177,14 +177,16 @@ class IndexCache:
         length: int,
         fetch: Callable[[], Coroutine[Any, Any, BlockEntries]],
         keep: set[BlockKey],
+        reserve: int = 0,
     ) -> bool:
         """Fetch a block in the background unless it is cached or being fetched already; False when
-        it does not fit in the budget (or the cache is closed)."""
+        it does not fit in the budget (or the cache is closed). ``keep``: blocks not to evict for it;
+        ``reserve``: bytes of blocks being read on demand, to be cached beside it."""
         if self._closed:
             return False
         if key in self._blocks or key in self._prefetches:
             return True
-        if not self._evict(self.max_block_bytes - self._prefetch_bytes() - length, keep):
+        if not self._evict(self.max_block_bytes - self._prefetch_bytes() - length - reserve, keep):
             return False
         epoch = self.epoch
         task = asyncio.get_running_loop().create_task(fetch(), name=f"offload-read-ahead:{key[1]}@{key[2]}")
@@ -336,10 +338,15 @@ class SegmentReader:
         """Start fetching the blocks after the last one this read uses (a sequential consumer's next)."""
         location = self.store.location
         keep = {(location, self.uuid, e.offset) for e in wanted}
+        # The wanted blocks not cached yet are cached by this read: room for them is kept too.
+        reserve = sum(
+            idx.block_length(e) for e in wanted if self.cache.block(location, self.uuid, e.offset) is None
+        )
         for entry, crc in order.after(wanted[-1], self.cache.read_ahead_blocks):
             length = idx.block_length(entry)
             key = (location, self.uuid, entry.offset)
-            if not self.cache.start_prefetch(key, length, partial(self._fetch_block, idx, entry, crc), keep):
+            fetch = partial(self._fetch_block, idx, entry, crc)
+            if not self.cache.start_prefetch(key, length, fetch, keep, reserve):
                 return  # no room (or closed): the blocks after it would not fit either
             keep.add(key)
 
