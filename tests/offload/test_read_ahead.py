@@ -51,7 +51,7 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 
 class GatedStore(FileSystemBlobStore):
-    """A filesystem store that records every read and, once ``gate`` is armed, holds each data read
+    """A filesystem store that records every block read and, once ``gate`` is armed, holds each
     (after its bytes were read) until the gate opens: a prefetch stays in flight as long as a test
     needs."""
 
@@ -63,16 +63,16 @@ class GatedStore(FileSystemBlobStore):
         self.gate = threading.Event()
         self._lock = threading.Lock()
 
-    def _read_range(self, key: str, offset: int, length: int | None) -> bytes:
-        raw = super()._read_range(key, offset, length)
+    def _read_into(self, key: str, offset: int, into: memoryview) -> int:
+        n = super()._read_into(key, offset, into)
         with self._lock:
             self.reads.append((key, offset))
-            gated = self.armed and not key.endswith("-index")
+            gated = self.armed
             if gated:
                 self.held += 1
         if gated and not self.gate.wait(DEADLINE):
             raise AssertionError("the test never opened the gate")
-        return raw
+        return n
 
 
 async def one_ledger_segment(store: FileSystemBlobStore) -> SegmentDescription:

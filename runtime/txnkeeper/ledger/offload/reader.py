@@ -363,13 +363,20 @@ class SegmentReader:
         return entries
 
     async def _fetch_block(self, idx: OffloadIndex, entry: IndexEntry, crc: int | None) -> BlockEntries:
-        """GET one block, then check and decode it in one worker-thread call (the CRC of a block of
-        megabytes and the copy of its entries are the costly part; zlib releases the GIL for the CRC)."""
+        """Read one block, check it and decode it on a worker thread (one call where the driver can:
+        the CRC of a block of megabytes and the copy of its entries are the costly part, and zlib
+        releases the GIL for the CRC, so the loop hands entries out meanwhile)."""
         length = idx.block_length(entry)
-        raw = await self.store.get(data_key(self.uuid), entry.offset, length)
-        return await asyncio.to_thread(self._check_block, raw, entry, length, crc)
+        return await self.store.read_checked(
+            data_key(self.uuid),
+            entry.offset,
+            length,
+            partial(self._check_block, entry=entry, length=length, crc=crc),
+        )
 
-    def _check_block(self, raw: bytes, entry: IndexEntry, length: int, crc: int | None) -> BlockEntries:
+    def _check_block(
+        self, raw: memoryview, *, entry: IndexEntry, length: int, crc: int | None
+    ) -> BlockEntries:
         """Length, CRC (from the index), structure and ids of one block, then its entries; any
         deviation is an OffloadCorruptionError at the object offset where it is."""
         key = data_key(self.uuid)
