@@ -1,8 +1,9 @@
 """Reading entries back from an offloaded segment, verified, fetching only the blocks needed.
 
 The index object is fetched once and cached (it is small and immutable); each read then issues one
-ranged GET per block that holds requested entries, checks the block's length, its CRC from the index and
-its structure, and only then returns entries. Anything that does not check out is an
+ranged read per block that holds requested entries (``BlobStore.read_checked``: the block's length, its
+CRC from the index and its structure are checked on the worker thread that read it), and only then
+returns entries. Anything that does not check out is an
 OffloadCorruptionError naming the segment uuid, the part and the object offset: corrupt bytes are
 never returned as entries.
 
