@@ -14,6 +14,7 @@ Figures depend on the disk and on whatever else runs; compare within one run.
 
     .venv/bin/python bench/offload.py [--backlog-mib 200] [--seconds 5] [--rounds 4] [--dir /path/on/the/disk]
         [--produce-tier-dir /dev/shm]   # the produce test's tier off the ledgers' disk, as S3 would be
+        [--only drain]                  # just the filesystem drain (a few seconds; repeat it)
 """
 
 from __future__ import annotations
@@ -305,7 +306,23 @@ async def minio_rate(work: Path, mib: int) -> dict[str, Any]:
         proc.wait(30)
 
 
+async def drain_only(ns: argparse.Namespace) -> dict[str, Any]:
+    """Only the filesystem drain (``--only drain``): short enough to repeat under the shared lock."""
+    with tempfile.TemporaryDirectory(dir=ns.dir) as tmp:
+        tier = Path(tmp) / "tier"
+        tier.mkdir()
+        filesystem = await offload_and_drain(
+            Path(tmp) / "fs", OffloadConfig(fileSystemURI=str(tier)), ns.backlog_mib, None
+        )
+    return {
+        "filesystem": filesystem,
+        "goals": {"drain_tier_vs_local>=0.6": filesystem["tier_vs_local"] >= 0.6},
+    }
+
+
 async def main(ns: argparse.Namespace) -> dict[str, Any]:
+    if ns.only == "drain":
+        return await drain_only(ns)
     with tempfile.TemporaryDirectory(dir=ns.dir) as tmp:
         work = Path(tmp)
         tier = work / "tier"
@@ -347,6 +364,9 @@ if __name__ == "__main__":
         "--produce-tier-dir",
         default=None,
         help="the streaming tier of the produce test on another device (default: beside the ledgers)",
+    )
+    parser.add_argument(
+        "--only", choices=["drain"], default=None, help="run one section: drain (filesystem tier reads)"
     )
     result = asyncio.run(main(parser.parse_args()))
     json.dump(result, sys.stdout, indent=2)

@@ -146,6 +146,10 @@ class CountingStore(FileSystemBlobStore):
         self.reads.append((key, offset, length))
         return super()._read_range(key, offset, length)
 
+    def _read_into(self, key: str, offset: int, into: memoryview) -> int:
+        self.reads.append((key, offset, len(into)))
+        return super()._read_into(key, offset, into)
+
 
 async def test_reads_fetch_only_the_blocks_needed_and_the_index_once(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)

@@ -144,7 +144,7 @@ def decode_block(data: bytes | memoryview) -> DecodedBlock:
         expected_id += 1
     if not entries:
         raise OffloadFormatError(header.header_len, "block holds no entries")
-    tail = view[pos:]
+    tail = bytes(view[pos:])  # bytes compare with memcmp; a memoryview compares item by item
     if tail != padding(len(tail)):
         bad = next(i for i in range(len(tail)) if tail[i] != PADDING[i % len(PADDING)])
         raise OffloadFormatError(pos + bad, "block padding is not the 0xFEDCDEAD pattern")

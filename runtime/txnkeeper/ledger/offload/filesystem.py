@@ -11,8 +11,11 @@ import asyncio
 import contextlib
 import errno
 import os
+import threading
 import uuid as uuidlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .blobstore import BlobStore, BlobUpload, check_key, check_range
 from .errors import BlobNotFound, BlobStoreError, BlobStoreUnavailable
@@ -24,12 +27,43 @@ _TEMP_PREFIX = ".txnkeeper-upload-"
 # group commit's fdatasync then queues behind such a burst: 10-25 ms p99 appends instead of 3-7 ms
 # with offload off. Syncing each slice as it is written keeps the tier's writeback small and steady.
 WRITE_SLICE_BYTES = 256 * 1024
+# ``read_checked`` reads into buffers kept for the next read rather than a fresh block-sized object
+# each time: a few of them (a reader and its read-ahead), and none larger than this, so an idle store
+# holds at most READ_BUFFERS * READ_BUFFER_MAX_BYTES.
+READ_BUFFERS = 4
+READ_BUFFER_MAX_BYTES = 8 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+class _BufferPool:
+    """Reusable read buffers, shared by the worker threads of one store."""
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bytearray:
+        with self._lock:
+            for n, buf in enumerate(self._free):
+                if len(buf) >= size:
+                    return self._free.pop(n)
+        return bytearray(size)
+
+    def give(self, buf: bytearray) -> None:
+        if len(buf) > READ_BUFFER_MAX_BYTES:
+            return
+        with self._lock:
+            if len(self._free) >= READ_BUFFERS:
+                self._free.remove(min(self._free, key=len))  # keep the larger ones: they fit more reads
+            self._free.append(buf)
 
 
 class FileSystemBlobStore(BlobStore):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self.location = f"file://{self.root}"
+        self._buffers = _BufferPool()
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(self.location, key)
@@ -69,6 +103,41 @@ class FileSystemBlobStore(BlobStore):
             raise BlobNotFound(self.location, key, "no such object") from None
         except OSError as exc:
             raise self._error(key, exc, "read") from exc
+
+    def _read_into(self, key: str, offset: int, into: memoryview) -> int:
+        """Object bytes from ``offset`` into ``into`` (up to its length): how many were read, fewer
+        where the object ends. With ``_read_range``, the only places object bytes are read."""
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except IsADirectoryError:
+            raise BlobNotFound(self.location, key, "no such object") from None
+        except OSError as exc:
+            raise self._error(key, exc, "read") from exc
+        try:
+            done = 0
+            while done < len(into):
+                n = os.preadv(fd, [into[done:]], offset + done)
+                if n == 0:
+                    break  # the object ends here
+                done += n
+            return done
+        except IsADirectoryError:
+            raise BlobNotFound(self.location, key, "no such object") from None
+        except OSError as exc:
+            raise self._error(key, exc, "read") from exc
+        finally:
+            os.close(fd)
+
+    def _read_checked(self, key: str, offset: int, length: int, check: Callable[[memoryview], T]) -> T:
+        buf = self._buffers.take(length)
+        try:
+            with memoryview(buf) as whole:
+                n = self._read_into(key, offset, whole[:length])
+                with whole[:n] as view:
+                    return check(view)
+        finally:
+            self._buffers.give(buf)
 
     def _length(self, key: str) -> int:
         path = self._path(key)
@@ -115,6 +184,10 @@ class FileSystemBlobStore(BlobStore):
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(self.location, key, offset, length)
         return await asyncio.to_thread(self._read_range, key, offset, length)
+
+    async def read_checked(self, key: str, offset: int, length: int, check: Callable[[memoryview], T]) -> T:
+        check_range(self.location, key, offset, length)
+        return await asyncio.to_thread(self._read_checked, key, offset, length, check)
 
     async def length(self, key: str) -> int:
         return await asyncio.to_thread(self._length, key)

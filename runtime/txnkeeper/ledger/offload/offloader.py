@@ -46,6 +46,7 @@ from .writer import SegmentWriter, data_key, index_key
 log = logging.getLogger(__name__)
 
 GIB = 1024 * 1024 * 1024
+READ_AHEAD_BLOCKS = 2
 READ_PRIORITIES = ("tiered-storage-first", "bookkeeper-first")
 MODES = ("streaming", "ledger")
 _READ_BATCH = 256  # local entries read per executor call while uploading
@@ -204,7 +205,9 @@ class Offloader:
         self.store = policy.open_store()
         self.stats = OffloaderStats()
         self._clock = policy.clock or clock
-        self._cache = IndexCache()
+        # Read-ahead of two blocks: a consumer draining the tier finds the next block fetched and
+        # CRC-checked on a worker thread while it handles the current one.
+        self._cache = IndexCache(read_ahead_blocks=READ_AHEAD_BLOCKS)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._recovered = False
@@ -258,6 +261,7 @@ class Offloader:
         if stream is not None:  # left Assigned: the next open deletes its objects and retries it
             with contextlib.suppress(Exception):
                 await stream.writer.abort()
+        self._cache.close()  # no read-ahead outlives the store
         await self.store.close()
 
     async def _loop(self) -> None:
@@ -372,9 +376,8 @@ class Offloader:
             await reader.index()
             self.stats.read_offload_index_latency.observe(time.monotonic() - started)
             started = time.monotonic()
-            entries = await reader.read_entries(ledger_id, entry, upto)
+            out.extend(await reader.read_entry_data(ledger_id, entry, upto))
             self.stats.read_offload_data_latency.observe(time.monotonic() - started)
-            out.extend(e.data for e in entries)
             entry = upto + 1
         return out
 

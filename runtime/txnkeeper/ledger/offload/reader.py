@@ -1,17 +1,26 @@
 """Reading entries back from an offloaded segment, verified, fetching only the blocks needed.
 
 The index object is fetched once and cached (it is small and immutable); each read then issues one
-ranged GET per block that holds requested entries, checks the block's length, its CRC from the index and
-its structure, and only then returns entries. Anything that does not check out is an
+ranged read per block that holds requested entries (``BlobStore.read_checked``: the block's length, its
+CRC from the index and its structure are checked on the worker thread that read it), and only then
+returns entries. Anything that does not check out is an
 OffloadCorruptionError naming the segment uuid, the part and the object offset: corrupt bytes are
 never returned as entries.
+
+Checked blocks are cached (a consumer asks for fewer entries than a block holds), and with read-ahead
+(``IndexCache(read_ahead_blocks=...)``, what the managed ledger's offloader uses) the next blocks of a
+segment are fetched and checked in the background while the current one is handed out, so draining
+the tier overlaps the GET and CRC of block k+1 with the consumer's work on block k.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from . import index as index_format
 from .blobstore import BlobStore
@@ -28,20 +37,52 @@ class OffloadedEntry:
     data: bytes
 
 
+BlockKey = tuple[str, str, int]  # store location, segment uuid, block offset in the data object
+BlockEntries = list[tuple[int, bytes]]  # (entry id, data) of one checked block
+
+
 class IndexCache:
     """A small LRU of decoded index objects, and of the last blocks read (already CRC-checked and
     decoded), shared by the readers of one store. Blocks are cached because a consumer draining the
     tier asks for a few entries at a time and one block holds many: without it each request would GET
-    and check the whole block again."""
+    and check the whole block again.
 
-    def __init__(self, max_segments: int = 256, max_block_bytes: int = 32 * 1024 * 1024) -> None:
+    With ``read_ahead_blocks`` > 0, a read that uses block k of a segment also starts fetching and
+    checking the next blocks (in object order) in the background, so a sequential consumer finds them
+    ready: the GET and the CRC run on worker threads while the event loop hands entries out. Prefetched
+    bytes count against ``max_block_bytes`` with the cached blocks (the least recently used are evicted
+    to make room, never a block the triggering read uses; no room, no prefetch). A prefetch's error is
+    raised only by a read of that block. ``forget`` (segment deleted) and ``close`` cancel prefetches,
+    and nothing fetched before a ``forget`` is cached after it.
+    """
+
+    def __init__(
+        self, max_segments: int = 256, max_block_bytes: int = 32 * 1024 * 1024, read_ahead_blocks: int = 0
+    ) -> None:
+        if read_ahead_blocks < 0:
+            raise ValueError(f"read_ahead_blocks must be >= 0 (got {read_ahead_blocks})")
         self.max_segments = max_segments
         self.max_block_bytes = max_block_bytes
+        self.read_ahead_blocks = read_ahead_blocks
         self._items: OrderedDict[tuple[str, str], OffloadIndex] = OrderedDict()
-        self._blocks: OrderedDict[tuple[str, str, int], tuple[int, list[tuple[int, bytes]]]] = OrderedDict()
+        self._orders: dict[tuple[str, str], _BlockOrder] = {}
+        self._blocks: OrderedDict[BlockKey, tuple[int, BlockEntries]] = OrderedDict()
         self._block_bytes = 0
+        self._prefetches: dict[BlockKey, tuple[int, asyncio.Task[BlockEntries]]] = {}
+        # Bumped by every forget: a fetch that started before it may hold a deleted segment's bytes,
+        # so its result is handed to its reader but never cached.
+        self.epoch = 0
+        self._closed = False
 
-    def block(self, location: str, uuid: str, offset: int) -> list[tuple[int, bytes]] | None:
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of cached blocks plus those being prefetched (at most ``max_block_bytes``)."""
+        return self._block_bytes + self._prefetch_bytes()
+
+    def _prefetch_bytes(self) -> int:
+        return sum(length for length, _ in self._prefetches.values())
+
+    def block(self, location: str, uuid: str, offset: int) -> BlockEntries | None:
         item = self._blocks.get((location, uuid, offset))
         if item is None:
             return None
@@ -49,17 +90,37 @@ class IndexCache:
         return item[1]
 
     def put_block(
-        self, location: str, uuid: str, offset: int, length: int, entries: list[tuple[int, bytes]]
+        self,
+        location: str,
+        uuid: str,
+        offset: int,
+        length: int,
+        entries: BlockEntries,
+        *,
+        epoch: int | None = None,
     ) -> None:
-        if length > self.max_block_bytes:
+        """Cache a checked block; ``epoch``: the cache's epoch when its fetch started (not cached if a
+        segment was forgotten since)."""
+        if length > self.max_block_bytes or (epoch is not None and epoch != self.epoch) or self._closed:
             return
-        old = self._blocks.pop((location, uuid, offset), None)
+        key = (location, uuid, offset)
+        old = self._blocks.pop(key, None)
         self._block_bytes -= old[0] if old is not None else 0
-        self._blocks[(location, uuid, offset)] = (length, entries)
+        self._blocks[key] = (length, entries)
         self._block_bytes += length
-        while self._block_bytes > self.max_block_bytes:
-            _, (size, _) = self._blocks.popitem(last=False)
-            self._block_bytes -= size
+        self._evict(self.max_block_bytes - self._prefetch_bytes(), keep={key})
+
+    def _evict(self, budget: int, keep: set[BlockKey]) -> bool:
+        """Drop least recently used blocks not in ``keep`` until cached bytes fit ``budget``."""
+        if self._block_bytes <= budget:
+            return True
+        for key in list(self._blocks):
+            if key in keep:
+                continue
+            self._block_bytes -= self._blocks.pop(key)[0]
+            if self._block_bytes <= budget:
+                return True
+        return False
 
     def get(self, location: str, uuid: str) -> OffloadIndex | None:
         item = self._items.get((location, uuid))
@@ -71,12 +132,96 @@ class IndexCache:
         self._items[(location, uuid)] = idx
         self._items.move_to_end((location, uuid))
         while len(self._items) > self.max_segments:
-            self._items.popitem(last=False)
+            gone, _ = self._items.popitem(last=False)
+            self._orders.pop(gone, None)
+
+    def order(self, location: str, uuid: str, idx: OffloadIndex) -> _BlockOrder:
+        """The segment's blocks in object order with their CRCs (computed once per cached index)."""
+        order = self._orders.get((location, uuid))
+        if order is None or order.index is not idx:
+            order = _BlockOrder(idx)
+            if self._items.get((location, uuid)) is idx:
+                self._orders[(location, uuid)] = order
+        return order
 
     def forget(self, location: str, uuid: str) -> None:
+        self.epoch += 1
         self._items.pop((location, uuid), None)
+        self._orders.pop((location, uuid), None)
         for key in [k for k in self._blocks if k[:2] == (location, uuid)]:
             self._block_bytes -= self._blocks.pop(key)[0]
+        for key in [k for k in self._prefetches if k[:2] == (location, uuid)]:
+            self._prefetches.pop(key)[1].cancel()
+
+    def close(self) -> None:
+        """Cancel every prefetch and cache nothing more (the store is about to close)."""
+        self._closed = True
+        self.epoch += 1
+        for _, task in self._prefetches.values():
+            task.cancel()
+        self._prefetches.clear()
+        self._blocks.clear()
+        self._block_bytes = 0
+
+    def prefetching(self, location: str, uuid: str, offset: int) -> bool:
+        """Whether a background fetch of this block is under way (tests and stats)."""
+        return (location, uuid, offset) in self._prefetches
+
+    def claim_prefetch(self, location: str, uuid: str, offset: int) -> asyncio.Task[BlockEntries] | None:
+        """The prefetch of this block, if one runs or ran unread; the caller now owns its result."""
+        item = self._prefetches.pop((location, uuid, offset), None)
+        return item[1] if item is not None else None
+
+    def start_prefetch(
+        self,
+        key: BlockKey,
+        length: int,
+        fetch: Callable[[], Coroutine[Any, Any, BlockEntries]],
+        keep: set[BlockKey],
+        reserve: int = 0,
+    ) -> bool:
+        """Fetch a block in the background unless it is cached or being fetched already; False when
+        it does not fit in the budget (or the cache is closed). ``keep``: blocks not to evict for it;
+        ``reserve``: bytes of blocks being read on demand, to be cached beside it."""
+        if self._closed:
+            return False
+        if key in self._blocks or key in self._prefetches:
+            return True
+        if not self._evict(self.max_block_bytes - self._prefetch_bytes() - length - reserve, keep):
+            return False
+        epoch = self.epoch
+        task = asyncio.get_running_loop().create_task(fetch(), name=f"offload-read-ahead:{key[1]}@{key[2]}")
+        self._prefetches[key] = (length, task)
+        task.add_done_callback(lambda t: self._prefetched(key, length, epoch, t))
+        return True
+
+    def _prefetched(self, key: BlockKey, length: int, epoch: int, task: asyncio.Task[BlockEntries]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()  # retrieved, so an unread failure is not logged as never retrieved
+        current = self._prefetches.get(key)
+        if current is None or current[1] is not task:
+            return  # claimed by a read (which caches it) or dropped by forget/close
+        del self._prefetches[key]
+        if error is None:
+            self.put_block(*key, length, task.result(), epoch=epoch)
+        # A failed prefetch is dropped: a read of the block fetches it afresh and raises what it finds
+        # then (a store that was briefly unavailable is not reported later as still failing).
+
+
+class _BlockOrder:
+    """A segment's blocks in object order, each with its recorded CRC (None when the index has none),
+    and where each block sits in that order: what read-ahead walks."""
+
+    def __init__(self, index: OffloadIndex) -> None:
+        self.index = index
+        crcs = {led.info.ledger_id: led.info.block_crcs() for led in index.ledgers}
+        self.blocks = [(e, crcs[e.ledger_id].get(e.part_id)) for e in index.blocks()]
+        self.position = {e.offset: n for n, (e, _) in enumerate(self.blocks)}
+
+    def after(self, entry: IndexEntry, count: int) -> list[tuple[IndexEntry, int | None]]:
+        n = self.position[entry.offset] + 1
+        return self.blocks[n : n + count]
 
 
 class SegmentReader:
@@ -140,6 +285,12 @@ class SegmentReader:
         self, ledger_id: int, first_entry_id: int, last_entry_id: int
     ) -> list[OffloadedEntry]:
         """Entries ``first..last`` (inclusive) of ``ledger_id``, all or an error."""
+        datas = await self.read_entry_data(ledger_id, first_entry_id, last_entry_id)
+        return [OffloadedEntry(ledger_id, first_entry_id + i, d) for i, d in enumerate(datas)]
+
+    async def read_entry_data(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """The data of entries ``first..last`` (inclusive) of ``ledger_id``, in order, all or an error
+        (what the managed ledger's reads need, without an object per entry)."""
         if first_entry_id < 0 or last_entry_id < first_entry_id:
             raise OffloadRangeError(f"invalid entry range {first_entry_id}..{last_entry_id}")
         idx = await self.index()
@@ -156,18 +307,22 @@ class SegmentReader:
                 f"segment {self.uuid} holds entries {first_held}..{last_held} of ledger {ledger_id}, "
                 f"not {first_entry_id}..{last_entry_id}"
             )
-        crcs = led.info.block_crcs()
         wanted = [
             e
             for i, e in enumerate(led.entries)
             if e.first_entry_id <= last_entry_id
             and (i + 1 == len(led.entries) or led.entries[i + 1].first_entry_id > first_entry_id)
         ]
-        out: list[OffloadedEntry] = []
+        order = self.cache.order(self.store.location, self.uuid, idx)
+        crcs = dict(order.blocks[order.position[e.offset]] for e in wanted)
+        if self.cache.read_ahead_blocks:
+            self._read_ahead(idx, order, wanted)
+        out: list[bytes] = []
         for entry in wanted:
-            for entry_id, data in await self._read_block(idx, entry, crcs.get(entry.part_id)):
-                if first_entry_id <= entry_id <= last_entry_id:
-                    out.append(OffloadedEntry(ledger_id, entry_id, data))
+            block = await self._read_block(idx, entry, crcs[entry])
+            # A checked block holds consecutive ids from its first (decode_block refuses anything else).
+            skip = max(first_entry_id - entry.first_entry_id, 0)
+            out.extend(data for _, data in block[skip : last_entry_id - entry.first_entry_id + 1])
         expected = last_entry_id - first_entry_id + 1
         if len(out) != expected:
             raise OffloadCorruptionError(
@@ -180,15 +335,52 @@ class SegmentReader:
             )
         return out
 
-    async def _read_block(
-        self, idx: OffloadIndex, entry: IndexEntry, crc: int | None
-    ) -> list[tuple[int, bytes]]:
-        key = data_key(self.uuid)
-        cached = self.cache.block(self.store.location, self.uuid, entry.offset)
+    def _read_ahead(self, idx: OffloadIndex, order: _BlockOrder, wanted: list[IndexEntry]) -> None:
+        """Start fetching the blocks after the last one this read uses (a sequential consumer's next)."""
+        location = self.store.location
+        keep = {(location, self.uuid, e.offset) for e in wanted}
+        # The wanted blocks not cached yet are cached by this read: room for them is kept too.
+        reserve = sum(
+            idx.block_length(e) for e in wanted if self.cache.block(location, self.uuid, e.offset) is None
+        )
+        for entry, crc in order.after(wanted[-1], self.cache.read_ahead_blocks):
+            length = idx.block_length(entry)
+            key = (location, self.uuid, entry.offset)
+            fetch = partial(self._fetch_block, idx, entry, crc)
+            if not self.cache.start_prefetch(key, length, fetch, keep, reserve):
+                return  # no room (or closed): the blocks after it would not fit either
+            keep.add(key)
+
+    async def _read_block(self, idx: OffloadIndex, entry: IndexEntry, crc: int | None) -> BlockEntries:
+        location = self.store.location
+        cached = self.cache.block(location, self.uuid, entry.offset)
         if cached is not None:
             return cached
+        epoch = self.cache.epoch
+        prefetch = self.cache.claim_prefetch(location, self.uuid, entry.offset)
+        # A prefetch's error (corruption, store unavailable) is raised here, by the read of its block.
+        entries = await (prefetch if prefetch is not None else self._fetch_block(idx, entry, crc))
+        self.cache.put_block(location, self.uuid, entry.offset, idx.block_length(entry), entries, epoch=epoch)
+        return entries
+
+    async def _fetch_block(self, idx: OffloadIndex, entry: IndexEntry, crc: int | None) -> BlockEntries:
+        """Read one block, check it and decode it on a worker thread (one call where the driver can:
+        the CRC of a block of megabytes and the copy of its entries are the costly part, and zlib
+        releases the GIL for the CRC, so the loop hands entries out meanwhile)."""
         length = idx.block_length(entry)
-        raw = await self.store.get(key, entry.offset, length)
+        return await self.store.read_checked(
+            data_key(self.uuid),
+            entry.offset,
+            length,
+            partial(self._check_block, entry=entry, length=length, crc=crc),
+        )
+
+    def _check_block(
+        self, raw: memoryview, *, entry: IndexEntry, length: int, crc: int | None
+    ) -> BlockEntries:
+        """Length, CRC (from the index), structure and ids of one block, then its entries; any
+        deviation is an OffloadCorruptionError at the object offset where it is."""
+        key = data_key(self.uuid)
 
         def corrupt(offset: int, problem: str) -> OffloadCorruptionError:
             return OffloadCorruptionError(self.uuid, entry.part_id, offset, problem, key)
@@ -198,13 +390,13 @@ class SegmentReader:
                 entry.offset + len(raw), f"object truncated: block needs {length} bytes, got {len(raw)}"
             )
         if crc is not None:
-            actual = await asyncio.to_thread(block_crc, raw)  # off the loop: blocks are megabytes
+            actual = block_crc(raw)
             if actual != crc:
                 raise corrupt(entry.offset, f"block CRC-32 is {actual:08x}, the index recorded {crc:08x}")
         elif self.require_crc:
             raise corrupt(entry.offset, "the index records no CRC for this block")
         try:
-            decoded = await asyncio.to_thread(decode_block, raw)
+            decoded = decode_block(raw)
         except OffloadFormatError as exc:
             raise corrupt(entry.offset + exc.offset, exc.problem) from None
         if (
@@ -216,6 +408,4 @@ class SegmentReader:
                 f"block header holds {decoded.header.ledger_id}:{decoded.header.first_entry_id}, "
                 f"the index says {entry.ledger_id}:{entry.first_entry_id}",
             )
-        entries = list(decoded.entries)
-        self.cache.put_block(self.store.location, self.uuid, entry.offset, length, entries)
-        return entries
+        return list(decoded.entries)
