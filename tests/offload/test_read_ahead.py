@@ -277,3 +277,19 @@ async def test_a_managed_ledger_drains_its_offloaded_ledgers_with_read_ahead_and
         await factory.close()
     left = [t for t in asyncio.all_tasks() if t.get_name().startswith("offload-read-ahead:") and not t.done()]
     assert left == []
+
+
+async def test_a_block_larger_than_the_budget_is_cached_alone_not_read_again_per_request(
+    tmp_path: Path,
+) -> None:
+    """offloadMode=ledger writes 64 MiB blocks, twice the default budget: a consumer reading a few
+    entries at a time must not GET and check the whole block again for each read."""
+    store = GatedStore(tmp_path)
+    seg = await one_ledger_segment(store)
+    cache = IndexCache(max_block_bytes=BLOCK // 2)
+    reader = SegmentReader(store, seg.uuid, cache=cache)
+    for entry_id in range(16):  # two blocks, one entry per read
+        assert await reader.read_entry_data(5, entry_id, entry_id) == [payload(entry_id)]
+    assert block_reads(store, seg) == [0, 1]
+    assert cache.block(store.location, seg.uuid, seg.blocks[0].offset) is None  # evicted by block 1
+    assert cache.block_bytes == BLOCK

@@ -51,7 +51,9 @@ class IndexCache:
     checking the next blocks (in object order) in the background, so a sequential consumer finds them
     ready: the GET and the CRC run on worker threads while the event loop hands entries out. Prefetched
     bytes count against ``max_block_bytes`` with the cached blocks (the least recently used are evicted
-    to make room, never a block the triggering read uses; no room, no prefetch). A prefetch's error is
+    to make room, never a block the triggering read uses; no room, no prefetch). A block larger than
+    the budget is cached alone (everything else evicted), so the budget is exceeded by at most that one
+    block. A prefetch's error is
     raised only by a read of that block. ``forget`` (segment deleted) and ``close`` cancel prefetches,
     and nothing fetched before a ``forget`` is cached after it.
     """
@@ -101,8 +103,11 @@ class IndexCache:
     ) -> None:
         """Cache a checked block; ``epoch``: the cache's epoch when its fetch started (not cached if a
         segment was forgotten since)."""
-        if length > self.max_block_bytes or (epoch is not None and epoch != self.epoch) or self._closed:
+        if (epoch is not None and epoch != self.epoch) or self._closed:
             return
+        # A block larger than the whole budget (``offloadMode=ledger`` writes 64 MiB blocks) is still
+        # cached, alone: otherwise a consumer reading a few entries at a time would GET and check the
+        # entire block again for every read.
         key = (location, uuid, offset)
         old = self._blocks.pop(key, None)
         self._block_bytes -= old[0] if old is not None else 0
