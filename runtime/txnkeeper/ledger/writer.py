@@ -221,9 +221,13 @@ class GroupCommitWriter:
             head, self._head = self._head, None
             if head is not None:
                 await self._complete(*head)
-            elif self._inline_under is not None and queue and type(queue[0]) is _Group:
-                if self._inline_ok(queue, probe=True):
-                    self._write_inline(self._take_groups())
+            elif (
+                self._inline_under is not None
+                and queue
+                and type(queue[0]) is _Group
+                and self._inline_ok(queue, probe=True)
+            ):
+                self._write_inline(self._take_groups())
             while queue:
                 if type(queue[0]) is _Barrier:
                     barrier = queue.popleft()
