@@ -2,13 +2,14 @@
 
 Appends are queued in order (their entry ids were assigned by the caller when queued). One flush task
 takes everything queued for the same ledger, writes it with one pwrite and one fdatasync on an executor
-thread (so the loop keeps queuing meanwhile), and only then resolves the appends' futures. Ordered
+thread (so the loop keeps queuing meanwhile; a lone small group inline, see below), and only then
+resolves the appends' futures. Ordered
 "barriers" (ledger rollovers) run between groups, so a new ledger's file exists before its first write.
 With group_commit off every append is its own group: the fsync-per-append baseline.
-``mark_written`` runs on the I/O thread between a group's data pwrite and its fsync (the watermark's
+``mark_written`` runs on the writing thread between a group's data pwrite and its fsync (the watermark's
 written mark, which a process crash cannot lose); ``on_durable`` hears of every confirmed group (the
-managed ledger counts entries and moves the watermark's confirmed value, whose write then runs
-alongside the next group's).
+managed ledger counts entries and moves the watermark's confirmed value, whose write then runs on
+the pool alongside later groups').
 
 ``start_now`` lets a caller that already gathered a loop turn's records (the buffered writer's
 end-of-turn flush) have the write submitted within its own callback instead of when the flush task
