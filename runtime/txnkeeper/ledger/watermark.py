@@ -251,7 +251,6 @@ class WatermarkKeeper:
         self._failing = False
         self._last_start = -interval_s  # loop time the last confirmed write started
         self._timer: asyncio.TimerHandle | None = None  # a write waiting for the interval to pass
-        self.confirm_writes = 0
 
     def mark_written(self, ledger_id: int, entry_id: int) -> Callable[[], None] | None:
         """On the group's I/O thread, after its data pwrite: vouch for it (no fsync); returns the undo.
@@ -311,7 +310,6 @@ class WatermarkKeeper:
         assert target is not None
         loop = asyncio.get_running_loop()
         self._last_start = loop.time()
-        self.confirm_writes += 1
         future = loop.run_in_executor(self._executor, self._file.write, target)
         self._in_flight = future
         self._settled.clear()

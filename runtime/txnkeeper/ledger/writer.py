@@ -124,8 +124,6 @@ class GroupCommitWriter:
         self._recent: deque[bool] = deque(maxlen=_WINDOW)
         self._recent_slow = 0
         self._since_probe = 0
-        self.inline_writes = 0
-        self.pool_writes = 0
 
     def append(
         self, ledger: LedgerFile, header: bytes, data: bytes, offset: int, result: T
@@ -309,7 +307,6 @@ class GroupCommitWriter:
         if args is None:
             return
         ledger, buffers, start, mark = args
-        self.inline_writes += 1
         began = time.perf_counter()
         try:
             ledger.write_and_sync(buffers, start, self._sync, mark)
@@ -341,7 +338,6 @@ class GroupCommitWriter:
         if args is None:
             return None
         ledger, buffers, start, mark = args
-        self.pool_writes += 1
         try:
             if self._inline_under is None:
                 return self._loop.run_in_executor(
