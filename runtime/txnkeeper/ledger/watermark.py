@@ -17,7 +17,8 @@ fsync, rename), so any other size, two bad slots, or a slot with a good checksum
 this build does not know is refused, never guessed at.
 
 Two values, because two kinds of crash lose different things:
-- *written*: every group commit records its last entry here with a plain pwrite, on the I/O thread,
+- *written*: every group commit records its last entry here with a plain pwrite, on the thread
+  writing the group (a pool thread, or the loop's for an inline write, ledger/writer.py),
   after the group's data pwrite returned and before its fsync (no fsync of its own, so it costs an
   acknowledgement nothing). A process crash (SIGKILL, OOM kill) loses nothing the kernel already has,
   so on the same boot every written entry must still be in the file: a shorter file is corruption,
@@ -169,9 +170,10 @@ def load_watermark(io: FileIO, directory: Path) -> WatermarkState | None:
 
 
 class WatermarkFile:
-    """The open watermark file of a managed ledger being written. Blocking methods: executor only.
+    """The open watermark file of a managed ledger being written. Blocking methods run on the
+    executor, except ``mark_written``/``unmark_written`` inside an inline group write (on the loop).
 
-    Two threads write it (a group's I/O thread marks what it wrote, the pool confirms what was
+    Two threads write it (the thread writing a group marks what it wrote, the pool confirms what was
     fsynced), so the slot sequence and both values change under one lock.
     """
 
@@ -253,7 +255,7 @@ class WatermarkKeeper:
         self._timer: asyncio.TimerHandle | None = None  # a write waiting for the interval to pass
 
     def mark_written(self, ledger_id: int, entry_id: int) -> Callable[[], None] | None:
-        """On the group's I/O thread, after its data pwrite: vouch for it (no fsync); returns the undo.
+        """On the group's writing thread, after its data pwrite: vouch for it (no fsync); returns the undo.
 
         A failed mark is logged and leaves the previous value: the group is still acknowledged once
         fsynced, only the shortened-log check covers a little less until the next mark.
