@@ -88,6 +88,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches summed over a process's live threads (Linux /proc).
+
+    A voluntary switch is a thread going to sleep to wait (for a socket, a queue, a futex): per
+    transaction, the count of cross-thread and cross-process hand-offs, each costing a wake-up.
+    """
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread exited meanwhile
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
 async def run_level(
     client: Client,
     consumer: Consumer,
@@ -126,12 +146,26 @@ async def run_level(
     def role_cpu() -> dict[str, float]:
         return {name: sum(cpu_seconds(pid) for pid in group) for name, group in pids.items()}
 
+    def role_switches() -> dict[str, tuple[int, int]]:
+        counts = {name: [context_switches(pid) for pid in group] for name, group in pids.items()}
+        return {name: (sum(c[0] for c in cs), sum(c[1] for c in cs)) for name, cs in counts.items()}
+
     cpu_before = role_cpu()
+    switches_before = role_switches()
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     elapsed = time.perf_counter() - began
     cpu_after = role_cpu()
+    switches_after = role_switches()
     cpu_ms = {name: (cpu_after[name] - cpu_before[name]) * 1000 / max(done, 1) for name in pids}
+    per_txn = max(done, 1)
+    switches = {
+        name: [
+            round((switches_after[name][0] - switches_before[name][0]) / per_txn, 2),
+            round((switches_after[name][1] - switches_before[name][1]) / per_txn, 2),
+        ]
+        for name in pids
+    }
     latencies.sort()
     return {
         "concurrency": workers,
@@ -141,6 +175,8 @@ async def run_level(
         "commit_p50_ms": round(statistics.median(latencies) * 1000, 3),
         "commit_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 3),
         "cpu_ms_per_txn": {name: round(ms, 3) for name, ms in cpu_ms.items()},
+        # [voluntary, involuntary] per transaction, all threads of each role's processes
+        "context_switches_per_txn": switches,
     }
 
 
@@ -213,6 +249,8 @@ async def bench(
                     "on_vs_off": round(on["txn_per_s"] / off["txn_per_s"], 2) if off["txn_per_s"] else None,
                     "cpu_ms_per_txn_on": on["cpu_ms_per_txn"],
                     "cpu_ms_per_txn_off": off["cpu_ms_per_txn"],
+                    "context_switches_per_txn_on": on["context_switches_per_txn"],
+                    "context_switches_per_txn_off": off["context_switches_per_txn"],
                 }
                 for w, on, off in zip(levels, results["batching_on"], results["batching_off"], strict=True)
             ]

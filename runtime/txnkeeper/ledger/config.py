@@ -16,6 +16,9 @@ class ManagedLedgerConfig:
     max_ledger_age_seconds: float | None = 4 * 3600.0
     fsync: bool = True
     group_commit: bool = True
+    # Small groups that find the writer idle are written and fsynced on the event loop's thread
+    # while recent writes took less than this (ledger/writer.py); None: always on the I/O pool.
+    inline_sync_under_ms: float | None = 0.5
     # PIP-76 offload to a blob store; None (the default) never offloads and never reads a tier.
     offload: OffloadPolicy | None = None
 
@@ -27,6 +30,11 @@ class ManagedLedgerConfig:
             )
         if self.max_size_per_ledger_bytes < 1:
             raise ValueError(f"max_size_per_ledger_bytes must be >= 1 (got {self.max_size_per_ledger_bytes})")
+        if self.inline_sync_under_ms is not None and not self.inline_sync_under_ms > 0:
+            raise ValueError(
+                f"inline_sync_under_ms must be > 0, or None to write every group on the I/O pool "
+                f"(got {self.inline_sync_under_ms})"
+            )
         if self.max_ledger_age_seconds is not None and not self.max_ledger_age_seconds > 0:
             raise ValueError(
                 f"max_ledger_age_seconds must be > 0 or None to disable age rollover "

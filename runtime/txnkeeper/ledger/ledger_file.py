@@ -3,7 +3,8 @@
 A LedgerFile may exist in memory before its file does (a rollover reserves the next ledger at once so
 appends keep flowing; the group-commit writer creates the file before the first write to it). The
 "assigned" counters move when an append is queued, the "confirmed" ones only after its fsync.
-Blocking methods run on an executor thread; the rest run on the event loop.
+Blocking methods run on an executor thread (``write_and_sync`` also on the loop's, for the writer's
+inline path: one small write and fdatasync); the rest run on the event loop.
 """
 
 from __future__ import annotations

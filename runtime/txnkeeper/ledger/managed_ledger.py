@@ -122,6 +122,7 @@ class ManagedLedger:
             on_failure=self._on_write_failure,
             on_durable=self._count_added,
             mark_written=self._watermark.mark_written,
+            inline_under_s=None if config.inline_sync_under_ms is None else config.inline_sync_under_ms / 1e3,
         )
         self._cursors: dict[str, ManagedCursor] = {
             cursor_name: ManagedCursor(cursor_name, path, state=state, layout=self, io=io, executor=executor)

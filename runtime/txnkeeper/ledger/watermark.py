@@ -17,17 +17,22 @@ fsync, rename), so any other size, two bad slots, or a slot with a good checksum
 this build does not know is refused, never guessed at.
 
 Two values, because two kinds of crash lose different things:
-- *written*: every group commit records its last entry here with a plain pwrite, on the I/O thread,
+- *written*: every group commit records its last entry here with a plain pwrite, on the thread
+  writing the group (a pool thread, or the loop's for an inline write, ledger/writer.py),
   after the group's data pwrite returned and before its fsync (no fsync of its own, so it costs an
   acknowledgement nothing). A process crash (SIGKILL, OOM kill) loses nothing the kernel already has,
   so on the same boot every written entry must still be in the file: a shorter file is corruption,
   refused, even for the very last group. A group whose write fails rolls the value back before its
   data is cut.
-- *confirmed*: a value written only after the entry it names was fsynced, by a write that runs on the
-  I/O pool alongside the next group's data (one in flight, always carrying the newest value; a failure
-  is logged and retried with the next group); close writes the final value and waits for it. After a
-  power loss or kernel crash (the boot id differs) only this value is trusted: it is at or behind the
-  durable data, so it never causes a false refusal; it lags by about one group commit.
+- *confirmed*: a value written only after the entry it names was fsynced, by a write (pwrite + its own
+  fdatasync) that runs on the I/O pool alongside later groups' data: one in flight, always carrying
+  the newest value, and started at most once per ``CONFIRM_INTERVAL_S`` (a value that arrives sooner
+  waits on a timer for the rest of the interval; a failure is logged and retried with the next
+  group). Close writes the final value and waits for it. After a power loss or kernel crash (the boot
+  id differs) only this value is trusted: it is at or behind the durable data, so it never causes a
+  false refusal; it lags by one confirmed write, at most about ``CONFIRM_INTERVAL_S`` plus one
+  fdatasync. The interval is there because one write per group was one more hand-off to the pool
+  per group commit, a wake-up of another thread for every append at one append in flight.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ SLOT_SIZE = 128
 _NO_BOOT = bytes(16)
 FILE_SIZE = 2 * SLOT_SIZE
 _PADDING = bytes(SLOT_SIZE - _SLOT_BODY.size - _SLOT_CRC.size)
+# Confirmed writes start at most this often (seconds); see the module docstring.
+CONFIRM_INTERVAL_S = 0.02
 
 
 def current_boot_id() -> bytes:
@@ -163,9 +170,10 @@ def load_watermark(io: FileIO, directory: Path) -> WatermarkState | None:
 
 
 class WatermarkFile:
-    """The open watermark file of a managed ledger being written. Blocking methods: executor only.
+    """The open watermark file of a managed ledger being written. Blocking methods run on the
+    executor, except ``mark_written``/``unmark_written`` inside an inline group write (on the loop).
 
-    Two threads write it (a group's I/O thread marks what it wrote, the pool confirms what was
+    Two threads write it (the thread writing a group marks what it wrote, the pool confirms what was
     fsynced), so the slot sequence and both values change under one lock.
     """
 
@@ -224,19 +232,30 @@ class WatermarkFile:
 class WatermarkKeeper:
     """Moves the watermark behind the group commit without ever delaying an acknowledgement."""
 
-    def __init__(self, file: WatermarkFile, executor: Executor, *, name: str, enabled: bool) -> None:
+    def __init__(
+        self,
+        file: WatermarkFile,
+        executor: Executor,
+        *,
+        name: str,
+        enabled: bool,
+        interval_s: float = CONFIRM_INTERVAL_S,
+    ) -> None:
         self._file = file
         self._executor = executor
         self._name = name
         self._enabled = enabled  # False with fsync off: data that is never synced must not be vouched for
+        self._interval = interval_s
         self._latest = file.confirmed
         self._in_flight: asyncio.Future[None] | None = None
         self._settled = asyncio.Event()  # no write in flight
         self._settled.set()
         self._failing = False
+        self._last_start = -interval_s  # loop time the last confirmed write started
+        self._timer: asyncio.TimerHandle | None = None  # a write waiting for the interval to pass
 
     def mark_written(self, ledger_id: int, entry_id: int) -> Callable[[], None] | None:
-        """On the group's I/O thread, after its data pwrite: vouch for it (no fsync); returns the undo.
+        """On the group's writing thread, after its data pwrite: vouch for it (no fsync); returns the undo.
 
         A failed mark is logged and leaves the previous value: the group is still acknowledged once
         fsynced, only the shortened-log check covers a little less until the next mark.
@@ -271,13 +290,29 @@ class WatermarkKeeper:
         if not self._enabled:
             return
         self._latest = Position(ledger_id, entry_id)
-        if self._in_flight is None:
+        if self._in_flight is None and self._timer is None:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        # Start the write now if the interval since the last one passed, else when it has.
+        loop = asyncio.get_running_loop()
+        wait = self._last_start + self._interval - loop.time()
+        if wait <= 0:
+            self._start()
+        else:
+            self._timer = loop.call_later(wait, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        if self._in_flight is None and self._latest != self._file.confirmed:
             self._start()
 
     def _start(self) -> None:
         target = self._latest
         assert target is not None
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._file.write, target)
+        loop = asyncio.get_running_loop()
+        self._last_start = loop.time()
+        future = loop.run_in_executor(self._executor, self._file.write, target)
         self._in_flight = future
         self._settled.clear()
         future.add_done_callback(lambda done: self._written(done, target))
@@ -298,13 +333,17 @@ class WatermarkKeeper:
             self._failing = True
             return
         self._failing = False
-        if self._latest != target:
-            self._start()
+        if self._latest != target and self._timer is None:
+            self._schedule()
 
     async def close(self) -> None:
         """Write the newest value (the ledger has drained) and close the file."""
         try:
-            await self._settled.wait()  # a write in flight may chain one more, with the newest value
+            # A write in flight may chain one more (now or on a timer): the final write below carries
+            # the newest value anyway.
+            while self._in_flight is not None or self._timer is not None:
+                self._cancel_timer()
+                await self._settled.wait()
             if self._enabled and self._latest is not None and self._latest != self._file.confirmed:
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._file.write, self._latest
@@ -316,5 +355,11 @@ class WatermarkKeeper:
 
     def release(self) -> None:
         """Close the file if close() could not run to the end (never under a write in flight)."""
+        self._cancel_timer()
         if self._in_flight is None:
             self._file.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
