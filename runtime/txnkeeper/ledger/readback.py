@@ -37,6 +37,7 @@ from typing import IO
 
 from .entry_format import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_PREFIX
 from .errors import CorruptEntryError
+from .offload import timeline
 
 _REQUEST = struct.Struct("<QQQQQH")
 _RESPONSE = struct.Struct("<BQ")
@@ -147,6 +148,7 @@ class ReadBackWorker:
         """
         name = os.fsencode(path)
         request = _REQUEST.pack(ledger_id, first, count, start, end, len(name)) + name
+        started = timeline.now()
         with self._lock:
             proc = self._started()
             try:
@@ -163,6 +165,7 @@ class ReadBackWorker:
                     f"entries {ledger_id}:{first}..{first + count - 1} from {path} ({exc}); nothing was "
                     "lost: the streaming segment is marked Failed and retried with a new worker",
                 ) from exc
+        timeline.span("worker", started)
         if status == _OK:
             return body
         if status == _CORRUPT_STATUS:

@@ -14,6 +14,7 @@ import os
 import uuid as uuidlib
 from pathlib import Path
 
+from . import timeline
 from .blobstore import BlobStore, BlobUpload, check_key, check_range
 from .errors import BlobNotFound, BlobStoreError, BlobStoreUnavailable
 
@@ -156,9 +157,13 @@ class _FileUpload(BlobUpload):
                 self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             view = memoryview(data)
             while view:
+                started = timeline.now()
                 n = os.write(self.fd, view[:WRITE_SLICE_BYTES])
-                view = view[n:]
+                synced = timeline.now()
                 os.fdatasync(self.fd)
+                timeline.span("tier_write", started, synced)
+                timeline.span("tier_sync", synced)
+                view = view[n:]
             self.size += len(data)
         except OSError as exc:
             self.abort_sync()
@@ -171,11 +176,13 @@ class _FileUpload(BlobUpload):
             if self.fd is None:
                 self.write_sync(b"")
             assert self.fd is not None
+            started = timeline.now()
             os.fsync(self.fd)
             os.close(self.fd)
             self.fd = None
             os.replace(self.temp, self.final)
             _sync_dir(self.final.parent)
+            timeline.span("tier_sync", started)
         except OSError as exc:
             self.abort_sync()
             raise self.store._error(None, exc, f"completing {self.key!r}") from exc

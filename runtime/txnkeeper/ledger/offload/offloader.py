@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from ..errors import CorruptEntryError
 from ..metadata import LedgerInfo, ManagedLedgerMetadata, OffloadSegment
 from ..position import Position
+from . import timeline
 from .blobstore import BlobStore
 from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
@@ -409,6 +410,11 @@ class Offloader:
             self.last_error = None
             return done
 
+    async def _update_metadata(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
+        started = timeline.now()
+        await self.host.update_offload_metadata(change)
+        timeline.span("metadata", started)
+
     async def _remove_orphans(self) -> None:
         """Assigned segments at open were being uploaded when the process died: delete, mark Failed."""
         orphans = [s.uuid for s in self.host.offload_metadata().segments if s.status == "Assigned"]
@@ -421,7 +427,7 @@ class Offloader:
                     s.status = "Failed"
 
         if orphans:
-            await self.host.update_offload_metadata(fail)
+            await self._update_metadata(fail)
 
     async def _delete_objects(self, uuid: str) -> None:
         try:
@@ -447,7 +453,7 @@ class Offloader:
             meta.segments = [s for s in meta.segments if s.uuid not in uuids]
 
         if uuids:
-            await self.host.update_offload_metadata(drop)
+            await self._update_metadata(drop)
 
     def _entries(self, info: LedgerInfo, include_open: bool) -> int:
         if info.closed:
@@ -489,7 +495,7 @@ class Offloader:
             # A Failed segment is retried now, from the same begin: it is replaced, not kept beside.
             meta.segments = [s for s in meta.segments if s.status != "Failed"] + [segment]
 
-        await self.host.update_offload_metadata(assign)
+        await self._update_metadata(assign)
         return segment
 
     async def _fail(self, writer: SegmentWriter, exc: BaseException) -> None:
@@ -500,7 +506,7 @@ class Offloader:
             if isinstance(exc, OffloadError | OSError):
                 self.stats.write_storage_error += 1
             with contextlib.suppress(OSError):
-                await self.host.update_offload_metadata(lambda m: _set_status(m, writer.uuid, "Failed"))
+                await self._update_metadata(lambda m: _set_status(m, writer.uuid, "Failed"))
 
     async def _complete(self, segment: OffloadSegment, writer: SegmentWriter) -> OffloadSegment:
         desc = await writer.finish()
@@ -517,7 +523,7 @@ class Offloader:
         def complete(meta: ManagedLedgerMetadata) -> None:
             meta.segments = [offloaded if s.uuid == segment.uuid else s for s in meta.segments]
 
-        await self.host.update_offload_metadata(complete)
+        await self._update_metadata(complete)
         log.info(
             "managed ledger %s: offloaded %s..%s as segment %s",
             self.host.name,
@@ -597,11 +603,14 @@ class Offloader:
         stream = self._stream
         assert stream is not None
         self._stream = None
+        started = timeline.now()
         try:
             return await self._complete(stream.segment, stream.writer)
         except BaseException as exc:
             await self._fail(stream.writer, exc)
             raise
+        finally:
+            timeline.span("close", started)
 
     async def _feed(self, stream: _Stream, batch_bytes: int) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size

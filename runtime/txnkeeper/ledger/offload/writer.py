@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from txnkeeper.ledger.position import Position
 
 from . import index as index_format
+from . import timeline
 from .blobstore import BlobStore, BlobUpload
 from .block import (
     ENTRY_HEADER_SIZE,
@@ -235,9 +236,12 @@ class SegmentWriter:
         assert self._pending_ledger is not None
         # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
         block = self._pending
+        started = timeline.now()
         crc = await asyncio.to_thread(
             _seal, self._pending_ledger, self._pending_first, block, self.max_block_size
         )
+        timeline.span("seal", started)
+        started = timeline.now()
         part_id = len(self._blocks) + 1
         if self._upload is None:
             self._upload = self.store.open_upload(data_key(self.uuid))
@@ -246,6 +250,7 @@ class SegmentWriter:
         except BaseException:
             await self.abort()
             raise
+        timeline.span("upload", started)
         self._blocks.append(
             BlockDescription(
                 ledger_id=self._pending_ledger,
