@@ -30,6 +30,7 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import CorruptEntryError
@@ -172,13 +173,63 @@ class OffloadHost(Protocol):
 
     def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int: ...  # durable, no I/O
 
-    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray: ...
+    async def read_local_framed(
+        self, ledger_id: int, first: int, count: int, *, into: int | None = None
+    ) -> bytearray: ...  # into: append to that block staged in the worker, return nothing
+
+    def block_worker(self) -> BlockWorker | None: ...  # the worker that stages blocks (None: none)
 
     def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (the open ledger too)
 
     def local_bytes(self, ledger_id: int) -> int: ...  # payload bytes in its local file (0: none)
 
     async def drop_local(self, ledger_id: int) -> None: ...
+
+
+class BlockWorker(Protocol):
+    """The process that stages blocks for ``read_local_framed(..., into=)`` and writes them
+    (``readback.ReadBackWorker``); blocking calls."""
+
+    def new_block(self) -> int: ...
+
+    def write_block(
+        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+    ) -> tuple[int, int]: ...
+
+    def drop_block(self, block: int) -> None: ...
+
+
+class _HostStaging:
+    """A SegmentWriter's BlockStaging: entries staged through the host (which resolves them to the
+    durable byte range of its files), blocks written by the host's worker, off the event loop."""
+
+    def __init__(self, host: OffloadHost, worker: BlockWorker) -> None:
+        self.host = host
+        self.worker = worker
+
+    def new_block(self) -> int:
+        return self.worker.new_block()
+
+    async def stage(self, block: int, ledger_id: int, first: int, count: int) -> None:
+        await self.host.read_local_framed(ledger_id, first, count, into=block)
+
+    async def write_block(
+        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+    ) -> tuple[int, int]:
+        return await asyncio.to_thread(
+            partial(
+                self.worker.write_block,
+                block,
+                ledger_id=ledger_id,
+                first_entry_id=first_entry_id,
+                min_size=min_size,
+                path=path,
+                offset=offset,
+            )
+        )
+
+    async def drop_block(self, block: int) -> None:
+        await asyncio.to_thread(self.worker.drop_block, block)
 
 
 def _key(p: Position) -> tuple[int, int]:
@@ -576,11 +627,13 @@ class Offloader:
                 if begin is None:
                     return done
                 segment = await self._assign(begin)
+                worker = self.host.block_worker()
                 writer = SegmentWriter(
                     self.store,
                     self.policy.config,
                     uuid=segment.uuid,
                     block_size=self.policy.config.streaming_block_size,
+                    staging=_HostStaging(self.host, worker) if worker is not None else None,
                 )
                 self._stream = _Stream(writer, segment, self._clock())
             stream = self._stream
@@ -619,8 +672,9 @@ class Offloader:
         Batches are planned from the ledger's offset index alone (``local_payload_bytes``: no I/O):
         at most ``batch_bytes`` of framing, within the room left in the block being filled, so a
         block is cut between batches, and ending at the entry that fills the segment. The host's
-        read-back worker process reads, checks and frames each batch; this loop only appends the
-        buffer it returns.
+        read-back worker process reads, checks and frames each batch; with a filesystem tier it also
+        keeps the blocks and writes them (this process then handles no entry bytes), else this loop
+        appends the buffer it returns.
         """
         host = self.host
         while True:
@@ -642,8 +696,11 @@ class Offloader:
             ledger_id, first = pos.ledger_id, pos.entry_id
             count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
             payload = host.local_payload_bytes(ledger_id, first, count)
-            framed = await host.read_local_framed(ledger_id, first, count)
-            await stream.writer.add_framed(ledger_id, first, count, framed, payload)
+            if stream.writer.stages:  # the worker frames, builds and writes the blocks
+                await stream.writer.add_staged(ledger_id, first, count, payload)
+            else:
+                framed = await host.read_local_framed(ledger_id, first, count)
+                await stream.writer.add_framed(ledger_id, first, count, framed, payload)
             stream.payload += payload
             self.stats.offload_bytes += payload
             stream.next = Position(ledger_id, first + count)
