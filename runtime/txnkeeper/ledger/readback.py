@@ -34,7 +34,8 @@ for read-back work. Offload lags under full CPU load rather than slowing produce
 
 Wire format (little-endian): request = op u8, block u64, ledger_id u64, first entry u64, count u64,
 start u64, end u64, path length u16, path bytes (``write_block``: first = the block's first entry id,
-count = its minimum size, start = the file offset); response = status u8, body length u64, body.
+count = its minimum size, start = the file offset, end = the fdatasync slice size or 0); response =
+status u8, body length u64, body.
 Status 0: the framed entries (``frame``), nothing (``stage``, ``drop``), or CRC u32 + length u64
 (``write_block``); 1: a corrupt record (entry id i64, file offset i64, reason); 2: an OSError (errno
 i32, message).
@@ -61,7 +62,7 @@ from .errors import CorruptEntryError
 from .offload import timeline
 from .offload.block import HEADER_SIZE, seal_block
 from .offload.errors import StagedBlockLost
-from .offload.filesystem import write_synced
+from .offload.filesystem import WRITE_SLICE_BYTES, write_synced
 
 _REQUEST = struct.Struct("<BQQQQQQH")
 _RESPONSE = struct.Struct("<BQ")
@@ -145,7 +146,7 @@ def _answer(request: bytes, path: str, blocks: dict[int, bytearray]) -> tuple[in
             crc = seal_block(_ledger_id, first, staged, count)
             fd = os.open(path, os.O_WRONLY)  # the ledger process created the upload's file
             try:
-                write_synced(fd, staged, start)
+                write_synced(fd, staged, start, end or WRITE_SLICE_BYTES)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -256,18 +257,31 @@ class ReadBackWorker:
         return body
 
     def write_block(
-        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None = None,
     ) -> tuple[int, int]:
         """Seal staged ``block`` (entries of ``ledger_id`` from ``first_entry_id``; padded to at least
-        ``min_size`` bytes), write it at ``offset`` of the existing file ``path`` and fdatasync it;
-        the block is then gone from the worker. Returns (CRC, length). Blocking: call it on a thread.
+        ``min_size`` bytes), write it at ``offset`` of the existing file ``path`` and fdatasync it in
+        ``slice_bytes`` slices (None: the filesystem driver's); the block is then gone from the worker.
+        Returns (CRC, length). Blocking: call it on a thread.
 
         Raises the worker's OSError for a failed write (the file then holds a partial block: the
         caller aborts the upload), ReadBackWorkerDied and StagedBlockLost as ``frame``.
         """
         what = f"writing staged block {block} (ledger {ledger_id} from entry {first_entry_id}) to {path}"
         status, body = self._call(
-            _WRITE, block, (ledger_id, first_entry_id, min_size, offset, 0), path=path, what=what
+            _WRITE,
+            block,
+            (ledger_id, first_entry_id, min_size, offset, slice_bytes or 0),
+            path=path,
+            what=what,
         )
         self._held_by.pop(block, None)
         if status == _OS_ERROR_STATUS:

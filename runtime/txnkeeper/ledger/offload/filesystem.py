@@ -25,6 +25,12 @@ _TEMP_PREFIX = ".txnkeeper-upload-"
 # group commit's fdatasync then queues behind such a burst: 10-25 ms p99 appends instead of 3-7 ms
 # with offload off. Syncing each slice as it is written keeps the tier's writeback small and steady.
 WRITE_SLICE_BYTES = 256 * 1024
+# The background stream syncs smaller slices: a group commit's fdatasync that arrives while a tier
+# slice is being synced waits for it, so the slice's size is what a producer's append can lose. With
+# 256 KiB slices the slowest 1 % of appends coincided with tier writes 3-4x as often as appends in
+# general, with 32 KiB no more often (docs/performance.md, issue 13). Smaller slices cost more
+# fdatasyncs per MiB, so they are for keeping up with producers, not for catching up or manual offload.
+STREAMING_WRITE_SLICE_BYTES = 32 * 1024
 
 
 class FileSystemBlobStore(BlobStore):
@@ -127,13 +133,15 @@ class FileSystemBlobStore(BlobStore):
         await asyncio.to_thread(self._delete, key)
 
 
-def write_synced(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write ``data`` at ``offset`` of ``fd`` and fdatasync it, slice by slice (WRITE_SLICE_BYTES).
-    Blocking; the read-back worker process writes the blocks it uploads with it too."""
+def write_synced(
+    fd: int, data: bytes | bytearray | memoryview, offset: int, slice_bytes: int = WRITE_SLICE_BYTES
+) -> None:
+    """Write ``data`` at ``offset`` of ``fd`` and fdatasync it, slice by slice. Blocking; the
+    read-back worker process writes the blocks it uploads with it too."""
     view = memoryview(data)
     while view:
         started = timeline.now()
-        n = os.pwrite(fd, view[:WRITE_SLICE_BYTES], offset)
+        n = os.pwrite(fd, view[:slice_bytes], offset)
         synced = timeline.now()
         os.fdatasync(fd)
         timeline.span("tier_write", started, synced)

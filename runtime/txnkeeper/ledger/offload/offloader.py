@@ -41,6 +41,7 @@ from .blobstore import BlobStore
 from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
+from .filesystem import STREAMING_WRITE_SLICE_BYTES
 from .reader import IndexCache, SegmentReader
 from .stats import OffloaderStats
 from .writer import SegmentWriter, data_key, index_key
@@ -66,6 +67,9 @@ _FRAME_BATCH_ENTRIES = 16384
 # commit; 20 ms, so that each pass is short (see _STREAM_BATCH_BYTES).
 _STREAM_POLL_SECONDS = 0.02
 _CLOSE_FINISH_SECONDS = 5.0
+# More durable bytes than this not yet streamed: the stream is catching up, not keeping up (two
+# default streaming blocks), and syncs the tier in the driver's larger slices.
+_CATCH_UP_BYTES = 10 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,15 @@ class BlockWorker(Protocol):
     def new_block(self) -> int: ...
 
     def write_block(
-        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
     ) -> tuple[int, int]: ...
 
     def drop_block(self, block: int) -> None: ...
@@ -214,7 +226,15 @@ class _HostStaging:
         await self.host.read_local_framed(ledger_id, first, count, into=block)
 
     async def write_block(
-        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
     ) -> tuple[int, int]:
         return await asyncio.to_thread(
             partial(
@@ -225,6 +245,7 @@ class _HostStaging:
                 min_size=min_size,
                 path=path,
                 offset=offset,
+                slice_bytes=slice_bytes,
             )
         )
 
@@ -638,7 +659,7 @@ class Offloader:
                 self._stream = _Stream(writer, segment, self._clock())
             stream = self._stream
             try:
-                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES)
+                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES, manual)
             except BaseException as exc:
                 self._stream = None
                 await self._fail(stream.writer, exc)
@@ -665,7 +686,7 @@ class Offloader:
         finally:
             timeline.span("close", started)
 
-    async def _feed(self, stream: _Stream, batch_bytes: int) -> bool:
+    async def _feed(self, stream: _Stream, batch_bytes: int, manual: bool) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
         reached and old enough to close).
 
@@ -695,6 +716,10 @@ class Offloader:
                 return False
             ledger_id, first = pos.ledger_id, pos.entry_id
             count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
+            # Keeping up with producers, the tier is synced in small slices so that a group commit
+            # never waits long behind one; catching up (or a manual offload) in the driver's.
+            behind = host.local_payload_bytes(ledger_id, first, available - first) > _CATCH_UP_BYTES
+            stream.writer.sync_slice_bytes = None if manual or behind else STREAMING_WRITE_SLICE_BYTES
             payload = host.local_payload_bytes(ledger_id, first, count)
             if stream.writer.stages:  # the worker frames, builds and writes the blocks
                 await stream.writer.add_staged(ledger_id, first, count, payload)

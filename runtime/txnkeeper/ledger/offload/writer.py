@@ -82,10 +82,19 @@ class BlockStaging(Protocol):
         ...
 
     async def write_block(
-        self, block: int, *, ledger_id: int, first_entry_id: int, min_size: int, path: str, offset: int
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
     ) -> tuple[int, int]:
-        """Seal ``block``, write it at ``offset`` of the upload file ``path`` and make it durable;
-        returns (CRC, length). Raises StagedBlockLost as ``stage``."""
+        """Seal ``block``, write it at ``offset`` of the upload file ``path`` and make it durable
+        (fdatasynced in ``slice_bytes`` slices; None: the driver's); returns (CRC, length). Raises
+        StagedBlockLost as ``stage``."""
         ...
 
     async def drop_block(self, block: int) -> None:
@@ -121,6 +130,8 @@ class SegmentWriter:
             self._upload = store.open_upload(data_key(self.uuid))
         self._staging = staging if self._upload is not None and self._upload.local_files else None
         self._block: int | None = None  # the staged block being filled
+        #: staged blocks are fdatasynced in slices this large (None: the driver's default)
+        self.sync_slice_bytes: int | None = None
         self._staged_size = HEADER_SIZE  # its size so far, header room included
         self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         # The block being filled, its entries already framed after HEADER_SIZE bytes reserved for its
@@ -368,6 +379,7 @@ class SegmentWriter:
                     min_size=self.max_block_size,
                     path=path,
                     offset=self._offset,
+                    slice_bytes=self.sync_slice_bytes,
                 )
 
             try:
