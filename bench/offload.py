@@ -15,6 +15,7 @@ Figures depend on the disk and on whatever else runs; compare within one run.
     .venv/bin/python bench/offload.py [--backlog-mib 200] [--seconds 5] [--rounds 4] [--dir /path/on/the/disk]
         [--produce-tier-dir /dev/shm]   # the produce test's tier off the ledgers' disk, as S3 would be
         [--only drain]                  # just the filesystem drain (a few seconds; repeat it)
+        [--only produce [--timeline]]   # the produce section alone; --timeline: where its slow appends fall
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from array import array
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from offload_timeline import ModeTimeline, trace_ledger_commits
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.ledger.managed_ledger import ManagedLedger
@@ -126,7 +129,7 @@ async def max_rate(ml: ManagedLedger, seconds: float) -> float:
 
 
 async def paced_p99(
-    ml: ManagedLedger, rate: float, seconds: float, pooled: array[float]
+    ml: ManagedLedger, rate: float, seconds: float, pooled: array[float], trace: ModeTimeline | None = None
 ) -> tuple[float, float, float]:
     """p99 append latency (ms) of an open-loop producer at a steady ``rate``: (from each append's
     intended send time, from its actual submission) to its completion; and the p99 loop lag (ms: how
@@ -139,7 +142,8 @@ async def paced_p99(
     kept a Task per append for the whole round, and the cyclic GC's full collections over those
     hundreds of thousands of objects stalled the loop for up to 190 ms each, which the p99 reported as
     the ledger's latency. Every latency from the intended time is also added to ``pooled`` (the mode's
-    samples over all its rounds).
+    samples over all its rounds), and with ``trace`` (``--timeline``) each append's intended and
+    completion times too.
     """
     data = os.urandom(PRODUCE_ENTRY)
     from_intended = array("d")
@@ -154,6 +158,9 @@ async def paced_p99(
         future.result()  # an append failure fails the bench, not a latency sample
         from_intended.append(now - intended)
         from_submit.append(now - submitted)
+        if trace is not None:
+            trace.intended.append(intended)
+            trace.done.append(now)
         outstanding -= 1
         if outstanding == 0:
             all_done.set()
@@ -181,7 +188,9 @@ def p99(samples: array[float]) -> float:
     return round(statistics.quantiles(samples, n=100)[98] * 1000, 2)
 
 
-async def produce(work: Path, seconds: float, rounds: int, tier_root: Path) -> dict[str, Any]:
+async def produce(
+    work: Path, seconds: float, rounds: int, tier_root: Path, diagnose: bool = False
+) -> dict[str, Any]:
     # The earlier phases left a large heap (boto3, the backlogs' metadata); every full collection during
     # the rounds scanned it, 60-180 ms each, about once a second in either mode (gc.callbacks), and one
     # such stall is the p99 of a whole round. Frozen, full collections scan only what the rounds make.
@@ -208,12 +217,18 @@ async def produce(work: Path, seconds: float, rounds: int, tier_root: Path) -> d
         lag_on: list[float] = []
         pooled_off = array("d")
         pooled_on = array("d")
+        traces = {"off": ModeTimeline(), "on": ModeTimeline()} if diagnose else {}
         for _ in range(rounds):  # alternated, so a noisy neighbour or a warming disk hits both modes
-            for ml, p99s, submits, lags, pooled in (
-                (off, p99_off, submit_off, lag_off, pooled_off),
-                (on, p99_on, submit_on, lag_on, pooled_on),
+            for mode, ml, p99s, submits, lags, pooled in (
+                ("off", off, p99_off, submit_off, lag_off, pooled_off),
+                ("on", on, p99_on, submit_on, lag_on, pooled_on),
             ):
-                latency, submit, lag = await paced_p99(ml, top / 2, seconds, pooled)
+                trace = traces.get(mode)
+                if trace is None:
+                    latency, submit, lag = await paced_p99(ml, top / 2, seconds, pooled)
+                else:
+                    with trace.round():
+                        latency, submit, lag = await paced_p99(ml, top / 2, seconds, pooled, trace)
                 p99s.append(latency)
                 submits.append(submit)
                 lags.append(lag)
@@ -234,9 +249,27 @@ async def produce(work: Path, seconds: float, rounds: int, tier_root: Path) -> d
             "p99_ratio": round(p99(pooled_on) / p99(pooled_off), 2),  # the goal: every append counted
             "p99_ratio_worst_round": round(max(p99_on) / max(p99_off), 2),
             "streamed_mib_during_run": round(streamed / MIB, 1),
+            **({"timeline": {mode: t.report() for mode, t in traces.items()}} if traces else {}),
         }
     finally:
         await factory.close()
+
+
+async def produce_only(ns: argparse.Namespace) -> dict[str, Any]:
+    """``--only produce``: the produce section alone (while iterating on it: no backlog, no MinIO)."""
+    undo = trace_ledger_commits() if ns.timeline else None
+    try:
+        with tempfile.TemporaryDirectory(dir=ns.dir) as tmp:
+            work = Path(tmp)
+            if ns.produce_tier_dir:
+                with tempfile.TemporaryDirectory(dir=ns.produce_tier_dir) as tier_tmp:
+                    producing = await produce(work, ns.seconds, ns.rounds, Path(tier_tmp), ns.timeline)
+            else:
+                producing = await produce(work, ns.seconds, ns.rounds, work, ns.timeline)
+    finally:
+        if undo is not None:
+            undo()
+    return {"produce": producing, "goals": {"p99_ratio<=1.25": producing["p99_ratio"] <= 1.25}}
 
 
 def start_minio(work: Path) -> tuple[subprocess.Popen[bytes], str] | None:
@@ -366,8 +399,20 @@ if __name__ == "__main__":
         help="the streaming tier of the produce test on another device (default: beside the ledgers)",
     )
     parser.add_argument(
-        "--only", choices=["drain"], default=None, help="run one section: drain (filesystem tier reads)"
+        "--only",
+        choices=["drain", "produce"],
+        default=None,
+        help="run one section alone: drain (filesystem tier reads) or produce (e.g. while iterating)",
     )
-    result = asyncio.run(main(parser.parse_args()))
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="diagnostic (needs --only produce): where the slowest 1%% of appends fall relative to the "
+        "offloader's steps and the ledger's group commits, and CPU per thread per mode",
+    )
+    ns = parser.parse_args()
+    if ns.timeline and ns.only != "produce":
+        parser.error("--timeline needs --only produce")
+    result = asyncio.run(produce_only(ns) if ns.only == "produce" else main(ns))
     json.dump(result, sys.stdout, indent=2)
     print()

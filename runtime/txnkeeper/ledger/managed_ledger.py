@@ -43,7 +43,7 @@ from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata, Metadata
 from .names import encode_name
 from .offload.offloader import Offloader, OffloadPolicy
 from .position import Entry, Position
-from .readback import shared_worker
+from .readback import ReadBackWorker, shared_worker
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
 from .stats import LedgerStat, internal_stats
 from .watermark import WatermarkKeeper
@@ -676,9 +676,12 @@ class ManagedLedger:
         start, end = self._local_file(ledger_id, first, count).span(first, count)
         return end - start - count * RECORD_HEADER_SIZE
 
-    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray:
+    async def read_local_framed(
+        self, ledger_id: int, first: int, count: int, *, into: int | None = None
+    ) -> bytearray:
         """Durable local entries first..first+count-1, checked and framed for an offload block by the
-        read-back worker process (see readback.py: the per-entry work never holds this process's GIL)."""
+        read-back worker process (see readback.py: the per-entry work never holds this process's GIL);
+        ``into``: appended to that block staged in the worker instead (an empty buffer returned)."""
         ledger = self._local_file(ledger_id, first, count)
         start, end = ledger.span(first, count)
         self._reads_in_flight += 1
@@ -686,7 +689,16 @@ class ManagedLedger:
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 self._offload_pool,
-                partial(shared_worker().frame, ledger.path, ledger_id, first, count, start=start, end=end),
+                partial(
+                    shared_worker().frame,
+                    ledger.path,
+                    ledger_id,
+                    first,
+                    count,
+                    start=start,
+                    end=end,
+                    into=into,
+                ),
             )
         finally:
             self._reads_in_flight -= 1
@@ -707,6 +719,10 @@ class ManagedLedger:
         self.offloader = Offloader(self, policy)
         self.offloader.start()
         self._offload_pool.submit(shared_worker().start)  # its start-up off the first read-back
+
+    def block_worker(self) -> ReadBackWorker:
+        """The read-back worker, which also stages and writes blocks for a filesystem tier."""
+        return shared_worker()
 
     def local_bytes(self, ledger_id: int) -> int:
         ledger = self._files.get(ledger_id)

@@ -16,9 +16,29 @@ memory) fails the call with ``ReadBackWorkerDied``, an OSError, so the offloader
 Failed and retries it as for a store error; the next call starts a new worker. The worker exits when
 its stdin closes, so a killed ledger process leaves no worker behind.
 
-Wire format (little-endian): request = ledger_id u64, first entry u64, count u64, start u64, end u64,
-path length u16, path bytes; response = status u8, body length u64, body. Status 0: the framed entries;
-1: a corrupt record (entry id i64, file offset i64, reason); 2: an OSError (errno i32, message).
+Staged blocks (the filesystem tier): framed entries returned over the pipe still cost the ledger
+process a copy per batch, a multi-MiB block seal and the tier writes with their fdatasyncs, all beside
+its producers (issue 13: the slowest appends coincided with block uploads). So the worker can also keep
+a block: ``stage`` frames the entries into a block the worker holds (nothing comes back), and
+``write_block`` seals it (header, padding, CRC), writes it at a given offset of the upload's temporary
+file, fdatasyncs it in slices and answers only (CRC, length). The ledger process keeps every decision
+and the upload's visibility (its fsync, rename and directory fsync on complete): an upload's bytes are
+durable before the writer records the block, and the object appears only once complete. A staged block
+lives only in the worker that built it: block ids are never reused, and a call for a block held by a
+worker that has since been replaced raises ``StagedBlockLost`` before anything is sent (the writer
+stages the block again from the local files); a worker dying during a call fails it as above.
+
+The worker runs at SCHED_IDLE where Linux allows it (unprivileged), else as it is: it then gets a core
+only when the ledger's threads do not want it, so a group commit returning from fdatasync never waits
+for read-back work. Offload lags under full CPU load rather than slowing producers (PIP-76's rule).
+
+Wire format (little-endian): request = op u8, block u64, ledger_id u64, first entry u64, count u64,
+start u64, end u64, path length u16, path bytes (``write_block``: first = the block's first entry id,
+count = its minimum size, start = the file offset, end = the fdatasync slice size or 0); response =
+status u8, body length u64, body.
+Status 0: the framed entries (``frame``), nothing (``stage``, ``drop``), or CRC u32 + length u64
+(``write_block``); 1: a corrupt record (entry id i64, file offset i64, reason); 2: an OSError (errno
+i32, message).
 """
 
 from __future__ import annotations
@@ -26,25 +46,33 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno as errno_codes
+import itertools
 import os
 import struct
 import subprocess
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from .entry_format import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_PREFIX
 from .errors import CorruptEntryError
+from .offload import timeline
+from .offload.block import HEADER_SIZE, seal_block
+from .offload.errors import StagedBlockLost
+from .offload.filesystem import WRITE_SLICE_BYTES, write_synced
 
-_REQUEST = struct.Struct("<QQQQQH")
+_REQUEST = struct.Struct("<BQQQQQQH")
 _RESPONSE = struct.Struct("<BQ")
 _CORRUPT = struct.Struct("<qq")
 _OS_ERROR = struct.Struct("<i")
+_WRITTEN = struct.Struct("<IQ")
 _BLOCK_ENTRY_HEADER = struct.Struct(">iq")  # offload.block framing: entry_len, entry_id (Pulsar's)
 _OK, _CORRUPT_STATUS, _OS_ERROR_STATUS = 0, 1, 2
-_WORKER_CODE = "from txnkeeper.ledger.readback import serve; serve()"
+_FRAME, _STAGE, _WRITE, _DROP = 0, 1, 2, 3
+_WORKER_CODE = "from txnkeeper.ledger.readback import run_when_idle, serve; run_when_idle(); serve()"
 
 
 class ReadBackWorkerDied(OSError):
@@ -57,13 +85,27 @@ class _Corrupt(Exception):
         self.entry_id, self.offset, self.reason = entry_id, offset, reason
 
 
-def frame_records(chunk: bytes | bytearray, first_entry_id: int, count: int) -> bytearray:
-    """Check ``count`` consecutive records read from a ledger file and frame their data for a block.
+def frame_records(
+    chunk: bytes | bytearray, first_entry_id: int, count: int, out: bytearray | None = None
+) -> bytearray:
+    """Check ``count`` consecutive records read from a ledger file and frame their data for a block,
+    appended to ``out`` (a new buffer if None), which is returned.
 
-    Checks what ``entry_format.decode_records`` checks; raises ``_Corrupt`` at the first bad record.
-    Slices are memoryviews: no per-entry bytes object is made.
+    Checks what ``entry_format.decode_records`` checks; raises ``_Corrupt`` at the first bad record,
+    having appended nothing. Slices are memoryviews: no per-entry bytes object is made.
     """
-    out = bytearray()
+    if out is None:
+        out = bytearray()
+    mark = len(out)
+    try:
+        _frame_into(out, chunk, first_entry_id, count)
+    except _Corrupt:
+        del out[mark:]  # a staged block keeps only whole, checked batches
+        raise
+    return out
+
+
+def _frame_into(out: bytearray, chunk: bytes | bytearray, first_entry_id: int, count: int) -> None:
     view = memoryview(chunk)
     unpack = RECORD_HEADER.unpack_from
     pack = _BLOCK_ENTRY_HEADER.pack
@@ -84,11 +126,32 @@ def frame_records(chunk: bytes | bytearray, first_entry_id: int, count: int) -> 
         out += pack(length, entry_id)
         out += view[start:end]
         pos = end
-    return out
 
 
-def _answer(request: bytes, path: str) -> tuple[int, bytes | bytearray]:
-    _ledger_id, first, count, start, end, _ = _REQUEST.unpack(request)
+def _os_error(exc: OSError) -> tuple[int, bytes]:
+    return _OS_ERROR_STATUS, _OS_ERROR.pack(exc.errno or 0) + str(exc).encode()
+
+
+def _answer(request: bytes, path: str, blocks: dict[int, bytearray]) -> tuple[int, bytes | bytearray]:
+    """One request against the blocks this worker holds (``blocks``: staged block id -> its bytes)."""
+    op, block, _ledger_id, first, count, start, end, _ = _REQUEST.unpack(request)
+    if op == _DROP:
+        blocks.pop(block, None)
+        return _OK, b""
+    if op == _WRITE:
+        staged = blocks.pop(block, None)
+        if staged is None:
+            return _os_error(OSError(errno_codes.ENOENT, f"no staged block {block} in this worker"))
+        try:
+            crc = seal_block(_ledger_id, first, staged, count)
+            fd = os.open(path, os.O_WRONLY)  # the ledger process created the upload's file
+            try:
+                write_synced(fd, staged, start, end or WRITE_SLICE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return _os_error(exc)
+        return _OK, _WRITTEN.pack(crc, len(staged))
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -96,24 +159,41 @@ def _answer(request: bytes, path: str) -> tuple[int, bytes | bytearray]:
         finally:
             os.close(fd)
     except OSError as exc:
-        return _OS_ERROR_STATUS, _OS_ERROR.pack(exc.errno or 0) + str(exc).encode()
+        return _os_error(exc)
     try:
+        if op == _STAGE:
+            frame_records(chunk, first, count, blocks.setdefault(block, bytearray(HEADER_SIZE)))
+            return _OK, b""
         return _OK, frame_records(chunk, first, count)
     except _Corrupt as bad:
         return _CORRUPT_STATUS, _CORRUPT.pack(bad.entry_id, start + bad.offset) + bad.reason.encode()
+
+
+def run_when_idle(set_scheduler: Callable[[], None] | None = None) -> bool:
+    """Put this process at SCHED_IDLE (Linux; no privilege needed); False, silently, where the
+    platform or its policy does not allow it (the worker then runs at its normal priority)."""
+    try:
+        if set_scheduler is not None:
+            set_scheduler()
+        else:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def serve(stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> None:
     """The worker's loop: one request at a time until stdin closes (the ledger process is gone)."""
     source = stdin or sys.stdin.buffer
     sink = stdout or sys.stdout.buffer
+    blocks: dict[int, bytearray] = {}
     while True:
         request = source.read(_REQUEST.size)
         if len(request) < _REQUEST.size:
             return
-        path_len = _REQUEST.unpack(request)[5]
+        path_len = _REQUEST.unpack(request)[7]
         path = source.read(path_len).decode()
-        status, body = _answer(request, path)
+        status, body = _answer(request, path, blocks)
         sink.write(_RESPONSE.pack(status, len(body)))
         sink.write(body)
         sink.flush()
@@ -125,6 +205,9 @@ class ReadBackWorker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._generation = 0  # how many worker processes this client started
+        self._block_ids = itertools.count(1)  # never reused, across workers
+        self._held_by: dict[int, int] = {}  # staged block id -> generation of the worker holding it
 
     @property
     def pid(self) -> int | None:
@@ -138,17 +221,102 @@ class ReadBackWorker:
         with self._lock:
             self._started()
 
-    def frame(self, path: Path, ledger_id: int, first: int, count: int, *, start: int, end: int) -> bytearray:
+    def new_block(self) -> int:
+        """An id for a block to stage in the worker (``frame(..., into=)``, then ``write_block``)."""
+        return next(self._block_ids)
+
+    def frame(
+        self,
+        path: Path,
+        ledger_id: int,
+        first: int,
+        count: int,
+        *,
+        start: int,
+        end: int,
+        into: int | None = None,
+    ) -> bytearray:
         """Entries ``first``..``first+count-1`` of the ledger file at ``path`` (their records span
-        ``start``..``end``, all durable), checked and block-framed. Blocking: call it on a thread.
+        ``start``..``end``, all durable), checked and block-framed: returned, or (``into``) appended to
+        that staged block in the worker and an empty buffer returned. Blocking: call it on a thread.
 
         Raises CorruptEntryError (naming file, entry and offset) for a bad record, the worker's OSError
-        for a failed read, and ReadBackWorkerDied when the worker dies mid-call.
+        for a failed read, ReadBackWorkerDied when the worker dies mid-call, and StagedBlockLost when
+        the worker holding block ``into`` was replaced.
         """
+        op = _FRAME if into is None else _STAGE
+        what = f"reading entries {ledger_id}:{first}..{first + count - 1} from {path}"
+        status, body = self._call(op, into or 0, (ledger_id, first, count, start, end), path=path, what=what)
+        if status == _CORRUPT_STATUS:
+            entry_id, offset = _CORRUPT.unpack_from(body, 0)
+            reason = bytes(body[_CORRUPT.size :]).decode()
+            raise CorruptEntryError(ledger_id, entry_id, path, offset, reason)
+        if status == _OS_ERROR_STATUS:
+            (code,) = _OS_ERROR.unpack_from(body, 0)
+            raise OSError(code, f"offload read-back of {path}: {bytes(body[_OS_ERROR.size :]).decode()}")
+        return body
+
+    def write_block(
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None = None,
+    ) -> tuple[int, int]:
+        """Seal staged ``block`` (entries of ``ledger_id`` from ``first_entry_id``; padded to at least
+        ``min_size`` bytes), write it at ``offset`` of the existing file ``path`` and fdatasync it in
+        ``slice_bytes`` slices (None: the filesystem driver's); the block is then gone from the worker.
+        Returns (CRC, length). Blocking: call it on a thread.
+
+        Raises the worker's OSError for a failed write (the file then holds a partial block: the
+        caller aborts the upload), ReadBackWorkerDied and StagedBlockLost as ``frame``.
+        """
+        what = f"writing staged block {block} (ledger {ledger_id} from entry {first_entry_id}) to {path}"
+        status, body = self._call(
+            _WRITE,
+            block,
+            (ledger_id, first_entry_id, min_size, offset, slice_bytes or 0),
+            path=path,
+            what=what,
+        )
+        self._held_by.pop(block, None)
+        if status == _OS_ERROR_STATUS:
+            (code,) = _OS_ERROR.unpack_from(body, 0)
+            raise OSError(code, f"offload upload to {path}: {bytes(body[_OS_ERROR.size :]).decode()}")
+        crc, length = _WRITTEN.unpack(body)
+        return crc, length
+
+    def drop_block(self, block: int) -> None:
+        """Forget staged ``block`` (an aborted segment). Blocking; a dead worker held nothing."""
+        generation = self._held_by.pop(block, None)
+        with self._lock:
+            if generation is None or generation != self._generation or self.pid is None:
+                return
+        with contextlib.suppress(ReadBackWorkerDied):
+            self._call(_DROP, block, (0, 0, 0, 0, 0), path="", what=f"dropping staged block {block}")
+
+    def _call(
+        self, op: int, block: int, fields: tuple[int, int, int, int, int], *, path: Path | str, what: str
+    ) -> tuple[int, bytearray]:
+        """One request (``fields``: ledger id, first, count, start, end as the wire format says)."""
         name = os.fsencode(path)
-        request = _REQUEST.pack(ledger_id, first, count, start, end, len(name)) + name
+        request = _REQUEST.pack(op, block, *fields, len(name)) + name
+        started = timeline.now()
         with self._lock:
             proc = self._started()
+            if op in (_STAGE, _WRITE):
+                held = self._held_by.setdefault(block, self._generation)
+                if held != self._generation:
+                    self._held_by.pop(block, None)
+                    raise StagedBlockLost(
+                        errno_codes.EPIPE,
+                        f"staged block {block} was held by a read-back worker that has since died; its "
+                        "bytes are gone: stage its entries again from the local files",
+                    )
             try:
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(request)
@@ -159,25 +327,22 @@ class ReadBackWorker:
                 code = self._discard()
                 raise ReadBackWorkerDied(
                     errno_codes.EPIPE,
-                    f"the offload read-back worker (pid {proc.pid}) died (exit status {code}) while reading "
-                    f"entries {ledger_id}:{first}..{first + count - 1} from {path} ({exc}); nothing was "
-                    "lost: the streaming segment is marked Failed and retried with a new worker",
+                    f"the offload read-back worker (pid {proc.pid}) died (exit status {code}) while {what} "
+                    f"({exc}); nothing was lost: the streaming segment is marked Failed and retried with "
+                    "a new worker",
                 ) from exc
-        if status == _OK:
-            return body
-        if status == _CORRUPT_STATUS:
-            entry_id, offset = _CORRUPT.unpack_from(body, 0)
-            reason = bytes(body[_CORRUPT.size :]).decode()
-            raise CorruptEntryError(ledger_id, entry_id, path, offset, reason)
-        if status == _OS_ERROR_STATUS:
-            (code,) = _OS_ERROR.unpack_from(body, 0)
-            raise OSError(code, f"offload read-back of {path}: {bytes(body[_OS_ERROR.size :]).decode()}")
-        self._discard()
-        raise ReadBackWorkerDied(errno_codes.EPROTO, f"the offload read-back worker answered status {status}")
+            if status not in (_OK, _CORRUPT_STATUS, _OS_ERROR_STATUS):
+                self._discard()
+                raise ReadBackWorkerDied(
+                    errno_codes.EPROTO, f"the offload read-back worker answered status {status}"
+                )
+        timeline.span("worker_upload" if op == _WRITE else "worker", started)
+        return status, body
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._discard()
+            self._generation += 1
             # -I: the worker imports only this installed package and the standard library.
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", _WORKER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE

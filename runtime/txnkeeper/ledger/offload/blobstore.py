@@ -41,6 +41,9 @@ def check_key(location: str, key: str) -> str:
 class BlobUpload(abc.ABC):
     """One object being written in pieces; invisible to readers until ``complete`` returns."""
 
+    #: whether ``local_file`` offers a file another process may write the object's bytes into
+    local_files = False
+
     @abc.abstractmethod
     async def write(self, data: bytes | bytearray) -> None:
         """Append ``data``; drivers may buffer it to their part size before sending."""
@@ -52,6 +55,17 @@ class BlobUpload(abc.ABC):
     @abc.abstractmethod
     async def abort(self) -> None:
         """Discard what was written; the key keeps whatever it held before. Safe to call twice."""
+
+    def local_file(self) -> str | None:
+        """A local file another process may write this upload's next bytes into (at the length
+        written so far) and make durable (then ``appended``); None when bytes must go through
+        ``write`` (S3). Lets the streaming offload's worker process upload the blocks it built,
+        without their bytes crossing back to the ledger process."""
+        return None
+
+    def appended(self, length: int) -> None:
+        """``length`` more bytes were written and made durable in ``local_file()`` by another process."""
+        raise NotImplementedError(f"{type(self).__name__} has no local file")
 
 
 class BlobStore(abc.ABC):

@@ -102,6 +102,16 @@ def block_crc(block: bytes | bytearray | memoryview) -> int:
     return zlib.crc32(block) & 0xFFFFFFFF
 
 
+def seal_block(ledger_id: int, first_entry_id: int, block: bytearray, max_block_size: int) -> int:
+    """Complete, in place, a block whose entries were framed after HEADER_SIZE reserved bytes: header
+    and padding written, as ``assemble_block`` makes it; returns its CRC. No copy of the entries (a
+    multi-MiB memcpy holds the GIL for its whole length); zlib releases the GIL while it CRCs."""
+    block_len = max(max_block_size, len(block))
+    block[:HEADER_SIZE] = encode_header(BlockHeader(HEADER_SIZE, block_len, first_entry_id, ledger_id))
+    block += padding(block_len - len(block))
+    return block_crc(block)
+
+
 def decode_header(data: bytes | memoryview) -> BlockHeader:
     if len(data) < HEADER_SIZE:
         raise OffloadFormatError(0, f"block header needs {HEADER_SIZE} bytes, only {len(data)} present")

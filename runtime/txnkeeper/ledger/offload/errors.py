@@ -71,3 +71,9 @@ class OffloadCorruptionError(OffloadError):
 
 class OffloadRangeError(OffloadError, LookupError):
     """The segment does not hold the requested ledger or entries."""
+
+
+class StagedBlockLost(OSError):
+    """A block staged in the read-back worker process is gone: the worker holding it was replaced
+    (it died between calls). Nothing was sent; the segment writer stages the block again from the
+    local files."""

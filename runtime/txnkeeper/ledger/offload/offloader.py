@@ -30,15 +30,18 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import CorruptEntryError
 from ..metadata import LedgerInfo, ManagedLedgerMetadata, OffloadSegment
 from ..position import Position
+from . import timeline
 from .blobstore import BlobStore
 from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
+from .filesystem import STREAMING_WRITE_SLICE_BYTES
 from .reader import IndexCache, SegmentReader
 from .stats import OffloaderStats
 from .writer import SegmentWriter, data_key, index_key
@@ -65,6 +68,9 @@ _FRAME_BATCH_ENTRIES = 16384
 # commit; 20 ms, so that each pass is short (see _STREAM_BATCH_BYTES).
 _STREAM_POLL_SECONDS = 0.02
 _CLOSE_FINISH_SECONDS = 5.0
+# More durable bytes than this not yet streamed: the stream is catching up, not keeping up (two
+# default streaming blocks), and syncs the tier in the driver's larger slices.
+_CATCH_UP_BYTES = 10 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -172,13 +178,80 @@ class OffloadHost(Protocol):
 
     def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int: ...  # durable, no I/O
 
-    async def read_local_framed(self, ledger_id: int, first: int, count: int) -> bytearray: ...
+    async def read_local_framed(
+        self, ledger_id: int, first: int, count: int, *, into: int | None = None
+    ) -> bytearray: ...  # into: append to that block staged in the worker, return nothing
+
+    def block_worker(self) -> BlockWorker | None: ...  # the worker that stages blocks (None: none)
 
     def confirmed_entries(self, ledger_id: int) -> int: ...  # durable entries (the open ledger too)
 
     def local_bytes(self, ledger_id: int) -> int: ...  # payload bytes in its local file (0: none)
 
     async def drop_local(self, ledger_id: int) -> None: ...
+
+
+class BlockWorker(Protocol):
+    """The process that stages blocks for ``read_local_framed(..., into=)`` and writes them
+    (``readback.ReadBackWorker``); blocking calls."""
+
+    def new_block(self) -> int: ...
+
+    def write_block(
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
+    ) -> tuple[int, int]: ...
+
+    def drop_block(self, block: int) -> None: ...
+
+
+class _HostStaging:
+    """A SegmentWriter's BlockStaging: entries staged through the host (which resolves them to the
+    durable byte range of its files), blocks written by the host's worker, off the event loop."""
+
+    def __init__(self, host: OffloadHost, worker: BlockWorker) -> None:
+        self.host = host
+        self.worker = worker
+
+    def new_block(self) -> int:
+        return self.worker.new_block()
+
+    async def stage(self, block: int, ledger_id: int, first: int, count: int) -> None:
+        await self.host.read_local_framed(ledger_id, first, count, into=block)
+
+    async def write_block(
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
+    ) -> tuple[int, int]:
+        return await asyncio.to_thread(
+            partial(
+                self.worker.write_block,
+                block,
+                ledger_id=ledger_id,
+                first_entry_id=first_entry_id,
+                min_size=min_size,
+                path=path,
+                offset=offset,
+                slice_bytes=slice_bytes,
+            )
+        )
+
+    async def drop_block(self, block: int) -> None:
+        await asyncio.to_thread(self.worker.drop_block, block)
 
 
 def _key(p: Position) -> tuple[int, int]:
@@ -412,6 +485,11 @@ class Offloader:
             self.last_error = None
             return done
 
+    async def _update_metadata(self, change: Callable[[ManagedLedgerMetadata], None]) -> None:
+        started = timeline.now()
+        await self.host.update_offload_metadata(change)
+        timeline.span("metadata", started)
+
     async def _remove_orphans(self) -> None:
         """Assigned segments at open were being uploaded when the process died: delete, mark Failed."""
         orphans = [s.uuid for s in self.host.offload_metadata().segments if s.status == "Assigned"]
@@ -424,7 +502,7 @@ class Offloader:
                     s.status = "Failed"
 
         if orphans:
-            await self.host.update_offload_metadata(fail)
+            await self._update_metadata(fail)
 
     async def _delete_objects(self, uuid: str) -> None:
         try:
@@ -450,7 +528,7 @@ class Offloader:
             meta.segments = [s for s in meta.segments if s.uuid not in uuids]
 
         if uuids:
-            await self.host.update_offload_metadata(drop)
+            await self._update_metadata(drop)
 
     def _entries(self, info: LedgerInfo, include_open: bool) -> int:
         if info.closed:
@@ -492,7 +570,7 @@ class Offloader:
             # A Failed segment is retried now, from the same begin: it is replaced, not kept beside.
             meta.segments = [s for s in meta.segments if s.status != "Failed"] + [segment]
 
-        await self.host.update_offload_metadata(assign)
+        await self._update_metadata(assign)
         return segment
 
     async def _fail(self, writer: SegmentWriter, exc: BaseException) -> None:
@@ -503,7 +581,7 @@ class Offloader:
             if isinstance(exc, OffloadError | OSError):
                 self.stats.write_storage_error += 1
             with contextlib.suppress(OSError):
-                await self.host.update_offload_metadata(lambda m: _set_status(m, writer.uuid, "Failed"))
+                await self._update_metadata(lambda m: _set_status(m, writer.uuid, "Failed"))
 
     async def _complete(self, segment: OffloadSegment, writer: SegmentWriter) -> OffloadSegment:
         desc = await writer.finish()
@@ -520,7 +598,7 @@ class Offloader:
         def complete(meta: ManagedLedgerMetadata) -> None:
             meta.segments = [offloaded if s.uuid == segment.uuid else s for s in meta.segments]
 
-        await self.host.update_offload_metadata(complete)
+        await self._update_metadata(complete)
         log.info(
             "managed ledger %s: offloaded %s..%s as segment %s",
             self.host.name,
@@ -573,16 +651,18 @@ class Offloader:
                 if begin is None:
                     return done
                 segment = await self._assign(begin)
+                worker = self.host.block_worker()
                 writer = SegmentWriter(
                     self.store,
                     self.policy.config,
                     uuid=segment.uuid,
                     block_size=self.policy.config.streaming_block_size,
+                    staging=_HostStaging(self.host, worker) if worker is not None else None,
                 )
                 self._stream = _Stream(writer, segment, self._clock())
             stream = self._stream
             try:
-                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES)
+                full = await self._feed(stream, _FRAME_BATCH_BYTES if manual else _STREAM_BATCH_BYTES, manual)
             except BaseException as exc:
                 self._stream = None
                 await self._fail(stream.writer, exc)
@@ -600,21 +680,25 @@ class Offloader:
         stream = self._stream
         assert stream is not None
         self._stream = None
+        started = timeline.now()
         try:
             return await self._complete(stream.segment, stream.writer)
         except BaseException as exc:
             await self._fail(stream.writer, exc)
             raise
+        finally:
+            timeline.span("close", started)
 
-    async def _feed(self, stream: _Stream, batch_bytes: int) -> bool:
+    async def _feed(self, stream: _Stream, batch_bytes: int, manual: bool) -> bool:
         """Feed durable local entries from ``stream.next`` on; True when the segment is full (size
         reached and old enough to close).
 
         Batches are planned from the ledger's offset index alone (``local_payload_bytes``: no I/O):
         at most ``batch_bytes`` of framing, within the room left in the block being filled, so a
         block is cut between batches, and ending at the entry that fills the segment. The host's
-        read-back worker process reads, checks and frames each batch; this loop only appends the
-        buffer it returns.
+        read-back worker process reads, checks and frames each batch; with a filesystem tier it also
+        keeps the blocks and writes them (this process then handles no entry bytes), else this loop
+        appends the buffer it returns.
         """
         host = self.host
         while True:
@@ -635,9 +719,16 @@ class Offloader:
                 return False
             ledger_id, first = pos.ledger_id, pos.entry_id
             count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
+            # Keeping up with producers, the tier is synced in small slices so that a group commit
+            # never waits long behind one; catching up (or a manual offload) in the driver's.
+            behind = host.local_payload_bytes(ledger_id, first, available - first) > _CATCH_UP_BYTES
+            stream.writer.sync_slice_bytes = None if manual or behind else STREAMING_WRITE_SLICE_BYTES
             payload = host.local_payload_bytes(ledger_id, first, count)
-            framed = await host.read_local_framed(ledger_id, first, count)
-            await stream.writer.add_framed(ledger_id, first, count, framed, payload)
+            if stream.writer.stages:  # the worker frames, builds and writes the blocks
+                await stream.writer.add_staged(ledger_id, first, count, payload)
+            else:
+                framed = await host.read_local_framed(ledger_id, first, count)
+                await stream.writer.add_framed(ledger_id, first, count, framed, payload)
             stream.payload += payload
             self.stats.offload_bytes += payload
             stream.next = Position(ledger_id, first + count)

@@ -16,23 +16,22 @@ import struct
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from txnkeeper.ledger.position import Position
 
 from . import index as index_format
+from . import timeline
 from .blobstore import BlobStore, BlobUpload
 from .block import (
     ENTRY_HEADER_SIZE,
     HEADER_SIZE,
     MAX_ENTRY_SIZE,
-    BlockHeader,
-    block_crc,
-    encode_header,
     frame_entry,
-    padding,
+    seal_block,
 )
 from .config import OffloadConfig
-from .errors import OffloadInputError
+from .errors import OffloadInputError, StagedBlockLost
 from .index import IndexEntry, LedgerIndex
 from .ledgerinfo import CRC_PROPERTY_PREFIX, LedgerInfo, crc_property
 
@@ -69,14 +68,38 @@ class SegmentDescription:
     index_length: int
 
 
-def _seal(ledger_id: int, first_entry_id: int, block: bytearray, max_block_size: int) -> int:
-    """Complete, in place, a block whose entries were framed after HEADER_SIZE reserved bytes: header
-    and padding written, as ``assemble_block`` makes it; returns its CRC. No copy of the entries (a
-    multi-MiB memcpy holds the GIL for its whole length); zlib releases the GIL while it CRCs."""
-    block_len = max(max_block_size, len(block))
-    block[:HEADER_SIZE] = encode_header(BlockHeader(HEADER_SIZE, block_len, first_entry_id, ledger_id))
-    block += padding(block_len - len(block))
-    return block_crc(block)
+class BlockStaging(Protocol):
+    """Blocks built and uploaded by another process (the read-back worker): the writer says what
+    goes in which block and where it is written, and gets back only each block's CRC and length."""
+
+    def new_block(self) -> int:
+        """An id for a new, empty staged block."""
+        ...
+
+    async def stage(self, block: int, ledger_id: int, first: int, count: int) -> None:
+        """Append durable local entries ``first``..``first+count-1``, checked and framed, to ``block``.
+        Raises StagedBlockLost when the process holding ``block`` was replaced."""
+        ...
+
+    async def write_block(
+        self,
+        block: int,
+        *,
+        ledger_id: int,
+        first_entry_id: int,
+        min_size: int,
+        path: str,
+        offset: int,
+        slice_bytes: int | None,
+    ) -> tuple[int, int]:
+        """Seal ``block``, write it at ``offset`` of the upload file ``path`` and make it durable
+        (fdatasynced in ``slice_bytes`` slices; None: the driver's); returns (CRC, length). Raises
+        StagedBlockLost as ``stage``."""
+        ...
+
+    async def drop_block(self, block: int) -> None:
+        """Forget ``block`` (best effort)."""
+        ...
 
 
 class SegmentWriter:
@@ -84,6 +107,9 @@ class SegmentWriter:
 
     Entries of a ledger must have consecutive ids; ledgers must come in ascending id order (a segment
     covers a stretch of one managed ledger). Not safe for concurrent calls: one offload task owns it.
+
+    With ``staging`` and a store whose uploads are local files (the filesystem driver), blocks are
+    built and written by the staging process (``add_staged``): this process handles no entry bytes.
     """
 
     def __init__(
@@ -93,12 +119,21 @@ class SegmentWriter:
         *,
         uuid: str | None = None,
         block_size: int | None = None,
+        staging: BlockStaging | None = None,
     ) -> None:
-        """``block_size`` overrides the max block size (streaming cuts blocks at the min block size)."""
+        """``block_size`` overrides the max block size (streaming cuts blocks at the min block size);
+        ``staging`` is used only if the store's uploads are local files (``stages`` tells)."""
         self.store = store
-        self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         self.uuid = uuid or str(uuidlib.uuid4())
         self._upload: BlobUpload | None = None
+        if staging is not None:  # opening an upload does no I/O (every driver starts it lazily)
+            self._upload = store.open_upload(data_key(self.uuid))
+        self._staging = staging if self._upload is not None and self._upload.local_files else None
+        self._block: int | None = None  # the staged block being filled
+        #: staged blocks are fdatasynced in slices this large (None: the driver's default)
+        self.sync_slice_bytes: int | None = None
+        self._staged_size = HEADER_SIZE  # its size so far, header room included
+        self.max_block_size = block_size or config.managedLedgerOffloadMaxBlockSizeInBytes
         # The block being filled, its entries already framed after HEADER_SIZE bytes reserved for its
         # header: a bytearray and two ints, never an object per entry (see block.assemble_block).
         self._pending = bytearray(HEADER_SIZE)
@@ -111,6 +146,14 @@ class SegmentWriter:
         self._first: Position | None = None
         self._ledger_bytes: dict[int, int] = {}
         self._state = "open"
+
+    @property
+    def stages(self) -> bool:
+        """Whether entries go in through ``add_staged`` (blocks built by the staging process)."""
+        return self._staging is not None
+
+    def _filled(self) -> int:
+        return self._staged_size if self._staging is not None else len(self._pending)
 
     @property
     def last(self) -> Position | None:
@@ -199,7 +242,7 @@ class SegmentWriter:
         it (a new block's room when the pending block holds another ledger or nothing)."""
         if ledger_id != self._pending_ledger:
             return self.max_block_size - HEADER_SIZE
-        return self.max_block_size - len(self._pending)
+        return self.max_block_size - self._filled()
 
     async def add_framed(
         self, ledger_id: int, first_entry_id: int, count: int, framed: bytearray, payload: int
@@ -210,13 +253,7 @@ class SegmentWriter:
         The block being filled is cut first unless they fit in it (``block_room``); a batch larger than
         a whole block makes one block of its own (the caller sizes batches to ``block_room``).
         """
-        self._check_open()
-        if count < 1 or first_entry_id < 0 or ledger_id < 0:
-            raise OffloadInputError(
-                f"entries {ledger_id}:{first_entry_id} (+{count}): "
-                "need non-negative ids and at least one entry"
-            )
-        self._check_follows(ledger_id, first_entry_id)
+        self._check_batch(ledger_id, first_entry_id, count, staged=False)
         if len(self._pending) > HEADER_SIZE and (
             ledger_id != self._pending_ledger or len(framed) > self.block_room(ledger_id)
         ):  # a block holds one ledger
@@ -231,13 +268,75 @@ class SegmentWriter:
         if self._first is None:
             self._first = Position(ledger_id, first_entry_id)
 
+    def _check_batch(self, ledger_id: int, first_entry_id: int, count: int, *, staged: bool) -> None:
+        self._check_open()
+        if staged != self.stages:
+            raise OffloadInputError(
+                f"segment {self.uuid}: use {'add_staged' if self.stages else 'add_framed'} with this writer"
+            )
+        if count < 1 or first_entry_id < 0 or ledger_id < 0:
+            raise OffloadInputError(
+                f"entries {ledger_id}:{first_entry_id} (+{count}): "
+                "need non-negative ids and at least one entry"
+            )
+        self._check_follows(ledger_id, first_entry_id)
+
+    async def add_staged(self, ledger_id: int, first_entry_id: int, count: int, payload: int) -> None:
+        """``count`` consecutive durable local entries of one ledger from ``first_entry_id`` holding
+        ``payload`` data bytes, framed by the staging process into the block it holds for this writer
+        (cut first unless they fit: as ``add_framed``)."""
+        self._check_batch(ledger_id, first_entry_id, count, staged=True)
+        framed = payload + count * ENTRY_HEADER_SIZE
+        if self._staged_size > HEADER_SIZE and (
+            ledger_id != self._pending_ledger or framed > self.block_room(ledger_id)
+        ):  # a block holds one ledger
+            await self._flush_block()
+        if self._staged_size == HEADER_SIZE:
+            self._pending_first = first_entry_id
+        await self._stage(ledger_id, first_entry_id, count)
+        self._staged_size += framed
+        self._pending_last = first_entry_id + count - 1
+        self._pending_ledger = ledger_id
+        self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + payload
+        self._last = Position(ledger_id, self._pending_last)
+        if self._first is None:
+            self._first = Position(ledger_id, first_entry_id)
+
+    async def _stage(self, ledger_id: int, first: int, count: int) -> None:
+        staging = self._staging
+        assert staging is not None
+        if self._block is None:
+            self._block = staging.new_block()
+        try:
+            await staging.stage(self._block, ledger_id, first, count)
+        except StagedBlockLost:
+            await self._restage()
+            await staging.stage(self._block, ledger_id, first, count)
+
+    async def _restage(self) -> None:
+        """The staging process that held the block being filled was replaced: build it again there
+        from the local files (its entries are durable and not yet offloaded)."""
+        staging = self._staging
+        assert staging is not None
+        self._block = staging.new_block()
+        if self._staged_size > HEADER_SIZE:
+            assert self._pending_ledger is not None
+            count = self._pending_last - self._pending_first + 1
+            await staging.stage(self._block, self._pending_ledger, self._pending_first, count)
+
     async def _flush_block(self) -> None:
+        if self._staging is not None:
+            await self._write_staged_block()
+            return
         assert self._pending_ledger is not None
         # Off the event loop: a block is megabytes, and the loop also serves the producers' appends.
         block = self._pending
+        started = timeline.now()
         crc = await asyncio.to_thread(
-            _seal, self._pending_ledger, self._pending_first, block, self.max_block_size
+            seal_block, self._pending_ledger, self._pending_first, block, self.max_block_size
         )
+        timeline.span("seal", started)
+        started = timeline.now()
         part_id = len(self._blocks) + 1
         if self._upload is None:
             self._upload = self.store.open_upload(data_key(self.uuid))
@@ -246,6 +345,7 @@ class SegmentWriter:
         except BaseException:
             await self.abort()
             raise
+        timeline.span("upload", started)
         self._blocks.append(
             BlockDescription(
                 ledger_id=self._pending_ledger,
@@ -259,6 +359,53 @@ class SegmentWriter:
         )
         self._offset += len(block)
         self._pending = bytearray(HEADER_SIZE)
+
+    async def _write_staged_block(self) -> None:
+        staging, ledger_id = self._staging, self._pending_ledger
+        assert staging is not None and ledger_id is not None and self._block is not None
+        started = timeline.now()
+        if self._upload is None:
+            self._upload = self.store.open_upload(data_key(self.uuid))
+        upload = self._upload
+        try:
+            path = await asyncio.to_thread(upload.local_file)
+            assert path is not None  # upload.local_files
+
+            async def write(block: int) -> tuple[int, int]:
+                return await staging.write_block(
+                    block,
+                    ledger_id=ledger_id,
+                    first_entry_id=self._pending_first,
+                    min_size=self.max_block_size,
+                    path=path,
+                    offset=self._offset,
+                    slice_bytes=self.sync_slice_bytes,
+                )
+
+            try:
+                crc, length = await write(self._block)
+            except StagedBlockLost:
+                await self._restage()
+                crc, length = await write(self._block)
+            upload.appended(length)
+        except BaseException:
+            await self.abort()
+            raise
+        timeline.span("upload", started)
+        self._blocks.append(
+            BlockDescription(
+                ledger_id=ledger_id,
+                first_entry_id=self._pending_first,
+                last_entry_id=self._pending_last,
+                part_id=len(self._blocks) + 1,
+                offset=self._offset,
+                length=length,
+                crc32=crc,
+            )
+        )
+        self._offset += length
+        self._block = None
+        self._staged_size = HEADER_SIZE
 
     async def finish(self, ledger_infos: Mapping[int, LedgerInfo] | None = None) -> SegmentDescription:
         """Upload the last block, complete the data object, then write the index.
@@ -318,6 +465,10 @@ class SegmentWriter:
         if self._state == "finished":
             raise OffloadInputError(f"segment {self.uuid} is finished; delete it instead of aborting")
         self._state = "aborted"
+        block, self._block = self._block, None
+        if block is not None and self._staging is not None:
+            with contextlib.suppress(Exception):
+                await self._staging.drop_block(block)
         if self._upload is not None:
             upload, self._upload = self._upload, None
             await upload.abort()
