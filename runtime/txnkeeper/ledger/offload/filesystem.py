@@ -209,12 +209,21 @@ class FileSystemBlobStore(BlobStore):
 
 
 def write_synced(
-    fd: int, data: bytes | bytearray | memoryview, offset: int, slice_bytes: int = WRITE_SLICE_BYTES
+    fd: int,
+    data: bytes | bytearray | memoryview,
+    offset: int,
+    slice_bytes: int = WRITE_SLICE_BYTES,
+    before_slice: Callable[[], object] | None = None,
 ) -> None:
     """Write ``data`` at ``offset`` of ``fd`` and fdatasync it, slice by slice. Blocking; the
-    read-back worker process writes the blocks it uploads with it too."""
+    read-back worker process writes the blocks it uploads with it too, waiting ``before_slice`` (a
+    gap between the ledgers' group commits) before each slice."""
     view = memoryview(data)
     while view:
+        if before_slice is not None:
+            waited = timeline.now()
+            before_slice()
+            timeline.span("tier_wait", waited)
         started = timeline.now()
         n = os.pwrite(fd, view[:slice_bytes], offset)
         synced = timeline.now()
