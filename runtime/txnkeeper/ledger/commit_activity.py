@@ -73,12 +73,17 @@ class SliceGate:
         self._page = mmap.mmap(fd, _PAGE_SIZE, prot=mmap.PROT_READ)
         os.close(fd)  # the mapping keeps the page
 
+    def read(self) -> tuple[int, int]:
+        """(group commits in flight, when the last ended in CLOCK_MONOTONIC ns; 0: none yet)."""
+        in_flight, last_end = _PAGE.unpack_from(self._page, 0)
+        return in_flight, last_end
+
     def wait(self, max_wait_ns: int = MAX_WAIT_NS) -> int:
         """Block until a tier slice may start; returns how long it waited (ns)."""
         began = now = time.monotonic_ns()
         deadline = began + max_wait_ns
         while True:
-            in_flight, last_end = _PAGE.unpack_from(self._page, 0)
+            in_flight, last_end = self.read()
             if in_flight == 0 and (now - last_end <= FRESH_NS or now - last_end >= IDLE_NS):
                 return now - began
             if now >= deadline:  # constant commits, a commit stuck, or a page nobody updates
