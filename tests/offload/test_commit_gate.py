@@ -21,6 +21,8 @@ from txnkeeper.ledger import ManagedLedgerFactory, Position, commit_activity
 from txnkeeper.ledger.commit_activity import IDLE_NS, CommitActivity, SliceGate
 from txnkeeper.ledger.fileio import FileIO
 from txnkeeper.ledger.ledger_file import GroupWriteFailed, LedgerFile
+from txnkeeper.ledger.offload.filesystem import STREAMING_CATCH_UP_SLICE_BYTES, STREAMING_WRITE_SLICE_BYTES
+from txnkeeper.ledger.offload.offloader import streaming_slice_bytes
 from txnkeeper.ledger.readback import serve, shared_worker
 
 from .conftest import Clock, wait_for
@@ -181,3 +183,10 @@ async def test_a_worker_killed_mid_upload_behind_a_stuck_page_fails_the_segment_
     assert [s.end for s in done] == [acked[-1]]
     assert off.segment_counts() == {"Assigned": 0, "Offloaded": 1, "Failed": 0}
     assert await off.read(1, 0, 10) == [data(n) for n in range(10)]
+
+
+def test_the_stream_syncs_small_slices_keeping_up_larger_catching_up_and_the_drivers_when_manual() -> None:
+    assert streaming_slice_bytes(manual=False, behind=False) == STREAMING_WRITE_SLICE_BYTES == 32 * 1024
+    assert streaming_slice_bytes(manual=False, behind=True) == STREAMING_CATCH_UP_SLICE_BYTES == 64 * 1024
+    assert streaming_slice_bytes(manual=True, behind=False) is None  # the driver's (256 KiB)
+    assert streaming_slice_bytes(manual=True, behind=True) is None
