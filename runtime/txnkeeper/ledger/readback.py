@@ -28,6 +28,11 @@ lives only in the worker that built it: block ids are never reused, and a call f
 worker that has since been replaced raises ``StagedBlockLost`` before anything is sent (the writer
 stages the block again from the local files); a worker dying during a call fails it as above.
 
+Each tier slice (write + fdatasync) starts in a gap between the ledger process's group commits: that
+process publishes them in a shared page (``commit_activity``, a memfd passed to the worker at its
+start; the worker's argument is its descriptor), and the worker waits, at most 10 ms per slice, until
+none is in flight and one just ended. Without the page the worker writes without waiting.
+
 The worker runs at SCHED_IDLE where Linux allows it (unprivileged), else as it is: it then gets a core
 only when the ledger's threads do not want it, so a group commit returning from fdatasync never waits
 for read-back work. Offload lags under full CPU load rather than slowing producers (PIP-76's rule).
