@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Callable
 from pathlib import Path
 
+from . import commit_activity
 from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan
 from .errors import CorruptEntryError, LedgerWriteError, NoSuchEntryError
 from .fileio import FileIO
@@ -162,6 +163,9 @@ class LedgerFile:
         """
         data = b"".join(buffers)
         undo: Callable[[], None] | None = None
+        activity = commit_activity.current() if sync else None  # the offload worker's tier slices wait
+        if activity is not None:
+            activity.begin()
         try:
             self.io.pwrite_all(self._write_fd, data, offset)
             if mark_written is not None:
@@ -177,6 +181,9 @@ class LedgerFile:
             except OSError as cut_exc:
                 raise GroupWriteFailed(exc, cut_exc) from exc
             raise GroupWriteFailed(exc, None) from exc
+        finally:
+            if activity is not None:
+                activity.end()
 
     def open_for_writes(self) -> None:
         """Reopen a recovered (empty) ledger for appends. Blocking."""

@@ -28,6 +28,11 @@ lives only in the worker that built it: block ids are never reused, and a call f
 worker that has since been replaced raises ``StagedBlockLost`` before anything is sent (the writer
 stages the block again from the local files); a worker dying during a call fails it as above.
 
+Each tier slice (write + fdatasync) starts in a gap between the ledger process's group commits: that
+process publishes them in a shared page (``commit_activity``, a memfd passed to the worker at its
+start; the worker's argument is its descriptor), and the worker waits, at most 10 ms per slice, until
+none is in flight and one just ended. Without the page the worker writes without waiting.
+
 The worker runs at SCHED_IDLE where Linux allows it (unprivileged), else as it is: it then gets a core
 only when the ledger's threads do not want it, so a group commit returning from fdatasync never waits
 for read-back work. Offload lags under full CPU load rather than slowing producers (PIP-76's rule).
@@ -57,6 +62,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from . import commit_activity
+from .commit_activity import SliceGate
 from .entry_format import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_PREFIX
 from .errors import CorruptEntryError
 from .offload import timeline
@@ -72,7 +79,10 @@ _WRITTEN = struct.Struct("<IQ")
 _BLOCK_ENTRY_HEADER = struct.Struct(">iq")  # offload.block framing: entry_len, entry_id (Pulsar's)
 _OK, _CORRUPT_STATUS, _OS_ERROR_STATUS = 0, 1, 2
 _FRAME, _STAGE, _WRITE, _DROP = 0, 1, 2, 3
-_WORKER_CODE = "from txnkeeper.ledger.readback import run_when_idle, serve; run_when_idle(); serve()"
+_WORKER_CODE = (
+    "import sys; from txnkeeper.ledger.readback import run_when_idle, serve; run_when_idle(); "
+    "serve(commit_page_fd=int(sys.argv[1]) if len(sys.argv) > 1 else None)"
+)
 
 
 class ReadBackWorkerDied(OSError):
@@ -132,8 +142,11 @@ def _os_error(exc: OSError) -> tuple[int, bytes]:
     return _OS_ERROR_STATUS, _OS_ERROR.pack(exc.errno or 0) + str(exc).encode()
 
 
-def _answer(request: bytes, path: str, blocks: dict[int, bytearray]) -> tuple[int, bytes | bytearray]:
-    """One request against the blocks this worker holds (``blocks``: staged block id -> its bytes)."""
+def _answer(
+    request: bytes, path: str, blocks: dict[int, bytearray], gate: SliceGate | None = None
+) -> tuple[int, bytes | bytearray]:
+    """One request against the blocks this worker holds (``blocks``: staged block id -> its bytes);
+    ``gate``: the ledger process's group commits, which tier slices keep clear of."""
     op, block, _ledger_id, first, count, start, end, _ = _REQUEST.unpack(request)
     if op == _DROP:
         blocks.pop(block, None)
@@ -146,7 +159,7 @@ def _answer(request: bytes, path: str, blocks: dict[int, bytearray]) -> tuple[in
             crc = seal_block(_ledger_id, first, staged, count)
             fd = os.open(path, os.O_WRONLY)  # the ledger process created the upload's file
             try:
-                write_synced(fd, staged, start, end or WRITE_SLICE_BYTES)
+                write_synced(fd, staged, start, end or WRITE_SLICE_BYTES, None if gate is None else gate.wait)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -182,18 +195,27 @@ def run_when_idle(set_scheduler: Callable[[], None] | None = None) -> bool:
     return True
 
 
-def serve(stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> None:
-    """The worker's loop: one request at a time until stdin closes (the ledger process is gone)."""
+def serve(
+    stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, commit_page_fd: int | None = None
+) -> None:
+    """The worker's loop: one request at a time until stdin closes (the ledger process is gone).
+    ``commit_page_fd``: the ledger process's ``commit_activity`` page (None: tier slices never wait)."""
     source = stdin or sys.stdin.buffer
     sink = stdout or sys.stdout.buffer
     blocks: dict[int, bytearray] = {}
+    gate = None
+    if commit_page_fd is not None:
+        try:
+            gate = SliceGate(commit_page_fd)
+        except (OSError, ValueError):
+            gate = None  # advice only: write without waiting
     while True:
         request = source.read(_REQUEST.size)
         if len(request) < _REQUEST.size:
             return
         path_len = _REQUEST.unpack(request)[7]
         path = source.read(path_len).decode()
-        status, body = _answer(request, path, blocks)
+        status, body = _answer(request, path, blocks, gate)
         sink.write(_RESPONSE.pack(status, len(body)))
         sink.write(body)
         sink.flush()
@@ -344,8 +366,13 @@ class ReadBackWorker:
             self._discard()
             self._generation += 1
             # -I: the worker imports only this installed package and the standard library.
+            page = commit_activity.shared()
+            command = [sys.executable, "-I", "-c", _WORKER_CODE]
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _WORKER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                command + ([str(page.fd)] if page is not None else []),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(page.fd,) if page is not None else (),
             )
         return self._proc
 

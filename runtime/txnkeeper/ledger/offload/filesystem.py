@@ -66,6 +66,11 @@ class _BufferPool:
 # general, with 32 KiB no more often (docs/performance.md, issue 13). Smaller slices cost more
 # fdatasyncs per MiB, so they are for keeping up with producers, not for catching up or manual offload.
 STREAMING_WRITE_SLICE_BYTES = 32 * 1024
+# Catching up (more than the offloader's catch-up threshold not yet streamed), the stream syncs 64 KiB
+# slices, not the driver's 256 KiB: the read-back worker still starts each one in a gap between group
+# commits (ledger.commit_activity), and a 64 KiB slice mostly ends before the next commit arrives;
+# 32 KiB slices fell behind producing at 40 MiB/s, 256 KiB ones collided (docs/performance.md).
+STREAMING_CATCH_UP_SLICE_BYTES = 64 * 1024
 
 
 class FileSystemBlobStore(BlobStore):
@@ -209,12 +214,21 @@ class FileSystemBlobStore(BlobStore):
 
 
 def write_synced(
-    fd: int, data: bytes | bytearray | memoryview, offset: int, slice_bytes: int = WRITE_SLICE_BYTES
+    fd: int,
+    data: bytes | bytearray | memoryview,
+    offset: int,
+    slice_bytes: int = WRITE_SLICE_BYTES,
+    before_slice: Callable[[], object] | None = None,
 ) -> None:
     """Write ``data`` at ``offset`` of ``fd`` and fdatasync it, slice by slice. Blocking; the
-    read-back worker process writes the blocks it uploads with it too."""
+    read-back worker process writes the blocks it uploads with it too, waiting ``before_slice`` (a
+    gap between the ledgers' group commits) before each slice."""
     view = memoryview(data)
     while view:
+        if before_slice is not None:
+            waited = timeline.now()
+            before_slice()
+            timeline.span("tier_wait", waited)
         started = timeline.now()
         n = os.pwrite(fd, view[:slice_bytes], offset)
         synced = timeline.now()

@@ -41,7 +41,7 @@ from .blobstore import BlobStore
 from .block import ENTRY_HEADER_SIZE
 from .config import OffloadConfig
 from .errors import OffloadConfigError, OffloadError, OffloadRangeError
-from .filesystem import STREAMING_WRITE_SLICE_BYTES
+from .filesystem import STREAMING_CATCH_UP_SLICE_BYTES, STREAMING_WRITE_SLICE_BYTES
 from .reader import IndexCache, SegmentReader
 from .stats import OffloaderStats
 from .writer import SegmentWriter, data_key, index_key
@@ -69,7 +69,7 @@ _FRAME_BATCH_ENTRIES = 16384
 _STREAM_POLL_SECONDS = 0.02
 _CLOSE_FINISH_SECONDS = 5.0
 # More durable bytes than this not yet streamed: the stream is catching up, not keeping up (two
-# default streaming blocks), and syncs the tier in the driver's larger slices.
+# default streaming blocks), and syncs the tier in larger slices (streaming_slice_bytes).
 _CATCH_UP_BYTES = 10 * 1024 * 1024
 
 
@@ -719,10 +719,8 @@ class Offloader:
                 return False
             ledger_id, first = pos.ledger_id, pos.entry_id
             count, full = self._plan_batch(stream, ledger_id, first, available - first, batch_bytes)
-            # Keeping up with producers, the tier is synced in small slices so that a group commit
-            # never waits long behind one; catching up (or a manual offload) in the driver's.
             behind = host.local_payload_bytes(ledger_id, first, available - first) > _CATCH_UP_BYTES
-            stream.writer.sync_slice_bytes = None if manual or behind else STREAMING_WRITE_SLICE_BYTES
+            stream.writer.sync_slice_bytes = streaming_slice_bytes(manual=manual, behind=behind)
             payload = host.local_payload_bytes(ledger_id, first, count)
             if stream.writer.stages:  # the worker frames, builds and writes the blocks
                 await stream.writer.add_staged(ledger_id, first, count, payload)
@@ -822,3 +820,13 @@ def _set_status(meta: ManagedLedgerMetadata, uuid: str, status: str) -> None:
     for s in meta.segments:
         if s.uuid == uuid:
             s.status = status
+
+
+def streaming_slice_bytes(*, manual: bool, behind: bool) -> int | None:
+    """The fdatasync slice of a streamed block (None: the driver's own). Keeping up with producers,
+    small slices, each started in a gap between group commits, so that a commit never waits long
+    behind one; catching up, somewhat larger ones so the stream gains on producers while still
+    fitting between commits; a manual offload (nobody producing into it) in the driver's."""
+    if manual:
+        return None
+    return STREAMING_CATCH_UP_SLICE_BYTES if behind else STREAMING_WRITE_SLICE_BYTES
