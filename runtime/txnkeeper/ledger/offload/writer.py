@@ -261,12 +261,7 @@ class SegmentWriter:
         if len(self._pending) == HEADER_SIZE:
             self._pending_first = first_entry_id
         self._pending += framed
-        self._pending_last = first_entry_id + count - 1
-        self._pending_ledger = ledger_id
-        self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + payload
-        self._last = Position(ledger_id, self._pending_last)
-        if self._first is None:
-            self._first = Position(ledger_id, first_entry_id)
+        self._added(ledger_id, first_entry_id, count, payload)
 
     def _check_batch(self, ledger_id: int, first_entry_id: int, count: int, *, staged: bool) -> None:
         self._check_open()
@@ -295,6 +290,10 @@ class SegmentWriter:
             self._pending_first = first_entry_id
         await self._stage(ledger_id, first_entry_id, count)
         self._staged_size += framed
+        self._added(ledger_id, first_entry_id, count, payload)
+
+    def _added(self, ledger_id: int, first_entry_id: int, count: int, payload: int) -> None:
+        """Account a batch just put in the block being filled (framed here or staged elsewhere)."""
         self._pending_last = first_entry_id + count - 1
         self._pending_ledger = ledger_id
         self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + payload
