@@ -17,7 +17,7 @@ from txnkeeper.errors import (
     from_error_frame,
 )
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.connection import FrameConnection
+from txnkeeper.protocol.connection import CLIENT_FLUSH_EVERY, FrameConnection
 from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
 
 SWEEP_INTERVAL = 0.25
@@ -31,7 +31,7 @@ class RpcConnection(FrameConnection):
         on_push: Callable[[api.Command], None] | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
-        super().__init__(max_frame_size)
+        super().__init__(max_frame_size, CLIENT_FLUSH_EVERY)
         self._pending: dict[int, asyncio.Future[api.Command]] = {}
         # request id -> (deadline, request); checked by one periodic sweep instead of a timer per request
         self._deadlines: dict[int, tuple[float, api.Command]] = {}

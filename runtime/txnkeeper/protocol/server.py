@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast
 
 from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.connection import FrameConnection
+from txnkeeper.protocol.connection import SERVER_FLUSH_EVERY, FrameConnection
 from txnkeeper.protocol.frames import FrameError
 from txnkeeper.protocol.limits import (
     BAD_FRAME,
@@ -104,7 +104,7 @@ class ServerConnection(FrameConnection):
         registry: set[ServerConnection],
         stats: ServerStats,
     ) -> None:
-        super().__init__(limits.max_frame_size)
+        super().__init__(limits.max_frame_size, SERVER_FLUSH_EVERY)
         ServerConnection._next_id += 1
         self.session_id = ServerConnection._next_id
         self._handler = handler
