@@ -35,6 +35,15 @@ from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 _Items = TypeVar("_Items")
+_Entry = meta_pb.TransactionMetadataEntry
+# Looked up once (each ``_Entry.X`` goes through the protobuf enum wrapper's __getattr__).
+_NEW = _Entry.NEW
+_ADD_PARTITION = _Entry.ADD_PARTITION
+_ADD_SUBSCRIPTION = _Entry.ADD_SUBSCRIPTION
+_UPDATE = _Entry.UPDATE
+_OPEN = meta_pb.OPEN
+# TxnStatus (an IntEnum numbered as Pulsar's) -> the log's enum value: a plain int, no conversion call.
+_LOGGED_STATUS = {status: meta_pb.TxnStatus.ValueType(status.value) for status in TxnStatus}
 
 ENDED_MEMORY = 100_000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
@@ -54,19 +63,8 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _retrieve(future: asyncio.Future[list[object]]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
 def _relay(reply: asyncio.Future[None], done: asyncio.Future[None]) -> None:
     settle(reply, failure_of(done), None)
-
-
-def _settle_registered(
-    txn_id: TxnID, begun: asyncio.Future[TxnID], registered: asyncio.Future[list[object]]
-) -> None:
-    settle(begun, failure_of(registered), txn_id)
 
 
 class TransactionCoordinator:
@@ -210,28 +208,49 @@ class TransactionCoordinator:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
         meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
-        entry = meta_pb.TransactionMetadataEntry(
-            metadata_op=meta_pb.TransactionMetadataEntry.NEW,
-            txnid_most_bits=txn_id.most,
-            txnid_least_bits=txn_id.least,
-            timeout_ms=timeout_ms,
-            start_time=now,
-            last_modification_time=now,
-            max_local_txn_id=least,
-            new_status=meta_pb.OPEN,
-        )
-        written = asyncio.ensure_future(self._log.append(entry))
+        # Filled in place with plain ints: keyword construction and the enum wrappers' attribute
+        # lookups cost more than the record itself is worth (same bytes either way).
+        entry = _Entry()
+        entry.metadata_op = _NEW
+        entry.txnid_most_bits = txn_id.most
+        entry.txnid_least_bits = least
+        entry.timeout_ms = timeout_ms
+        entry.start_time = now
+        entry.last_modification_time = now
+        entry.max_local_txn_id = least
+        entry.new_status = _OPEN
         begun: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
         if not topics and not subscriptions:
+            written = asyncio.ensure_future(self._log.append(entry))
             written.add_done_callback(partial(self._begun, meta, begun))
             return begun
         # Registered with the begin: the ADD records follow NEW in this turn (the writer's idle flush
         # or the ledger's group commit takes all three together); replay folds them in log order.
-        adds = [self._add_partitions(meta, topics)] if topics else []
+        # The routes were checked by new_txn (or learned), and the meta is fresh: every name is new.
+        records = [entry]
+        if topics:
+            added = _Entry()
+            added.metadata_op = _ADD_PARTITION
+            added.partitions.extend(meta.add_partitions(topics))
+            records.append(added)
         if subscriptions:
-            adds.append(self._add_subscriptions(meta, subscriptions))
-        registered = asyncio.gather(*adds)
-        written.add_done_callback(partial(self._begun_registered, meta, begun, registered))
+            added = _Entry()
+            added.metadata_op = _ADD_SUBSCRIPTION
+            for topic, subscription in meta.add_subscriptions(subscriptions):
+                ref = added.subscriptions.add()  # added in place: passing built ones copies them
+                ref.topic = topic
+                ref.subscription = subscription
+            records.append(added)
+        append = self._log.append
+        writes: list[asyncio.Future[object]] = [asyncio.ensure_future(append(entry))]
+        for added in records[1:]:
+            added.txnid_most_bits = txn_id.most
+            added.txnid_least_bits = least
+            added.last_modification_time = now
+            writes.append(asyncio.ensure_future(append(added)))
+        # One callback on the last record (records settle in log order, so the others are settled by
+        # then; _begun_all waits for any that are not), instead of a gather and a callback per record.
+        writes[-1].add_done_callback(partial(self._begun_all, meta, begun, writes))
         return begun
 
     def _begun(self, meta: TxnMeta, begun: asyncio.Future[TxnID], written: asyncio.Future[object]) -> None:
@@ -246,21 +265,24 @@ class TransactionCoordinator:
         heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
         self.created_count += 1
 
-    def _begun_registered(
+    def _begun_all(
         self,
         meta: TxnMeta,
         begun: asyncio.Future[TxnID],
-        registered: asyncio.Future[list[object]],
-        written: asyncio.Future[object],
+        writes: list[asyncio.Future[object]],
+        settled: asyncio.Future[object],
     ) -> None:
-        failure = failure_of(written)
-        if failure is not None:
-            registered.add_done_callback(_retrieve)
-            settle(begun, failure, meta.txn_id)
-            return
-        # NEW is durable: the transaction exists (and times out) whatever becomes of its ADD records.
-        self._adopt(meta)
-        registered.add_done_callback(partial(_settle_registered, meta.txn_id, begun))
+        """The begin's NEW and ADD records: once all settled, adopt the transaction if NEW is durable
+        (it then exists and times out whatever became of its ADD records) and answer."""
+        for write in writes:
+            if not write.done():
+                write.add_done_callback(partial(self._begun_all, meta, begun, writes))
+                return
+        failures = [failure_of(write) for write in writes]  # every outcome retrieved
+        if failures[0] is None:
+            self._adopt(meta)
+        failure = next((f for f in failures if f is not None), None)
+        settle(begun, failure, meta.txn_id)
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
@@ -540,11 +562,19 @@ class TransactionCoordinator:
                 sealing.append((meta.txn_id, final, self._write_update(meta, ending, final)))
             except Exception as exc:
                 self._seal_failed(meta.txn_id, final, exc)
-        outcomes = await asyncio.gather(*(write for _, _, write in sealing), return_exceptions=True)
+        # Awaited one by one, not gathered: they settle together, so each await finds its record
+        # settled (no suspension, and no callback per record).
         sealed: list[TxnID] = []
-        for (txn_id, final, _), outcome in zip(sealing, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                self._seal_failed(txn_id, final, outcome)
+        for txn_id, final, write in sealing:
+            try:
+                await write
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this round was cancelled (close), not the record's write
+                self._seal_failed(txn_id, final, exc)
+            except Exception as exc:
+                self._seal_failed(txn_id, final, exc)
             else:
                 sealed.append(txn_id)
         if sealed:
@@ -558,16 +588,14 @@ class TransactionCoordinator:
     def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> Awaitable[object]:
         now = self._clock()
         meta.last_modification_ms = now
-        return self._log.append(
-            meta_pb.TransactionMetadataEntry(
-                metadata_op=meta_pb.TransactionMetadataEntry.UPDATE,
-                txnid_most_bits=meta.txn_id.most,
-                txnid_least_bits=meta.txn_id.least,
-                expected_status=int(expected),  # type: ignore[arg-type]
-                new_status=int(new),  # type: ignore[arg-type]
-                last_modification_time=now,
-            )
-        )
+        entry = _Entry()
+        entry.metadata_op = _UPDATE
+        entry.txnid_most_bits = meta.txn_id.most
+        entry.txnid_least_bits = meta.txn_id.least
+        entry.expected_status = _LOGGED_STATUS[expected]
+        entry.new_status = _LOGGED_STATUS[new]
+        entry.last_modification_time = now
+        return self._log.append(entry)
 
     async def _fan_out(self, meta: TxnMeta, commit: bool) -> None:
         """Deliver the end to every store pod of the transaction (one request per pod), retrying
