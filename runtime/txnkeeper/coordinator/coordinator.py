@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
@@ -35,6 +35,7 @@ from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 _Items = TypeVar("_Items")
+_Answer = TypeVar("_Answer")
 _Entry = meta_pb.TransactionMetadataEntry
 # Looked up once (each ``_Entry.X`` goes through the protobuf enum wrapper's __getattr__).
 _NEW = _Entry.NEW
@@ -63,6 +64,29 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _txn_id_itself(txn_id: TxnID) -> TxnID:
+    return txn_id
+
+
+def _answer_begin(
+    reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
+    failure: BaseException | None,
+    txn_id: TxnID,
+) -> None:
+    begun, answer = reply
+    if begun.done():
+        return  # the caller gave up
+    if failure is None:
+        try:
+            value = answer(txn_id)
+        except Exception as exc:
+            failure = exc
+        else:
+            begun.set_result(value)
+            return
+    settle(begun, failure, cast(_Answer, None))
+
+
 def _relay(reply: asyncio.Future[None], done: asyncio.Future[None]) -> None:
     settle(reply, failure_of(done), None)
 
@@ -87,6 +111,9 @@ class TransactionCoordinator:
         self._sink = sink
         self._clock = clock
         self.state = "None"
+        # The loop it serves on, set by recover() (requests are refused until then): asking asyncio
+        # for the running loop costs a getpid() system call each time.
+        self._loop: asyncio.AbstractEventLoop
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ending: dict[TxnID, tuple[bool, asyncio.Future[None]]] = {}
         self._ended: OrderedDict[TxnID, TxnStatus] = OrderedDict()
@@ -108,6 +135,7 @@ class TransactionCoordinator:
     def recover(self, recovered: Iterable[RecoveredTxn]) -> None:
         """Adopt the replayed transactions and resume what they were doing; then start ticking."""
         self.state = "Initializing"
+        self._loop = asyncio.get_running_loop()
         now = self._clock()
         for meta in recovered:
             if meta.status in TERMINAL:
@@ -125,7 +153,7 @@ class TransactionCoordinator:
                 self._deadlines.append((meta.deadline_ms, meta.txn_id))
         heapq.heapify(self._deadlines)  # once, not a push per recovered transaction
         self.state = "Ready"
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        self._ticker = self._loop.create_task(self._tick_forever())
 
     async def close(self) -> None:
         self.state = "Closed"
@@ -158,53 +186,77 @@ class TransactionCoordinator:
         ledger write (one entry when batching, one group commit when not) and the client saves the
         AddToTxn round trip. The future then resolves once all of them are durable.
         """
+        return self.begin(timeout_ms, topics, subscriptions, store_address, answer=_txn_id_itself)
+
+    def begin(
+        self,
+        timeout_ms: int,
+        topics: list[str] | None,
+        subscriptions: list[tuple[str, str]] | None,
+        store_address: str,
+        *,
+        answer: Callable[[TxnID], _Answer],
+    ) -> asyncio.Future[_Answer]:
+        """``new_txn`` whose future resolves to ``answer(txn id)``, called once the begin is durable
+        (an exception it raises fails the future): a pod builds its reply there, so a begin costs
+        one future and one callback, not a second of each to turn the id into the reply."""
         self._require_ready()
         if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
             raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
         topics = topics or []
         subscriptions = subscriptions or []
         if topics or subscriptions:
-            if any(not t for t in topics) or any(not t or not s for t, s in subscriptions):
+            if "" in topics or any(not t or not s for t, s in subscriptions):
                 raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
             if not store_address:
                 raise BadRequestError("registering partitions or subscriptions at begin needs store_address")
             named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
             if not self._routes.knows(named, store_address):
                 return asyncio.ensure_future(
-                    self._begin_after_learning(timeout_ms, named, store_address, topics, subscriptions)
+                    self._begin_after_learning(
+                        timeout_ms, (named, store_address), topics, subscriptions, answer
+                    )
                 )
         least = self._sequence.next_nowait()
         if least is None:
-            return asyncio.ensure_future(self._new_txn_after_reserving(timeout_ms, topics, subscriptions))
-        return self._begin(least, timeout_ms, topics, subscriptions)
+            return asyncio.ensure_future(
+                self._new_txn_after_reserving(timeout_ms, topics, subscriptions, answer)
+            )
+        return self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     async def _new_txn_after_reserving(
-        self, timeout_ms: int, topics: list[str], subscriptions: list[tuple[str, str]]
-    ) -> TxnID:
+        self,
+        timeout_ms: int,
+        topics: list[str],
+        subscriptions: list[tuple[str, str]],
+        answer: Callable[[TxnID], _Answer],
+    ) -> _Answer:
         least = await self._sequence.next()
-        return await self._begin(least, timeout_ms, topics, subscriptions)
+        return await self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     async def _begin_after_learning(
         self,
         timeout_ms: int,
-        named: list[str],
-        store_address: str,
+        route: tuple[list[str], str],
         topics: list[str],
         subscriptions: list[tuple[str, str]],
-    ) -> TxnID:
-        """First sight of a topic (or a moved store): persist its route, then begin as usual."""
-        await self._routes.learn(named, store_address)
+        answer: Callable[[TxnID], _Answer],
+    ) -> _Answer:
+        """First sight of a topic (or a moved store): persist its route (the topics named and their
+        store's address), then begin as usual."""
+        await self._routes.learn(*route)
         self._require_ready()
         least = await self._sequence.next()
-        return await self._begin(least, timeout_ms, topics, subscriptions)
+        return await self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     def _begin(
         self,
         least: int,
         timeout_ms: int,
-        topics: list[str] | None = None,
-        subscriptions: list[tuple[str, str]] | None = None,
-    ) -> asyncio.Future[TxnID]:
+        topics: list[str],
+        subscriptions: list[tuple[str, str]],
+        answer: Callable[[TxnID], _Answer],
+    ) -> asyncio.Future[_Answer]:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
         meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
@@ -219,10 +271,10 @@ class TransactionCoordinator:
         entry.last_modification_time = now
         entry.max_local_txn_id = least
         entry.new_status = _OPEN
-        begun: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
+        begun: asyncio.Future[_Answer] = self._loop.create_future()
         if not topics and not subscriptions:
             written = asyncio.ensure_future(self._log.append(entry))
-            written.add_done_callback(partial(self._begun, meta, begun))
+            written.add_done_callback(partial(self._begun, meta, (begun, answer)))
             return begun
         # Registered with the begin: the ADD records follow NEW in this turn (the writer's idle flush
         # or the ledger's group commit takes all three together); replay folds them in log order.
@@ -250,14 +302,19 @@ class TransactionCoordinator:
             writes.append(asyncio.ensure_future(append(added)))
         # One callback on the last record (records settle in log order, so the others are settled by
         # then; _begun_all waits for any that are not), instead of a gather and a callback per record.
-        writes[-1].add_done_callback(partial(self._begun_all, meta, begun, writes))
+        writes[-1].add_done_callback(partial(self._begun_all, meta, (begun, answer), writes))
         return begun
 
-    def _begun(self, meta: TxnMeta, begun: asyncio.Future[TxnID], written: asyncio.Future[object]) -> None:
+    def _begun(
+        self,
+        meta: TxnMeta,
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
+        written: asyncio.Future[object],
+    ) -> None:
         failure = failure_of(written)
         if failure is None:
             self._adopt(meta)
-        settle(begun, failure, meta.txn_id)
+        _answer_begin(reply, failure, meta.txn_id)
 
     def _adopt(self, meta: TxnMeta) -> None:
         # Known (and subject to its timeout) only once its NEW record is durable.
@@ -268,7 +325,7 @@ class TransactionCoordinator:
     def _begun_all(
         self,
         meta: TxnMeta,
-        begun: asyncio.Future[TxnID],
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
         writes: list[asyncio.Future[object]],
         settled: asyncio.Future[object],
     ) -> None:
@@ -276,13 +333,13 @@ class TransactionCoordinator:
         (it then exists and times out whatever became of its ADD records) and answer."""
         for write in writes:
             if not write.done():
-                write.add_done_callback(partial(self._begun_all, meta, begun, writes))
+                write.add_done_callback(partial(self._begun_all, meta, reply, writes))
                 return
         failures = [failure_of(write) for write in writes]  # every outcome retrieved
         if failures[0] is None:
             self._adopt(meta)
         failure = next((f for f in failures if f is not None), None)
-        settle(begun, failure, meta.txn_id)
+        _answer_begin(reply, failure, meta.txn_id)
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
@@ -437,7 +494,7 @@ class TransactionCoordinator:
         every participant applied it, or fails with why the decision could not be logged."""
         ending, _ = ending_status(commit)
         check_transition(meta.txn_id, meta.status, ending)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         done: asyncio.Future[None] = loop.create_future()
         self._ending[meta.txn_id] = (commit, done)
         previous = meta.status

@@ -31,6 +31,8 @@ class StorePeers:
         self._pool = ConnectionPool(REQUEST_TIMEOUT, on_connect=self._authenticate)
         # address -> (the EndTxnsOnStore being filled this turn, the waiters of its ends in order)
         self._queued: dict[str, tuple[api.Command, list[asyncio.Future[None]]]] = {}
+        # The loop the ends are sent from, once known (asking asyncio each time costs a system call).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def end_on_store(
         self,
@@ -43,7 +45,9 @@ class StorePeers:
         deadline_ms: int = 0,
     ) -> asyncio.Future[None]:
         """Queue the end for ``address``; the future resolves once that store applied it."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         queued = self._queued.get(address)
         if queued is None:
             queued = self._queued[address] = (api.Command(), [])
