@@ -171,7 +171,12 @@ class Transaction:
         """
         self.op_started()
         result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        registration.add_done_callback(partial(self._registered_then, send, convert, result))
+        if registration.done():
+            # Registered already (with the begin, or by an earlier operation): sent now, not from a
+            # callback a loop turn later.
+            self._registered_then(send, convert, result, registration)
+        else:
+            registration.add_done_callback(partial(self._registered_then, send, convert, result))
         return result
 
     def _registered_then(
