@@ -407,3 +407,32 @@ def test_owner_tokens_and_coordinator_proofs_are_bound_to_their_secret_and_subje
     ticket = api.TxnTicket()
     secret.fill_ticket(ticket, txn, "", "", 0)
     assert ticket.mac != secret.owner_token(txn)
+
+
+async def test_coordinator_times_out_txns_whose_deadlines_arrive_out_of_begin_order(tmp_path: Path) -> None:
+    # Deadlines of equal timeouts queue in begin order; a shorter timeout begun later must still
+    # expire first, and a longer one must not expire with its earlier neighbours.
+    clock = [1_000]
+    coordinator, _log, _sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    long_first = await coordinator.new_txn(5_000)  # deadline 6_000
+    clock[0] = 1_500
+    short = await coordinator.new_txn(1_000)  # deadline 2_500: before long_first's
+    clock[0] = 2_000
+    long_second = await coordinator.new_txn(5_000)  # deadline 7_000
+    clock[0] = 3_000
+
+    async def short_aborted() -> bool:
+        return coordinator.status_of(short) == "ABORTED"
+
+    await wait_until(short_aborted, 10, "the short transaction to time out")
+    assert coordinator.status_of(long_first) == "OPEN" and coordinator.status_of(long_second) == "OPEN"
+    clock[0] = 6_500
+
+    async def first_aborted() -> bool:
+        return coordinator.status_of(long_first) == "ABORTED"
+
+    await wait_until(first_aborted, 10, "the first long transaction to time out")
+    assert coordinator.status_of(long_second) == "OPEN"
+    assert coordinator.timed_out_count == 2
+    await coordinator.close()

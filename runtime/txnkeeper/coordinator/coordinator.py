@@ -14,7 +14,7 @@ import contextlib
 import heapq
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TypeVar, cast
@@ -117,7 +117,11 @@ class TransactionCoordinator:
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ending: dict[TxnID, tuple[bool, asyncio.Future[None]]] = {}
         self._ended: OrderedDict[TxnID, TxnStatus] = OrderedDict()
+        # Timeout deadlines of open transactions: begun ones arrive in deadline order when their
+        # timeouts are equal (the usual case), so they queue in order at O(1); one that would
+        # break the order (a shorter timeout) goes to the heap, as do recovered ones.
         self._deadlines: list[tuple[int, TxnID]] = []
+        self._deadlines_in_order: deque[tuple[int, TxnID]] = deque()
         self._background: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self.committed_count = 0
@@ -319,7 +323,12 @@ class TransactionCoordinator:
     def _adopt(self, meta: TxnMeta) -> None:
         # Known (and subject to its timeout) only once its NEW record is durable.
         self._txns[meta.txn_id] = meta
-        heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+        deadline = meta.deadline_ms
+        in_order = self._deadlines_in_order
+        if not in_order or in_order[-1][0] <= deadline:
+            in_order.append((deadline, meta.txn_id))
+        else:
+            heapq.heappush(self._deadlines, (deadline, meta.txn_id))
         self.created_count += 1
 
     def _begun_all(
@@ -528,36 +537,60 @@ class TransactionCoordinator:
             self._undecided(meta, previous, done, failure)
             settle(reply, failure, None)  # the caller hears the log's own error
             return
-        done.add_done_callback(partial(_relay, reply))
-        # The usual case: one store pod, first attempt; anything else takes the retrying path.
+        # The usual case: one store pod, first attempt; anything else takes the retrying path. The
+        # caller's reply is settled with the shared outcome directly on the usual path, and relayed
+        # from it (one more callback) on the others.
         topics, subs = meta.partitions, meta.subscriptions
         if not topics and not subs:
             self._ended_everywhere(meta, commit, done)
+            settle(reply, None, None)
             return
         delivered: asyncio.Future[object] | None = None
         try:
-            by_store = self._group_by_store(topics, subs)
-            if len(by_store) == 1:
-                ((address, (store_topics, store_subs)),) = by_store.items()
+            address = self._single_store(topics, subs)
+            if address is not None:
                 delivered = asyncio.ensure_future(
                     self._sink.end_on_store(
-                        address, meta.txn_id, commit, store_topics, store_subs, deadline_ms=meta.deadline_ms
+                        address, meta.txn_id, commit, topics, subs, deadline_ms=meta.deadline_ms
                     )
                 )
         except Exception as exc:
             log.warning("coordinator %d: ending %s: %s; retrying", self.coordinator_id, meta.txn_id, exc)
         if delivered is None:
+            done.add_done_callback(partial(_relay, reply))
             self._spawn(self._finish_end(meta, commit, done))
             return
-        delivered.add_done_callback(partial(self._delivered, meta, commit, done))
+        delivered.add_done_callback(partial(self._delivered, meta, commit, (done, reply)))
+
+    def _single_store(self, topics: list[str], subs: list[tuple[str, str]]) -> str | None:
+        """The store pod serving every partition and subscription, if it is one (the usual case)."""
+        route = self._routes.get
+        first = topics[0] if topics else subs[0][0]
+        address = route(first)
+        if address is None:
+            raise RuntimeError(f"no store address recorded for topic {first}")
+        for topic in topics:
+            if route(topic) != address:
+                return None
+        for topic, _ in subs:
+            if route(topic) != address:
+                return None
+        return address
 
     def _delivered(
-        self, meta: TxnMeta, commit: bool, done: asyncio.Future[None], delivered: asyncio.Future[object]
+        self,
+        meta: TxnMeta,
+        commit: bool,
+        waiting: tuple[asyncio.Future[None], asyncio.Future[None]],
+        delivered: asyncio.Future[object],
     ) -> None:
+        done, reply = waiting
         failure = failure_of(delivered)
         if failure is None:
             self._ended_everywhere(meta, commit, done)
+            settle(reply, None, None)
             return
+        done.add_done_callback(partial(_relay, reply))
         if self.state == "Closed" or not isinstance(failure, Exception):
             # The decision stays logged; a restart (recover) resumes it.
             self._ending.pop(meta.txn_id, None)
@@ -744,8 +777,13 @@ class TransactionCoordinator:
 
     def _expire(self) -> None:
         now = self._clock()
+        due: list[TxnID] = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, txn_id = heapq.heappop(self._deadlines)
+            due.append(heapq.heappop(self._deadlines)[1])
+        in_order = self._deadlines_in_order
+        while in_order and in_order[0][0] <= now:
+            due.append(in_order.popleft()[1])
+        for txn_id in due:
             meta = self._txns.get(txn_id)
             if meta is not None and meta.status is TxnStatus.OPEN and txn_id not in self._ending:
                 self._spawn(self._timeout_abort(txn_id))

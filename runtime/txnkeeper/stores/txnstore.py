@@ -321,22 +321,32 @@ class TxnRecordStore(ABC, Generic[R, S]):
                     await self._log.writer.wait_for_progress()
         taken: list[TxnKey] = []
         everything: list[int] = []
+        replayed, written_of, recovered, retained = (
+            self._replayed,
+            self._written,
+            self._recovered,
+            self._retained,
+        )
+        deleting = self._deleting
         for key in keys:
-            packed = self._replayed.pop(key, None) or []
-            written = self._written.pop(key, None)
+            packed = replayed.pop(key, None) or []
+            written = written_of.pop(key, None)
             positions = written[1:] if written is not None else []
             txn_id = TxnID(*key)
-            state = self._recovered.pop(txn_id, None) if self._recovered else None
-            if self._retained is not None:
+            state = recovered.pop(txn_id, None) if recovered else None
+            if retained is not None:
                 # Each retained record pairs with its position in ``written`` (the ones settled).
-                records = (self._retained.pop(key, None) or [])[: len(positions)]
+                records = retained.pop(key, None) or []
+                del records[len(positions) :]
             else:
                 # FAILED marks a record whose write failed: it is not in the log.
                 packed.extend(p for p in positions if p != FAILED)
                 records, positions = [], []
-            ids = [p for p in (*packed, *positions) if p != FAILED]
+            ids = packed + positions
+            if FAILED in ids:
+                ids = [p for p in ids if p != FAILED]
             if ids:
-                self._deleting[key] = (txn_id, state, packed, records, positions)
+                deleting[key] = (txn_id, state, packed, records, positions)
                 taken.append(key)
                 everything.extend(ids)
         if not everything:
