@@ -6,6 +6,7 @@ client with the same list finds the same store; transactions are begun round-rob
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 import zlib
@@ -183,7 +184,13 @@ class Client:
         response = await self.connections.request(address, command)
         answer = response.new_txn_response
         txn = answer.txn_id
-        transaction = Transaction(self.connections, TxnID(txn.most, txn.least), address, answer.owner_token)
+        transaction = Transaction(
+            self.connections,
+            TxnID(txn.most, txn.least),
+            address,
+            answer.owner_token,
+            loop=asyncio.get_running_loop(),
+        )
         if answer.tickets:
             transaction.registered_at_begin(store, response)
         return transaction
