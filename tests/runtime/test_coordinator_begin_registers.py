@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,9 @@ class HeldLog:
         write: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.writes.append(write)
         return write
+
+    def append_all(self, entries: Sequence[meta_pb.TransactionMetadataEntry]) -> list[Awaitable[object]]:
+        return [self.append(entry) for entry in entries]
 
     async def delete_txn(self, txn_id: TxnID) -> None:
         pass

@@ -297,13 +297,14 @@ class TransactionCoordinator:
                 ref.topic = topic
                 ref.subscription = subscription
             records.append(added)
-        append = self._log.append
-        writes: list[asyncio.Future[object]] = [asyncio.ensure_future(append(entry))]
         for added in records[1:]:
             added.txnid_most_bits = txn_id.most
             added.txnid_least_bits = least
             added.last_modification_time = now
-            writes.append(asyncio.ensure_future(append(added)))
+        writes = [
+            write if isinstance(write, asyncio.Future) else asyncio.ensure_future(write)
+            for write in self._log.append_all(records)
+        ]
         # One callback on the last record (records settle in log order, so the others are settled by
         # then; _begun_all waits for any that are not), instead of a gather and a callback per record.
         writes[-1].add_done_callback(partial(self._begun_all, meta, (begun, answer), writes))
@@ -545,22 +546,21 @@ class TransactionCoordinator:
             self._ended_everywhere(meta, commit, done)
             settle(reply, None, None)
             return
-        delivered: asyncio.Future[object] | None = None
         try:
             address = self._single_store(topics, subs)
             if address is not None:
-                delivered = asyncio.ensure_future(
-                    self._sink.end_on_store(
-                        address, meta.txn_id, commit, topics, subs, deadline_ms=meta.deadline_ms
-                    )
+                self._sink.end_on_store_then(
+                    address,
+                    meta.txn_id,
+                    commit,
+                    (topics, subs, meta.deadline_ms),
+                    partial(self._delivered, meta, commit, (done, reply)),
                 )
+                return
         except Exception as exc:
             log.warning("coordinator %d: ending %s: %s; retrying", self.coordinator_id, meta.txn_id, exc)
-        if delivered is None:
-            done.add_done_callback(partial(_relay, reply))
-            self._spawn(self._finish_end(meta, commit, done))
-            return
-        delivered.add_done_callback(partial(self._delivered, meta, commit, (done, reply)))
+        done.add_done_callback(partial(_relay, reply))
+        self._spawn(self._finish_end(meta, commit, done))
 
     def _single_store(self, topics: list[str], subs: list[tuple[str, str]]) -> str | None:
         """The store pod serving every partition and subscription, if it is one (the usual case)."""
@@ -582,10 +582,9 @@ class TransactionCoordinator:
         meta: TxnMeta,
         commit: bool,
         waiting: tuple[asyncio.Future[None], asyncio.Future[None]],
-        delivered: asyncio.Future[object],
+        failure: BaseException | None,
     ) -> None:
         done, reply = waiting
-        failure = failure_of(delivered)
         if failure is None:
             self._ended_everywhere(meta, commit, done)
             settle(reply, None, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
@@ -300,6 +300,46 @@ class TxnRecordStore(ABC, Generic[R, S]):
             kept.append(record)
             self.records_since_capture += 1
         return future
+
+    def append_all(self, records: Sequence[R]) -> list[asyncio.Future[WritePosition]]:
+        """Write records of one transaction now, in order (``append`` for each, the transaction's
+        bookkeeping looked up once): what a coordinator's begin writes (NEW and its ADD records).
+
+        Every record is checked before any is written; records of different transactions are
+        refused (ValueError). Returns each record's future.
+        """
+        if self._closed:
+            self._check_open()
+        if not records:
+            raise ValueError("append_all needs at least one record")
+        key: TxnKey = _txn_key(records[0])
+        for record in records:
+            self._check_record(record)
+            if _txn_key(record) != key:
+                raise ValueError(
+                    f"append_all writes the records of one transaction: got {_txn_key(record)} after {key};"
+                    " append each transaction's records in its own call"
+                )
+        written = self._written.get(key)
+        if written is None:
+            written = self._written[key] = [0]
+        submit = self._submit
+        futures: list[asyncio.Future[WritePosition]] = []
+        try:
+            for record in records:
+                futures.append(submit(record, written))
+        finally:
+            # Only what the writer took is counted and retained (a refusal leaves the rest unwritten).
+            submitted = len(futures)
+            written[_SUBMITTED] += submitted
+            retained = self._retained
+            if retained is not None and submitted:
+                kept = retained.get(key)
+                if kept is None:
+                    kept = retained[key] = []
+                kept.extend(records[:submitted])
+                self.records_since_capture += submitted
+        return futures
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
