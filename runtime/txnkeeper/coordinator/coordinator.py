@@ -64,21 +64,21 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _txn_id_itself(txn_id: TxnID) -> TxnID:
+def _txn_id_itself(txn_id: TxnID, deadline_ms: int) -> TxnID:
     return txn_id
 
 
 def _answer_begin(
-    reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
+    reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
     failure: BaseException | None,
-    txn_id: TxnID,
+    meta: TxnMeta,
 ) -> None:
     begun, answer = reply
     if begun.done():
         return  # the caller gave up
     if failure is None:
         try:
-            value = answer(txn_id)
+            value = answer(meta.txn_id, meta.start_time_ms + meta.timeout_ms)
         except Exception as exc:
             failure = exc
         else:
@@ -199,23 +199,33 @@ class TransactionCoordinator:
         subscriptions: list[tuple[str, str]] | None,
         store_address: str,
         *,
-        answer: Callable[[TxnID], _Answer],
+        answer: Callable[[TxnID, int], _Answer],
     ) -> asyncio.Future[_Answer]:
-        """``new_txn`` whose future resolves to ``answer(txn id)``, called once the begin is durable
-        (an exception it raises fails the future): a pod builds its reply there, so a begin costs
-        one future and one callback, not a second of each to turn the id into the reply."""
+        """``new_txn`` whose future resolves to ``answer(txn id, deadline ms)``, called once the begin
+        is durable and the transaction adopted (an exception it raises fails the future): a pod
+        builds its reply there, so a begin costs one future and one callback, not a second of each
+        to turn the id into the reply."""
         self._require_ready()
         if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
             raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
         topics = topics or []
         subscriptions = subscriptions or []
         if topics or subscriptions:
-            if "" in topics or any(not t or not s for t, s in subscriptions):
-                raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+            # Names checked and routes looked up in one pass (the usual begin names one of each).
+            route = self._routes.get
+            known = True
+            for topic in topics:
+                if not topic:
+                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                known = known and route(topic) == store_address
+            for topic, subscription in subscriptions:
+                if not topic or not subscription:
+                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                known = known and route(topic) == store_address
             if not store_address:
                 raise BadRequestError("registering partitions or subscriptions at begin needs store_address")
-            named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
-            if not self._routes.knows(named, store_address):
+            if not known:
+                named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
                 return asyncio.ensure_future(
                     self._begin_after_learning(
                         timeout_ms, (named, store_address), topics, subscriptions, answer
@@ -233,7 +243,7 @@ class TransactionCoordinator:
         timeout_ms: int,
         topics: list[str],
         subscriptions: list[tuple[str, str]],
-        answer: Callable[[TxnID], _Answer],
+        answer: Callable[[TxnID, int], _Answer],
     ) -> _Answer:
         least = await self._sequence.next()
         return await self._begin(least, timeout_ms, topics, subscriptions, answer)
@@ -244,7 +254,7 @@ class TransactionCoordinator:
         route: tuple[list[str], str],
         topics: list[str],
         subscriptions: list[tuple[str, str]],
-        answer: Callable[[TxnID], _Answer],
+        answer: Callable[[TxnID, int], _Answer],
     ) -> _Answer:
         """First sight of a topic (or a moved store): persist its route (the topics named and their
         store's address), then begin as usual."""
@@ -259,7 +269,7 @@ class TransactionCoordinator:
         timeout_ms: int,
         topics: list[str],
         subscriptions: list[tuple[str, str]],
-        answer: Callable[[TxnID], _Answer],
+        answer: Callable[[TxnID, int], _Answer],
     ) -> asyncio.Future[_Answer]:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
@@ -287,12 +297,17 @@ class TransactionCoordinator:
         if topics:
             added = _Entry()
             added.metadata_op = _ADD_PARTITION
-            added.partitions.extend(meta.add_partitions(topics))
+            # A fresh transaction: every name is new, only repeats within the request are dropped.
+            meta.partitions = list(dict.fromkeys(topics)) if len(topics) > 1 else list(topics)
+            added.partitions.extend(meta.partitions)
             records.append(added)
         if subscriptions:
             added = _Entry()
             added.metadata_op = _ADD_SUBSCRIPTION
-            for topic, subscription in meta.add_subscriptions(subscriptions):
+            meta.subscriptions = (
+                list(dict.fromkeys(subscriptions)) if len(subscriptions) > 1 else list(subscriptions)
+            )
+            for topic, subscription in meta.subscriptions:
                 ref = added.subscriptions.add()  # added in place: passing built ones copies them
                 ref.topic = topic
                 ref.subscription = subscription
@@ -313,13 +328,13 @@ class TransactionCoordinator:
     def _begun(
         self,
         meta: TxnMeta,
-        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
         written: asyncio.Future[object],
     ) -> None:
         failure = failure_of(written)
         if failure is None:
             self._adopt(meta)
-        _answer_begin(reply, failure, meta.txn_id)
+        _answer_begin(reply, failure, meta)
 
     def _adopt(self, meta: TxnMeta) -> None:
         # Known (and subject to its timeout) only once its NEW record is durable.
@@ -335,7 +350,7 @@ class TransactionCoordinator:
     def _begun_all(
         self,
         meta: TxnMeta,
-        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID], _Answer]],
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
         writes: list[asyncio.Future[object]],
         settled: asyncio.Future[object],
     ) -> None:
@@ -349,7 +364,7 @@ class TransactionCoordinator:
         if failures[0] is None:
             self._adopt(meta)
         failure = next((f for f in failures if f is not None), None)
-        _answer_begin(reply, failure, meta.txn_id)
+        _answer_begin(reply, failure, meta)
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)

@@ -46,7 +46,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _answer_new_txn(secret: ClusterSecret, txn_id: TxnID) -> api.Command:
+def _answer_new_txn(secret: ClusterSecret, txn_id: TxnID, deadline_ms: int) -> api.Command:
     """NewTxnResponse of a durable begin: the id and the owner token."""
     command = api.Command()
     answer = command.new_txn_response
@@ -57,13 +57,12 @@ def _answer_new_txn(secret: ClusterSecret, txn_id: TxnID) -> api.Command:
 
 
 def _answer_new_registered_txn(
-    grant: tuple[ClusterSecret, TransactionCoordinator, list[str], list[tuple[str, str]]], txn_id: TxnID
+    grant: tuple[ClusterSecret, list[str], list[tuple[str, str]]], txn_id: TxnID, deadline_ms: int
 ) -> api.Command:
     """NewTxnResponse for a durable begin that registered partitions/subscriptions: id, owner token,
-    tickets. Raises (the client hears why) if the transaction ended meanwhile (e.g. timed out)."""
-    secret, coordinator, topics, subscriptions = grant
-    deadline_ms = coordinator.deadline_of(txn_id)
-    command = _answer_new_txn(secret, txn_id)
+    and a ticket for each (bound to the transaction's timeout deadline)."""
+    secret, topics, subscriptions = grant
+    command = _answer_new_txn(secret, txn_id, deadline_ms)
     tickets = command.new_txn_response.tickets
     for topic in topics:
         secret.fill_ticket(tickets.add(), txn_id, topic, "", deadline_ms)
@@ -249,7 +248,7 @@ class PodHandler:
         # Begin + register in one request: the answer carries the tickets AddToTxn would have.
         topics = list(body.topics)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
-        grant = (self._secret, coordinator, topics, subs)
+        grant = (self._secret, topics, subs)
         return coordinator.begin(
             body.timeout_ms,
             topics,
