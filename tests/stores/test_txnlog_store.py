@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from txnkeeper.bufferedwriter import BATCH_HEADER, BatchedWriteConfig, WritePosition
+from txnkeeper.bufferedwriter.codec import RecordEncodeError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.txnlog import (
@@ -305,3 +306,21 @@ async def test_append_all_writes_one_txns_records_in_order_and_refuses_a_mix_bef
     reopened = await TransactionLogStore.open(factory, 3, BATCH)
     assert await reopened.replay() == {}
     await reopened.close()
+
+
+async def test_a_record_missing_a_required_field_is_refused_saying_so_and_nothing_is_kept(
+    factory: ManagedLedgerFactory,
+) -> None:
+    store = await TransactionLogStore.open(factory, 3, BATCH, snapshots=True)
+    broken = add_subscription(3, 1, "persistent://t/ns/p", "sub")
+    broken.subscriptions[0].ClearField("subscription")  # a required field of Subscription
+    with pytest.raises(RecordEncodeError, match="required"):
+        store.append(broken)
+    with pytest.raises(RecordEncodeError, match="required"):
+        store.append_all([new_txn(3, 1), broken])
+    # NEW of the refused append_all was written (records go in order), the broken one was not.
+    await store.flush()
+    assert len(store.txn_positions(TxnID(3, 1))) == 1
+    snapshot = store.capture_snapshot()
+    assert [t for t, _, _ in snapshot.txns] == [TxnID(3, 1)]
+    await store.close()
