@@ -30,6 +30,7 @@ _.server_timeout
 
 # Protobuf fields set for encoding (tests/bufferedwriter/test_codec.py).
 _.expected_status
+_.max_local_txn_id  # NEW record of the coordinator's begin (coordinator.py), Pulsar's field
 
 # Data kept on purpose: fields of records that are parsed, logged or recovered whole.
 _.last_modification_ms  # coordinator TxnMeta (state.py): recovered from the log, Pulsar's TxnMeta field

@@ -127,7 +127,8 @@ async def run_level(
         nonlocal done
         while time.perf_counter() < stop_at:
             # Receive, then begin (the input is prefetched, so receiving rarely waits); the send and
-            # the ack overlap, pipelined on their connections: both are sent at the call.
+            # the ack overlap, pipelined on their connections: both are sent at the call, so awaiting
+            # them in turn waits for the slower one (no gather needed).
             message = await consumer.receive(timeout=30)
             if register_at_begin:
                 # NewTxn names the output partition and the input subscription: one request and one
@@ -137,7 +138,10 @@ async def run_level(
                 )
             else:
                 txn = await client.new_transaction(timeout_ms=60_000)
-            await asyncio.gather(producer.send(b"output", txn=txn), consumer.acknowledge(message, txn=txn))
+            sent = producer.send(b"output", txn=txn)
+            acked = consumer.acknowledge(message, txn=txn)
+            await sent
+            await acked
             started = time.perf_counter()
             await txn.commit()
             latencies.append(time.perf_counter() - started)

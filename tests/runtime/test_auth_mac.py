@@ -14,6 +14,7 @@ import struct
 
 import pytest
 
+from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError
 from txnkeeper.txnid import TxnID
 
@@ -36,6 +37,12 @@ def test_owner_tokens_and_tickets_equal_the_standard_hmac(key_len: int) -> None:
     assert secret.coordinator_proof(b"nonce") == reference_mac(key, b"coordinator", b"nonce")
     expected = reference_mac(key, b"ticket", ids, b"t", b"s", struct.pack(">Q", 123))
     assert secret._ticket_mac(txn, "t", "s", 123) == expected
+    # fill_ticket hashes the same parts in one update: the same MAC, which check_ticket accepts.
+    for topic, subscription in (("t", "s"), ("persistent://tenant/ns/tópico", ""), ("", "")):
+        ticket = api.TxnTicket()
+        secret.fill_ticket(ticket, txn, topic, subscription, 2**40 + 5)
+        assert ticket.mac == secret._ticket_mac(txn, topic, subscription, 2**40 + 5)
+        secret.check_ticket(ticket, txn, topic, subscription, now_ms=2**40)
     # The same secret gives the same answer twice (the precomputed states are copied, never reused).
     assert secret.owner_token(txn) == secret.owner_token(txn)
 

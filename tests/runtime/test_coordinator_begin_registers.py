@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
-from test_runtime_units import make_coordinator
+from test_runtime_units import RecordingSink, make_coordinator
 
+from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.coordinator.routes import RouteTable
+from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.errors import BadRequestError
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.txnid import TxnID
 
 
 async def test_begin_logs_its_adds_right_behind_new_and_commit_reaches_them(tmp_path: Path) -> None:
@@ -40,4 +46,89 @@ async def test_a_failed_begin_adopts_nothing_and_bad_names_are_refused(tmp_path:
     with pytest.raises(BadRequestError, match="needs store_address"):
         coordinator.new_txn(5_000, ["t1"], [], "")
     assert log.records == []
+    await coordinator.close()
+
+
+class HeldLog:
+    """A log whose appends settle only when the test says so, in any order it picks."""
+
+    def __init__(self) -> None:
+        self.records: list[meta_pb.TransactionMetadataEntry] = []
+        self.writes: list[asyncio.Future[object]] = []
+
+    def append(self, entry: meta_pb.TransactionMetadataEntry) -> asyncio.Future[object]:
+        self.records.append(entry)
+        write: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.writes.append(write)
+        return write
+
+    def append_all(self, entries: Sequence[meta_pb.TransactionMetadataEntry]) -> list[Awaitable[object]]:
+        return [self.append(entry) for entry in entries]
+
+    async def delete_txn(self, txn_id: TxnID) -> None:
+        pass
+
+    async def delete_txns(self, txn_ids: list[TxnID]) -> None:
+        pass
+
+
+async def held_coordinator(tmp_path: Path) -> tuple[TransactionCoordinator, HeldLog]:
+    """A coordinator on a HeldLog that knows topics t0 and t1 (served at s:1)."""
+    log = HeldLog()
+    sequence = SequenceAllocator(tmp_path / "seq", block=3)
+    sequence.load()
+    routes = RouteTable(tmp_path / "routes.json")
+    await routes.learn(["t0", "t1"], "s:1")
+    coordinator = TransactionCoordinator(7, log, sequence, routes, RecordingSink(), clock=lambda: 1_000)
+    coordinator.recover([])
+    return coordinator, log
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+async def test_a_begin_answers_only_once_every_record_settled_in_whatever_order(tmp_path: Path) -> None:
+    # The begin waits on its last record; one that settles before the others must not answer early.
+    coordinator, log = await held_coordinator(tmp_path)
+    begun = coordinator.new_txn(5_000, ["t1"], [("t0", "sub")], "s:1")
+    await wait_until(lambda: len(log.writes) == 3, "the begin's records")  # after the id reservation
+    log.writes[2].set_result(3)
+    log.writes[1].set_result(2)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not begun.done() and coordinator.ongoing_count == 0  # NEW is not durable yet
+    log.writes[0].set_result(1)
+    txn = await asyncio.wait_for(begun, 10)
+    assert coordinator.status_of(txn) == "OPEN" and coordinator.ongoing_count == 1
+    await coordinator.close()
+
+
+async def test_a_begin_whose_add_failed_keeps_the_durable_txn_but_says_why(tmp_path: Path) -> None:
+    coordinator, log = await held_coordinator(tmp_path)
+    begun = coordinator.new_txn(5_000, ["t1"], [("t0", "sub")], "s:1")
+    await wait_until(lambda: len(log.writes) == 3, "the begin's records")
+    log.writes[0].set_result(1)
+    log.writes[1].set_exception(OSError("disk gone"))
+    log.writes[2].set_result(3)
+    with pytest.raises(OSError, match="disk gone"):
+        await asyncio.wait_for(begun, 10)
+    # NEW is durable: the transaction exists (and will time out or be ended) all the same.
+    await wait_until(lambda: coordinator.ongoing_count == 1, "the txn to be adopted")
+    assert coordinator.status_of(TxnID(7, 1)) == "OPEN"
+    await coordinator.close()
+
+
+async def test_a_begin_whose_new_failed_adopts_nothing_and_reports_new_s_error(tmp_path: Path) -> None:
+    coordinator, log = await held_coordinator(tmp_path)
+    begun = coordinator.new_txn(5_000, ["t1"], [], "s:1")
+    await wait_until(lambda: len(log.writes) == 2, "the begin's records")
+    log.writes[1].set_exception(OSError("later entry lost"))
+    log.writes[0].set_exception(OSError("NEW lost"))
+    with pytest.raises(OSError, match="NEW lost"):
+        await asyncio.wait_for(begun, 10)
+    assert coordinator.ongoing_count == 0 and coordinator.status_of(TxnID(7, 1)) == "UNKNOWN"
     await coordinator.close()

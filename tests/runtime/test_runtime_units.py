@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from runtime_waits import wait_until
 
+from txnkeeper.aio import failure_of
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.ports import RecoveredTxn
 from txnkeeper.coordinator.routes import RouteTable
@@ -78,6 +81,9 @@ class MemoryLog:
         self.records.append(entry)
         return len(self.records)
 
+    def append_all(self, entries: Sequence[meta_pb.TransactionMetadataEntry]) -> list[Awaitable[object]]:
+        return [self.append(entry) for entry in entries]
+
     async def delete_txn(self, txn_id: TxnID) -> None:
         self.deleted.append(txn_id)
 
@@ -111,6 +117,22 @@ class RecordingSink:
             raise ConnectionError(f"store {address} down")
         self.ends += [(topic, txn_id, commit) for topic in topics]
         self.ends += [(f"{topic}/{sub}", txn_id, commit) for topic, sub in subscriptions]
+
+    def end_on_store_then(
+        self,
+        address: str,
+        txn_id: TxnID,
+        commit: bool,
+        ends: tuple[Sequence[str], Sequence[tuple[str, str]], int],
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        topics, subscriptions, deadline_ms = ends
+        ended = asyncio.ensure_future(
+            self.end_on_store(
+                address, txn_id, commit, list(topics), list(subscriptions), deadline_ms=deadline_ms
+            )
+        )
+        ended.add_done_callback(lambda done: then(failure_of(done)))
 
 
 def make_coordinator(
@@ -376,6 +398,41 @@ async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_
     await peers.close()
 
 
+async def test_store_peers_tell_each_sender_its_own_outcome_even_if_another_sender_fails() -> None:
+    # The coordinator's usual end hears its outcome by a callback (no future): a sender whose
+    # callback raises must not keep the later ones of the same request from hearing theirs.
+    from txnkeeper.server.peers import StorePeers
+
+    peers = StorePeers()
+    answer: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+
+    def request(address: str, command: api.Command) -> asyncio.Future[api.Command]:
+        return answer
+
+    peers._pool.request = request  # type: ignore[method-assign]
+    heard: list[tuple[int, BaseException | None]] = []
+
+    def then(n: int, failure: BaseException | None) -> None:
+        heard.append((n, failure))
+        if n == 1:
+            raise RuntimeError("a sender's own bug")
+
+    for n in (1, 2, 3):
+        peers.end_on_store_then("s:1", TxnID(0, n), False, (["t"], [], 9), partial(then, n))
+    result = api.Command()
+    result.end_txns_on_store_result.failed.append(2)
+    result.end_txns_on_store_result.errors.add(code=api.INVALID_TXN_STATUS, message="committed already")
+    answer.set_result(result)
+
+    async def all_heard() -> bool:
+        return len(heard) == 3
+
+    await wait_until(all_heard, 10, "every sender to hear its outcome")
+    assert [(n, failure is None) for n, failure in heard] == [(1, True), (2, True), (3, False)]
+    assert isinstance(heard[2][1], InvalidTxnStatusError)
+    await peers.close()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "named"),
     [
@@ -407,3 +464,32 @@ def test_owner_tokens_and_coordinator_proofs_are_bound_to_their_secret_and_subje
     ticket = api.TxnTicket()
     secret.fill_ticket(ticket, txn, "", "", 0)
     assert ticket.mac != secret.owner_token(txn)
+
+
+async def test_coordinator_times_out_txns_whose_deadlines_arrive_out_of_begin_order(tmp_path: Path) -> None:
+    # Deadlines of equal timeouts queue in begin order; a shorter timeout begun later must still
+    # expire first, and a longer one must not expire with its earlier neighbours.
+    clock = [1_000]
+    coordinator, _log, _sink = make_coordinator(tmp_path, clock)
+    coordinator.recover([])
+    long_first = await coordinator.new_txn(5_000)  # deadline 6_000
+    clock[0] = 1_500
+    short = await coordinator.new_txn(1_000)  # deadline 2_500: before long_first's
+    clock[0] = 2_000
+    long_second = await coordinator.new_txn(5_000)  # deadline 7_000
+    clock[0] = 3_000
+
+    async def short_aborted() -> bool:
+        return coordinator.status_of(short) == "ABORTED"
+
+    await wait_until(short_aborted, 10, "the short transaction to time out")
+    assert coordinator.status_of(long_first) == "OPEN" and coordinator.status_of(long_second) == "OPEN"
+    clock[0] = 6_500
+
+    async def first_aborted() -> bool:
+        return coordinator.status_of(long_first) == "ABORTED"
+
+    await wait_until(first_aborted, 10, "the first long transaction to time out")
+    assert coordinator.status_of(long_second) == "OPEN"
+    assert coordinator.timed_out_count == 2
+    await coordinator.close()

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from txnkeeper.bufferedwriter import BATCH_HEADER, BatchedWriteConfig, WritePosition
+from txnkeeper.bufferedwriter.codec import RecordEncodeError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory, Position
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as tm
 from txnkeeper.txnlog import (
@@ -276,3 +277,50 @@ async def test_entries_on_disk_carry_pulsars_header(factory: ManagedLedgerFactor
     raw = await ledger.read_entry(Position(plain_store_pos.ledger_id, plain_store_pos.entry_id))
     assert tm.TransactionMetadataEntry.FromString(raw) == new_txn(11, 1)
     await ledger.close()
+
+
+async def test_append_all_writes_one_txns_records_in_order_and_refuses_a_mix_before_writing(
+    factory: ManagedLedgerFactory,
+) -> None:
+    store = await TransactionLogStore.open(factory, 3, BATCH, snapshots=True)
+    begin = [
+        new_txn(3, 1),
+        add_partition(3, 1, "persistent://t/ns/p"),
+        add_subscription(3, 1, "persistent://t/ns/p", "sub"),
+    ]
+    positions = await asyncio.gather(*store.append_all(begin))
+    assert positions == sorted(positions) and store.txn_positions(TxnID(3, 1)) == positions
+    with pytest.raises(ValueError, match="one transaction"):
+        store.append_all([update(3, 2, tm.OPEN, tm.ABORTING), update(3, 1, tm.OPEN, tm.ABORTING)])
+    with pytest.raises(ValueError, match="at least one"):
+        store.append_all([])
+    assert store.txn_count() == 1  # nothing of the refused call was written
+    snapshot = store.capture_snapshot()  # the records were retained for it like append's
+    (state,) = [s for t, s, _ in snapshot.txns if t == TxnID(3, 1)]
+    assert state.partitions == ["persistent://t/ns/p"] and state.subscriptions == [
+        ("persistent://t/ns/p", "sub")
+    ]
+    await store.delete_txns([TxnID(3, 1)])
+    assert store.txn_count() == 0
+    await store.close()
+    reopened = await TransactionLogStore.open(factory, 3, BATCH)
+    assert await reopened.replay() == {}
+    await reopened.close()
+
+
+async def test_a_record_missing_a_required_field_is_refused_saying_so_and_nothing_is_kept(
+    factory: ManagedLedgerFactory,
+) -> None:
+    store = await TransactionLogStore.open(factory, 3, BATCH, snapshots=True)
+    broken = add_subscription(3, 1, "persistent://t/ns/p", "sub")
+    broken.subscriptions[0].ClearField("subscription")  # a required field of Subscription
+    with pytest.raises(RecordEncodeError, match="required"):
+        store.append(broken)
+    with pytest.raises(RecordEncodeError, match="required"):
+        store.append_all([new_txn(3, 1), broken])
+    # NEW of the refused append_all was written (records go in order), the broken one was not.
+    await store.flush()
+    assert len(store.txn_positions(TxnID(3, 1))) == 1
+    snapshot = store.capture_snapshot()
+    assert [t for t, _, _ in snapshot.txns] == [TxnID(3, 1)]
+    await store.close()

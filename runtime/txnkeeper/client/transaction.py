@@ -30,9 +30,18 @@ class Transaction:
     """Begun with ``Client.new_transaction``; pass it to ``send`` and ``acknowledge``."""
 
     def __init__(
-        self, connections: ConnectionPool, txn_id: TxnID, coordinator_address: str, owner_token: bytes = b""
+        self,
+        connections: ConnectionPool,
+        txn_id: TxnID,
+        coordinator_address: str,
+        owner_token: bytes = b"",
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._connections = connections
+        # The loop its futures belong to (``loop`` saves asking asyncio, a getpid() system call, for
+        # every operation; a Transaction lives on the loop it was begun on).
+        self._loop = loop if loop is not None else asyncio.get_running_loop()
         self.txn_id = txn_id
         # Proves to the coordinator that this client began the txn (sent with every add and the end).
         self.owner_token = owner_token
@@ -46,6 +55,9 @@ class Transaction:
         self.state = "OPEN"
         self._end_attempt: bool | None = None
         self._pb: api.TxnId | None = None
+        # The registration made with the begin, and its tickets by (topic, subscription or "").
+        self._begun: asyncio.Future[api.Command] | None = None
+        self._begun_tickets: dict[tuple[str, str], api.TxnTicket] = {}
         # (topic, subscription or None, store address, registration) not sent yet
         self._unsent: list[tuple[str, str | None, str, asyncio.Future[api.Command]]] = []
 
@@ -69,14 +81,18 @@ class Transaction:
         """Record the partitions/subscriptions the coordinator registered with the begin (NewTxn with
         topics/subscriptions; ``begun`` is its response): their sends and acks use its tickets without
         an AddToTxn. One resolved registration shared by all, read in place (no copy of the tickets)."""
-        registration: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        registration: asyncio.Future[api.Command] = self._loop.create_future()
         registration.set_result(begun)
+        self._begun = registration
         registered = self._registered
+        tickets = self._begun_tickets
         for ticket in begun.new_txn_response.tickets:
-            if ticket.subscription:
-                registered[("s", ticket.topic, ticket.subscription)] = registration
+            topic, subscription = ticket.topic, ticket.subscription
+            tickets[(topic, subscription)] = ticket
+            if subscription:
+                registered[("s", topic, subscription)] = registration
             else:
-                registered[("p", ticket.topic)] = registration
+                registered[("p", topic)] = registration
 
     def partition_registration(self, topic: str, store_address: str) -> asyncio.Future[api.Command]:
         """Registers ``topic`` with the coordinator once per transaction; a send waits on the future."""
@@ -103,10 +119,10 @@ class Transaction:
             existing.done() and (existing.cancelled() or existing.exception() is not None)
         ):
             return existing
-        registration: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        registration: asyncio.Future[api.Command] = self._loop.create_future()
         self._registered[key] = registration
         if not self._unsent:
-            asyncio.get_running_loop().call_soon(self._send_registrations)
+            self._loop.call_soon(self._send_registrations)
         self._unsent.append((topic, subscription, store_address, registration))
         return registration
 
@@ -140,10 +156,15 @@ class Transaction:
                 continue
             response.add_done_callback(partial(_registered, registrations))
 
-    @staticmethod
-    def ticket(registration: asyncio.Future[api.Command], topic: str, subscription: str) -> api.TxnTicket:
+    def ticket(
+        self, registration: asyncio.Future[api.Command], topic: str, subscription: str
+    ) -> api.TxnTicket:
         """The coordinator's ticket for ``topic`` (and ``subscription``) from a resolved registration
         (the store refuses a transactional produce or ack without it)."""
+        if registration is self._begun:
+            found = self._begun_tickets.get((topic, subscription))
+            if found is not None:
+                return found
         granted = registration.result()
         tickets = (
             granted.txn_tickets.tickets
@@ -170,8 +191,13 @@ class Transaction:
         whether it took effect).
         """
         self.op_started()
-        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        registration.add_done_callback(partial(self._registered_then, send, convert, result))
+        result: asyncio.Future[T] = self._loop.create_future()
+        if registration.done():
+            # Registered already (with the begin, or by an earlier operation): sent now, not from a
+            # callback a loop turn later.
+            self._registered_then(send, convert, result, registration)
+        else:
+            registration.add_done_callback(partial(self._registered_then, send, convert, result))
         return result
 
     def _registered_then(
@@ -227,7 +253,7 @@ class Transaction:
         while self._in_flight:
             waiter = self._idle_waiter
             if waiter is None:
-                waiter = self._idle_waiter = asyncio.get_running_loop().create_future()
+                waiter = self._idle_waiter = self._loop.create_future()
             await asyncio.shield(waiter)  # a cancelled end must not cancel the shared waiter
 
     async def commit(self) -> None:

@@ -14,10 +14,10 @@ import contextlib
 import heapq
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
@@ -35,6 +35,16 @@ from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 _Items = TypeVar("_Items")
+_Answer = TypeVar("_Answer")
+_Entry = meta_pb.TransactionMetadataEntry
+# Looked up once (each ``_Entry.X`` goes through the protobuf enum wrapper's __getattr__).
+_NEW = _Entry.NEW
+_ADD_PARTITION = _Entry.ADD_PARTITION
+_ADD_SUBSCRIPTION = _Entry.ADD_SUBSCRIPTION
+_UPDATE = _Entry.UPDATE
+_OPEN = meta_pb.OPEN
+# TxnStatus (an IntEnum numbered as Pulsar's) -> the log's enum value: a plain int, no conversion call.
+_LOGGED_STATUS = {status: meta_pb.TxnStatus.ValueType(status.value) for status in TxnStatus}
 
 ENDED_MEMORY = 100_000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
@@ -54,19 +64,31 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _retrieve(future: asyncio.Future[list[object]]) -> None:
-    if not future.cancelled():
-        future.exception()
+def _txn_id_itself(txn_id: TxnID, deadline_ms: int) -> TxnID:
+    return txn_id
+
+
+def _answer_begin(
+    reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
+    failure: BaseException | None,
+    meta: TxnMeta,
+) -> None:
+    begun, answer = reply
+    if begun.done():
+        return  # the caller gave up
+    if failure is None:
+        try:
+            value = answer(meta.txn_id, meta.start_time_ms + meta.timeout_ms)
+        except Exception as exc:
+            failure = exc
+        else:
+            begun.set_result(value)
+            return
+    settle(begun, failure, cast(_Answer, None))
 
 
 def _relay(reply: asyncio.Future[None], done: asyncio.Future[None]) -> None:
     settle(reply, failure_of(done), None)
-
-
-def _settle_registered(
-    txn_id: TxnID, begun: asyncio.Future[TxnID], registered: asyncio.Future[list[object]]
-) -> None:
-    settle(begun, failure_of(registered), txn_id)
 
 
 class TransactionCoordinator:
@@ -89,10 +111,17 @@ class TransactionCoordinator:
         self._sink = sink
         self._clock = clock
         self.state = "None"
+        # The loop it serves on, set by recover() (requests are refused until then): asking asyncio
+        # for the running loop costs a getpid() system call each time.
+        self._loop: asyncio.AbstractEventLoop
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ending: dict[TxnID, tuple[bool, asyncio.Future[None]]] = {}
         self._ended: OrderedDict[TxnID, TxnStatus] = OrderedDict()
+        # Timeout deadlines of open transactions: begun ones arrive in deadline order when their
+        # timeouts are equal (the usual case), so they queue in order at O(1); one that would
+        # break the order (a shorter timeout) goes to the heap, as do recovered ones.
         self._deadlines: list[tuple[int, TxnID]] = []
+        self._deadlines_in_order: deque[tuple[int, TxnID]] = deque()
         self._background: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self.committed_count = 0
@@ -110,6 +139,7 @@ class TransactionCoordinator:
     def recover(self, recovered: Iterable[RecoveredTxn]) -> None:
         """Adopt the replayed transactions and resume what they were doing; then start ticking."""
         self.state = "Initializing"
+        self._loop = asyncio.get_running_loop()
         now = self._clock()
         for meta in recovered:
             if meta.status in TERMINAL:
@@ -127,7 +157,7 @@ class TransactionCoordinator:
                 self._deadlines.append((meta.deadline_ms, meta.txn_id))
         heapq.heapify(self._deadlines)  # once, not a push per recovered transaction
         self.state = "Ready"
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        self._ticker = self._loop.create_task(self._tick_forever())
 
     async def close(self) -> None:
         self.state = "Closed"
@@ -160,107 +190,181 @@ class TransactionCoordinator:
         ledger write (one entry when batching, one group commit when not) and the client saves the
         AddToTxn round trip. The future then resolves once all of them are durable.
         """
+        return self.begin(timeout_ms, topics, subscriptions, store_address, answer=_txn_id_itself)
+
+    def begin(
+        self,
+        timeout_ms: int,
+        topics: list[str] | None,
+        subscriptions: list[tuple[str, str]] | None,
+        store_address: str,
+        *,
+        answer: Callable[[TxnID, int], _Answer],
+    ) -> asyncio.Future[_Answer]:
+        """``new_txn`` whose future resolves to ``answer(txn id, deadline ms)``, called once the begin
+        is durable and the transaction adopted (an exception it raises fails the future): a pod
+        builds its reply there, so a begin costs one future and one callback, not a second of each
+        to turn the id into the reply."""
         self._require_ready()
         if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
             raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
         topics = topics or []
         subscriptions = subscriptions or []
         if topics or subscriptions:
-            if any(not t for t in topics) or any(not t or not s for t, s in subscriptions):
-                raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+            # Names checked and routes looked up in one pass (the usual begin names one of each).
+            route = self._routes.get
+            known = True
+            for topic in topics:
+                if not topic:
+                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                known = known and route(topic) == store_address
+            for topic, subscription in subscriptions:
+                if not topic or not subscription:
+                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                known = known and route(topic) == store_address
             if not store_address:
                 raise BadRequestError("registering partitions or subscriptions at begin needs store_address")
-            named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
-            if not self._routes.knows(named, store_address):
+            if not known:
+                named = list(dict.fromkeys([*topics, *(t for t, _ in subscriptions)]))
                 return asyncio.ensure_future(
-                    self._begin_after_learning(timeout_ms, named, store_address, topics, subscriptions)
+                    self._begin_after_learning(
+                        timeout_ms, (named, store_address), topics, subscriptions, answer
+                    )
                 )
         least = self._sequence.next_nowait()
         if least is None:
-            return asyncio.ensure_future(self._new_txn_after_reserving(timeout_ms, topics, subscriptions))
-        return self._begin(least, timeout_ms, topics, subscriptions)
+            return asyncio.ensure_future(
+                self._new_txn_after_reserving(timeout_ms, topics, subscriptions, answer)
+            )
+        return self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     async def _new_txn_after_reserving(
-        self, timeout_ms: int, topics: list[str], subscriptions: list[tuple[str, str]]
-    ) -> TxnID:
+        self,
+        timeout_ms: int,
+        topics: list[str],
+        subscriptions: list[tuple[str, str]],
+        answer: Callable[[TxnID, int], _Answer],
+    ) -> _Answer:
         least = await self._sequence.next()
-        return await self._begin(least, timeout_ms, topics, subscriptions)
+        return await self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     async def _begin_after_learning(
         self,
         timeout_ms: int,
-        named: list[str],
-        store_address: str,
+        route: tuple[list[str], str],
         topics: list[str],
         subscriptions: list[tuple[str, str]],
-    ) -> TxnID:
-        """First sight of a topic (or a moved store): persist its route, then begin as usual."""
-        await self._routes.learn(named, store_address)
+        answer: Callable[[TxnID, int], _Answer],
+    ) -> _Answer:
+        """First sight of a topic (or a moved store): persist its route (the topics named and their
+        store's address), then begin as usual."""
+        await self._routes.learn(*route)
         self._require_ready()
         least = await self._sequence.next()
-        return await self._begin(least, timeout_ms, topics, subscriptions)
+        return await self._begin(least, timeout_ms, topics, subscriptions, answer)
 
     def _begin(
         self,
         least: int,
         timeout_ms: int,
-        topics: list[str] | None = None,
-        subscriptions: list[tuple[str, str]] | None = None,
-    ) -> asyncio.Future[TxnID]:
+        topics: list[str],
+        subscriptions: list[tuple[str, str]],
+        answer: Callable[[TxnID, int], _Answer],
+    ) -> asyncio.Future[_Answer]:
         txn_id = TxnID(self.coordinator_id, least)
         now = self._clock()
         meta = TxnMeta(txn_id, TxnStatus.OPEN, timeout_ms, now, now)
-        entry = meta_pb.TransactionMetadataEntry(
-            metadata_op=meta_pb.TransactionMetadataEntry.NEW,
-            txnid_most_bits=txn_id.most,
-            txnid_least_bits=txn_id.least,
-            timeout_ms=timeout_ms,
-            start_time=now,
-            last_modification_time=now,
-            max_local_txn_id=least,
-            new_status=meta_pb.OPEN,
-        )
-        written = asyncio.ensure_future(self._log.append(entry))
-        begun: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
+        # Filled in place with plain ints: keyword construction and the enum wrappers' attribute
+        # lookups cost more than the record itself is worth (same bytes either way).
+        entry = _Entry()
+        entry.metadata_op = _NEW
+        entry.txnid_most_bits = txn_id.most
+        entry.txnid_least_bits = least
+        entry.timeout_ms = timeout_ms
+        entry.start_time = now
+        entry.last_modification_time = now
+        entry.max_local_txn_id = least
+        entry.new_status = _OPEN
+        begun: asyncio.Future[_Answer] = self._loop.create_future()
         if not topics and not subscriptions:
-            written.add_done_callback(partial(self._begun, meta, begun))
+            written = asyncio.ensure_future(self._log.append(entry))
+            written.add_done_callback(partial(self._begun, meta, (begun, answer)))
             return begun
         # Registered with the begin: the ADD records follow NEW in this turn (the writer's idle flush
         # or the ledger's group commit takes all three together); replay folds them in log order.
-        adds = [self._add_partitions(meta, topics)] if topics else []
+        # The routes were checked by new_txn (or learned), and the meta is fresh: every name is new.
+        records = [entry]
+        if topics:
+            added = _Entry()
+            added.metadata_op = _ADD_PARTITION
+            # A fresh transaction: every name is new, only repeats within the request are dropped.
+            meta.partitions = list(dict.fromkeys(topics)) if len(topics) > 1 else list(topics)
+            added.partitions.extend(meta.partitions)
+            records.append(added)
         if subscriptions:
-            adds.append(self._add_subscriptions(meta, subscriptions))
-        registered = asyncio.gather(*adds)
-        written.add_done_callback(partial(self._begun_registered, meta, begun, registered))
+            added = _Entry()
+            added.metadata_op = _ADD_SUBSCRIPTION
+            meta.subscriptions = (
+                list(dict.fromkeys(subscriptions)) if len(subscriptions) > 1 else list(subscriptions)
+            )
+            for topic, subscription in meta.subscriptions:
+                ref = added.subscriptions.add()  # added in place: passing built ones copies them
+                ref.topic = topic
+                ref.subscription = subscription
+            records.append(added)
+        for added in records[1:]:
+            added.txnid_most_bits = txn_id.most
+            added.txnid_least_bits = least
+            added.last_modification_time = now
+        writes = [
+            write if isinstance(write, asyncio.Future) else asyncio.ensure_future(write)
+            for write in self._log.append_all(records)
+        ]
+        # One callback on the last record (records settle in log order, so the others are settled by
+        # then; _begun_all waits for any that are not), instead of a gather and a callback per record.
+        writes[-1].add_done_callback(partial(self._begun_all, meta, (begun, answer), writes))
         return begun
 
-    def _begun(self, meta: TxnMeta, begun: asyncio.Future[TxnID], written: asyncio.Future[object]) -> None:
+    def _begun(
+        self,
+        meta: TxnMeta,
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
+        written: asyncio.Future[object],
+    ) -> None:
         failure = failure_of(written)
         if failure is None:
             self._adopt(meta)
-        settle(begun, failure, meta.txn_id)
+        _answer_begin(reply, failure, meta)
 
     def _adopt(self, meta: TxnMeta) -> None:
         # Known (and subject to its timeout) only once its NEW record is durable.
         self._txns[meta.txn_id] = meta
-        heapq.heappush(self._deadlines, (meta.deadline_ms, meta.txn_id))
+        deadline = meta.deadline_ms
+        in_order = self._deadlines_in_order
+        if not in_order or in_order[-1][0] <= deadline:
+            in_order.append((deadline, meta.txn_id))
+        else:
+            heapq.heappush(self._deadlines, (deadline, meta.txn_id))
         self.created_count += 1
 
-    def _begun_registered(
+    def _begun_all(
         self,
         meta: TxnMeta,
-        begun: asyncio.Future[TxnID],
-        registered: asyncio.Future[list[object]],
-        written: asyncio.Future[object],
+        reply: tuple[asyncio.Future[_Answer], Callable[[TxnID, int], _Answer]],
+        writes: list[asyncio.Future[object]],
+        settled: asyncio.Future[object],
     ) -> None:
-        failure = failure_of(written)
-        if failure is not None:
-            registered.add_done_callback(_retrieve)
-            settle(begun, failure, meta.txn_id)
-            return
-        # NEW is durable: the transaction exists (and times out) whatever becomes of its ADD records.
-        self._adopt(meta)
-        registered.add_done_callback(partial(_settle_registered, meta.txn_id, begun))
+        """The begin's NEW and ADD records: once all settled, adopt the transaction if NEW is durable
+        (it then exists and times out whatever became of its ADD records) and answer."""
+        for write in writes:
+            if not write.done():
+                write.add_done_callback(partial(self._begun_all, meta, reply, writes))
+                return
+        failures = [failure_of(write) for write in writes]  # every outcome retrieved
+        if failures[0] is None:
+            self._adopt(meta)
+        failure = next((f for f in failures if f is not None), None)
+        _answer_begin(reply, failure, meta)
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
@@ -415,7 +519,7 @@ class TransactionCoordinator:
         every participant applied it, or fails with why the decision could not be logged."""
         ending, _ = ending_status(commit)
         check_transition(meta.txn_id, meta.status, ending)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         done: asyncio.Future[None] = loop.create_future()
         self._ending[meta.txn_id] = (commit, done)
         previous = meta.status
@@ -449,36 +553,58 @@ class TransactionCoordinator:
             self._undecided(meta, previous, done, failure)
             settle(reply, failure, None)  # the caller hears the log's own error
             return
-        done.add_done_callback(partial(_relay, reply))
-        # The usual case: one store pod, first attempt; anything else takes the retrying path.
+        # The usual case: one store pod, first attempt; anything else takes the retrying path. The
+        # caller's reply is settled with the shared outcome directly on the usual path, and relayed
+        # from it (one more callback) on the others.
         topics, subs = meta.partitions, meta.subscriptions
         if not topics and not subs:
             self._ended_everywhere(meta, commit, done)
+            settle(reply, None, None)
             return
-        delivered: asyncio.Future[object] | None = None
         try:
-            by_store = self._group_by_store(topics, subs)
-            if len(by_store) == 1:
-                ((address, (store_topics, store_subs)),) = by_store.items()
-                delivered = asyncio.ensure_future(
-                    self._sink.end_on_store(
-                        address, meta.txn_id, commit, store_topics, store_subs, deadline_ms=meta.deadline_ms
-                    )
+            address = self._single_store(topics, subs)
+            if address is not None:
+                self._sink.end_on_store_then(
+                    address,
+                    meta.txn_id,
+                    commit,
+                    (topics, subs, meta.deadline_ms),
+                    partial(self._delivered, meta, commit, (done, reply)),
                 )
+                return
         except Exception as exc:
             log.warning("coordinator %d: ending %s: %s; retrying", self.coordinator_id, meta.txn_id, exc)
-        if delivered is None:
-            self._spawn(self._finish_end(meta, commit, done))
-            return
-        delivered.add_done_callback(partial(self._delivered, meta, commit, done))
+        done.add_done_callback(partial(_relay, reply))
+        self._spawn(self._finish_end(meta, commit, done))
+
+    def _single_store(self, topics: list[str], subs: list[tuple[str, str]]) -> str | None:
+        """The store pod serving every partition and subscription, if it is one (the usual case)."""
+        route = self._routes.get
+        first = topics[0] if topics else subs[0][0]
+        address = route(first)
+        if address is None:
+            raise RuntimeError(f"no store address recorded for topic {first}")
+        for topic in topics:
+            if route(topic) != address:
+                return None
+        for topic, _ in subs:
+            if route(topic) != address:
+                return None
+        return address
 
     def _delivered(
-        self, meta: TxnMeta, commit: bool, done: asyncio.Future[None], delivered: asyncio.Future[object]
+        self,
+        meta: TxnMeta,
+        commit: bool,
+        waiting: tuple[asyncio.Future[None], asyncio.Future[None]],
+        failure: BaseException | None,
     ) -> None:
-        failure = failure_of(delivered)
+        done, reply = waiting
         if failure is None:
             self._ended_everywhere(meta, commit, done)
+            settle(reply, None, None)
             return
+        done.add_done_callback(partial(_relay, reply))
         if self.state == "Closed" or not isinstance(failure, Exception):
             # The decision stays logged; a restart (recover) resumes it.
             self._ending.pop(meta.txn_id, None)
@@ -540,11 +666,19 @@ class TransactionCoordinator:
                 sealing.append((meta.txn_id, final, self._write_update(meta, ending, final)))
             except Exception as exc:
                 self._seal_failed(meta.txn_id, final, exc)
-        outcomes = await asyncio.gather(*(write for _, _, write in sealing), return_exceptions=True)
+        # Awaited one by one, not gathered: they settle together, so each await finds its record
+        # settled (no suspension, and no callback per record).
         sealed: list[TxnID] = []
-        for (txn_id, final, _), outcome in zip(sealing, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                self._seal_failed(txn_id, final, outcome)
+        for txn_id, final, write in sealing:
+            try:
+                await write
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this round was cancelled (close), not the record's write
+                self._seal_failed(txn_id, final, exc)
+            except Exception as exc:
+                self._seal_failed(txn_id, final, exc)
             else:
                 sealed.append(txn_id)
         if sealed:
@@ -558,16 +692,14 @@ class TransactionCoordinator:
     def _write_update(self, meta: TxnMeta, expected: TxnStatus, new: TxnStatus) -> Awaitable[object]:
         now = self._clock()
         meta.last_modification_ms = now
-        return self._log.append(
-            meta_pb.TransactionMetadataEntry(
-                metadata_op=meta_pb.TransactionMetadataEntry.UPDATE,
-                txnid_most_bits=meta.txn_id.most,
-                txnid_least_bits=meta.txn_id.least,
-                expected_status=int(expected),  # type: ignore[arg-type]
-                new_status=int(new),  # type: ignore[arg-type]
-                last_modification_time=now,
-            )
-        )
+        entry = _Entry()
+        entry.metadata_op = _UPDATE
+        entry.txnid_most_bits = meta.txn_id.most
+        entry.txnid_least_bits = meta.txn_id.least
+        entry.expected_status = _LOGGED_STATUS[expected]
+        entry.new_status = _LOGGED_STATUS[new]
+        entry.last_modification_time = now
+        return self._log.append(entry)
 
     async def _fan_out(self, meta: TxnMeta, commit: bool) -> None:
         """Deliver the end to every store pod of the transaction (one request per pod), retrying
@@ -659,8 +791,13 @@ class TransactionCoordinator:
 
     def _expire(self) -> None:
         now = self._clock()
+        due: list[TxnID] = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, txn_id = heapq.heappop(self._deadlines)
+            due.append(heapq.heappop(self._deadlines)[1])
+        in_order = self._deadlines_in_order
+        while in_order and in_order[0][0] <= now:
+            due.append(in_order.popleft()[1])
+        for txn_id in due:
             meta = self._txns.get(txn_id)
             if meta is not None and meta.status is TxnStatus.OPEN and txn_id not in self._ending:
                 self._spawn(self._timeout_abort(txn_id))

@@ -6,7 +6,7 @@ the protocol layer above it; the server wires a store-backed log and a network s
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from txnkeeper.coordinator.state import TxnMeta
@@ -22,6 +22,9 @@ class TxnLog(Protocol):
     """The coordinator's transaction log (a TransactionLogStore underneath)."""
 
     def append(self, entry: meta_pb.TransactionMetadataEntry) -> Awaitable[object]: ...
+
+    def append_all(self, entries: Sequence[meta_pb.TransactionMetadataEntry]) -> Sequence[Awaitable[object]]:
+        """Records of one transaction, in order (one ``append`` each); each one's awaitable."""
 
     async def delete_txn(self, txn_id: TxnID) -> None: ...
 
@@ -44,3 +47,15 @@ class EndTxnSink(Protocol):
         *,
         deadline_ms: int = 0,
     ) -> Awaitable[object]: ...
+
+    def end_on_store_then(
+        self,
+        address: str,
+        txn_id: TxnID,
+        commit: bool,
+        ends: tuple[Sequence[str], Sequence[tuple[str, str]], int],
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        """``end_on_store`` (``ends``: topics, subscriptions, deadline) that calls ``then(None)``
+        once the store applied it, or ``then(error)``, instead of resolving a future: the usual end
+        costs no future and no callback turn of its own."""

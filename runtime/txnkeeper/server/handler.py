@@ -46,49 +46,29 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _answer_new_txn(
-    secret: ClusterSecret, response: asyncio.Future[api.Command], begun: asyncio.Future[TxnID]
-) -> None:
-    failure = failure_of(begun)
-    if failure is not None:
-        settle(response, failure, api.Command())
-        return
-    txn_id = begun.result()
+def _answer_new_txn(secret: ClusterSecret, txn_id: TxnID, deadline_ms: int) -> api.Command:
+    """NewTxnResponse of a durable begin: the id and the owner token."""
     command = api.Command()
     answer = command.new_txn_response
     answer.txn_id.most = txn_id.most
     answer.txn_id.least = txn_id.least
     answer.owner_token = secret.owner_token(txn_id)
-    settle(response, None, command)
+    return command
 
 
 def _answer_new_registered_txn(
-    grant: tuple[ClusterSecret, TransactionCoordinator, list[str], list[tuple[str, str]]],
-    response: asyncio.Future[api.Command],
-    begun: asyncio.Future[TxnID],
-) -> None:
-    """NewTxnResponse for a begin that registered partitions/subscriptions: id, owner token, tickets."""
-    secret, coordinator, topics, subscriptions = grant
-    failure = failure_of(begun)
-    if failure is not None:
-        settle(response, failure, api.Command())
-        return
-    txn_id = begun.result()
-    try:
-        deadline_ms = coordinator.deadline_of(txn_id)
-    except Exception as exc:  # ended meanwhile (e.g. timed out): the client hears why
-        settle(response, exc, api.Command())
-        return
-    command = api.Command()
-    answer = command.new_txn_response
-    answer.txn_id.most = txn_id.most
-    answer.txn_id.least = txn_id.least
-    answer.owner_token = secret.owner_token(txn_id)
+    grant: tuple[ClusterSecret, list[str], list[tuple[str, str]]], txn_id: TxnID, deadline_ms: int
+) -> api.Command:
+    """NewTxnResponse for a durable begin that registered partitions/subscriptions: id, owner token,
+    and a ticket for each (bound to the transaction's timeout deadline)."""
+    secret, topics, subscriptions = grant
+    command = _answer_new_txn(secret, txn_id, deadline_ms)
+    tickets = command.new_txn_response.tickets
     for topic in topics:
-        secret.fill_ticket(answer.tickets.add(), txn_id, topic, "", deadline_ms)
+        secret.fill_ticket(tickets.add(), txn_id, topic, "", deadline_ms)
     for topic, subscription in subscriptions:
-        secret.fill_ticket(answer.tickets.add(), txn_id, topic, subscription, deadline_ms)
-    settle(response, None, command)
+        secret.fill_ticket(tickets.add(), txn_id, topic, subscription, deadline_ms)
+    return command
 
 
 def _answer_tickets(
@@ -260,19 +240,22 @@ class PodHandler:
             raise not_configured("beginning a transaction")
         coordinator = self._coordinators[next(self._coordinator_cycle)]
         body = command.new_txn
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        # The coordinator builds the answer once the begin is durable: no future of our own.
         if not body.topics and not body.subscriptions:
-            begun = coordinator.new_txn(body.timeout_ms)
-            begun.add_done_callback(partial(_answer_new_txn, self._secret, response))
-            return response
+            return coordinator.begin(
+                body.timeout_ms, None, None, "", answer=partial(_answer_new_txn, self._secret)
+            )
         # Begin + register in one request: the answer carries the tickets AddToTxn would have.
         topics = list(body.topics)
         subs = [(s.topic, s.subscription) for s in body.subscriptions]
-        begun = coordinator.new_txn(body.timeout_ms, topics, subs, body.store_address)
-        begun.add_done_callback(
-            partial(_answer_new_registered_txn, (self._secret, coordinator, topics, subs), response)
+        grant = (self._secret, topics, subs)
+        return coordinator.begin(
+            body.timeout_ms,
+            topics,
+            subs,
+            body.store_address,
+            answer=partial(_answer_new_registered_txn, grant),
         )
-        return response
 
     def _owned(
         self, what: str, txn_id: api.TxnId, owner_token: bytes

@@ -9,7 +9,8 @@ not one each; every end still succeeds or fails on its own.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from txnkeeper.aio import failure_of, settle
@@ -21,6 +22,9 @@ from txnkeeper.protocol.rpc import RpcConnection, expect
 from txnkeeper.txnid import TxnID
 
 REQUEST_TIMEOUT = 30.0
+log = logging.getLogger(__name__)
+# What an end's sender is told: None once the store applied it, else why not.
+Outcome = Callable[[BaseException | None], None]
 
 
 class StorePeers:
@@ -29,8 +33,10 @@ class StorePeers:
     def __init__(self, secret: ClusterSecret | None = None) -> None:
         self._secret = secret
         self._pool = ConnectionPool(REQUEST_TIMEOUT, on_connect=self._authenticate)
-        # address -> (the EndTxnsOnStore being filled this turn, the waiters of its ends in order)
-        self._queued: dict[str, tuple[api.Command, list[asyncio.Future[None]]]] = {}
+        # address -> (the EndTxnsOnStore being filled this turn, the senders of its ends in order)
+        self._queued: dict[str, tuple[api.Command, list[Outcome]]] = {}
+        # The loop the ends are sent from, once known (asking asyncio each time costs a system call).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def end_on_store(
         self,
@@ -43,12 +49,34 @@ class StorePeers:
         deadline_ms: int = 0,
     ) -> asyncio.Future[None]:
         """Queue the end for ``address``; the future resolves once that store applied it."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self.end_on_store_then(
+            address, txn_id, commit, (topics, subscriptions, deadline_ms), partial(_settle_end, done)
+        )
+        return done
+
+    def end_on_store_then(
+        self,
+        address: str,
+        txn_id: TxnID,
+        commit: bool,
+        ends: tuple[Sequence[str], Sequence[tuple[str, str]], int],
+        then: Outcome,
+    ) -> None:
+        """Queue the end for ``address`` (``ends``: its topics, subscriptions and deadline); ``then``
+        is called with None once that store applied it, or with the error."""
         queued = self._queued.get(address)
         if queued is None:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
             queued = self._queued[address] = (api.Command(), [])
             loop.call_soon(self._send, address)
         command, waiting = queued
+        topics, subscriptions, deadline_ms = ends
         # Added in place to the request of this turn (building an end and adding it copies it).
         end = command.end_txns_on_store.ends.add()
         end.txn_id.most = txn_id.most
@@ -60,9 +88,7 @@ class StorePeers:
             ref = end.subscriptions.add()
             ref.topic = topic
             ref.subscription = subscription
-        done: asyncio.Future[None] = loop.create_future()
-        waiting.append(done)
-        return done
+        waiting.append(then)
 
     async def _authenticate(self, conn: RpcConnection) -> None:
         """Prove to the store that this is a coordinator (stores accept ends only from coordinators):
@@ -84,8 +110,7 @@ class StorePeers:
         try:
             response = asyncio.ensure_future(self._pool.request(address, command))
         except Exception as exc:
-            for done in waiting:
-                settle(done, exc, None)
+            _tell_all(waiting, exc)
             return
         response.add_done_callback(partial(_answered, waiting))
 
@@ -93,20 +118,40 @@ class StorePeers:
         await self._pool.close()
 
 
-def _answered(waiting: list[asyncio.Future[None]], response: asyncio.Future[api.Command]) -> None:
+def _settle_end(done: asyncio.Future[None], failure: BaseException | None) -> None:
+    settle(done, failure, None)
+
+
+def _tell(then: Outcome, failure: BaseException | None) -> None:
+    try:
+        then(failure)
+    except Exception:  # one sender's bug must not keep the others from hearing their outcome
+        log.exception("handling the outcome of an end failed")
+
+
+def _tell_all(waiting: list[Outcome], failure: BaseException | None) -> None:
+    for then in waiting:
+        try:
+            then(failure)
+        except Exception:
+            log.exception("handling the outcome of an end failed")
+
+
+def _answered(waiting: list[Outcome], response: asyncio.Future[api.Command]) -> None:
     failure = failure_of(response)
     if failure is not None:
-        for done in waiting:
-            settle(done, failure, None)
+        _tell_all(waiting, failure)
         return
     answer = response.result()
     result = answer.end_txns_on_store_result
     if answer.WhichOneof("body") != "end_txns_on_store_result" or len(result.failed) != len(result.errors):
         # Not an answer this request can have: nothing is known to be applied, so all are retried.
         unexpected = ServiceError(f"malformed answer to {len(waiting)} ends: {answer.WhichOneof('body')}")
-        for done in waiting:
-            settle(done, unexpected, None)
+        _tell_all(waiting, unexpected)
+        return
+    if not result.failed:
+        _tell_all(waiting, None)
         return
     failed = {i: from_error_frame(error) for i, error in zip(result.failed, result.errors, strict=True)}
-    for index, done in enumerate(waiting):
-        settle(done, failed.get(index), None)
+    for index, then in enumerate(waiting):
+        _tell(then, failed.get(index))

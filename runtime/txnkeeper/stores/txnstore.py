@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from google.protobuf.message import Message
+from google.protobuf.message import EncodeError, Message
 from prometheus_client import CollectorRegistry
 
-from txnkeeper.bufferedwriter.codec import RecordCodec
+from txnkeeper.bufferedwriter.codec import RecordCodec, serialize_record
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.bufferedwriter.metrics import BufferedWriterMetrics
 from txnkeeper.bufferedwriter.writer import (
@@ -79,7 +79,9 @@ class TxnRecordStore(ABC, Generic[R, S]):
 
     def __init__(self, log: RecordLog[R], *, snapshots: bool = False) -> None:
         self._log = log
-        self._submit = log.writer.submit
+        self._submit_serialized = log.writer.submit_serialized
+        # Reads a retained record back (set by open_store, from the log's codec).
+        self._parse_record: Callable[[bytes], R] | None = None
         # Packed positions (pack_position) of each transaction's records folded into ``_recovered``.
         self._replayed: dict[TxnKey, list[int]] = {}
         self._written: dict[TxnKey, PositionSink] = {}
@@ -87,8 +89,10 @@ class TxnRecordStore(ABC, Generic[R, S]):
         self._closed = False
         # With snapshots, records written since the last capture are kept (in ``_written``'s order)
         # until a capture folds those that settled into ``_recovered``; ``_recovered`` then holds
-        # every transaction with live records, as a replay up to the capture would.
-        self._retained: dict[TxnKey, list[R]] | None = {} if snapshots else None
+        # every transaction with live records, as a replay up to the capture would. Kept as the
+        # bytes written, parsed only if a capture folds them: most transactions are deleted first,
+        # and freeing one bytes object long after the write costs a fraction of freeing the record.
+        self._retained: dict[TxnKey, list[bytes]] | None = {} if snapshots else None
         self._deleting: dict[TxnKey, _Deleting] = {}
         self._covered: tuple[int, int] | None = None
         self.records_since_capture = 0
@@ -246,14 +250,17 @@ class TxnRecordStore(ABC, Generic[R, S]):
             del self._replayed[key]
 
     def _fold_records(
-        self, txn_id: TxnID, state: S | None, packed: list[int], records: list[R], written: list[int]
+        self, txn_id: TxnID, state: S | None, packed: list[int], records: list[bytes], written: list[int]
     ) -> S | None:
+        """Fold retained records (as written) with their positions into ``state``."""
         fold = self._fold
+        parse = self._parse_record
         for record, position in zip(records, written, strict=True):
             if position == FAILED:  # never written: not in the log, not in the state
                 continue
+            assert parse is not None  # records are retained only by stores open_store opened
             packed.append(position)
-            state = fold(state, txn_id, unpack_position(position), record)
+            state = fold(state, txn_id, unpack_position(position), parse(record))
         return state
 
     async def flush(self) -> None:
@@ -290,16 +297,69 @@ class TxnRecordStore(ABC, Generic[R, S]):
             written = self._written[key] = [0]
         # The writer appends the position to ``written`` itself when the entry settles, so the record
         # path does nothing after the write and even a cancelled caller's record is known.
-        future = self._submit(record, written)
+        future, data = self._write(record, written)
         written[_SUBMITTED] += 1
         retained = self._retained
         if retained is not None:
             kept = retained.get(key)
             if kept is None:
                 kept = retained[key] = []
-            kept.append(record)
+            kept.append(data)
             self.records_since_capture += 1
         return future
+
+    def _write(self, record: R, written: PositionSink) -> tuple[asyncio.Future[WritePosition], bytes]:
+        """Serialize a checked record (``_check_record`` refused any other type) and hand it to the
+        writer: the bytes are what a snapshot-taking store retains."""
+        try:
+            data = record.SerializeToString()
+        except EncodeError:
+            data = serialize_record(record)  # raises the explanatory error
+        return self._submit_serialized(data, written), data
+
+    def append_all(self, records: Sequence[R]) -> list[asyncio.Future[WritePosition]]:
+        """Write records of one transaction now, in order (``append`` for each, the transaction's
+        bookkeeping looked up once): what a coordinator's begin writes (NEW and its ADD records).
+
+        Every record is checked (``_check_record``) before any is written, and records of different
+        transactions are refused (ValueError); one that cannot be serialized (a required field
+        unset) stops the call there, its predecessors written. Returns each record's future.
+        """
+        if self._closed:
+            self._check_open()
+        if not records:
+            raise ValueError("append_all needs at least one record")
+        key: TxnKey = _txn_key(records[0])
+        for record in records:
+            self._check_record(record)
+            if _txn_key(record) != key:
+                raise ValueError(
+                    f"append_all writes the records of one transaction: got {_txn_key(record)} after {key};"
+                    " append each transaction's records in its own call"
+                )
+        written = self._written.get(key)
+        if written is None:
+            written = self._written[key] = [0]
+        write = self._write
+        futures: list[asyncio.Future[WritePosition]] = []
+        written_data: list[bytes] = []
+        try:
+            for record in records:
+                future, data = write(record, written)
+                futures.append(future)
+                written_data.append(data)
+        finally:
+            # Only what the writer took is counted and retained (a refusal leaves the rest unwritten).
+            submitted = len(futures)
+            written[_SUBMITTED] += submitted
+            retained = self._retained
+            if retained is not None and submitted:
+                kept = retained.get(key)
+                if kept is None:
+                    kept = retained[key] = []
+                kept.extend(written_data)
+                self.records_since_capture += submitted
+        return futures
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
         """Delete every record of an ended transaction (idempotent; waits for its in-flight records)."""
@@ -321,22 +381,32 @@ class TxnRecordStore(ABC, Generic[R, S]):
                     await self._log.writer.wait_for_progress()
         taken: list[TxnKey] = []
         everything: list[int] = []
+        replayed, written_of, recovered, retained = (
+            self._replayed,
+            self._written,
+            self._recovered,
+            self._retained,
+        )
+        deleting = self._deleting
         for key in keys:
-            packed = self._replayed.pop(key, None) or []
-            written = self._written.pop(key, None)
+            packed = replayed.pop(key, None) or []
+            written = written_of.pop(key, None)
             positions = written[1:] if written is not None else []
             txn_id = TxnID(*key)
-            state = self._recovered.pop(txn_id, None) if self._recovered else None
-            if self._retained is not None:
+            state = recovered.pop(txn_id, None) if recovered else None
+            if retained is not None:
                 # Each retained record pairs with its position in ``written`` (the ones settled).
-                records = (self._retained.pop(key, None) or [])[: len(positions)]
+                records = retained.pop(key, None) or []
+                del records[len(positions) :]
             else:
                 # FAILED marks a record whose write failed: it is not in the log.
                 packed.extend(p for p in positions if p != FAILED)
                 records, positions = [], []
-            ids = [p for p in (*packed, *positions) if p != FAILED]
+            ids = packed + positions
+            if FAILED in ids:
+                ids = [p for p in ids if p != FAILED]
             if ids:
-                self._deleting[key] = (txn_id, state, packed, records, positions)
+                deleting[key] = (txn_id, state, packed, records, positions)
                 taken.append(key)
                 everything.extend(ids)
         if not everything:
@@ -468,5 +538,6 @@ async def open_store(
         ledger_config=ledger_config,
     )
     store = make(log)
+    store._parse_record = codec.parse_record
     await store._recover(snapshot)
     return store
