@@ -113,6 +113,20 @@ def _answer_tickets(
     settle(response, None, command)
 
 
+def _answer_produce(response: asyncio.Future[api.Command], published: asyncio.Future[Position]) -> None:
+    """ProduceReceipt: the MessageId the message was written at, once it is durable."""
+    command = api.Command()
+    failure = failure_of(published)
+    if failure is not None:
+        settle(response, failure, command)
+        return
+    position = published.result()
+    message_id = command.produce_receipt.message_id
+    message_id.ledger_id = position.ledger_id
+    message_id.entry_id = position.entry_id
+    settle(response, None, command)
+
+
 def _answer_ends(response: asyncio.Future[api.Command], results: Sequence[asyncio.Future[Any]]) -> None:
     """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied)."""
     command = api.Command()
@@ -372,7 +386,10 @@ class PodHandler:
             )
             epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
             return self._produce_idempotent(topics, body, epoch)
-        return self._produce_async(topics, body.topic, body.payload, body.key, txn)
+        published = topics.publish_future(body.topic, body.payload, body.key, txn)
+        response: asyncio.Future[api.Command] = published.get_loop().create_future()
+        published.add_done_callback(partial(_answer_produce, response))
+        return response
 
     @staticmethod
     async def _produce_idempotent(topics: TopicService, body: api.Produce, epoch: int) -> api.Command:
@@ -391,17 +408,6 @@ class PodHandler:
         if self._secret is None:
             raise not_configured("a transactional produce or ack")
         self._secret.check_ticket(ticket, txn, topic, subscription, self._clock_ms())
-
-    @staticmethod
-    async def _produce_async(
-        topics: TopicService, topic: str, payload: bytes, key: str, txn: TxnID | None
-    ) -> api.Command:
-        position = await topics.publish(topic, payload, key, txn)
-        command = api.Command()
-        message_id = command.produce_receipt.message_id
-        message_id.ledger_id = position.ledger_id
-        message_id.entry_id = position.entry_id
-        return command
 
     def _subscribe(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.subscribe

@@ -194,7 +194,20 @@ class TopicService:
         if txn_id is not None and self._fences:
             self.check_fence(topic, "", txn_id)
         partition = self._partitions.get(topic) or await self.partition(topic)
-        return await partition.publish(payload, key, txn_id)
+        return await partition.publish_future(payload, key, txn_id)
+
+    def publish_future(
+        self, topic: str, payload: bytes, key: str, txn_id: TxnID | None
+    ) -> asyncio.Future[Position]:
+        """``publish`` as a future: an open partition (the usual case) queues the message at the call
+        and costs no coroutine or task; refusals then raise at the call. A partition not open yet is
+        opened by a task."""
+        partition = self._partitions.get(topic)
+        if partition is None:
+            return asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
+        if txn_id is not None and self._fences:
+            self.check_fence(topic, "", txn_id)
+        return partition.publish_future(payload, key, txn_id)
 
     async def publish_idempotent(
         self,
