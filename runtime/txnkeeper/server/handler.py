@@ -127,13 +127,25 @@ def _answer_produce(response: asyncio.Future[api.Command], published: asyncio.Fu
     settle(response, None, command)
 
 
-def _answer_ends(response: asyncio.Future[api.Command], results: Sequence[asyncio.Future[Any]]) -> None:
-    """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied)."""
+def _answer_ends(
+    response: asyncio.Future[api.Command],
+    ends: Sequence[tuple[list[asyncio.Future[Any]], BaseException | None]],
+    _settled: Sequence[asyncio.Future[Any]],
+) -> None:
+    """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied).
+
+    ``ends``: per end, its parts' futures and the refusal raised at the call, if any; an end failed
+    with that refusal, else with the first of its parts that failed (``settled.first_failure``'s
+    rule, applied here so the whole request waits on one countdown)."""
     command = api.Command()
     answer = command.end_txns_on_store_result
     answer.SetInParent()
-    for index, result in enumerate(results):
-        failure = failure_of(result)
+    for index, (parts, refused) in enumerate(ends):
+        failure = refused
+        for part in parts:
+            part_failure = failure_of(part)  # retrieved, so never "exception was never retrieved"
+            if failure is None:
+                failure = part_failure
         if failure is None:
             continue
         if not isinstance(failure, Exception):
@@ -528,23 +540,26 @@ class PodHandler:
         topics = self._coordinator_store(session, "end-txns-on-store")
         require(len(ends) > 0, "the request names no end")
         # Each end is applied on its own (concurrently, as separate requests would be) and answered
-        # on its own: one failure does not fail the others. Futures and one countdown, no task.
-        loop = asyncio.get_running_loop()
-        results: list[asyncio.Future[Any]] = []
+        # on its own: one failure does not fail the others. Futures and one countdown over every
+        # end's parts, no task and no combining future per end.
+        parts: list[tuple[list[asyncio.Future[Any]], BaseException | None]] = []
+        everything: list[asyncio.Future[Any]] = []
         for end in ends:
             try:
-                results.append(self._one_end(topics, end))
+                waiting, refused = self._one_end(topics, end)
             except Exception as exc:
-                refused: asyncio.Future[Any] = loop.create_future()
-                settle(refused, exc, None)
-                results.append(refused)
-        response: asyncio.Future[api.Command] = loop.create_future()
-        when_all(results, partial(_answer_ends, response))
+                waiting, refused = [], exc
+            parts.append((waiting, refused))
+            everything.extend(waiting)
+        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        when_all(everything, partial(_answer_ends, response, parts))
         return response
 
     @staticmethod
-    def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> asyncio.Future[None]:
+    def _one_end(
+        topics: TopicService, end: api.EndTxnOnStore
+    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:
         require(len(end.topics) + len(end.subscriptions) > 0, "end names no partition or subscription")
         subs = [(s.topic, s.subscription) for s in end.subscriptions]
         commit = end.action == api.COMMIT
-        return topics.end_txn_on_store(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)
+        return topics.end_txn_parts(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)

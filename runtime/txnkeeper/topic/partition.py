@@ -29,7 +29,7 @@ from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
-from txnkeeper.topic.txnbuffer import TransactionBuffer
+from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
@@ -172,9 +172,7 @@ class Partition:
                 last,
             )
             return None
-        self.buffer.restore(
-            [(e.txn_id, e.committed, e.marker, e.deadline_ms) for e in loaded.ended], loaded.open
-        )
+        self.buffer.restore(loaded.ended, loaded.open)
         for row in loaded.writers:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
@@ -259,13 +257,13 @@ class Partition:
         for txn_id, flight in self._blocks.items():
             done = flight.done
             if done.done() and not done.cancelled() and done.exception() is None:
-                ended.append((txn_id, True, done.result(), 0))
+                ended.append(EndedTxn(txn_id, True, done.result(), 0))
                 if txn_id in opened:
                     opened.remove(txn_id)
         return snapshots.BufferSnapshot(
             self.topic,
             covers,
-            [snapshots.EndedTxn(t, c, m, d) for t, c, m, d in ended],
+            ended,
             opened,
             self.writers.snapshot_rows(),
         )
@@ -502,30 +500,33 @@ class Partition:
             return asyncio.shield(in_progress)
         self.buffer.begin_end(txn_id)
         marker = encode_marker(txn_id, commit, deadline_ms)
-        try:
-            written = _as_future(self.ledger.add_entry(marker))
-        except BaseException:
-            self.buffer.cancel_end(txn_id)
-            raise
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ending[txn_id] = done
-        written.add_done_callback(partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done))
+        settled = partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done)
+        try:
+            if self._add_notify is not None:  # settled in the step that confirms the write
+                self._add_notify(marker, settled)
+            else:
+                _as_future(self.ledger.add_entry(marker)).add_done_callback(partial(_notify_from, settled))
+        except BaseException:
+            del self._ending[txn_id]
+            self.buffer.cancel_end(txn_id)
+            raise
         return done
 
     def _marker_written(
         self,
         end: tuple[TxnID, bool, int, bytes],
         done: asyncio.Future[None],
-        written: asyncio.Future[Position],
+        position: Position | None,
+        failure: BaseException | None,
     ) -> None:
         txn_id, commit, deadline_ms, marker = end
         del self._ending[txn_id]
-        failure = failure_of(written)
-        if failure is not None:
+        if failure is not None or position is None:
             self.buffer.cancel_end(txn_id)
-            settle(done, failure, None)
+            settle(done, failure or RuntimeError("the ledger settled a marker without a position"), None)
             return
-        position = written.result()
         self._remember(position, marker)
         self.buffer.ended(txn_id, commit, position, deadline_ms)
         settle(done, None, None)

@@ -294,6 +294,22 @@ class TopicService:
         overlap without a task each (only a partition or subscription not open yet takes one); the
         future resolves once every end settled, failing with the first failure if any.
         """
+        waiting, refused = self.end_txn_parts(txn_id, commit, topics, subscriptions, deadline_ms)
+        return first_failure(waiting, refused)
+
+    def end_txn_parts(
+        self,
+        txn_id: TxnID,
+        commit: bool,
+        topics: Iterable[str],
+        subscriptions: list[tuple[str, str]],
+        deadline_ms: int = 0,
+    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:
+        """``end_txn_on_store`` unsettled: the futures of the partition and subscription ends (in
+        order) and the first refusal raised at a call (the others were still queued), so that a
+        caller ending many transactions waits on all their parts at once (``settled.when_all``)
+        instead of on a combining future per transaction. The transaction's outcome is the refusal,
+        else the first of the futures that failed."""
         waiting: list[asyncio.Future[Any]] = []
         first_error: BaseException | None = None
         for topic in topics:
@@ -320,4 +336,4 @@ class TopicService:
                     waiting.append(subscription.end_txn(txn_id, commit, deadline_ms))
             except Exception as exc:
                 first_error = first_error or exc
-        return first_failure(waiting, first_error)
+        return waiting, first_error
