@@ -113,14 +113,14 @@ def _answer_tickets(
     settle(response, None, command)
 
 
-def _answer_produce(response: asyncio.Future[api.Command], published: asyncio.Future[Position]) -> None:
+def _answer_produce(
+    response: asyncio.Future[api.Command], position: Position | None, failure: BaseException | None
+) -> None:
     """ProduceReceipt: the MessageId the message was written at, once it is durable."""
     command = api.Command()
-    failure = failure_of(published)
-    if failure is not None:
-        settle(response, failure, command)
+    if position is None:
+        settle(response, failure or UnavailableError("the message was not written"), command)
         return
-    position = published.result()
     message_id = command.produce_receipt.message_id
     message_id.ledger_id = position.ledger_id
     message_id.entry_id = position.entry_id
@@ -398,9 +398,9 @@ class PodHandler:
             )
             epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
             return self._produce_idempotent(topics, body, epoch)
-        published = topics.publish_future(body.topic, body.payload, body.key, txn)
-        response: asyncio.Future[api.Command] = published.get_loop().create_future()
-        published.add_done_callback(partial(_answer_produce, response))
+        # Answered from the write's own callback: no task, coroutine or intermediate future.
+        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        topics.publish_notify(body.topic, body.payload, body.key, txn, partial(_answer_produce, response))
         return response
 
     @staticmethod

@@ -440,47 +440,50 @@ class Partition:
         return await self.publish_future(payload, key, txn_id)
 
     def publish_future(self, payload: bytes, key: str, txn_id: TxnID | None) -> asyncio.Future[Position]:
-        """Write one message; the future resolves with its position once it is durable.
+        """Write one message; the future resolves with its position once it is durable (refusals
+        raise at the call)."""
+        done: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self.publish_notify(payload, key, txn_id, partial(_settle_write, done))
+        return done
+
+    def publish_notify(self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify) -> None:
+        """Write one message; ``notify(position, None)`` once it is durable, ``notify(None, error)``
+        if the write failed. Refusals raise at the call.
 
         A plain function, not a coroutine: every produce is one, and a coroutine per produce (plus the
         task the server wrapped it in) was a measurable part of a store pod's CPU. The message is
-        queued at the call and what follows its write (tail cache, counts, waking dispatch) runs in
-        the step that confirms it, whoever waits; refusals raise at the call.
+        queued at the call; what follows its write (tail cache, counts, waking dispatch, then
+        ``notify``) runs in the step that confirms it, so a caller that answers from ``notify`` needs
+        no future of its own.
         """
         if txn_id is not None:
             if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
                 raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
             self.buffer.message_written(txn_id)
         data = encode_data(payload, key, txn_id, int(time.time() * 1000))
-        add_notify = self._add_notify
-        if add_notify is not None:
-            done: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-            add_notify(data, partial(self._published, data, txn_id is None, done))
-            return done
-        written = _as_future(self.ledger.add_entry(data))
-        done = written.get_loop().create_future()
-        written.add_done_callback(partial(_notify_from, partial(self._published, data, txn_id is None, done)))
-        return done
+        written = partial(self._published, data, txn_id is None, notify)
+        if self._add_notify is not None:
+            self._add_notify(data, written)
+        else:
+            _as_future(self.ledger.add_entry(data)).add_done_callback(partial(notify_from_future, written))
 
     def _published(
         self,
         data: bytes,
         plain: bool,
-        done: asyncio.Future[Position],
+        notify: WriteNotify,
         position: Position | None,
         failure: BaseException | None,
     ) -> None:
         if failure is not None or position is None:
-            if not done.done():
-                done.set_exception(failure or RuntimeError("the ledger settled a write without a position"))
-                done.exception()  # the waiter may be gone: never "exception was never retrieved"
+            notify(None, failure or RuntimeError("the ledger settled a write without a position"))
             return
         self._remember(position, data)
         self.published_count += 1
         self._count_written()
         if plain:  # a transaction's message is dispatched only once its commit marker is written
             self._notify()
-        settle(done, None, position)
+        notify(position, None)
 
     def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
         """Write the transaction's marker (once) and let its messages be dispatched or dropped.
@@ -507,7 +510,9 @@ class Partition:
             if self._add_notify is not None:  # settled in the step that confirms the write
                 self._add_notify(marker, settled)
             else:
-                _as_future(self.ledger.add_entry(marker)).add_done_callback(partial(_notify_from, settled))
+                _as_future(self.ledger.add_entry(marker)).add_done_callback(
+                    partial(notify_from_future, settled)
+                )
         except BaseException:
             del self._ending[txn_id]
             self.buffer.cancel_end(txn_id)
@@ -581,10 +586,23 @@ class Partition:
             subscription.notify()
 
 
-def _notify_from(notify: WriteNotify, written: asyncio.Future[Position]) -> None:
+def notify_from_future(notify: WriteNotify, written: asyncio.Future[Position]) -> None:
     """A ledger future's outcome handed to an ``add_entry_notify``-style callback."""
     failure = failure_of(written)
     notify(None if failure is not None else written.result(), failure)
+
+
+def _settle_write(
+    done: asyncio.Future[Position], position: Position | None, failure: BaseException | None
+) -> None:
+    """A ``WriteNotify`` that settles ``done`` (unless its waiter gave up)."""
+    if done.done():
+        return
+    if position is not None:
+        done.set_result(position)
+    else:
+        done.set_exception(failure or RuntimeError("the ledger settled a write without a position"))
+        done.exception()  # the waiter may be gone: never "exception was never retrieved"
 
 
 def _as_future(awaitable: Awaitable[Position]) -> asyncio.Future[Position]:

@@ -10,13 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
-from txnkeeper.topic.partition import BlockResult, Partition, PartitionLedger
+from txnkeeper.topic.partition import (
+    BlockResult,
+    Partition,
+    PartitionLedger,
+    WriteNotify,
+    notify_from_future,
+)
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
@@ -196,18 +203,21 @@ class TopicService:
         partition = self._partitions.get(topic) or await self.partition(topic)
         return await partition.publish_future(payload, key, txn_id)
 
-    def publish_future(
-        self, topic: str, payload: bytes, key: str, txn_id: TxnID | None
-    ) -> asyncio.Future[Position]:
-        """``publish`` as a future: an open partition (the usual case) queues the message at the call
-        and costs no coroutine or task; refusals then raise at the call. A partition not open yet is
-        opened by a task."""
+    def publish_notify(
+        self, topic: str, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify
+    ) -> None:
+        """``publish`` settled by a callback (``Partition.publish_notify``): an open partition (the
+        usual case) queues the message at the call and costs no coroutine, task or future; refusals
+        then raise at the call. A partition not open yet is opened by a task, which reports its
+        refusals to ``notify``."""
         partition = self._partitions.get(topic)
         if partition is None:
-            return asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
+            opening = asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
+            opening.add_done_callback(partial(notify_from_future, notify))
+            return
         if txn_id is not None and self._fences:
             self.check_fence(topic, "", txn_id)
-        return partition.publish_future(payload, key, txn_id)
+        partition.publish_notify(payload, key, txn_id, notify)
 
     async def publish_idempotent(
         self,
