@@ -215,7 +215,7 @@ class TopicService:
             opening = asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
             opening.add_done_callback(partial(notify_from_future, notify))
             return
-        if txn_id is not None and self._fences:
+        if txn_id is not None:
             self.check_fence(topic, "", txn_id)
         partition.publish_notify(payload, key, txn_id, notify)
 
@@ -255,6 +255,8 @@ class TopicService:
 
     def check_fence(self, topic: str, subscription: str, txn_id: TxnID) -> None:
         """Refuse a produce or ack of a txn that already ended on this topic or subscription."""
+        if not self._fences:  # the usual case: no key to build and hash per transactional ack
+            return
         until = self._fences.get((topic, subscription, txn_id))
         if until is None:
             return

@@ -387,9 +387,11 @@ class Subscription:
         )
 
     def _deliver(self, position: Position, payload: bytes, key: str) -> None:
-        for consumer_id, consumer in list(self._consumers.items()):
-            if self._permits.get(consumer_id, 0) > 0 and consumer.connected:
-                self._permits[consumer_id] -= 1
+        permits = self._permits
+        # No copy of the consumers per message: the loop ends right after the one change it makes.
+        for consumer_id, consumer in self._consumers.items():
+            if permits.get(consumer_id, 0) > 0 and consumer.connected:
+                permits[consumer_id] -= 1
                 # round robin: the chosen consumer goes to the back
                 self._consumers.move_to_end(consumer_id)
                 self._unacked[position] = _Unacked(consumer_id, payload, key)
