@@ -13,9 +13,8 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
@@ -34,8 +33,9 @@ SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deleti
 ENDED_MEMORY = 100_000
 
 
-@dataclass(slots=True)
-class _Unacked:
+class _Unacked(NamedTuple):
+    """A message out with a consumer (one per delivered message: a tuple is the cheapest to build)."""
+
     consumer_id: int
     payload: bytes
     key: str
