@@ -1,8 +1,10 @@
 """Routes protocol commands to the coordinators and the topic service hosted on this pod.
 
-Handlers that can answer at once do so synchronously; the rest return a coroutine (the server runs
-it and replies when it completes). A pod answers only its role's commands: a store command sent to a
-coordinator pod (or the reverse) gets NOT_SERVED_HERE.
+Handlers that can answer at once do so synchronously; the rest return a future or, off the hot
+path, a coroutine (the server replies when it completes). The per-transaction store requests
+(produce, transactional ack, end) return futures settled by the callbacks of the writes they queue:
+a coroutine would cost a task per request. A pod answers only its role's commands: a store command
+sent to a coordinator pod (or the reverse) gets NOT_SERVED_HERE.
 """
 
 from __future__ import annotations
