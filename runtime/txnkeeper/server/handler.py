@@ -250,6 +250,16 @@ class PodHandler:
             "abort_append_block": self.blocks.abort_append_block,
         }
         self._routes = {**coordinator_routes, **store_routes}
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     # --- CommandHandler ----------------------------------------------------------------------------
     def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult:
@@ -288,7 +298,7 @@ class PodHandler:
             raise not_configured("beginning a transaction")
         coordinator = self._coordinators[next(self._coordinator_cycle)]
         body = command.new_txn
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        response: asyncio.Future[api.Command] = self._loop().create_future()
         if not body.topics and not body.subscriptions:
             begun = coordinator.new_txn(body.timeout_ms)
             begun.add_done_callback(partial(_answer_new_txn, self._secret, response))
@@ -323,7 +333,7 @@ class PodHandler:
     ) -> asyncio.Future[api.Command]:
         assert self._secret is not None
         deadline_ms = coordinator.deadline_of(txn)
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        response: asyncio.Future[api.Command] = self._loop().create_future()
         asyncio.ensure_future(added).add_done_callback(
             partial(_answer_tickets, (self._secret, txn, deadline_ms, topics, subs), response)
         )
@@ -401,7 +411,7 @@ class PodHandler:
             epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
             return self._produce_idempotent(topics, body, epoch)
         # Answered from the write's own callback: no task, coroutine or intermediate future.
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        response: asyncio.Future[api.Command] = self._loop().create_future()
         topics.publish_notify(body.topic, body.payload, body.key, txn, partial(_answer_produce, response))
         return response
 
@@ -553,7 +563,7 @@ class PodHandler:
                 waiting, refused = [], exc
             parts.append((waiting, refused))
             everything.extend(waiting)
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        response: asyncio.Future[api.Command] = self._loop().create_future()
         when_all(everything, partial(_answer_ends, response, parts))
         return response
 

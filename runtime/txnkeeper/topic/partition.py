@@ -149,6 +149,16 @@ class Partition:
         self._snapshot_lock = asyncio.Lock()  # one writer of the file at a time, captures in order
         self._writing: asyncio.Future[None] | None = None
         self.replayed_entries = 0  # by the last recover(): what the snapshot did not cover
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     def _load_snapshot(self) -> Position | None:
         """Restore the buffer from the snapshot; the position it covers, or None to replay everything."""
@@ -442,7 +452,7 @@ class Partition:
     def publish_future(self, payload: bytes, key: str, txn_id: TxnID | None) -> asyncio.Future[Position]:
         """Write one message; the future resolves with its position once it is durable (refusals
         raise at the call)."""
-        done: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Position] = self._loop().create_future()
         self.publish_notify(payload, key, txn_id, partial(_settle_write, done))
         return done
 
@@ -503,7 +513,7 @@ class Partition:
             return asyncio.shield(in_progress)
         self.buffer.begin_end(txn_id)
         marker = encode_marker(txn_id, commit, deadline_ms)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop().create_future()
         self._ending[txn_id] = done
         settled = partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done)
         try:

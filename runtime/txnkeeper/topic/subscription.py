@@ -89,6 +89,16 @@ class Subscription:
             f"{where} pending-ack deletion", self._delete_records, SETTLE_INTERVAL
         )
         self._closed = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def recover(self, recovered: list[RecoveredPendingAck]) -> None:
@@ -177,7 +187,7 @@ class Subscription:
             if not cumulative and self._cursor.is_deleted(position):
                 raise TxnConflictError(f"message {position} is already acknowledged on {self.name}")
         new = self._pending.reserve(txn_id, positions, cumulative)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop().create_future()
         if not new:
             done.set_result(None)
             return done
@@ -237,7 +247,7 @@ class Subscription:
             self._remember_ended(txn_id, commit)
             return resolved(None)
         logged = self._pending_log.log_end(txn_id, commit)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop().create_future()
         self._ending[txn_id] = done
         logged.add_done_callback(partial(self._end_logged, txn_id, commit, acks, done))
         # Not shielded (the store's request path never cancels): a cancelled first waiter cancels
