@@ -15,7 +15,7 @@ import struct
 import pytest
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError
+from txnkeeper.protocol.auth import TICKET_GRACE_MS, ClusterSecret, UnauthorizedError
 from txnkeeper.txnid import TxnID
 
 
@@ -53,3 +53,28 @@ def test_a_token_from_another_secret_is_refused() -> None:
     ClusterSecret(b"a" * 32).check_owner(txn, token, "end-txn")
     with pytest.raises(UnauthorizedError, match="owner token is not"):
         ClusterSecret(b"b" * 32).check_owner(txn, token, "end-txn")
+
+
+def test_ticket_refusals_name_the_request_and_what_was_wrong() -> None:
+    secret = ClusterSecret(b"k" * 32)
+    txn = TxnID(0, 9)
+    ticket = api.TxnTicket()
+    secret.fill_ticket(ticket, txn, "t", "s", 1_000)
+    secret.check_ticket(ticket, txn, "t", "s", 1_000)  # accepted
+    refusals = [
+        (api.TxnTicket(), "t", "s", 0, "transactional ack on t/s in transaction (0,9) carries no ticket:"),
+        (ticket, "t", "", 0, "transactional produce to t: the ticket is for 't'/'s', not this one"),
+        (ticket, "u", "s", 0, "transactional ack on u/s: the ticket is for 't'/'s', not this one"),
+        (
+            api.TxnTicket(topic="t", subscription="s", deadline_ms=1_000, mac=b"x" * 32),
+            "t",
+            "s",
+            0,
+            "transactional ack on t/s: the ticket was not issued for transaction (0,9)",
+        ),
+        (ticket, "t", "s", 1_000 + TICKET_GRACE_MS + 1, "transaction (0,9) passed its timeout deadline"),
+    ]
+    for presented, topic, subscription, now_ms, message in refusals:
+        with pytest.raises(UnauthorizedError) as refused:
+            secret.check_ticket(presented, txn, topic, subscription, now_ms)
+        assert message in str(refused.value)

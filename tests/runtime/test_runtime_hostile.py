@@ -147,6 +147,46 @@ async def test_end_on_unknown_topic_creates_nothing_and_fences_the_txn(
     conn.close()
 
 
+async def test_a_batch_of_ends_answers_each_end_on_its_own(cluster: tuple[ServePod, ServePod]) -> None:
+    """EndTxnsOnStore waits on all its ends' parts at once but answers each end with its own
+    outcome: one refused at the call, one whose marker write is refused, one applied."""
+    _, store = cluster
+    topic = "persistent://t/ns/batched-ends"
+    conn = await coordinator_connection(store)
+    secret = _secret(store)
+    deadline = 2**41
+    aborted, committed = api.TxnId(most=0, least=515151), api.TxnId(most=0, least=525252)
+    for txn_pb in (aborted, committed):  # a message each, so the partition holds both txns
+        produce = api.Command(produce=api.Produce(topic=topic, payload=b"m", txn_id=txn_pb))
+        secret.fill_ticket(produce.produce.ticket, TxnID(txn_pb.most, txn_pb.least), topic, "", deadline)
+        await conn.request(produce, 10)
+
+    def end(txn_pb: api.TxnId, action: int, topics: list[str]) -> api.EndTxnOnStore:
+        return api.EndTxnOnStore(txn_id=txn_pb, action=action, topics=topics, deadline_ms=deadline)  # type: ignore[arg-type]
+
+    first = api.EndTxnsOnStore(ends=[end(aborted, api.ABORT, [topic])])
+    assert (
+        list((await conn.request(api.Command(end_txns_on_store=first), 10)).end_txns_on_store_result.failed)
+        == []
+    )
+    batch = api.EndTxnsOnStore(
+        ends=[
+            end(api.TxnId(most=0, least=535353), api.COMMIT, []),  # names nothing: refused at the call
+            end(aborted, api.COMMIT, [topic]),  # ended the other way already
+            end(committed, api.COMMIT, [topic]),
+        ]
+    )
+    result = (await conn.request(api.Command(end_txns_on_store=batch), 10)).end_txns_on_store_result
+    assert list(result.failed) == [0, 1]
+    assert result.errors[0].code == api.BAD_REQUEST and "names no partition" in result.errors[0].message
+    assert result.errors[1].code == api.INVALID_TXN_STATUS and "other way" in result.errors[1].message
+    # The third end was applied: the txn is committed there, so aborting it now is refused.
+    again = api.EndTxnsOnStore(ends=[end(committed, api.ABORT, [topic])])
+    result = (await conn.request(api.Command(end_txns_on_store=again), 10)).end_txns_on_store_result
+    assert list(result.failed) == [0] and "other way" in result.errors[0].message
+    conn.close()
+
+
 async def test_only_the_owner_ends_or_extends_its_txn_across_reconnects_and_restarts(
     cluster: tuple[ServePod, ServePod],
 ) -> None:

@@ -35,10 +35,10 @@ _LEN = struct.Struct(">I")
 # What _mac(b"owner", <txn id>) hashes before the id: computed at every begin and every end, so the
 # owner token hashes this prefix and the id in one update (the same bytes, fewer calls).
 _OWNER_PREFIX = b"owner" + _LEN.pack(_U64.size)
-# Likewise for the tickets a coordinator issues (two per transaction at begin): _ticket_mac's parts
-# joined into one update. _TICKET_DEADLINE is the deadline part with its length prefix.
-_TICKET_PREFIX = b"ticket" + _LEN.pack(_U64.size)
-_TICKET_DEADLINE = struct.Struct(">IQ")
+# A ticket's MAC input around its topic and subscription: label, length-prefixed txn id, the topic's
+# length; then the deadline's length and the deadline.
+_TICKET_HEAD = struct.Struct(">6sIQQI")
+_TICKET_TAIL = struct.Struct(">IQ")
 _SHA256_BLOCK = 64
 
 
@@ -72,6 +72,13 @@ def not_configured(what: str) -> UnauthorizedError:
         f"{what} needs a cluster secret shared by coordinator and store pods; start this pod with"
         f" {SECRET_FLAG} FILE (or {SECRET_ENV})"
     )
+
+
+def _ticket_use(topic: str, subscription: str) -> str:
+    """What a ticket was presented for, as refusals name it."""
+    if subscription:
+        return f"transactional ack on {topic}/{subscription}"
+    return f"transactional produce to {topic}"
 
 
 class ClusterSecret:
@@ -122,13 +129,26 @@ class ClusterSecret:
 
     # --- tickets -----------------------------------------------------------------------------------
     def _ticket_mac(self, txn_id: TxnID, topic: str, subscription: str, deadline_ms: int) -> bytes:
-        return self._mac(
-            b"ticket",
-            _U64.pack(txn_id.most, txn_id.least),
-            topic.encode(),
-            subscription.encode(),
-            struct.pack(">Q", deadline_ms),
+        # _mac(b"ticket", txn id, topic, subscription, deadline) hashed as one buffer: the same bytes
+        # (label, then each part length-prefixed) in one update instead of nine, on every
+        # transactional produce and ack.
+        topic_bytes = topic.encode()
+        subscription_bytes = subscription.encode()
+        inner = self._inner.copy()
+        inner.update(
+            b"".join(
+                (
+                    _TICKET_HEAD.pack(b"ticket", _U64.size, txn_id.most, txn_id.least, len(topic_bytes)),
+                    topic_bytes,
+                    _LEN.pack(len(subscription_bytes)),
+                    subscription_bytes,
+                    _TICKET_TAIL.pack(_TICKET_TAIL.size - _LEN.size, deadline_ms),
+                )
+            )
         )
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
     def fill_ticket(
         self, ticket: api.TxnTicket, txn_id: TxnID, topic: str, subscription: str, deadline_ms: int
@@ -136,49 +156,35 @@ class ClusterSecret:
         ticket.topic = topic
         ticket.subscription = subscription
         ticket.deadline_ms = deadline_ms
-        # _ticket_mac's bytes (test_auth_mac pins them to it), hashed in one update.
-        topic_bytes = topic.encode()
-        subscription_bytes = subscription.encode()
-        inner = self._inner.copy()
-        inner.update(
-            b"".join(
-                (
-                    _TICKET_PREFIX,
-                    _U64.pack(txn_id.most, txn_id.least),
-                    _LEN.pack(len(topic_bytes)),
-                    topic_bytes,
-                    _LEN.pack(len(subscription_bytes)),
-                    subscription_bytes,
-                    _TICKET_DEADLINE.pack(8, deadline_ms),
-                )
-            )
-        )
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        ticket.mac = outer.digest()
+        ticket.mac = self._ticket_mac(txn_id, topic, subscription, deadline_ms)
 
     def check_ticket(
         self, ticket: api.TxnTicket, txn_id: TxnID, topic: str, subscription: str, now_ms: int
     ) -> None:
         """Refuse unless ``ticket`` is the coordinator's for exactly this txn, topic and subscription
         and the txn's deadline (plus the skew grace) has not passed on this pod's clock."""
-        what = f"transactional ack on {topic}/{subscription}" if subscription else f"produce to {topic}"
-        what = what if subscription else f"transactional {what}"
-        if not ticket.mac:
+        # Every transactional produce and ack passes here: the refusal's wording is built only when
+        # refusing (two f-strings per accepted request were a measurable share of a store's CPU).
+        mac = ticket.mac
+        if not mac:
             raise UnauthorizedError(
-                f"{what} in transaction {txn_id} carries no ticket: register it with the coordinator"
-                " (AddToTxn) and pass the ticket it returns"
+                f"{_ticket_use(topic, subscription)} in transaction {txn_id} carries no ticket: register"
+                " it with the coordinator (AddToTxn) and pass the ticket it returns"
             )
         if ticket.topic != topic or ticket.subscription != subscription:
             raise UnauthorizedError(
-                f"{what}: the ticket is for {ticket.topic!r}/{ticket.subscription!r}, not this one"
+                f"{_ticket_use(topic, subscription)}: the ticket is for"
+                f" {ticket.topic!r}/{ticket.subscription!r}, not this one"
             )
-        expected = self._ticket_mac(txn_id, topic, subscription, ticket.deadline_ms)
-        if not hmac.compare_digest(ticket.mac, expected):
-            raise UnauthorizedError(f"{what}: the ticket was not issued for transaction {txn_id}")
-        if now_ms > ticket.deadline_ms + TICKET_GRACE_MS:
+        deadline_ms = ticket.deadline_ms
+        if not hmac.compare_digest(mac, self._ticket_mac(txn_id, topic, subscription, deadline_ms)):
             raise UnauthorizedError(
-                f"{what}: transaction {txn_id} passed its timeout deadline; it is being aborted"
+                f"{_ticket_use(topic, subscription)}: the ticket was not issued for transaction {txn_id}"
+            )
+        if now_ms > deadline_ms + TICKET_GRACE_MS:
+            raise UnauthorizedError(
+                f"{_ticket_use(topic, subscription)}: transaction {txn_id} passed its timeout deadline;"
+                " it is being aborted"
             )
 
     # --- coordinator -> store handshake ------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Routes protocol commands to the coordinators and the topic service hosted on this pod.
 
-Handlers that can answer at once do so synchronously; the rest return a coroutine (the server runs
-it and replies when it completes). A pod answers only its role's commands: a store command sent to a
-coordinator pod (or the reverse) gets NOT_SERVED_HERE.
+Handlers that can answer at once do so synchronously; the rest return a future or, off the hot
+path, a coroutine (the server replies when it completes). The per-transaction store requests
+(produce, transactional ack, end) return futures settled by the callbacks of the writes they queue:
+a coroutine would cost a task per request. A pod answers only its role's commands: a store command
+sent to a coordinator pod (or the reverse) gets NOT_SERVED_HERE.
 """
 
 from __future__ import annotations
@@ -93,13 +95,39 @@ def _answer_tickets(
     settle(response, None, command)
 
 
-def _answer_ends(response: asyncio.Future[api.Command], results: Sequence[asyncio.Future[Any]]) -> None:
-    """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied)."""
+def _answer_produce(
+    response: asyncio.Future[api.Command], position: Position | None, failure: BaseException | None
+) -> None:
+    """ProduceReceipt: the MessageId the message was written at, once it is durable."""
+    command = api.Command()
+    if position is None:
+        settle(response, failure or UnavailableError("the message was not written"), command)
+        return
+    message_id = command.produce_receipt.message_id
+    message_id.ledger_id = position.ledger_id
+    message_id.entry_id = position.entry_id
+    settle(response, None, command)
+
+
+def _answer_ends(
+    response: asyncio.Future[api.Command],
+    ends: Sequence[tuple[list[asyncio.Future[Any]], BaseException | None]],
+    _settled: Sequence[asyncio.Future[Any]],
+) -> None:
+    """EndTxnsOnStoreResult: the index and error of every end that failed (the others applied).
+
+    ``ends``: per end, its parts' futures and the refusal raised at the call, if any; an end failed
+    with that refusal, else with the first of its parts that failed (``settled.first_failure``'s
+    rule, applied here so the whole request waits on one countdown)."""
     command = api.Command()
     answer = command.end_txns_on_store_result
     answer.SetInParent()
-    for index, result in enumerate(results):
-        failure = failure_of(result)
+    for index, (parts, refused) in enumerate(ends):
+        failure = refused
+        for part in parts:
+            part_failure = failure_of(part)  # retrieved, so never "exception was never retrieved"
+            if failure is None:
+                failure = part_failure
         if failure is None:
             continue
         if not isinstance(failure, Exception):
@@ -202,6 +230,16 @@ class PodHandler:
             "abort_append_block": self.blocks.abort_append_block,
         }
         self._routes = {**coordinator_routes, **store_routes}
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     # --- CommandHandler ----------------------------------------------------------------------------
     def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult:
@@ -278,7 +316,7 @@ class PodHandler:
     ) -> asyncio.Future[api.Command]:
         assert self._secret is not None
         deadline_ms = coordinator.deadline_of(txn)
-        response: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
+        response: asyncio.Future[api.Command] = self._loop().create_future()
         asyncio.ensure_future(added).add_done_callback(
             partial(_answer_tickets, (self._secret, txn, deadline_ms, topics, subs), response)
         )
@@ -355,7 +393,10 @@ class PodHandler:
             )
             epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
             return self._produce_idempotent(topics, body, epoch)
-        return self._produce_async(topics, body.topic, body.payload, body.key, txn)
+        # Answered from the write's own callback: no task, coroutine or intermediate future.
+        response: asyncio.Future[api.Command] = self._loop().create_future()
+        topics.publish_notify(body.topic, body.payload, body.key, txn, partial(_answer_produce, response))
+        return response
 
     @staticmethod
     async def _produce_idempotent(topics: TopicService, body: api.Produce, epoch: int) -> api.Command:
@@ -374,17 +415,6 @@ class PodHandler:
         if self._secret is None:
             raise not_configured("a transactional produce or ack")
         self._secret.check_ticket(ticket, txn, topic, subscription, self._clock_ms())
-
-    @staticmethod
-    async def _produce_async(
-        topics: TopicService, topic: str, payload: bytes, key: str, txn: TxnID | None
-    ) -> api.Command:
-        position = await topics.publish(topic, payload, key, txn)
-        command = api.Command()
-        message_id = command.produce_receipt.message_id
-        message_id.ledger_id = position.ledger_id
-        message_id.entry_id = position.entry_id
-        return command
 
     def _subscribe(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.subscribe
@@ -505,23 +535,26 @@ class PodHandler:
         topics = self._coordinator_store(session, "end-txns-on-store")
         require(len(ends) > 0, "the request names no end")
         # Each end is applied on its own (concurrently, as separate requests would be) and answered
-        # on its own: one failure does not fail the others. Futures and one countdown, no task.
-        loop = asyncio.get_running_loop()
-        results: list[asyncio.Future[Any]] = []
+        # on its own: one failure does not fail the others. Futures and one countdown over every
+        # end's parts, no task and no combining future per end.
+        parts: list[tuple[list[asyncio.Future[Any]], BaseException | None]] = []
+        everything: list[asyncio.Future[Any]] = []
         for end in ends:
             try:
-                results.append(self._one_end(topics, end))
+                waiting, refused = self._one_end(topics, end)
             except Exception as exc:
-                refused: asyncio.Future[Any] = loop.create_future()
-                settle(refused, exc, None)
-                results.append(refused)
-        response: asyncio.Future[api.Command] = loop.create_future()
-        when_all(results, partial(_answer_ends, response))
+                waiting, refused = [], exc
+            parts.append((waiting, refused))
+            everything.extend(waiting)
+        response: asyncio.Future[api.Command] = self._loop().create_future()
+        when_all(everything, partial(_answer_ends, response, parts))
         return response
 
     @staticmethod
-    def _one_end(topics: TopicService, end: api.EndTxnOnStore) -> asyncio.Future[None]:
+    def _one_end(
+        topics: TopicService, end: api.EndTxnOnStore
+    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:
         require(len(end.topics) + len(end.subscriptions) > 0, "end names no partition or subscription")
         subs = [(s.topic, s.subscription) for s in end.subscriptions]
         commit = end.action == api.COMMIT
-        return topics.end_txn_on_store(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)
+        return topics.end_txn_parts(_txn(end.txn_id), commit, end.topics, subs, end.deadline_ms)

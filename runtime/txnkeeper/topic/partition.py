@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,7 +29,7 @@ from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
-from txnkeeper.topic.txnbuffer import TransactionBuffer
+from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
@@ -41,6 +41,8 @@ from txnkeeper.topic.writers import (
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
+# How a ledger append settled: (position, None) once durable, (None, error) if the write failed.
+WriteNotify = Callable[[Position | None, BaseException | None], None]
 
 REPLAY_BATCH = 1000
 TAIL_CACHE_ENTRIES = 20_000
@@ -125,6 +127,11 @@ class Partition:
         self._blocks: dict[TxnID, InFlight] = {}
         self._next_block_least = time.time_ns() // 1000
         self.ledger = ledger
+        # The ledger's append settled by a callback (ManagedLedger's; test ledgers may lack it): one
+        # future less per produced message than add_entry's.
+        self._add_notify: Callable[[bytes, WriteNotify], None] | None = getattr(
+            ledger, "add_entry_notify", None
+        )
         self.buffer = TransactionBuffer()
         self.subscriptions: dict[str, Subscription] = {}
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
@@ -142,6 +149,16 @@ class Partition:
         self._snapshot_lock = asyncio.Lock()  # one writer of the file at a time, captures in order
         self._writing: asyncio.Future[None] | None = None
         self.replayed_entries = 0  # by the last recover(): what the snapshot did not cover
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     def _load_snapshot(self) -> Position | None:
         """Restore the buffer from the snapshot; the position it covers, or None to replay everything."""
@@ -165,9 +182,7 @@ class Partition:
                 last,
             )
             return None
-        self.buffer.restore(
-            [(e.txn_id, e.committed, e.marker, e.deadline_ms) for e in loaded.ended], loaded.open
-        )
+        self.buffer.restore(loaded.ended, loaded.open)
         for row in loaded.writers:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
@@ -252,13 +267,13 @@ class Partition:
         for txn_id, flight in self._blocks.items():
             done = flight.done
             if done.done() and not done.cancelled() and done.exception() is None:
-                ended.append((txn_id, True, done.result(), 0))
+                ended.append(EndedTxn(txn_id, True, done.result(), 0))
                 if txn_id in opened:
                     opened.remove(txn_id)
         return snapshots.BufferSnapshot(
             self.topic,
             covers,
-            [snapshots.EndedTxn(t, c, m, d) for t, c, m, d in ended],
+            ended,
             opened,
             self.writers.snapshot_rows(),
         )
@@ -432,18 +447,53 @@ class Partition:
         return BlockResult(previous, positions[0], False)
 
     async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
+        return await self.publish_future(payload, key, txn_id)
+
+    def publish_future(self, payload: bytes, key: str, txn_id: TxnID | None) -> asyncio.Future[Position]:
+        """Write one message; the future resolves with its position once it is durable (refusals
+        raise at the call)."""
+        done: asyncio.Future[Position] = self._loop().create_future()
+        self.publish_notify(payload, key, txn_id, partial(_settle_write, done))
+        return done
+
+    def publish_notify(self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify) -> None:
+        """Write one message; ``notify(position, None)`` once it is durable, ``notify(None, error)``
+        if the write failed. Refusals raise at the call.
+
+        A plain function, not a coroutine: every produce is one, and a coroutine per produce (plus the
+        task the server wrapped it in) was a measurable part of a store pod's CPU. The message is
+        queued at the call; what follows its write (tail cache, counts, waking dispatch, then
+        ``notify``) runs in the step that confirms it, so a caller that answers from ``notify`` needs
+        no future of its own.
+        """
         if txn_id is not None:
             if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
                 raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
             self.buffer.message_written(txn_id)
         data = encode_data(payload, key, txn_id, int(time.time() * 1000))
-        position = await self.ledger.add_entry(data)
+        written = partial(self._published, data, txn_id is None, notify)
+        if self._add_notify is not None:
+            self._add_notify(data, written)
+        else:
+            _as_future(self.ledger.add_entry(data)).add_done_callback(partial(notify_from_future, written))
+
+    def _published(
+        self,
+        data: bytes,
+        plain: bool,
+        notify: WriteNotify,
+        position: Position | None,
+        failure: BaseException | None,
+    ) -> None:
+        if failure is not None or position is None:
+            notify(None, failure or RuntimeError("the ledger settled a write without a position"))
+            return
         self._remember(position, data)
         self.published_count += 1
         self._count_written()
-        if txn_id is None:
+        if plain:  # a transaction's message is dispatched only once its commit marker is written
             self._notify()
-        return position
+        notify(position, None)
 
     def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
         """Write the transaction's marker (once) and let its messages be dispatched or dropped.
@@ -463,30 +513,35 @@ class Partition:
             return asyncio.shield(in_progress)
         self.buffer.begin_end(txn_id)
         marker = encode_marker(txn_id, commit, deadline_ms)
+        done: asyncio.Future[None] = self._loop().create_future()
+        self._ending[txn_id] = done
+        settled = partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done)
         try:
-            written = _as_future(self.ledger.add_entry(marker))
+            if self._add_notify is not None:  # settled in the step that confirms the write
+                self._add_notify(marker, settled)
+            else:
+                _as_future(self.ledger.add_entry(marker)).add_done_callback(
+                    partial(notify_from_future, settled)
+                )
         except BaseException:
+            del self._ending[txn_id]
             self.buffer.cancel_end(txn_id)
             raise
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ending[txn_id] = done
-        written.add_done_callback(partial(self._marker_written, (txn_id, commit, deadline_ms, marker), done))
         return done
 
     def _marker_written(
         self,
         end: tuple[TxnID, bool, int, bytes],
         done: asyncio.Future[None],
-        written: asyncio.Future[Position],
+        position: Position | None,
+        failure: BaseException | None,
     ) -> None:
         txn_id, commit, deadline_ms, marker = end
         del self._ending[txn_id]
-        failure = failure_of(written)
-        if failure is not None:
+        if failure is not None or position is None:
             self.buffer.cancel_end(txn_id)
-            settle(done, failure, None)
+            settle(done, failure or RuntimeError("the ledger settled a marker without a position"), None)
             return
-        position = written.result()
         self._remember(position, marker)
         self.buffer.ended(txn_id, commit, position, deadline_ms)
         settle(done, None, None)
@@ -539,6 +594,25 @@ class Partition:
     def _notify(self) -> None:
         for subscription in self.subscriptions.values():
             subscription.notify()
+
+
+def notify_from_future(notify: WriteNotify, written: asyncio.Future[Position]) -> None:
+    """A ledger future's outcome handed to an ``add_entry_notify``-style callback."""
+    failure = failure_of(written)
+    notify(None if failure is not None else written.result(), failure)
+
+
+def _settle_write(
+    done: asyncio.Future[Position], position: Position | None, failure: BaseException | None
+) -> None:
+    """A ``WriteNotify`` that settles ``done`` (unless its waiter gave up)."""
+    if done.done():
+        return
+    if position is not None:
+        done.set_result(position)
+    else:
+        done.set_exception(failure or RuntimeError("the ledger settled a write without a position"))
+        done.exception()  # the waiter may be gone: never "exception was never retrieved"
 
 
 def _as_future(awaitable: Awaitable[Position]) -> asyncio.Future[Position]:

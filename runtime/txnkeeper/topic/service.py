@@ -10,13 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
-from txnkeeper.topic.partition import BlockResult, Partition, PartitionLedger
+from txnkeeper.topic.partition import (
+    BlockResult,
+    Partition,
+    PartitionLedger,
+    WriteNotify,
+    notify_from_future,
+)
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
@@ -194,7 +201,23 @@ class TopicService:
         if txn_id is not None and self._fences:
             self.check_fence(topic, "", txn_id)
         partition = self._partitions.get(topic) or await self.partition(topic)
-        return await partition.publish(payload, key, txn_id)
+        return await partition.publish_future(payload, key, txn_id)
+
+    def publish_notify(
+        self, topic: str, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify
+    ) -> None:
+        """``publish`` settled by a callback (``Partition.publish_notify``): an open partition (the
+        usual case) queues the message at the call and costs no coroutine, task or future; refusals
+        then raise at the call. A partition not open yet is opened by a task, which reports its
+        refusals to ``notify``."""
+        partition = self._partitions.get(topic)
+        if partition is None:
+            opening = asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
+            opening.add_done_callback(partial(notify_from_future, notify))
+            return
+        if txn_id is not None:
+            self.check_fence(topic, "", txn_id)
+        partition.publish_notify(payload, key, txn_id, notify)
 
     async def publish_idempotent(
         self,
@@ -232,6 +255,8 @@ class TopicService:
 
     def check_fence(self, topic: str, subscription: str, txn_id: TxnID) -> None:
         """Refuse a produce or ack of a txn that already ended on this topic or subscription."""
+        if not self._fences:  # the usual case: no key to build and hash per transactional ack
+            return
         until = self._fences.get((topic, subscription, txn_id))
         if until is None:
             return
@@ -281,6 +306,22 @@ class TopicService:
         overlap without a task each (only a partition or subscription not open yet takes one); the
         future resolves once every end settled, failing with the first failure if any.
         """
+        waiting, refused = self.end_txn_parts(txn_id, commit, topics, subscriptions, deadline_ms)
+        return first_failure(waiting, refused)
+
+    def end_txn_parts(
+        self,
+        txn_id: TxnID,
+        commit: bool,
+        topics: Iterable[str],
+        subscriptions: list[tuple[str, str]],
+        deadline_ms: int = 0,
+    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:
+        """``end_txn_on_store`` unsettled: the futures of the partition and subscription ends (in
+        order) and the first refusal raised at a call (the others were still queued), so that a
+        caller ending many transactions waits on all their parts at once (``settled.when_all``)
+        instead of on a combining future per transaction. The transaction's outcome is the refusal,
+        else the first of the futures that failed."""
         waiting: list[asyncio.Future[Any]] = []
         first_error: BaseException | None = None
         for topic in topics:
@@ -307,4 +348,4 @@ class TopicService:
                     waiting.append(subscription.end_txn(txn_id, commit, deadline_ms))
             except Exception as exc:
                 first_error = first_error or exc
-        return first_failure(waiting, first_error)
+        return waiting, first_error

@@ -24,6 +24,7 @@ from pathlib import Path
 from txnkeeper import statefile
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.position import Position
+from txnkeeper.topic.txnbuffer import EndedTxn as EndedTxn  # noqa: PLC0414 (re-exported: what a snapshot lists)
 from txnkeeper.txnid import TxnID
 
 KIND = "txn-buffer-snapshot"
@@ -35,14 +36,6 @@ REMEDY = "it is rebuilt from the topic's ledger by a full replay; nothing needs 
 # [writer id, last number, last block's first number, its first MessageId's ledger and entry id (-1:
 # unknown), last active ms]
 WriterRow = tuple[str, int, int, int, int, int]
-
-
-@dataclass(frozen=True)
-class EndedTxn:
-    txn_id: TxnID
-    committed: bool
-    marker: Position
-    deadline_ms: int
 
 
 @dataclass(frozen=True)
@@ -68,16 +61,10 @@ def encode_body(snapshot: BufferSnapshot) -> dict[str, object]:
     return {
         "topic": snapshot.topic,
         "covers": [snapshot.covers.ledger_id, snapshot.covers.entry_id],
+        # Unpacked in the loop header: one row per ended transaction, and there may be many.
         "ended": [
-            [
-                e.txn_id.most,
-                e.txn_id.least,
-                int(e.committed),
-                e.marker.ledger_id,
-                e.marker.entry_id,
-                e.deadline_ms,
-            ]
-            for e in snapshot.ended
+            [most, least, 1 if committed else 0, ledger_id, entry_id, deadline_ms]
+            for (most, least), committed, (ledger_id, entry_id), deadline_ms in snapshot.ended
         ],
         "open": [[t.most, t.least] for t in snapshot.open],
         "writers": [list(row) for row in snapshot.writers],

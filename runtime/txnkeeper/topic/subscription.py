@@ -13,9 +13,8 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
@@ -34,8 +33,9 @@ SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deleti
 ENDED_MEMORY = 100_000
 
 
-@dataclass(slots=True)
-class _Unacked:
+class _Unacked(NamedTuple):
+    """A message out with a consumer (one per delivered message: a tuple is the cheapest to build)."""
+
     consumer_id: int
     payload: bytes
     key: str
@@ -89,6 +89,16 @@ class Subscription:
             f"{where} pending-ack deletion", self._delete_records, SETTLE_INTERVAL
         )
         self._closed = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this object serves on (the running one at first use)."""
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call per call on CPython
+        # 3.11 (its fork check), and every transaction creates futures here.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def recover(self, recovered: list[RecoveredPendingAck]) -> None:
@@ -177,7 +187,7 @@ class Subscription:
             if not cumulative and self._cursor.is_deleted(position):
                 raise TxnConflictError(f"message {position} is already acknowledged on {self.name}")
         new = self._pending.reserve(txn_id, positions, cumulative)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop().create_future()
         if not new:
             done.set_result(None)
             return done
@@ -237,7 +247,7 @@ class Subscription:
             self._remember_ended(txn_id, commit)
             return resolved(None)
         logged = self._pending_log.log_end(txn_id, commit)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop().create_future()
         self._ending[txn_id] = done
         logged.add_done_callback(partial(self._end_logged, txn_id, commit, acks, done))
         # Not shielded (the store's request path never cancels): a cancelled first waiter cancels
@@ -387,9 +397,11 @@ class Subscription:
         )
 
     def _deliver(self, position: Position, payload: bytes, key: str) -> None:
-        for consumer_id, consumer in list(self._consumers.items()):
-            if self._permits.get(consumer_id, 0) > 0 and consumer.connected:
-                self._permits[consumer_id] -= 1
+        permits = self._permits
+        # No copy of the consumers per message: the loop ends right after the one change it makes.
+        for consumer_id, consumer in self._consumers.items():
+            if permits.get(consumer_id, 0) > 0 and consumer.connected:
+                permits[consumer_id] -= 1
                 # round robin: the chosen consumer goes to the back
                 self._consumers.move_to_end(consumer_id)
                 self._unacked[position] = _Unacked(consumer_id, payload, key)

@@ -9,7 +9,9 @@ partition feeds it what it writes and replays.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from enum import Enum
+from typing import NamedTuple
 
 from txnkeeper.ledger.position import Position
 from txnkeeper.txnid import TxnID
@@ -21,20 +23,35 @@ class TxnOutcome(Enum):
     ABORTED = "aborted"
 
 
+class EndedTxn(NamedTuple):
+    """How a transaction ended on this partition: committed or not, its marker's position and its
+    timeout deadline (0: unknown).
+
+    Kept as is in the buffer and handed as is to its snapshots: a snapshot of a partition whose
+    outcomes are never trimmed (a topic without subscriptions) copies every one of them, and building
+    a row per transaction for each capture was most of a snapshot's cost.
+    """
+
+    txn_id: TxnID
+    committed: bool
+    marker: Position
+    deadline_ms: int
+
+
 class TransactionBuffer:
     """Outcome of every transaction that wrote to this partition (bounded memory of ended ones)."""
 
     def __init__(self) -> None:
         self._open: set[TxnID] = set()
-        # txn -> (committed?, its marker's position, its timeout deadline or 0), in marker order
-        self._ended: OrderedDict[TxnID, tuple[bool, Position, int]] = OrderedDict()
+        # txn -> how it ended, in marker order
+        self._ended: OrderedDict[TxnID, EndedTxn] = OrderedDict()
         self._ending: set[TxnID] = set()
 
     def outcome(self, txn_id: TxnID) -> TxnOutcome:
         ended = self._ended.get(txn_id)
         if ended is None:
             return TxnOutcome.OPEN
-        return TxnOutcome.COMMITTED if ended[0] else TxnOutcome.ABORTED
+        return TxnOutcome.COMMITTED if ended.committed else TxnOutcome.ABORTED
 
     def accepts_message(self, txn_id: TxnID) -> bool:
         """A transaction that ended (or is ending) here takes no more messages (zombie producers)."""
@@ -56,7 +73,7 @@ class TransactionBuffer:
     def ended(self, txn_id: TxnID, committed: bool, marker: Position, deadline_ms: int = 0) -> None:
         self._ending.discard(txn_id)
         self._open.discard(txn_id)
-        self._ended[txn_id] = (committed, marker, deadline_ms)
+        self._ended[txn_id] = EndedTxn(txn_id, committed, marker, deadline_ms)
         self._ended.move_to_end(txn_id)
 
     def forget_before(self, position: Position) -> list[tuple[TxnID, int]]:
@@ -67,19 +84,19 @@ class TransactionBuffer:
         forgotten: list[tuple[TxnID, int]] = []
         ended = self._ended
         while ended:
-            txn_id, (_, marker, deadline_ms) = next(iter(ended.items()))
-            if marker > position:
+            oldest = next(iter(ended.values()))
+            if oldest.marker > position:
                 break
-            del ended[txn_id]
-            forgotten.append((txn_id, deadline_ms))
+            del ended[oldest.txn_id]
+            forgotten.append((oldest.txn_id, oldest.deadline_ms))
         return forgotten
 
-    def export(self) -> tuple[list[tuple[TxnID, bool, Position, int]], list[TxnID]]:
-        """The ended transactions (in marker order) and the open ones, for a snapshot."""
-        ended = [(txn_id, c, marker, d) for txn_id, (c, marker, d) in self._ended.items()]
-        return ended, list(self._open)
+    def export(self) -> tuple[list[EndedTxn], list[TxnID]]:
+        """The ended transactions (in marker order) and the open ones, for a snapshot (copies of the
+        lists, made without building anything per transaction)."""
+        return list(self._ended.values()), list(self._open)
 
-    def restore(self, ended: list[tuple[TxnID, bool, Position, int]], opened: list[TxnID]) -> None:
+    def restore(self, ended: Iterable[tuple[TxnID, bool, Position, int]], opened: Iterable[TxnID]) -> None:
         """Start from a snapshot's state (before replaying the entries after it)."""
         for txn_id, committed, marker, deadline_ms in ended:
             self.ended(txn_id, committed, marker, deadline_ms)
