@@ -44,7 +44,7 @@ class RpcConnection(FrameConnection):
     def request(self, command: api.Command, timeout: float | None = None) -> asyncio.Future[api.Command]:
         """Send ``command``; the future resolves to the response command or fails with ServiceError
         (``RequestTimeoutError`` when ``timeout`` seconds pass without a response, to within ~0.25 s)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         future: asyncio.Future[api.Command] = loop.create_future()
         if not self.is_open:
             future.set_exception(ConnectionClosedError(f"connection to {self.address} is closed"))

@@ -205,7 +205,7 @@ class ServerConnection(FrameConnection):
             return
         decoder = self._decoder
         before = decoder.buffered
-        now = asyncio.get_running_loop().time()
+        now = self._loop.time()
         self.last_received = now
         try:
             commands = decoder.feed(data)
@@ -262,9 +262,9 @@ class ServerConnection(FrameConnection):
         if isinstance(result, asyncio.Future):
             future: asyncio.Future[Any] = result
         elif inspect.iscoroutine(result):
-            future = asyncio.get_running_loop().create_task(result)
+            future = self._loop.create_task(result)
         else:
-            future = asyncio.ensure_future(result)
+            future = asyncio.ensure_future(result, loop=self._loop)
         self.in_flight += 1
         future.add_done_callback(partial(self._complete, request_id))
 
