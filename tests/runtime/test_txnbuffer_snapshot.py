@@ -181,3 +181,34 @@ def test_a_process_killed_while_writing_snapshots_leaves_a_whole_one(tmp_path: P
     assert n >= last  # at least the last write it reported finished
     assert loaded.open == [TxnID(2, n)]  # and all of that one write
     assert len(loaded.ended) == n % 500
+
+
+async def test_the_snapshot_interval_grows_with_the_outcomes_kept(tmp_path: Path) -> None:
+    """A snapshot copies every outcome: with many kept, one is taken every outcomes / 4 entries, not
+    every ``snapshot_every``, so snapshots cost a bounded share of the writes."""
+    partition, factory = await open_partition(tmp_path, every=10, per_ledger=10_000)
+    path = snapshots.snapshot_path(tmp_path / "snapshots", TOPIC)
+    for i in range(200):  # 200 outcomes, then a snapshot covering them
+        txn = TxnID(7, i)
+        await partition.publish(b"m", "", txn)
+        await partition.end_txn(txn, commit=True)
+    assert await partition.write_snapshot()
+
+    def identity() -> tuple[int, int]:  # a new snapshot is a new file renamed into place
+        stat = path.stat()
+        return stat.st_ino, stat.st_mtime_ns
+
+    written = identity()
+    for i in range(40):  # 40 entries: past `every`, under 200 / 4
+        await partition.publish(f"p{i}".encode(), "", None)
+    await asyncio.sleep(0)
+    assert partition._snapshot_task is None or partition._snapshot_task.done()
+    assert identity() == written, "a snapshot was taken before outcomes / 4 entries"
+    for i in range(20):  # 60 entries since: past 200 / 4
+        await partition.publish(f"q{i}".encode(), "", None)
+    deadline = time.monotonic() + 30
+    while identity() == written:
+        assert time.monotonic() < deadline, "no snapshot after outcomes / 4 entries"
+        await asyncio.sleep(0.01)
+    await partition.close()
+    await factory.close()
