@@ -292,21 +292,30 @@ class TxnRecordStore(ABC, Generic[R, S]):
             self._check_open()
         self._check_record(record)
         key: TxnKey = _txn_key(record)
-        written = self._written.get(key)
-        if written is None:
-            written = self._written[key] = [0]
+        written = self._sink(key)
         # The writer appends the position to ``written`` itself when the entry settles, so the record
         # path does nothing after the write and even a cancelled caller's record is known.
         future, data = self._write(record, written)
         written[_SUBMITTED] += 1
-        retained = self._retained
-        if retained is not None:
-            kept = retained.get(key)
-            if kept is None:
-                kept = retained[key] = []
-            kept.append(data)
-            self.records_since_capture += 1
+        if self._retained is not None:
+            self._retain(key, (data,))
         return future
+
+    def _sink(self, key: TxnKey) -> PositionSink:
+        """Where the writer records the positions of ``key``'s records (created at its first)."""
+        written = self._written.get(key)
+        if written is None:
+            written = self._written[key] = [0]
+        return written
+
+    def _retain(self, key: TxnKey, data: Sequence[bytes]) -> None:
+        """Keep records as written until the next capture (stores that take snapshots only)."""
+        assert self._retained is not None
+        kept = self._retained.get(key)
+        if kept is None:
+            kept = self._retained[key] = []
+        kept.extend(data)
+        self.records_since_capture += len(data)
 
     def _write(self, record: R, written: PositionSink) -> tuple[asyncio.Future[WritePosition], bytes]:
         """Serialize a checked record (``_check_record`` refused any other type) and hand it to the
@@ -337,9 +346,7 @@ class TxnRecordStore(ABC, Generic[R, S]):
                     f"append_all writes the records of one transaction: got {_txn_key(record)} after {key};"
                     " append each transaction's records in its own call"
                 )
-        written = self._written.get(key)
-        if written is None:
-            written = self._written[key] = [0]
+        written = self._sink(key)
         write = self._write
         futures: list[asyncio.Future[WritePosition]] = []
         written_data: list[bytes] = []
@@ -350,15 +357,9 @@ class TxnRecordStore(ABC, Generic[R, S]):
                 written_data.append(data)
         finally:
             # Only what the writer took is counted and retained (a refusal leaves the rest unwritten).
-            submitted = len(futures)
-            written[_SUBMITTED] += submitted
-            retained = self._retained
-            if retained is not None and submitted:
-                kept = retained.get(key)
-                if kept is None:
-                    kept = retained[key] = []
-                kept.extend(written_data)
-                self.records_since_capture += submitted
+            written[_SUBMITTED] += len(futures)
+            if self._retained is not None and written_data:
+                self._retain(key, written_data)
         return futures
 
     async def delete_txn(self, txn_id: TxnIdLike) -> None:
