@@ -49,10 +49,7 @@ class StorePeers:
         deadline_ms: int = 0,
     ) -> asyncio.Future[None]:
         """Queue the end for ``address``; the future resolves once that store applied it."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[None] = self._event_loop().create_future()
         self.end_on_store_then(
             address, txn_id, commit, (topics, subscriptions, deadline_ms), partial(_settle_end, done)
         )
@@ -70,11 +67,8 @@ class StorePeers:
         is called with None once that store applied it, or with the error."""
         queued = self._queued.get(address)
         if queued is None:
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
             queued = self._queued[address] = (api.Command(), [])
-            loop.call_soon(self._send, address)
+            self._event_loop().call_soon(self._send, address)
         command, waiting = queued
         topics, subscriptions, deadline_ms = ends
         # Added in place to the request of this turn (building an end and adding it copies it).
@@ -89,6 +83,12 @@ class StorePeers:
             ref.topic = topic
             ref.subscription = subscription
         waiting.append(then)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     async def _authenticate(self, conn: RpcConnection) -> None:
         """Prove to the store that this is a coordinator (stores accept ends only from coordinators):
@@ -131,10 +131,7 @@ def _tell(then: Outcome, failure: BaseException | None) -> None:
 
 def _tell_all(waiting: list[Outcome], failure: BaseException | None) -> None:
     for then in waiting:
-        try:
-            then(failure)
-        except Exception:
-            log.exception("handling the outcome of an end failed")
+        _tell(then, failure)
 
 
 def _answered(waiting: list[Outcome], response: asyncio.Future[api.Command]) -> None:
