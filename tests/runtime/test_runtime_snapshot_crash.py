@@ -37,7 +37,7 @@ async def test_store_sigkill_after_a_snapshot_keeps_every_outcome(cluster: tuple
 
         async def snapshotted() -> bool:  # housekeeping snapshots what was written since the last one
             loaded = snapshots.read(path, OUT)
-            return loaded is not None and before <= {e.txn_id for e in loaded.ended}
+            return loaded is not None and before <= {e.txn_id for e in snapshots.unpack_ended(loaded.ended)}
 
         await wait_until(snapshotted, 60, f"a snapshot at {path} holding both outcomes")
         held = await client.new_transaction(timeout_ms=120_000)

@@ -362,6 +362,43 @@ def test_transaction_buffer_outcomes_and_forgetting() -> None:
     assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1
 
 
+def test_transaction_buffer_rows_survive_re_ends_compaction_and_restore() -> None:
+    from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome, unpack_ended
+
+    buffer = TransactionBuffer()
+    ids = [TxnID(3, i) for i in range(5000)]
+    for i, txn in enumerate(ids):
+        buffer.ended(txn, i % 3 != 0, Position(1 + i // 1000, i % 1000), deadline_ms=i)
+    # ended again later (a marker written twice): its latest marker counts, the earlier row is stale
+    buffer.ended(ids[0], True, Position(9, 0), deadline_ms=7)
+    assert buffer.outcome(ids[0]) is TxnOutcome.COMMITTED and buffer.ended_count == 5000
+    forgotten = buffer.forget_before(Position(3, -1))  # ledgers 1 and 2 trimmed
+    assert forgotten == [(txn, i) for i, txn in enumerate(ids[1:2000], start=1)]  # not ids[0]: re-ended
+    assert buffer.outcome(ids[1]) is TxnOutcome.OPEN and buffer.outcome(ids[0]) is TxnOutcome.COMMITTED
+    assert (
+        buffer.outcome(ids[2000]) is TxnOutcome.COMMITTED and buffer.outcome(ids[2001]) is TxnOutcome.ABORTED
+    )
+    rows, opened = buffer.export()  # the stale row was cut with the forgotten ones
+    exported = list(unpack_ended(rows))
+    assert [e.txn_id for e in exported] == [*ids[2000:], ids[0]] and opened == []
+    restored = TransactionBuffer()
+    restored.message_written(ids[4999])  # opened before the snapshot is applied: ended wins
+    restored.restore(rows, [TxnID(4, 1)])
+    assert restored.ended_count == 3001 and restored.ongoing == 1
+    for txn in [*ids[2000:], ids[0]]:
+        assert restored.outcome(txn) is buffer.outcome(txn)
+    assert restored.forget_before(Position(5, 999)) == [
+        (txn, i) for i, txn in enumerate(ids[2000:], start=2000)
+    ]
+    assert restored.outcome(ids[0]) is TxnOutcome.COMMITTED and restored.ended_count == 1
+    restored.ended(TxnID(4, 1), False, Position(10, 0), deadline_ms=3)  # after the front was cut
+    assert [(e.txn_id, e.committed, e.marker) for e in unpack_ended(restored.export()[0])] == [
+        (ids[0], True, Position(9, 0)),
+        (TxnID(4, 1), False, Position(10, 0)),
+    ]
+    assert restored.ongoing == 0 and restored.outcome(TxnID(4, 1)) is TxnOutcome.ABORTED
+
+
 async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_refused() -> None:
     import asyncio
 

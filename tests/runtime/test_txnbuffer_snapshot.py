@@ -4,6 +4,7 @@ cover, yet restores every outcome; a damaged or stale snapshot is never used (fu
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import signal
 import subprocess
@@ -99,12 +100,12 @@ async def test_an_unusable_snapshot_is_rebuilt_by_a_full_replay(
         loaded = snapshots.read(path, TOPIC)
         assert loaded is not None
         if damage == "other-topic":
-            wrong = snapshots.BufferSnapshot("persistent://t/ns/other", loaded.covers, [], [])
+            wrong = snapshots.BufferSnapshot("persistent://t/ns/other", loaded.covers, b"", [])
         else:  # claims entries the ledger does not have, and says every txn is committed
             wrong = snapshots.BufferSnapshot(
                 TOPIC,
                 Position(loaded.covers.ledger_id + 5, 0),
-                [snapshots.EndedTxn(ABORTED, True, loaded.covers, 0)],
+                snapshots.pack_ended([snapshots.EndedTxn(ABORTED, True, loaded.covers, 0)]),
                 [],
             )
         snapshots.write(path, wrong)
@@ -133,15 +134,50 @@ async def test_outcomes_trimmed_since_the_snapshot_are_forgotten_but_fenced(tmp_
 
 def test_snapshot_round_trip_and_shape_errors(tmp_path: Path) -> None:
     path = tmp_path / "s.snapshot"
-    snap = snapshots.BufferSnapshot(
-        TOPIC, Position(3, 7), [snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9)], [OPEN]
-    )
+    rows = [
+        snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9),
+        snapshots.EndedTxn(TxnID(2**64 - 1, 2**63), False, Position(2**40, 5), 2**62),  # a block's id
+    ]
+    snap = snapshots.BufferSnapshot(TOPIC, Position(3, 7), snapshots.pack_ended(rows), [OPEN])
     snapshots.write(path, snap)
-    assert snapshots.read(path, TOPIC) == snap
+    loaded = snapshots.read(path, TOPIC)
+    assert loaded == snap and list(snapshots.unpack_ended(loaded.ended)) == rows
     assert snapshots.read(tmp_path / "missing", TOPIC) is None
-    body = snapshots.encode_body(snap)
-    body["ended"] = [[1, 1, 1, 3]]
-    statefile.write(path, snapshots.KIND, snapshots.VERSION, body)
+    good = snapshots.encode_body(snap)
+    row = bytearray(snapshots.pack_ended(rows[:1]))
+    negative = bytearray(row)
+    negative[40] = 0x80  # the deadline's sign byte
+    flag = bytearray(row)
+    flag[16] = 2
+    for ended, problem in [
+        (["!!!!"], r"ended\[0\] is not base64"),
+        ([base64.b64encode(bytes(row[:-1])).decode()], r"ended\[0\]: 40 bytes are not whole 41-byte rows"),
+        ([base64.b64encode(bytes(flag)).decode()], "committed flag is neither 0 nor 1"),
+        (["", base64.b64encode(bytes(negative)).decode()], r"ended\[1\]: .*negative"),
+        ([[1, 1, 1, 3]], r"ended\[0\] must be a string"),
+    ]:
+        statefile.write(path, snapshots.KIND, snapshots.VERSION, {**good, "ended": ended})
+        with pytest.raises(snapshots.SnapshotError, match=r"s\.snapshot.*" + problem):
+            snapshots.read(path, TOPIC)
+
+
+def test_version_2_snapshots_with_json_rows_are_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "s.snapshot"
+    body = {
+        "topic": TOPIC,
+        "covers": [3, 7],
+        "ended": [[1, 1, 1, 3, 2, 9], [1, 2, 0, 3, 4, 0]],
+        "open": [[1, 3]],
+        "writers": [],
+    }
+    statefile.write(path, snapshots.KIND, 2, body)
+    loaded = snapshots.read(path, TOPIC)
+    assert loaded is not None and loaded.open == [OPEN]
+    assert list(snapshots.unpack_ended(loaded.ended)) == [
+        snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9),
+        snapshots.EndedTxn(ABORTED, False, Position(3, 4), 0),
+    ]
+    statefile.write(path, snapshots.KIND, 2, {**body, "ended": [[1, 1, 1, 3]]})
     with pytest.raises(snapshots.SnapshotError, match=r"s\.snapshot.*ended\[0\] must have 6 fields"):
         snapshots.read(path, TOPIC)
 
@@ -155,7 +191,7 @@ from txnkeeper.topic import snapshot as s
 path = Path(sys.argv[1])
 for n in range(1, 10**9):
     ended = [s.EndedTxn(TxnID(1, i), i % 2 == 0, Position(3, i), 0) for i in range(n % 500)]
-    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), ended, [TxnID(2, n)]))
+    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), s.pack_ended(ended), [TxnID(2, n)]))
     print(n, flush=True)
 """
 
@@ -180,7 +216,7 @@ def test_a_process_killed_while_writing_snapshots_leaves_a_whole_one(tmp_path: P
     n = loaded.covers.entry_id
     assert n >= last  # at least the last write it reported finished
     assert loaded.open == [TxnID(2, n)]  # and all of that one write
-    assert len(loaded.ended) == n % 500
+    assert len(list(snapshots.unpack_ended(loaded.ended))) == n % 500
 
 
 async def test_the_snapshot_interval_grows_with_the_outcomes_kept(tmp_path: Path) -> None:

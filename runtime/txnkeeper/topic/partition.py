@@ -29,7 +29,7 @@ from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
-from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer
+from txnkeeper.topic.txnbuffer import ENDED_ROW, TransactionBuffer
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
@@ -52,10 +52,10 @@ HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
 # (and at housekeeping and close when anything was): a restart replays at most about this many entries
 # plus one housekeeping interval of traffic. With more outcomes kept than SNAPSHOT_GROWTH times that,
 # the next one waits for outcomes / SNAPSHOT_GROWTH entries instead (as the coordinator's txn-log
-# snapshot does): a snapshot copies every outcome, so a topic whose outcomes are never trimmed (no
-# subscription) would otherwise spend a share of its CPU on snapshots that grows without bound (at
-# 40-60k outcomes already ~5 % of a store pod's at 256 transactions in flight), while a restart loads
-# those outcomes anyway, so replaying a quarter as many entries more keeps recovery in the same order.
+# snapshot does): a snapshot copies and writes every outcome (41 bytes each, txnbuffer.ENDED_ROW), so a
+# topic whose outcomes are never trimmed (no subscription) would otherwise spend a share of its CPU and
+# disk on snapshots that grows without bound, while a restart loads those outcomes anyway, so
+# replaying a quarter as many entries more keeps recovery in the same order.
 SNAPSHOT_EVERY_ENTRIES = 20_000
 SNAPSHOT_GROWTH = 4
 # Upper bounds of the txnkeeper_srk_block_bytes histogram's buckets.
@@ -193,7 +193,7 @@ class Partition:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
             self.writers.restore_row(writer_id, last_number, last_first, mid, active)
-        for txn_id, *_ in self.buffer.export()[0]:
+        for txn_id in self.buffer.ended_ids():
             self._saw_block_txn(txn_id)
         live = self.ledger.ledger_ids()
         if live:  # outcomes whose markers were trimmed since the snapshot: forgotten, but still fenced
@@ -270,12 +270,18 @@ class Partition:
         ended, opened = self.buffer.export()
         # A block whose marker is durable (so covered) but whose completion has not run yet is
         # recorded as committed: a restart must not find it open and abort it.
+        settled: list[bytes] = []
         for txn_id, flight in self._blocks.items():
             done = flight.done
             if done.done() and not done.cancelled() and done.exception() is None:
-                ended.append(EndedTxn(txn_id, True, done.result(), 0))
+                marker = done.result()
+                settled.append(
+                    ENDED_ROW.pack(txn_id.most, txn_id.least, 1, marker.ledger_id, marker.entry_id, 0)
+                )
                 if txn_id in opened:
                     opened.remove(txn_id)
+        if settled:
+            ended += b"".join(settled)
         return snapshots.BufferSnapshot(
             self.topic,
             covers,

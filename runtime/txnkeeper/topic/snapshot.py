@@ -9,7 +9,11 @@ retained data.
 Since version 2 it also carries the topic's writer state (single-routing-key writers and idempotent
 producers, txnkeeper.topic.writers), like Pulsar's pulsar.dedup cursor properties: the markers and
 records it was rebuilt from may since have been trimmed, so this copy is what keeps dedup working
-across trims. Version 1 files (no writers) are still read.
+across trims. Since version 3 the ended transactions are the buffer's packed rows
+(``txnbuffer.ENDED_ROW``), base64 in chunks of ``ROWS_PER_CHUNK`` rows, instead of one JSON array per
+transaction: a capture is then a copy of one bytes object and its encoding a few C calls, where the
+JSON rows cost a store pod 6-8 % of its CPU at 256 transactions in flight. Version 1 and 2 files are
+still read; an older release finds a version 3 file unreadable and rebuilds by a full replay.
 
 The snapshot is a checksummed state file (txnkeeper.statefile), replaced atomically. It is derivable
 from the ledger, so one that is damaged, of another topic, or ahead of the ledger is never used: the
@@ -18,18 +22,26 @@ partition logs a WARNING naming the file and what was wrong, and rebuilds by a f
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from txnkeeper import statefile
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.position import Position
-from txnkeeper.topic.txnbuffer import EndedTxn as EndedTxn  # noqa: PLC0414 (re-exported: what a snapshot lists)
+from txnkeeper.topic.txnbuffer import ENDED_ROW, check_ended_rows
+from txnkeeper.topic.txnbuffer import EndedTxn as EndedTxn  # noqa: PLC0414 (re-exported: the readable row)
+from txnkeeper.topic.txnbuffer import pack_ended as pack_ended  # noqa: PLC0414 (re-exported)
+from txnkeeper.topic.txnbuffer import unpack_ended as unpack_ended  # noqa: PLC0414 (re-exported)
 from txnkeeper.txnid import TxnID
 
 KIND = "txn-buffer-snapshot"
-VERSION = 2
-READABLE = frozenset({1, 2})
+VERSION = 3
+READABLE = frozenset({1, 2, 3})
+# Ended rows per base64 string of a version 3 body: the state file's encoder gives up the GIL between
+# array slices, so one huge string would hold it for the whole encoding.
+ROWS_PER_CHUNK = 4096
 REMEDY = "it is rebuilt from the topic's ledger by a full replay; nothing needs to be done"
 
 
@@ -44,7 +56,7 @@ class BufferSnapshot:
 
     topic: str
     covers: Position
-    ended: list[EndedTxn]  # in marker order
+    ended: bytes  # txnbuffer.ENDED_ROW rows in marker order (pack_ended / unpack_ended)
     open: list[TxnID]
     writers: list[WriterRow] = field(default_factory=list)
 
@@ -58,14 +70,11 @@ def snapshot_path(directory: Path, topic: str) -> Path:
 
 
 def encode_body(snapshot: BufferSnapshot) -> dict[str, object]:
+    rows, chunk = snapshot.ended, ROWS_PER_CHUNK * ENDED_ROW.size
     return {
         "topic": snapshot.topic,
         "covers": [snapshot.covers.ledger_id, snapshot.covers.entry_id],
-        # Unpacked in the loop header: one row per ended transaction, and there may be many.
-        "ended": [
-            [most, least, 1 if committed else 0, ledger_id, entry_id, deadline_ms]
-            for (most, least), committed, (ledger_id, entry_id), deadline_ms in snapshot.ended
-        ],
+        "ended": [base64.b64encode(rows[i : i + chunk]).decode("ascii") for i in range(0, len(rows), chunk)],
         "open": [[t.most, t.least] for t in snapshot.open],
         "writers": [list(row) for row in snapshot.writers],
     }
@@ -98,18 +107,41 @@ def _decode_writers(value: object) -> list[WriterRow]:
     return rows
 
 
-def _decode_body(body: object, version: int) -> BufferSnapshot:
-    keys = {"topic", "covers", "ended", "open"} | ({"writers"} if version >= 2 else set())
-    doc = statefile.obj(body, "the snapshot", keys)
+def _decode_ended_rows(value: object) -> bytes:
+    """Version 1 and 2: one JSON array per ended transaction."""
     ended: list[EndedTxn] = []
-    for i, row in enumerate(statefile.array(doc["ended"], "ended")):
+    for i, row in enumerate(statefile.array(value, "ended")):
         fields = statefile.array(row, f"ended[{i}]")
         if len(fields) != 6:
             raise statefile.StateShapeError(f"ended[{i}] must have 6 fields, has {len(fields)}")
         most, least, committed, ledger_id, entry_id, deadline = (
             statefile.integer(f, f"ended[{i}]", 0) for f in fields
         )
+        if most >= 2**64 or least >= 2**64 or committed > 1 or max(ledger_id, entry_id, deadline) >= 2**63:
+            raise statefile.StateShapeError(f"ended[{i}] has a field out of range")
         ended.append(EndedTxn(TxnID(most, least), bool(committed), Position(ledger_id, entry_id), deadline))
+    return pack_ended(ended)
+
+
+def _decode_ended_chunks(value: object) -> bytes:
+    """Version 3: base64 strings of packed rows."""
+    chunks: list[bytes] = []
+    for i, text in enumerate(statefile.array(value, "ended")):
+        try:
+            chunk = base64.b64decode(statefile.string(text, f"ended[{i}]"), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise statefile.StateShapeError(f"ended[{i}] is not base64: {exc}") from exc
+        problem = check_ended_rows(chunk)
+        if problem is not None:
+            raise statefile.StateShapeError(f"ended[{i}]: {problem}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode_body(body: object, version: int) -> BufferSnapshot:
+    keys = {"topic", "covers", "ended", "open"} | ({"writers"} if version >= 2 else set())
+    doc = statefile.obj(body, "the snapshot", keys)
+    ended = _decode_ended_chunks(doc["ended"]) if version >= 3 else _decode_ended_rows(doc["ended"])
     opened: list[TxnID] = []
     for i, row in enumerate(statefile.array(doc["open"], "open")):
         fields = statefile.array(row, f"open[{i}]")
