@@ -60,6 +60,9 @@ class Client:
         self._consumer_ids = itertools.count(1)
         self._store_of: dict[str, str] = {}
         self._begin_templates: dict[tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]], _Begin] = {}
+        # The loop of the first transaction, kept: asyncio.get_running_loop() costs a getpid() system
+        # call per call on CPython 3.11, and a client serves one loop (its connections do).
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         for address in self._stores:
             self.connections.on_push(address, self._on_push)
 
@@ -184,12 +187,11 @@ class Client:
         response = await self.connections.request(address, command)
         answer = response.new_txn_response
         txn = answer.txn_id
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
         transaction = Transaction(
-            self.connections,
-            TxnID(txn.most, txn.least),
-            address,
-            answer.owner_token,
-            loop=asyncio.get_running_loop(),
+            self.connections, TxnID(txn.most, txn.least), address, answer.owner_token, loop=loop
         )
         if answer.tickets:
             transaction.registered_at_begin(store, response)
