@@ -43,6 +43,11 @@ TOKEN = "bench-token"
 IN_TOPIC = "persistent://bench/ns/in"
 OUT_TOPIC = "persistent://bench/ns/out"
 START_TIMEOUT_S = 60.0
+# Input messages pre-filled per second of a run: well above what each level reaches on this machine
+# (1 in flight did ~450 txn/s on a quiet one), so the workers never wait for input. A run that still
+# outpaces it stops with an error naming this constant instead of waiting out the receive timeout.
+PREFILL_PER_S = {1: 2_000}
+PREFILL_PER_S_DEFAULT = 12_000
 
 
 def start_pod(
@@ -115,6 +120,7 @@ async def run_level(
     workers: int,
     seconds: float,
     *,
+    prefilled: int,
     pids: dict[str, list[int]],
     register_at_begin: bool = True,
 ) -> dict[str, Any]:
@@ -129,7 +135,13 @@ async def run_level(
             # Receive, then begin (the input is prefetched, so receiving rarely waits); the send and
             # the ack overlap, pipelined on their connections: both are sent at the call, so awaiting
             # them in turn waits for the slower one (no gather needed).
-            message = await consumer.receive(timeout=30)
+            try:
+                message = await consumer.receive(timeout=30)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"{workers} in flight consumed all {prefilled} pre-filled input messages before "
+                    f"the run ended; raise PREFILL_PER_S in {__file__}"
+                ) from None
             if register_at_begin:
                 # NewTxn names the output partition and the input subscription: one request and one
                 # log write instead of a begin and an AddToTxn (contracts §6).
@@ -229,7 +241,8 @@ async def bench(
                             set_batching(str(pod.admin_address), mode == "batching_on", flush_mode)
                         topic = f"{IN_TOPIC}-{mode}-{workers}-{round_no}"
                         producer_in = await client.create_producer(topic)
-                        await prefill(producer_in, int(seconds * (400 if workers == 1 else 8000)))
+                        prefilled = int(seconds * PREFILL_PER_S.get(workers, PREFILL_PER_S_DEFAULT))
+                        await prefill(producer_in, prefilled)
                         consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
                         result = await run_level(
                             client,
@@ -237,6 +250,7 @@ async def bench(
                             producer_out,
                             workers,
                             seconds,
+                            prefilled=prefilled,
                             pids=pids,
                             register_at_begin=register_at_begin,
                         )
