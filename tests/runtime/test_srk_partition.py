@@ -18,9 +18,10 @@ from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.records import decode, encode_data
 from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
-from txnkeeper.topic.txnbuffer import TxnOutcome
+from txnkeeper.topic.txnbuffer import EndedTxn, TxnOutcome, unpack_ended
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
+    InFlight,
     TooManyWritersError,
     WriterFencedError,
     WriterStateLostError,
@@ -167,4 +168,35 @@ async def test_a_new_producer_session_continues_after_the_older_sessions_queued_
         await partition.publish_idempotent(b"m1", "", "app", 1, epoch=older)
     written = await partition.publish_idempotent(b"n1", "", "app", 1, epoch=newer)
     assert not written.duplicate
+    await factory.close()
+
+
+async def test_a_block_whose_marker_is_durable_but_not_yet_applied_is_captured_as_committed(
+    tmp_path: Path,
+) -> None:
+    """Between a block's marker becoming durable and its completion running, the buffer still has the
+    block open; a snapshot taken then must record it committed at its marker (a restart from it would
+    otherwise abort a block the writer was told is written)."""
+    factory, partition = await _open(tmp_path)
+    written = await partition.append_block("w", 0, [b"a"], "k", 30)
+    assert written.first_message_id is not None
+    loop = asyncio.get_running_loop()
+    block = TxnID(BLOCK_TXN_MOST, 77)
+    marker, first = loop.create_future(), loop.create_future()
+    marker.set_result(Position(9, 4))
+    first.set_result(Position(9, 3))
+    partition._blocks[block] = InFlight("w2", 0, 0, marker, first)
+    partition.buffer.message_written(block)  # its data entry is written, the block still open
+    pending = loop.create_future()  # a block still in flight: not captured
+    partition._blocks[TxnID(BLOCK_TXN_MOST, 78)] = InFlight("w3", 0, 0, pending, loop.create_future())
+
+    captured = partition.capture_snapshot()
+    assert captured is not None
+    rows = {row.txn_id: row for row in unpack_ended(captured.ended)}
+    assert rows[block] == EndedTxn(block, True, Position(9, 4), 0)
+    assert TxnID(BLOCK_TXN_MOST, 78) not in rows
+    assert block not in captured.open
+    assert partition.buffer.outcome(block) is TxnOutcome.OPEN  # the capture changed nothing live
+    partition._blocks.clear()
+    pending.cancel()
     await factory.close()

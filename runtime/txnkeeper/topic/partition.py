@@ -29,7 +29,7 @@ from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker
 from txnkeeper.topic.subscription import Subscription
-from txnkeeper.topic.txnbuffer import ENDED_ROW, TransactionBuffer
+from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
@@ -270,18 +270,15 @@ class Partition:
         ended, opened = self.buffer.export()
         # A block whose marker is durable (so covered) but whose completion has not run yet is
         # recorded as committed: a restart must not find it open and abort it.
-        settled: list[bytes] = []
+        settled: list[EndedTxn] = []
         for txn_id, flight in self._blocks.items():
             done = flight.done
             if done.done() and not done.cancelled() and done.exception() is None:
-                marker = done.result()
-                settled.append(
-                    ENDED_ROW.pack(txn_id.most, txn_id.least, 1, marker.ledger_id, marker.entry_id, 0)
-                )
+                settled.append(EndedTxn(txn_id, True, done.result(), 0))
                 if txn_id in opened:
                     opened.remove(txn_id)
         if settled:
-            ended += b"".join(settled)
+            ended += pack_ended(settled)
         return snapshots.BufferSnapshot(
             self.topic,
             covers,
