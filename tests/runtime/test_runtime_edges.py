@@ -165,6 +165,23 @@ async def test_admin_documents_have_the_pulsar_shapes(cluster: tuple[ServePod, S
     assert "pulsar_txn_tc_bufferedwriter_batch_records" in metrics
 
 
+async def test_a_topic_reports_the_txn_outcomes_it_keeps(cluster: tuple[ServePod, ServePod]) -> None:
+    """A topic without subscriptions never trims the outcomes of the txns that wrote to it (each
+    holds memory): the gauge an operator alerts on counts them."""
+    tc, store = cluster
+    topic = "persistent://t/ns/kept-outcomes"
+    async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:
+        producer = await client.create_producer(topic)
+        for commit in (True, True, False):
+            txn = await client.new_transaction()
+            await producer.send(b"x", txn=txn)
+            await (txn.commit() if commit else txn.abort())
+    status, metrics = http("GET", f"{store.admin_url()}/metrics")
+    assert status == 200
+    assert f'txnkeeper_topic_kept_txn_outcomes{{topic="{topic}"}} 3.0' in metrics
+    assert f'txnkeeper_topic_ongoing_transactions{{topic="{topic}"}} 0.0' in metrics
+
+
 def test_format_level_one_refuses_batching(pods: object) -> None:
     make = pods
     assert callable(make)

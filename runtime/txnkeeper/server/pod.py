@@ -418,10 +418,18 @@ class _PodCollector(Collector):
             open_txns = GaugeMetricFamily(
                 "txnkeeper_topic_ongoing_transactions", "Unresolved txns", labels=["topic"]
             )
+            # Each kept outcome holds ~220 bytes until its marker's ledger is trimmed, which never
+            # happens on a topic without subscriptions: the gauge to alert on (docs/contracts.md).
+            kept = GaugeMetricFamily(
+                "txnkeeper_topic_kept_txn_outcomes",
+                "Ended txns whose outcome is held in memory until the ledger of their marker is trimmed",
+                labels=["topic"],
+            )
             for topic, partition in pod.topics.partitions().items():
                 published.add_metric([topic], partition.published_count)
                 open_txns.add_metric([topic], partition.buffer.ongoing)
-            yield from (published, open_txns)
+                kept.add_metric([topic], partition.buffer.ended_count)
+            yield from (published, open_txns, kept)
         protocol = pod._protocol
         if protocol is not None:
             stats = protocol.stats
