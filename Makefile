@@ -82,23 +82,25 @@ e2e-kind: install helm k8s-bins
 	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/e2e/.state/kind.kubeconfig $(BIN)/pytest e2e $(E2E_ARGS); \
 	  status=$$?; bash e2e/kind/down.sh; exit $$status
 
+# Why this machine cannot build and run the local control plane (empty: it can). One check for both
+# users below: the cluster binaries before the unit run and the e2e suite after it.
+CLUSTER_SKIP := $(shell if ! command -v go >/dev/null 2>&1; then \
+  echo "Go is not installed, so Kubernetes cannot be built from the Go module proxy"; \
+  elif [ "$$(id -u)" != 0 ]; then \
+  echo "etcd is installed with apt-get and the local node runs pods in private mount namespaces: both need root"; fi)
+
 # The operator's API-server test (tests/operator/test_op_apiserver.py) needs etcd and a kube-apiserver:
-# they are built before the unit run when they can be (as e2e-if-possible decides), so the first
-# `make test` on a fresh machine runs that test instead of skipping it and building them only after.
+# they are built before the unit run when they can be, so the first `make test` on a fresh machine
+# runs that test instead of skipping it and building them only after, for e2e.
 cluster-bins-if-possible:
-	@if ! command -v go >/dev/null 2>&1; then \
-	  echo "cluster binaries: SKIPPED: Go is not installed; tests/operator/test_op_apiserver.py will be skipped"; \
-	elif [ "$$(id -u)" != 0 ]; then \
-	  echo "cluster binaries: SKIPPED: etcd is installed with apt-get, which needs root"; \
+	@if [ -n "$(CLUSTER_SKIP)" ]; then \
+	  echo "cluster binaries: SKIPPED: $(CLUSTER_SKIP); tests/operator/test_op_apiserver.py will be skipped"; \
 	else $(MAKE) --no-print-directory cluster-deps k8s-bins; fi
 
 unit: cluster-bins-if-possible
 
 e2e-if-possible:
-	@if ! command -v go >/dev/null 2>&1; then \
-	  echo "e2e: SKIPPED: Go is not installed, so Kubernetes cannot be built from the Go module proxy"; \
-	elif [ "$$(id -u)" != 0 ]; then \
-	  echo "e2e: SKIPPED: the local node runs pods in private mount namespaces, which needs root"; \
+	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "e2e: SKIPPED: $(CLUSTER_SKIP)"; \
 	else $(MAKE) --no-print-directory e2e; fi
 
 # Longer soak/crash runs than the bounded ones every test run includes: first the fault soak's JSON
