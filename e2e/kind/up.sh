@@ -1,20 +1,45 @@
 #!/usr/bin/env bash
-# Creates the kind cluster for E2E_CLUSTER=kind, builds the txnkeeper image and loads it into the node
-# (no registry involved), and writes its kubeconfig to e2e/.state/kind.kubeconfig.
-# Needs docker and kind on PATH; the local control plane (make cluster-up) needs neither.
+# The kind cluster for E2E_CLUSTER=kind: a container engine (e2e/kind/engine.sh), the node image
+# (node-image.sh), the project's runtime and verifier images (image.sh), then `kind create cluster`,
+# the images loaded into the node (no registry involved) and the kubeconfig written to
+# e2e/.state/kind.kubeconfig. An existing cluster of the same name is reused (the images are loaded
+# again: a rebuilt image replaces the old one).
+#
+# Usage: up.sh   (E2E_IMAGE / E2E_VERIFIER_IMAGE name the project's images; KIND_CLUSTER the cluster)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-NAME=txnkeeper-e2e
-VERSION=$(sed -n 's/^require k8s\.io\/kubernetes v//p' e2e/k8s/go.mod)
+# shellcheck source=e2e/kind/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+NAME=${KIND_CLUSTER:-txnkeeper-e2e}
 IMAGE=${E2E_IMAGE:-txnkeeper:e2e}
 VERIFIER_IMAGE=${E2E_VERIFIER_IMAGE:-txnkeeper-verifier:e2e}
-mkdir -p e2e/.state
-if ! kind get clusters | grep -qx "$NAME"; then
-    kind create cluster --name "$NAME" --config e2e/kind/kind-config.yaml \
-        --image "kindest/node:v$VERSION" --wait 180s
+STATE=$REPO_ROOT/e2e/.state
+KUBECONFIG_OUT=$STATE/kind.kubeconfig
+POD_CIDR=10.244.0.0/16 # kind's podSubnet; the node image's bridge CNI hands out 10.244.0.0/24 of it
+eval "$(bash "$KIND_DIR/engine.sh" up)"
+export DOCKER_HOST
+KIND=$(bash "$KIND_DIR/components.sh")/kind
+node_image=$(bash "$KIND_DIR/node-image.sh")
+IMAGE=$IMAGE VERIFIER_IMAGE=$VERIFIER_IMAGE bash "$KIND_DIR/image.sh" >&2
+mkdir -p "$STATE"
+start=$SECONDS
+if ! "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
+    log "creating kind cluster $NAME from $node_image"
+    "$KIND" create cluster --name "$NAME" --config "$KIND_DIR/kind-config.yaml" --image "$node_image" \
+        --kubeconfig "$KUBECONFIG_OUT" --wait 240s >&2
+    log "cluster $NAME up in $((SECONDS - start)) s"
 fi
-docker build --target runtime -t "$IMAGE" .
-docker build --target verifier -t "$VERIFIER_IMAGE" .
-kind load docker-image "$IMAGE" "$VERIFIER_IMAGE" --name "$NAME"
-kind get kubeconfig --name "$NAME" >e2e/.state/kind.kubeconfig
-echo "export KUBECONFIG=$PWD/e2e/.state/kind.kubeconfig E2E_CLUSTER=kind E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"
+"$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
+# The pod network, routed from this machine through the node container (as root), so that tests reach
+# pods at their pod IPs as in-cluster clients do; without it they use `kubectl port-forward`.
+node_ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$NAME-control-plane")
+if [[ $(id -u) == 0 ]] && ip route replace "$POD_CIDR" via "$node_ip" 2>/dev/null; then
+    log "routing $POD_CIDR via the node ($node_ip)"
+    echo "$POD_CIDR" >"$STATE/kind.routed"
+else
+    log "not routing $POD_CIDR here (needs root): tests reach pods through kubectl port-forward"
+    rm -f "$STATE/kind.routed"
+fi
+start=$SECONDS
+"$KIND" load docker-image --name "$NAME" "$IMAGE" "$VERIFIER_IMAGE" >&2
+log "loaded $IMAGE and $VERIFIER_IMAGE into $NAME in $((SECONDS - start)) s"
+echo "export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$KUBECONFIG_OUT E2E_CLUSTER=kind E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"

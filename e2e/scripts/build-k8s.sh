@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl at the Kubernetes release
-# pinned in e2e/k8s/go.mod, from the Go module proxy, into $CACHE_DIR/k8s/v<version>/bin.
+# Builds the Kubernetes binaries at the release pinned in e2e/k8s/go.mod, from the Go module proxy, into
+# $CACHE_DIR/k8s/v<version>/bin: kube-apiserver and kubectl (the operator's API-server test and the e2e
+# tools), and kubelet, kubeadm, kube-proxy, kube-controller-manager and kube-scheduler for the kind node
+# image (e2e/kind/node-image.sh). One `go build` of all seven shares every common package: the three
+# node binaries add ~200 packages to the control plane's ~2,650.
 #
 # Why a script and not `go install`: k8s.io/kubernetes replaces its staging modules with local paths,
 # which `go install pkg@version` refuses; the wrapper module in e2e/k8s pins them to published tags.
@@ -16,7 +19,7 @@ MOD_DIR=$E2E_DIR/k8s
 VERSION=$(sed -n 's/^require k8s\.io\/kubernetes v//p' "$MOD_DIR/go.mod")
 CACHE_DIR=${CACHE_DIR:-$HOME/.cache/txnkeeper}
 OUT=$CACHE_DIR/k8s/v$VERSION/bin
-COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy)
 
 if [[ ${1:-} == --bin-dir ]]; then
     echo "$OUT"
