@@ -136,7 +136,7 @@ def test_statefulset_command_line_is_accepted_by_the_runtime(pod: str, tmp_path:
     secret_file.chmod(next(v["secret"]["defaultMode"] for v in volumes if "secret" in v))
     files["/etc/txnkeeper/cluster/secret"] = str(secret_file)
     args = [
-        files.get(a, a).replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", pod)
+        files.get(a, a).replace("$(POD_NAME)", pod)
         for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]
     ]
     config = build_config(build_parser().parse_args(args))

@@ -85,8 +85,8 @@ def test_runtime_command_line_is_contract_section_6() -> None:
         "--role": "coordinator",
         "--data-dir": "/data",
         "--release": "1.0.0",
-        "--listen": "$(POD_IP):6650",
-        "--admin-listen": "$(POD_IP):8080",
+        "--listen": "0.0.0.0:6650",
+        "--admin-listen": "0.0.0.0:8080",
         "--pod-name": "$(POD_NAME)",
         "--admin-token-file": naming.TOKEN_FILE,
         "--cluster-secret-file": naming.CLUSTER_SECRET_FILE,
@@ -96,7 +96,8 @@ def test_runtime_command_line_is_contract_section_6() -> None:
         "--replicas": "3",
     }
     env = {e["name"]: e for e in container["env"]}
-    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "POD_IP" not in env  # pods listen on every address of their own network namespace
     assert env["TXNKEEPER_RELEASE"]["value"] == "1.0.0"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/data", naming.CONFIG_DIR, naming.TOKEN_DIR, naming.CLUSTER_SECRET_DIR, "/tmp"} <= mounts
