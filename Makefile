@@ -15,7 +15,8 @@ PROTOS := $(wildcard proto/*.proto)
 PYTEST_ARGS ?=
 
 .PHONY: all install proto lint deadcode typecheck unit test demo soak bench bench-pulsar clean
-.PHONY: cluster-deps k8s-bins cluster-bins-if-possible cluster-up cluster-down e2e e2e-kind e2e-if-possible
+.PHONY: k8s-bins kind-components image kind-node kind-up kind-down image-down cluster-down
+.PHONY: test-prereqs e2e e2e-if-possible
 
 all: test
 
@@ -53,55 +54,77 @@ unit: install
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The README's test command: lint, strict typing, every test (soak tests run in their bounded form),
-# then the cluster tests on the local control plane when this machine can build it.
+# then the cluster tests on kind when this machine can run them.
 test: lint typecheck unit e2e-if-possible
 
-# --- Cluster tests (e2e/README.md): a local control plane, no Docker needed -----------------------
-# etcd from Debian; kube-apiserver/controller-manager/scheduler/kubectl built from the Go module proxy
-# into $(CACHE_DIR)/k8s (cold: long, see e2e/README.md; warm: a hash check).
+# --- Containers and cluster tests (e2e/README.md): images, a kind cluster, the e2e suite -----------
+# Every Go build (Kubernetes, kind and its component images, helm, MinIO) shares one module cache and
+# one build cache under $(CACHE_DIR)/go, so a package common to two of them is compiled once.
+export GOMODCACHE := $(CACHE_DIR)/go/mod
+export GOCACHE := $(CACHE_DIR)/go/build
 E2E_ARGS ?=
-cluster-deps:
-	bash e2e/scripts/install-etcd.sh
+E2E_STATE := e2e/.state
 
+# kube-apiserver, kubectl and the node binaries (kubelet, kubeadm, kube-proxy, ...) at the release of
+# e2e/k8s/go.mod, into $(CACHE_DIR)/k8s (cold: long, see e2e/README.md; warm: a hash check).
 k8s-bins:
 	bash e2e/scripts/build-k8s.sh >/dev/null
 
-cluster-up: install cluster-deps k8s-bins
-	$(BIN)/python -m e2e.localcluster up
+# kind itself, etcd, CoreDNS, local-path-provisioner and pause, into $(CACHE_DIR)/kind/bin.
+kind-components:
+	bash e2e/kind/components.sh >/dev/null
 
-cluster-down:
-	@test -x $(BIN)/python && $(BIN)/python -m e2e.localcluster down || true
+# The runtime and verifier images (a container engine is started as root where none runs).
+image:
+	bash e2e/kind/image.sh
 
-# The pytest session starts the cluster unless one is already up (then it leaves it running).
-e2e: install cluster-deps k8s-bins helm
-	$(BIN)/pytest e2e $(E2E_ARGS)
+# The kind node image kindest/node:v<release>, assembled from the builds above.
+kind-node: k8s-bins kind-components
+	bash e2e/kind/node-image.sh >/dev/null
 
-# The same suite on kind (needs docker and kind; not available on these machines).
-e2e-kind: install helm k8s-bins
+# A kind cluster with the project's images loaded; prints the environment to use it.
+kind-up: kind-node
 	bash e2e/kind/up.sh
-	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/e2e/.state/kind.kubeconfig $(BIN)/pytest e2e $(E2E_ARGS); \
-	  status=$$?; bash e2e/kind/down.sh; exit $$status
 
-# Why this machine cannot build and run the local control plane (empty: it can). One check for both
-# users below: the cluster binaries before the unit run and the e2e suite after it.
-CLUSTER_SKIP := $(shell if ! command -v go >/dev/null 2>&1; then \
-  echo "Go is not installed, so Kubernetes cannot be built from the Go module proxy"; \
-  elif [ "$$(id -u)" != 0 ]; then \
-  echo "etcd is installed with apt-get and the local node runs pods in private mount namespaces: both need root"; fi)
+kind-down:
+	bash e2e/kind/down.sh
 
-# The operator's API-server test (tests/operator/test_op_apiserver.py) needs etcd and a kube-apiserver:
-# they are built before the unit run when they can be, so the first `make test` on a fresh machine
-# runs that test instead of skipping it and building them only after, for e2e.
-cluster-bins-if-possible:
-	@if [ -n "$(CLUSTER_SKIP)" ]; then \
-	  echo "cluster binaries: SKIPPED: $(CLUSTER_SKIP); tests/operator/test_op_apiserver.py will be skipped"; \
-	else $(MAKE) --no-print-directory cluster-deps k8s-bins; fi
+# Stop the container engine e2e/kind/engine.sh started (deleting the kind cluster first).
+image-down: kind-down
+	bash e2e/kind/engine.sh down
 
-unit: cluster-bins-if-possible
+cluster-down: image-down
+
+# Why this machine cannot build the Kubernetes binaries (empty: it can). Go builds them all.
+CLUSTER_SKIP := $(shell command -v go >/dev/null 2>&1 || \
+  echo "Go is not installed, so Kubernetes cannot be built from the Go module proxy")
+# Why the e2e suite cannot run on kind here (empty: it can): it needs the Go builds and a container
+# engine, an existing one or, as root, one started by e2e/kind/engine.sh. Evaluated when used.
+KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
+
+# The e2e suite on kind: the cluster is created (reused if up), the suite runs, the cluster is deleted
+# (E2E_KEEP_CLUSTER=1 keeps it). KUBECONFIG, DOCKER_HOST and the image names come from up.sh.
+e2e: install helm kind-node
+	@mkdir -p $(E2E_STATE) && bash e2e/kind/up.sh >$(E2E_STATE)/kind.env.tmp && mv $(E2E_STATE)/kind.env.tmp $(E2E_STATE)/kind.env
+	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(E2E_ARGS)) || status=$$?; \
+	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 
 e2e-if-possible:
-	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "e2e: SKIPPED: $(CLUSTER_SKIP)"; \
-	else $(MAKE) --no-print-directory e2e; fi
+	@if [ -n "$(KIND_SKIP)" ]; then echo "e2e: SKIPPED: $(KIND_SKIP)"; \
+	else echo "e2e: on kind (real containers under a real kubelet; e2e/README.md)"; \
+	  $(MAKE) --no-print-directory e2e; fi
+
+# Everything the test run builds, before the unit run: helm (the chart checks), MinIO (the S3 offload
+# tests), kube-apiserver and etcd (tests/operator/test_op_apiserver.py), and for the e2e suite the
+# node binaries, kind's components and the project's images. Three at a time: the Go builds are
+# CPU-bound, the images mostly wait on the package index, so they overlap well on two cores.
+test-prereqs:
+	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
+	  "the chart, S3 offload and API-server tests will be skipped"; \
+	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) k8s-bins kind-components \
+	  $(if $(KIND_SKIP),,image); fi
+
+unit: test-prereqs
 
 # Longer soak/crash runs than the bounded ones every test run includes: first the fault soak's JSON
 # verdict (tests/fault/soak.py: SOAK_KILLS SIGKILLs, bit flips and truncations of every file kind; it
@@ -137,7 +160,7 @@ bench-pulsar: install $(PULSAR_PEER_STAMP)
 	$(BIN)/python bench/pulsar_peer/run.py --lib $(PULSAR_PEER_LIB) $(PULSAR_PEER_ARGS)
 
 clean:
-	rm -rf $(VENV) runtime/txnkeeper/pb/*_pb2.py runtime/txnkeeper/pb/*_pb2.pyi $(GENERATED) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(E2E_STATE) runtime/txnkeeper/pb/*_pb2.py runtime/txnkeeper/pb/*_pb2.pyi $(GENERATED) .mypy_cache .ruff_cache .pytest_cache
 
 # --- Chart checks (tests/chart): a real helm, built from the Go module proxy into $(CACHE_DIR)/bin ----
 HELM_VERSION ?= v3.21.4
@@ -155,8 +178,6 @@ helm:
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(HELM_STAMP); \
 	else echo "helm: SKIPPED: Go is not installed, so helm cannot be built; tests/chart will be skipped"; fi
 
-# Every unit run (so `make test`) includes the chart checks when helm could be built.
-unit: helm
 
 chart: install helm
 	$(BIN)/pytest tests/chart tests/operator/test_op_crds.py $(PYTEST_ARGS)
@@ -183,5 +204,3 @@ minio:
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(MINIO_STAMP); \
 	else echo "minio: SKIPPED: Go is not installed, so MinIO cannot be built; the S3 offload tests will be skipped"; fi
 
-# Every unit run (so `make test`) includes the S3 offload tests when MinIO could be built.
-unit: minio

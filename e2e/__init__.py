@@ -1,1 +1,1 @@
-"""Cluster tests for txnkeeper and the local control plane they run on (see e2e/README.md)."""
+"""Cluster tests for txnkeeper on kind, and the scripts that build the cluster (see e2e/README.md)."""

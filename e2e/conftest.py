@@ -1,8 +1,8 @@
-"""pytest fixtures for the cluster tests: the session's cluster and a fresh namespace per test.
+"""pytest fixtures for the cluster tests: the session's kind cluster and a fresh namespace per test.
 
-Why: E2E_CLUSTER=local (default) starts the local control plane for the session unless one is already
-up (`make cluster-up`), and stops it afterwards, so nothing is left running; E2E_CLUSTER=kind uses the
-kind cluster that e2e/kind/up.sh created (KUBECONFIG or the default kubeconfig).
+Why: `make e2e` creates the kind cluster (e2e/kind/up.sh) and passes its kubeconfig in KUBECONFIG; the
+suite only uses it, so a developer can keep one cluster up across runs (`make kind-up`, then
+`eval "$(cat e2e/.state/kind.env)"` and pytest) and the Makefile deletes it after a full run.
 """
 
 from __future__ import annotations
@@ -15,31 +15,21 @@ from pathlib import Path
 import pytest
 
 from e2e.helpers import Cluster, load_api, name_of, wait_for
-from e2e.localcluster import controlplane
-from e2e.localcluster.config import Layout, state_dir
-
-E2E_CLUSTER = os.environ.get("E2E_CLUSTER", "local")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    if E2E_CLUSTER == "kind":
-        kubeconfig = Path(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
-        yield Cluster("kind", kubeconfig, load_api(kubeconfig))
-        return
-    if E2E_CLUSTER != "local":
-        raise pytest.UsageError(f"E2E_CLUSTER must be local or kind, not {E2E_CLUSTER!r}")
-    started_here = not controlplane.is_up()
-    if started_here:
-        controlplane.up()
-    kubeconfig = Layout(state_dir()).admin_kubeconfig
+    kubeconfig = Path(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
+    if not kubeconfig.exists():
+        raise pytest.UsageError(
+            f"no kubeconfig at {kubeconfig}: run the suite with `make e2e`, or `make kind-up` and export "
+            "what it prints"
+        )
     api = load_api(kubeconfig)
     try:
-        yield Cluster("local", kubeconfig, api)
+        yield Cluster("kind", kubeconfig, api)
     finally:
         api.close()  # type: ignore[no-untyped-call]  # kubernetes' ApiClient.close is unannotated
-        if started_here and not os.environ.get("E2E_KEEP_CLUSTER"):
-            controlplane.down()
 
 
 @pytest.fixture
@@ -47,7 +37,16 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     """A namespace for one test, deleted (and waited for: its pods' processes gone) afterwards."""
     name = f"e2e-{request.node.name.removeprefix('test_').replace('_', '-')[:40]}-{uuid.uuid4().hex[:5]}"
     name = name.lower().strip("-")
-    body = {"metadata": {"name": name, "labels": {"txnkeeper.io/e2e": "true"}}}
+    # Pod Security Admission enforces "restricted" here, as a hardened cluster would: every pod the
+    # operator, the chart or a test creates must run as non-root, drop all capabilities, use the
+    # runtime's seccomp profile and never escalate.
+    labels = {
+        "txnkeeper.io/e2e": "true",
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+        "pod-security.kubernetes.io/warn": "restricted",
+    }
+    body = {"metadata": {"name": name, "labels": labels}}
     cluster.core.create_namespace(body)  # type: ignore[arg-type]  # a dict: the client validates it
     wait_for(
         lambda: _has_default_sa(cluster, name),
@@ -55,6 +54,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         timeout=60,
     )
     yield name
+    cluster.record_containers(name)
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
         print(f"\n===== diagnostics for {name} =====\n{cluster.diagnostics(name)}")
@@ -77,3 +77,21 @@ def pytest_runtest_makereport(
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+_SESSION_CLUSTER: list[Cluster] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remember_cluster(cluster: Cluster) -> Iterator[None]:
+    _SESSION_CLUSTER.append(cluster)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The containers the session's pods ran, with the runtime's container ids and the images' digests."""
+    for cluster in _SESSION_CLUSTER:
+        if cluster.containers_seen:
+            terminalreporter.section(f"containers run on {cluster.kind} (id, image, image digest)")
+            for line in cluster.containers_seen:
+                terminalreporter.write_line(line)

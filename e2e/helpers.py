@@ -1,8 +1,8 @@
-"""What the e2e tests share: the cluster handle (local control plane or kind), waits, diagnostics.
+"""What the e2e tests share: the cluster handle (a kind cluster), waits, diagnostics.
 
-Why: the same tests run on the local control plane and on kind. The few things that differ (how a test
-reaches a pod's port, where container logs come from, which kubectl/helm binary to run) live here,
-behind one `Cluster` object, so the tests themselves never branch on the cluster kind.
+Why: the tests talk to the cluster three ways (the Kubernetes API, the pods' own ports, and the
+container runtime inside the kind node) and need the same few tools (kubectl, helm, a wait with a
+deadline). They live here, behind one `Cluster` object, so that a test reads as what it checks.
 """
 
 from __future__ import annotations
@@ -17,20 +17,60 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from kubernetes import client, config
 
-from e2e.localcluster.config import REPO_ROOT, Layout, cache_dir, k8s_bin_dir, state_dir
-
 T = TypeVar("T")
-# The image pods use: ignored on the local node (commands run from the venv), loaded into kind by
-# e2e/kind/up.sh.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The images pods run: built by `make image` and loaded into the kind node by e2e/kind/up.sh.
 IMAGE = os.environ.get("E2E_IMAGE", "txnkeeper:e2e")
 VERIFIER_IMAGE = os.environ.get("E2E_VERIFIER_IMAGE", "txnkeeper-verifier:e2e")
 Obj = dict[str, Any]
+
+
+def cache_dir() -> Path:
+    """The Makefile-owned cache: binaries built from the Go module proxy live there."""
+    return Path(os.environ.get("CACHE_DIR", str(Path.home() / ".cache" / "txnkeeper")))
+
+
+def state_dir() -> Path:
+    """Per-checkout state written by e2e/kind/up.sh (kubeconfig, whether pods are routed)."""
+    return Path(os.environ.get("E2E_STATE_DIR", str(REPO_ROOT / "e2e" / ".state"))).resolve()
+
+
+def k8s_version() -> str:
+    """The pinned Kubernetes release, read from the wrapper module so there is one source of truth."""
+    for line in (REPO_ROOT / "e2e" / "k8s" / "go.mod").read_text().splitlines():
+        if line.startswith("require k8s.io/kubernetes v"):
+            return line.split()[-1].removeprefix("v")
+    raise RuntimeError("e2e/k8s/go.mod does not require k8s.io/kubernetes")
+
+
+def k8s_bin_dir() -> Path:
+    return cache_dir() / "k8s" / f"v{k8s_version()}" / "bin"
+
+
+# Pod Security Admission "restricted" (enforced on every test namespace, see conftest.py): what a pod and
+# its containers must say to be admitted. The operator's own pods say the same (builders.py); the tests'
+# pods use these.
+RESTRICTED_POD: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# /tmp for the test pods' Python (the root filesystem is read-only).
+TMP_VOLUME: Obj = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT: Obj = {"name": "tmp", "mountPath": "/tmp"}
 
 
 class ConditionTimeout(AssertionError):
@@ -81,9 +121,10 @@ def http_post(url: str, body: Obj | None = None, timeout: float = 5.0) -> tuple[
 
 @dataclass
 class Cluster:
-    kind: str  # "local" or "kind"
+    kind: str  # what runs the pods: "kind" (the only cluster the suite runs on)
     kubeconfig: Path
     api: client.ApiClient
+    containers_seen: list[str] = field(default_factory=list)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -100,6 +141,11 @@ class Cluster:
     @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
+
+    @property
+    def pods_routed(self) -> bool:
+        """Whether pod IPs are reachable from here (e2e/kind/up.sh routes them when run as root)."""
+        return (state_dir() / "kind.routed").exists()
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -124,9 +170,9 @@ class Cluster:
 
     @contextlib.contextmanager
     def endpoint(self, namespace: str, pod: str, port: int) -> Iterator[str]:
-        """`host:port` reaching the pod's port from this test process: the pod IP on the local node
-        (pods are local processes on 127.0.0.x), a kubectl port-forward on kind."""
-        if self.kind == "local":
+        """`host:port` reaching the pod's port from this test process: the pod IP where this machine
+        routes the pod network (e2e/kind/up.sh adds the route as root), else a kubectl port-forward."""
+        if self.pods_routed:
             obj = self.pod(namespace, pod)
             assert obj is not None, f"pod {namespace}/{pod} not found"
             yield f"{obj['status']['podIP']}:{port}"
@@ -148,28 +194,49 @@ class Cluster:
             proc.terminate()
             proc.wait(timeout=10)
 
-    def container_pid(self, namespace: str, pod: str, container: str) -> int:
-        """The local process behind a container (local node only: containerID is local://PID)."""
-        assert self.kind == "local", "process ids exist only on the local node"
+    # -- the container runtime (kind: containerd inside the node container) -----------------------
+    def node_exec(self, *argv: str) -> str:
+        """Run a command in the kind node container (`docker exec`): the container runtime's own view."""
+        node = f"{os.environ.get('KIND_CLUSTER', 'txnkeeper-e2e')}-control-plane"
+        return _run(["docker", "exec", node, *argv], dict(os.environ), None, True).stdout
+
+    def container_id(self, namespace: str, pod: str, container: str) -> str:
+        """The runtime's id of a running container (status.containerStatuses[].containerID)."""
         obj = self.pod(namespace, pod)
-        assert obj is not None
+        assert obj is not None, f"pod {namespace}/{pod} not found"
         for cs in obj["status"].get("containerStatuses", []):
-            if cs["name"] == container and cs.get("containerID", "").startswith("local://"):
-                return int(cs["containerID"].removeprefix("local://"))
+            if cs["name"] == container and "running" in cs.get("state", {}):
+                return str(cs["containerID"]).partition("://")[2]
         raise AssertionError(f"no running container {container} in {namespace}/{pod}")
 
+    def kill_container(self, namespace: str, pod: str, container: str) -> str:
+        """SIGKILL a container through containerd (the runtime kills it, not a process of ours); its id."""
+        cid = self.container_id(namespace, pod, container)
+        self.node_exec("ctr", "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", cid)
+        return cid
+
+    def container_running(self, cid: str) -> bool:
+        """Whether containerd still runs a task for container `cid`."""
+        for line in self.node_exec("ctr", "-n", "k8s.io", "tasks", "ls").splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == cid:
+                return fields[-1] == "RUNNING"
+        return False
+
+    def record_containers(self, namespace: str) -> None:
+        """Remember which container and image each pod of `namespace` ran (printed at the session's end:
+        the proof that pods ran as containers of the images under test)."""
+        for pod in self.core.list_namespaced_pod(namespace).items:
+            status = to_json(self.api, pod.status) or {}
+            for cs in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+                if cs.get("containerID"):
+                    self.containers_seen.append(
+                        f"{namespace}/{name_of(pod)}/{cs['name']}: {cs['containerID']} "
+                        f"image {cs.get('image')} {cs.get('imageID')}"
+                    )
+
     def pod_logs(self, namespace: str, pod: str) -> str:
-        """Container output: the node agent's log files locally, the API (kubelet) on kind."""
-        if self.kind == "local":
-            obj = self.pod(namespace, pod)
-            if obj is None:
-                return "(pod gone)"
-            pod_dir = Layout(state_dir()).pods / obj["metadata"]["uid"] / "logs"
-            parts = [
-                f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-                for p in sorted(pod_dir.glob("*.log"))
-            ]
-            return "\n".join(parts) or "(no logs)"
+        """A pod's container output, from the kubelet through the API."""
         try:
             text: str = self.core.read_namespaced_pod_log(pod, namespace, tail_lines=80)
             return text
@@ -192,14 +259,6 @@ def pod_ready(pod: Obj | None) -> bool:
     return any(
         c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])
     )
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def tool(name: str) -> str:

@@ -1,9 +1,9 @@
-"""The cluster itself: a real API server, and a node that runs pods the way the operator needs.
+"""The cluster itself: the pinned API server, and a node that runs pods the way the operator needs.
 
 Why these tests exist before any operator test: every operator test relies on them. A StatefulSet pod
 must become Ready through its real readiness probe, get its env and volumes as the API describes them,
-keep its PersistentVolume data across deletion, and die (SIGTERM, then SIGKILL) when deleted.
-They run on kind too, except the ones that look at local processes (marked local_only).
+keep its PersistentVolume data across deletion, die (SIGTERM, then SIGKILL) when deleted, and be
+restarted by the kubelet when the runtime kills its container.
 """
 
 from __future__ import annotations
@@ -16,13 +16,20 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e.helpers import IMAGE, Cluster, http_get, http_post, pod_ready, process_alive, wait_for
+from e2e.helpers import (
+    IMAGE,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    Cluster,
+    http_get,
+    http_post,
+    k8s_version,
+    pod_ready,
+    wait_for,
+)
 
 Obj = dict[str, Any]
 SERVER = (Path(__file__).parent / "podapps" / "probe_server.py").read_text()
-local_only = pytest.mark.skipif(
-    __import__("os").environ.get("E2E_CLUSTER", "local") != "local", reason="looks at local processes"
-)
 
 
 def probe_statefulset(name: str, *, grace: int = 10, ignore_sigterm: bool = False) -> Obj:
@@ -43,13 +50,17 @@ def probe_statefulset(name: str, *, grace: int = 10, ignore_sigterm: bool = Fals
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": grace,
+                    "securityContext": RESTRICTED_POD,
                     "containers": [
                         {
                             "name": "server",
                             "image": IMAGE,
+                            "securityContext": RESTRICTED_CONTAINER,
                             "command": ["python", "/app/probe_server.py"],
                             "args": [
                                 "--bind",
+                                "0.0.0.0",
+                                "--pod-ip",
                                 "$(POD_IP)",
                                 "--port",
                                 "8000",
@@ -150,10 +161,7 @@ def info(cluster: Cluster, ns: str, pod: str) -> Obj:
 def test_api_server_is_the_pinned_release_with_one_ready_node(cluster: Cluster) -> None:
     version = client.VersionApi(cluster.api).get_code()
     assert version.major == "1"
-    if cluster.kind == "local":
-        from e2e.localcluster.config import k8s_version
-
-        assert version.git_version == f"v{k8s_version()}"
+    assert version.git_version == f"v{k8s_version()}"
     nodes = cluster.core.list_node().items
     assert len(nodes) == 1
     status = nodes[0].status
@@ -191,7 +199,7 @@ def test_statefulset_pod_runs_with_env_volumes_and_readiness(cluster: Cluster, n
     argv = got["argv"]
     assert argv[argv.index("--expanded") + 1] == f"probe-0.{namespace}"
     assert argv[argv.index("--escaped") + 1] == "$(POD_NAME)"
-    assert argv[argv.index("--bind") + 1] == ip
+    assert argv[argv.index("--pod-ip") + 1] == ip
     assert got["hostname"] == "probe-0"
     assert got["hostnameResolvesTo"] == ip  # the pod's /etc/hosts, as the kubelet writes it
     assert got["files"]["/etc/probe-secret/token"] == "s3cret"
@@ -199,10 +207,9 @@ def test_statefulset_pod_runs_with_env_volumes_and_readiness(cluster: Cluster, n
     sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert got["files"][f"{sa_dir}/namespace"] == namespace
     assert got["files"][f"{sa_dir}/token"].count(".") == 2  # a JWT
-    if cluster.kind == "local":
-        addr = ipaddress.ip_address(ip)
-        assert addr in ipaddress.ip_network("127.0.0.0/8") and str(addr) != "127.0.0.1"
-        assert env["PATH"].split(":")[0].endswith("/.venv/bin")
+    # Its own network namespace: an address of the pod network, not the node's.
+    assert ipaddress.ip_address(ip) != ipaddress.ip_address(pod["status"]["hostIP"])
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin"  # the image's ENV, as a real runtime applies it
 
 
 def test_readiness_follows_the_process_probe(cluster: Cluster, namespace: str) -> None:
@@ -217,7 +224,6 @@ def test_readiness_follows_the_process_probe(cluster: Cluster, namespace: str) -
 def test_pvc_data_survives_pod_deletion_and_sigterm_is_delivered(cluster: Cluster, namespace: str) -> None:
     first = deploy_probe(cluster, namespace)
     old_uid = first["metadata"]["uid"]
-    old_pid = info(cluster, namespace, "probe-0")["pid"]
     cluster.core.delete_namespaced_pod("probe-0", namespace)
     # The StatefulSet controller recreates probe-0 (new UID) once the old pod object is gone.
     wait_for(
@@ -230,34 +236,28 @@ def test_pvc_data_survives_pod_deletion_and_sigterm_is_delivered(cluster: Cluste
     boots = [line.split()[0] for line in got["boots"]]
     assert boots == [old_uid, new["metadata"]["uid"]]  # the same volume, one boot line per pod
     assert got["shutdown"] == f"SIGTERM {old_uid}\n"  # the old process got SIGTERM and exited cleanly
-    if cluster.kind == "local":
-        assert not process_alive(old_pid)
 
 
-@local_only
 def test_deleting_a_pod_that_ignores_sigterm_kills_it_after_the_grace_period(
     cluster: Cluster, namespace: str
 ) -> None:
     pod = deploy_probe(cluster, namespace, grace=2, ignore_sigterm=True)
-    pid = cluster.container_pid(namespace, "probe-0", "server")
-    assert process_alive(pid)
+    cid = cluster.container_id(namespace, "probe-0", "server")
+    assert cluster.container_running(cid)
     cluster.apps.delete_namespaced_stateful_set("probe", namespace)
     cluster.core.delete_namespaced_pod("probe-0", namespace)
     wait_for(lambda: cluster.pod(namespace, "probe-0") is None, "probe-0 to be deleted", timeout=60)
-    assert not process_alive(pid)
-    pv_dir = _pv_dir(cluster, namespace)
-    assert (
-        pv_dir / "shutdown.log"
-    ).read_text() == f"SIGTERM {pod['metadata']['uid']}\n"  # ignored, then killed
+    # The runtime no longer runs it: SIGTERM was ignored, so only the kubelet's SIGKILL ended it.
+    assert not cluster.container_running(cid)
+    shutdown = cluster.node_exec("cat", f"{_pv_dir(cluster, namespace)}/shutdown.log")
+    assert shutdown == f"SIGTERM {pod['metadata']['uid']}\n"  # ignored, then killed
 
 
-@local_only
-def test_a_killed_container_is_restarted_and_counted(cluster: Cluster, namespace: str) -> None:
+def test_a_container_killed_by_the_runtime_is_restarted_and_counted(cluster: Cluster, namespace: str) -> None:
     deploy_probe(cluster, namespace)
     before = cluster.pod(namespace, "probe-0")
     assert before is not None
-    pid = cluster.container_pid(namespace, "probe-0", "server")
-    __import__("os").kill(pid, 9)
+    killed = cluster.kill_container(namespace, "probe-0", "server")
 
     def restarted() -> Obj | None:
         p = cluster.pod(namespace, "probe-0")
@@ -266,12 +266,12 @@ def test_a_killed_container_is_restarted_and_counted(cluster: Cluster, namespace
         cs = p["status"]["containerStatuses"][0]
         return p if cs["restartCount"] == 1 else None
 
-    after = wait_for(restarted, "probe-0 restarted and Ready", timeout=60)
+    after = wait_for(restarted, "probe-0 restarted and Ready", timeout=90)
     cs = after["status"]["containerStatuses"][0]
-    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    assert cs["lastState"]["terminated"]["exitCode"] == 137  # 128 + SIGKILL
     assert after["metadata"]["uid"] == before["metadata"]["uid"]  # same pod, restarted container
-    assert after["status"]["podIP"] == before["status"]["podIP"]
-    assert cluster.container_pid(namespace, "probe-0", "server") != pid
+    assert after["status"]["podIP"] == before["status"]["podIP"]  # same sandbox
+    assert cluster.container_id(namespace, "probe-0", "server") != killed
     assert len(info(cluster, namespace, "probe-0")["boots"]) == 2
 
 
@@ -312,10 +312,12 @@ def test_job_pod_runs_to_completion_with_in_cluster_credentials(cluster: Cluster
                 "template": {
                     "spec": {
                         "restartPolicy": "Never",
+                        "securityContext": RESTRICTED_POD,
                         "containers": [
                             {
                                 "name": "list",
                                 "image": IMAGE,
+                                "securityContext": RESTRICTED_CONTAINER,
                                 "command": ["python", "-c", script],
                                 "env": [
                                     {

@@ -18,7 +18,18 @@ from typing import Any, cast
 import pytest
 from kubernetes import client
 
-from e2e.helpers import IMAGE, VERIFIER_IMAGE, Cluster, http_get, name_of, pod_ready, to_json, wait_for
+from e2e.helpers import (
+    IMAGE,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    VERIFIER_IMAGE,
+    Cluster,
+    http_get,
+    name_of,
+    pod_ready,
+    to_json,
+    wait_for,
+)
 
 Obj = dict[str, Any]
 GROUP, VERSION = "txnkeeper.io", "v1"
@@ -38,9 +49,16 @@ def operator(cluster: Cluster) -> Iterator[str]:
     """The chart installed with the real helm (CRDs, RBAC, operator Deployment); uninstalled after."""
     repo, _, tag = IMAGE.rpartition(":")
     verifier_repo, _, verifier_tag = VERIFIER_IMAGE.rpartition(":")
+    # The operator's namespace enforces Pod Security "restricted" too (its pod and the chart's test pod).
+    psa = "pod-security.kubernetes.io/enforce=restricted"
+    if cluster.core.list_namespace(field_selector=f"metadata.name={OPERATOR_NS}").items:
+        cluster.kubectl("label", "--overwrite", "namespace", OPERATOR_NS, psa)
+    else:
+        cluster.kubectl("create", "namespace", OPERATOR_NS)
+        cluster.kubectl("label", "namespace", OPERATOR_NS, psa)
     cluster.helm(
         "upgrade", "--install", RELEASE, str(CHART),
-        "--namespace", OPERATOR_NS, "--create-namespace",
+        "--namespace", OPERATOR_NS,
         "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
         "--set", f"verifierImage.repository={verifier_repo}", "--set", f"verifierImage.tag={verifier_tag}",
         "--set", "operator.reconcileSeconds=2",
@@ -48,6 +66,7 @@ def operator(cluster: Cluster) -> Iterator[str]:
     )  # fmt: skip
     wait_for(lambda: _operator_pod(cluster), "the operator pod Ready", timeout=120)
     yield OPERATOR_NS
+    cluster.record_containers(OPERATOR_NS)
     cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", check=False)
 
 
@@ -188,10 +207,12 @@ def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) ->
                 "template": {
                     "spec": {
                         "restartPolicy": "Never",
+                        "securityContext": RESTRICTED_POD,
                         "containers": [
                             {
                                 "name": "workload",
                                 "image": IMAGE,
+                                "securityContext": RESTRICTED_CONTAINER,
                                 "command": ["python", "/workload/workload.py", *args],
                                 "volumeMounts": [{"name": "workload", "mountPath": "/workload"}],
                             }

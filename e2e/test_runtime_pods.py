@@ -1,8 +1,9 @@
 """The txnkeeper runtime as pods (contracts §6), without the operator: the platform half of the story.
 
 Why: before the operator drives them, `txnkeeper serve` pods must work on the cluster as the operator
-will run them: bound to their pod IP, Ready through the admin API's /ready, their ledgers on the
-PersistentVolume, and every committed transaction still there after a pod is deleted and recreated.
+will run them: listening in their own network namespace, Ready through the admin API's /ready, their
+ledgers on the PersistentVolume, and every committed transaction still there after a pod is deleted
+and recreated.
 """
 
 from __future__ import annotations
@@ -10,7 +11,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from e2e.helpers import IMAGE, Cluster, pod_ready, wait_for
+import pytest
+
+from e2e.helpers import (
+    IMAGE,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    TMP_MOUNT,
+    TMP_VOLUME,
+    Cluster,
+    pod_ready,
+    wait_for,
+)
 from e2e.test_node import wait_ready
 from e2e.workload import produce, verify
 
@@ -19,7 +31,6 @@ DATA = "/var/lib/txnkeeper"
 
 
 def serve_statefulset(name: str, role: str, replicas: int, extra: list[str]) -> Obj:
-    field = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -33,24 +44,25 @@ def serve_statefulset(name: str, role: str, replicas: int, extra: list[str]) -> 
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": 20,
+                    "securityContext": RESTRICTED_POD,
                     "containers": [
                         {
                             "name": "txnkeeper",
                             "image": IMAGE,
+                            "securityContext": RESTRICTED_CONTAINER,
                             "command": ["txnkeeper", "serve"],
                             "args": [
                                 f"--role={role}",
                                 f"--data-dir={DATA}",
                                 "--release=2.0.0",
-                                "--listen=$(POD_IP):6650",
-                                "--admin-listen=$(POD_IP):8080",
+                                "--listen=0.0.0.0:6650",
+                                "--admin-listen=0.0.0.0:8080",
                                 "--pod-name=$(POD_NAME)",
                                 "--admin-token-file=/etc/txnkeeper/token/token",
                                 "--cluster-secret-file=/etc/txnkeeper/token/cluster",
                                 *extra,
                             ],
                             "env": [
-                                {"name": "POD_IP", **field},
                                 {
                                     "name": "POD_NAME",
                                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
@@ -67,11 +79,13 @@ def serve_statefulset(name: str, role: str, replicas: int, extra: list[str]) -> 
                             "volumeMounts": [
                                 {"name": "data", "mountPath": DATA},
                                 {"name": "token", "mountPath": "/etc/txnkeeper/token", "readOnly": True},
+                                TMP_MOUNT,
                             ],
                         }
                     ],
                     "volumes": [
-                        {"name": "token", "secret": {"secretName": "admin-token", "defaultMode": 0o440}}
+                        {"name": "token", "secret": {"secretName": "admin-token", "defaultMode": 0o440}},
+                        TMP_VOLUME,
                     ],
                 },
             },
@@ -100,12 +114,8 @@ def addresses(cluster: Cluster, ns: str, prefix: str, n: int, port: int) -> list
 def test_runtime_pods_keep_committed_transactions_across_pod_deletion(
     cluster: Cluster, namespace: str
 ) -> None:
-    if cluster.kind != "local":
-        import pytest
-
-        pytest.skip(
-            "the client reaches pods by pod IP; on kind the operator tests cover this through port-forwards"
-        )
+    if not cluster.pods_routed:
+        pytest.skip("the client here reaches pods by pod IP, and this machine does not route the pod network")
     # Dict bodies where the signatures say V1Secret and V1StatefulSet: the client validates them into those.
     # One Secret holds the admin token and the cluster secret coordinator and store pods share.
     secret = {

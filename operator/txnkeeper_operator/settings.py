@@ -1,6 +1,6 @@
 """Operator-wide settings, read once from the environment (the chart's Deployment sets them).
 
-Kept apart from the handlers so tests and the local control plane can build them explicitly. A wrong
+Kept apart from the handlers so tests and the local fleet can build them explicitly. A wrong
 value stops the operator at start with a message naming the variable, rather than pods failing later.
 """
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import apiserver_pki
 import pytest
 import yaml
 
@@ -33,12 +34,17 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CACHE_DIR", Path.home() / ".cache" / "txnkeeper"))
 APISERVERS = sorted(CACHE.glob("k8s/v*/bin/kube-apiserver"))
-ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+# etcd as the kind node image uses it (built by `make kind-components`), else one on PATH.
+ETCD = (
+    str(CACHE / "kind" / "bin" / "etcd")
+    if (CACHE / "kind" / "bin" / "etcd").exists()
+    else shutil.which("etcd")
+)
 HELM = os.environ.get("HELM") or str(CACHE / "bin" / "helm")
 
 pytestmark = [
     pytest.mark.skipif(not APISERVERS, reason="no kube-apiserver in $CACHE_DIR/k8s (run `make k8s-bins`)"),
-    pytest.mark.skipif(ETCD is None, reason="etcd is not installed (run `make cluster-deps`)"),
+    pytest.mark.skipif(ETCD is None, reason="no etcd in $CACHE_DIR/kind/bin (run `make kind-components`)"),
     pytest.mark.timeout(110),
 ]
 
@@ -80,16 +86,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """An etcd + kube-apiserver of our own; yields the admin kubeconfig path."""
-    if str(ROOT) not in sys.path:  # the e2e helpers are a top-level package of the repository
-        sys.path.insert(0, str(ROOT))
-    pki_mod = pytest.importorskip("e2e.localcluster.pki")
-    layout_mod = pytest.importorskip("e2e.localcluster.config")
     root = tmp_path_factory.mktemp("apiserver")
-    layout = layout_mod.Layout(root)
-    pki_mod.generate(layout)
+    p = root / "pki"
+    apiserver_pki.generate(p)
     etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
-    pki_mod.write_kubeconfigs(layout, f"https://127.0.0.1:{api_port}")
-    p = layout.pki
+    kubeconfig = apiserver_pki.admin_kubeconfig(p, f"https://127.0.0.1:{api_port}", root / "kubeconfig")
     procs = []
     try:
         procs.append(
@@ -135,7 +136,6 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 start_new_session=True,
             )
         )
-        kubeconfig = layout.admin_kubeconfig
         api = _client(kubeconfig)
         from kubernetes import client
 

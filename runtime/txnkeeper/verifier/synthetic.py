@@ -118,7 +118,7 @@ class SyntheticPods:
     def add_pod(self, name: str, answer: PodAnswer, host: str = "127.0.0.1", port: int = 0) -> PodEndpoint:
         """Start a pod listening on `host:port` (a fresh port by default); returns its endpoint (named,
         so the document's pod name is checked). Distinct 127.0.0.x hosts sharing one port stand for
-        pods on their own IPs, as the local control plane runs them."""
+        pods on their own IPs, as a cluster gives them."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((host, port))
         sock.listen(128)
