@@ -37,6 +37,10 @@ CURSOR_KIND = "cursor"
 CURSOR_FILE_VERSION = 1  # of the body below
 _LEGACY_VERSION = 1  # the previous release's plain-JSON cursor file said "version": 1
 _BODY_KEYS = {"name", "markDelete", "individuallyDeleted", "batchDeletedIndexes"}
+# Next to a cursor's file: the operator's written consent that a cursor whose file is missing starts
+# again at the earliest entry (ManagedLedger.reopen_cursor). Not "<file>.json.<suffix>": an encoded
+# name may take 240 bytes, and the whole must stay within the usual 255-byte file name limit.
+RESET_ACCEPTANCE_SUFFIX = ".accept-reset"
 _POSITION = re.compile(r"(0|[1-9][0-9]*):(-1|0|[1-9][0-9]*)")
 log = logging.getLogger(__name__)
 

@@ -45,6 +45,9 @@ T = TypeVar("T")
 class TopicLedger(PartitionLedger, Protocol):
     async def open_cursor(self, name: str) -> Cursor: ...
 
+    # A cursor created before: its missing file is refused, never read as "nothing acknowledged".
+    async def reopen_cursor(self, name: str, *, owner: str) -> Cursor: ...
+
 
 class PendingAckHandle(PendingAckLog, Protocol):
     """A subscription's opened pending-ack store as the topic service uses it."""
@@ -157,9 +160,21 @@ class TopicService:
 
     async def _create_subscription(self, topic: str, name: str) -> Subscription:
         partition = await self.partition(topic)
-        await self._register(topic, name)
-        cursor = await self._ledgers[topic].open_cursor(name)
-        handle = await self._open_pending_ack(topic, name)
+        ledger = self._ledgers[topic]
+        if name in self._registry.get(topic, []):
+            owner = f"subscription {name!r} of topic {topic!r} (listed in {self._registry_path})"
+            cursor = await ledger.reopen_cursor(name, owner=owner)
+            handle = await self._open_pending_ack(topic, name)
+        else:
+            # Cursor and pending-ack log first, the registry entry last: a registered subscription
+            # always has its cursor file, so a missing one is a loss to refuse, not a crash between.
+            cursor = await ledger.open_cursor(name)
+            handle = await self._open_pending_ack(topic, name)
+            try:
+                await self._register(topic, name)
+            except BaseException:
+                await handle.close()  # a retried subscribe opens it again
+                raise
         subscription = Subscription(
             topic, name, reader=partition, cursor=cursor, buffer=partition.buffer, pending_log=handle
         )
