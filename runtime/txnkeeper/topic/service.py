@@ -32,13 +32,12 @@ from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
 from txnkeeper.topic.writers import SingleKeySettings
+from txnkeeper.topicnames import name_problem
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
-PENDING_ACK_SUFFIX = "__transaction_pending_ack"
 SNAPSHOT_DIR = "txnbuffer-snapshots"  # next to the registry: one snapshot file per topic
-MAX_NAME = 512
 T = TypeVar("T")
 
 
@@ -65,10 +64,9 @@ UNKNOWN_DEADLINE_FENCE_MS = 24 * 3600 * 1000
 
 
 def validate_name(kind: str, name: str) -> None:
-    if not name or len(name) > MAX_NAME or any(ord(c) < 32 for c in name):
-        raise BadRequestError(f"{kind} name {name!r} must be 1..{MAX_NAME} printable characters")
-    if name.endswith(PENDING_ACK_SUFFIX):
-        raise BadRequestError(f"{kind} name {name!r} may not end with {PENDING_ACK_SUFFIX}")
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise BadRequestError(problem)
 
 
 class TopicService:

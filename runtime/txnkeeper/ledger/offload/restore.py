@@ -31,7 +31,7 @@ from ..fileio import DEFAULT_IO, FileIO
 from ..ledger_file import LedgerFile
 from ..lock import acquire_directory_lock, release_directory_lock
 from ..metadata import METADATA_FILE, METADATA_VERSION, ManagedLedgerMetadata, OffloadSegment
-from ..names import decode_name
+from ..names import decode_name, is_bounded_form
 from ..recovery import LEDGERS_DIR
 from .blobstore import BlobStore
 from .config import OffloadConfig
@@ -141,10 +141,12 @@ def inventory(root: Path) -> Inventory:
         return Inventory(())
     for child in sorted(root.iterdir()):
         name = decode_name(child.name)
-        if name is None or not (child / METADATA_FILE).is_file():
+        # A long name's directory (bounded form) is named by a hash: its metadata says whose it is.
+        if (name is None and not is_bounded_form(child.name)) or not (child / METADATA_FILE).is_file():
             continue
         try:
-            items.append(_inventory_one(name, child, read_metadata(child)))
+            meta = read_metadata(child)
+            items.append(_inventory_one(meta.name if name is None else name, child, meta))
         except (CorruptMetadataError, OSError) as exc:
             bad.append((child, str(exc)))
     return Inventory(tuple(items), tuple(bad))
