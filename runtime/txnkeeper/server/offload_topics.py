@@ -20,7 +20,7 @@ from txnkeeper import statefile
 from txnkeeper.admin.views import OffloadRefusal
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.managed_ledger import ManagedLedger
-from txnkeeper.ledger.offload import OffloadConfigError, OffloadError
+from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError, OffloadError
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 from txnkeeper.server import offload_settings
 from txnkeeper.server.offload_settings import OffloadSettingsError
@@ -70,6 +70,16 @@ class TopicOffloads:
         if not self._pod and not override:
             return None
         return {**self._pod, **(override or {})}
+
+    def tiers(self) -> list[OffloadConfig]:
+        """The tiers this pod's settings name (its own and any topic override's): where its data
+        can have been offloaded, so the only ones a restore may name."""
+        found = []
+        for settings in [self._pod, *(self.effective(t) for t in self._overrides)]:
+            if settings:
+                with contextlib.suppress(OffloadSettingsError):  # an unusable override holds no data
+                    found.append(offload_settings.policy(settings, "offload").config)
+        return found
 
     def ledger_config(self, topic: str) -> ManagedLedgerConfig:
         """The config a topic's managed ledger opens with (offload per the merged settings)."""

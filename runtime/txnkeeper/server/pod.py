@@ -174,9 +174,10 @@ class PodRuntime:
             raise FormatLevelRefusal(
                 f"release {self.release} has no offload: its data holds no offloaded ledger to restore"
             )
+        tiers = self.offloads.tiers() if self.offloads is not None else []
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, request_restore, self.config.data_dir, properties
+                None, request_restore, self.config.data_dir, properties, tiers
             )
         except RestoreRequestError as exc:
             raise ValueError(str(exc)) from exc

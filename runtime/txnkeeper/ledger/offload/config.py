@@ -111,6 +111,17 @@ class OffloadConfig:
             os.path.normpath(self.fileSystemURI) if self.fileSystemURI else "",
         )
 
+    def describe_location(self) -> str:
+        """The tier as an operator names it, e.g. "filesystem /offload" or "s3 bucket 'b' at URL"."""
+        if not self.is_s3:
+            return f"filesystem {os.path.normpath(self.fileSystemURI)}"
+        where = f"s3 bucket {self.managedLedgerOffloadBucket!r}"
+        if self.managedLedgerOffloadServiceEndpoint:
+            where += f" at {self.managedLedgerOffloadServiceEndpoint}"
+        if self.managedLedgerOffloadRegion:
+            where += f" in region {self.managedLedgerOffloadRegion}"
+        return where
+
     @property
     def is_s3(self) -> bool:
         return self.managedLedgerOffloadDriver in ("aws-s3", "S3")
