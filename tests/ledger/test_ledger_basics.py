@@ -14,7 +14,7 @@ from txnkeeper.ledger import (
     NoSuchEntryError,
     Position,
 )
-from txnkeeper.ledger.names import decode_name, encode_name
+from txnkeeper.ledger.names import MAX_COMPONENT, decode_name, encode_name, is_bounded_form
 
 
 async def test_appends_get_ordered_positions_and_read_back(factory: ManagedLedgerFactory) -> None:
@@ -94,8 +94,6 @@ async def test_bad_input_is_refused_with_a_clear_error(factory: ManagedLedgerFac
     assert await ml.add_entry(bytearray(b"copy")) == Position(ml.current_ledger_id(), 0)
     with pytest.raises(ValueError, match="non-empty"):
         await factory.open("")
-    with pytest.raises(ValueError, match="too long"):
-        await factory.open("n" * 300)
     with pytest.raises(ValueError, match="max_entries_per_ledger"):
         ManagedLedgerConfig(max_entries_per_ledger=0)
     with pytest.raises(ValueError, match="max_ledger_age_seconds"):
@@ -113,6 +111,52 @@ def test_names_round_trip_to_one_safe_path_component(name: str) -> None:
     encoded = encode_name(name)
     assert "/" not in encoded and encoded not in (".", "..")
     assert decode_name(encoded) == name
+
+
+def test_names_that_fit_keep_their_plain_encoding() -> None:
+    """Existing directories and cursor files keep their names: the bounded form is only for names
+    whose plain encoding never fit (those were refused before)."""
+    assert encode_name("persistent://t/ns/a") == "persistent%3A%2F%2Ft%2Fns%2Fa"
+    fits = "persistent://t/ns/" + "a" * 212  # 28 + 212 = 240 bytes encoded: the longest plain name
+    assert encode_name(fits) == "persistent%3A%2F%2Ft%2Fns%2F" + "a" * 212
+    assert decode_name(encode_name(fits)) == fits and not is_bounded_form(encode_name(fits))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "persistent://t/ns/" + "a" * 213,  # one byte over
+        "\U0001f600" * 80,
+        "x" * 174 + "/" * 30,  # the prefix would end inside a %XX triple
+        "%" * 512,
+        "a-b" * 170 + "__transaction_pending_ack",
+    ],
+)
+def test_long_names_get_a_bounded_form_that_never_decodes_to_another_name(name: str) -> None:
+    encoded = encode_name(name)
+    assert len(encoded) <= MAX_COMPONENT and is_bounded_form(encoded) and "/" not in encoded
+    assert decode_name(encoded) is None  # read from the file's content instead
+    # is_bounded_form also says the readable prefix ends on a whole %XX triple
+    assert encode_name(name + "x") != encoded and encode_name(name[:-1] + "y") != encoded
+
+
+async def test_long_ledger_and_cursor_names_reopen_and_are_listed(tmp_path: Path) -> None:
+    name = "persistent://t/ns/" + "\U0001f600" * 80
+    other = "persistent://t/ns/" + "\U0001f600" * 79 + "x"  # same readable prefix, another ledger
+    cursor_name = "\U0001f680" * 100
+    f1 = ManagedLedgerFactory(tmp_path)
+    ml = await f1.open(name)
+    first = await ml.add_entry(b"a")
+    await ml.add_entry(b"b")
+    await (await ml.open_cursor(cursor_name)).mark_delete(first)
+    await (await f1.open(other)).add_entry(b"c")
+    await f1.close()
+    f2 = ManagedLedgerFactory(tmp_path)
+    assert f2.list_names() == sorted([name, other])
+    ml = await f2.open(name)
+    assert list(ml.cursors()) == [cursor_name]
+    assert (await ml.open_cursor(cursor_name)).mark_delete_position() == first
+    await f2.close()
 
 
 async def test_internal_stats_have_the_pulsar_shape(factory: ManagedLedgerFactory) -> None:

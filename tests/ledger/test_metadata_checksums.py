@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from txnkeeper import statefile
-from txnkeeper.ledger import CorruptEntryError, CorruptMetadataError, ManagedLedgerFactory, Position
+from txnkeeper.ledger import (
+    CorruptEntryError,
+    CorruptMetadataError,
+    ManagedLedgerFactory,
+    MissingCursorError,
+    Position,
+)
 from txnkeeper.ledger.cursor import CursorState
 from txnkeeper.ledger.ledger_file import ledger_file_name
 from txnkeeper.ledger.metadata import ManagedLedgerMetadata
@@ -121,6 +127,31 @@ async def test_a_damaged_cursor_file_stops_the_open_and_is_left_as_it_was(tmp_pa
         await reopen(tmp_path)
     assert str(path) in str(info.value)
     assert path.read_bytes() == bytes(damaged)
+
+
+async def test_a_known_cursor_without_its_file_is_refused_until_the_reset_is_accepted(tmp_path: Path) -> None:
+    """``reopen_cursor`` never creates a cursor afresh in silence: that would read every deleted
+    entry as not deleted. The acceptance file is the operator's consent, taken once."""
+    positions = await make_ledger(tmp_path)
+    path = cursor_path(tmp_path)
+    acceptance = path.with_name(f"{encode_name('sub', 'cursor')}.accept-reset")
+    path.unlink()
+    factory = ManagedLedgerFactory(tmp_path)
+    try:
+        ml = await factory.open(NAME)
+        with pytest.raises(MissingCursorError, match="it is missing, but the test's cursor exists") as info:
+            await ml.reopen_cursor("sub", owner="the test's cursor")
+        assert str(path) in str(info.value) and f"touch '{acceptance}'" in str(info.value)
+        assert not path.exists() and "sub" not in ml.cursors()
+        acceptance.touch()
+        cursor = await ml.reopen_cursor("sub", owner="the test's cursor")
+        assert cursor.mark_delete_position() == Position(positions[0].ledger_id, -1)
+        assert path.is_file() and not acceptance.exists()
+        acceptance.touch()  # left over once the cursor exists: removed, never kept for a later loss
+        assert await ml.reopen_cursor("sub", owner="the test's cursor") is cursor
+        assert not acceptance.exists()
+    finally:
+        await factory.close()
 
 
 # --- range checks on open --------------------------------------------------------------------------

@@ -129,3 +129,52 @@ async def test_a_restore_request_survives_a_failed_restore_and_then_completes(
     results = await restore_if_requested(data, root)
     assert results is not None and [r.restored_ledgers for r in results] == [[1, 2]]
     assert not restore_requested(data) and inventory(root).max_metadata_version == 1
+
+
+# --- issue 25 item 13: a restore names the tier the data is in, or changes nothing ----------------------
+
+
+@pytest.mark.parametrize("uri", ["../../../etc", "tier", "./tier", "/abs/with\x00nul"])
+def test_a_relative_tier_path_is_refused_and_nothing_is_recorded(tmp_path: Path, uri: str) -> None:
+    with pytest.raises(RestoreRequestError, match="must be an absolute directory path"):
+        request_restore(tmp_path, {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": uri})
+    assert not restore_requested(tmp_path)
+
+
+async def test_a_restore_that_finds_none_of_the_segments_changes_nothing(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    """Before, a restore pointed at a tier without the segments "restored 0" ledgers (every ledger was
+    still local), rewrote the metadata as version 1 and dropped the segment records: the real tier's
+    objects were orphaned for good."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    root = tmp_path / "data"
+    factory = opened(root)
+    ml = await factory.open(NAME, ml_config(policy(tier, managedLedgerOffloadDeletionLagMs=3_600_000)))
+    await produce(ml, 25)
+    assert ml.offloader is not None
+    await ml.offloader.offload()
+    await factory.close()
+    assert inventory(root).tier_only_ledgers == 0 and inventory(root).max_metadata_version == 2
+    meta = root / encode_name(NAME) / "meta.json"
+    meta_before = meta.read_bytes()
+    objects = sorted(p.name for p in tier.rglob("*") if p.is_file())
+    assert objects
+
+    data = tmp_path / "pod"
+    data.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    request_restore(data, {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(elsewhere)})
+    with pytest.raises(RestoreError, match="holds none of the 1 Offloaded segment") as info:
+        await restore_if_requested(data, root)
+    assert f"filesystem {elsewhere}" in str(info.value) and "nothing was changed" in str(info.value)
+    assert meta.read_bytes() == meta_before and restore_requested(data)
+    assert sorted(p.name for p in tier.rglob("*") if p.is_file()) == objects
+
+    request_restore(data, {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tier)})
+    results = await restore_if_requested(data, root)
+    assert results is not None and [len(r.deleted_segments) for r in results] == [1]
+    assert inventory(root).max_metadata_version == 1 and not restore_requested(data)
+    assert [p for p in tier.rglob("*") if p.is_file()] == []

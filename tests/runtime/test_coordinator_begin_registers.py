@@ -41,11 +41,28 @@ async def test_a_failed_begin_adopts_nothing_and_bad_names_are_refused(tmp_path:
         await coordinator.new_txn(5_000, ["t1"], [], "s:1")
     assert coordinator.ongoing_count == 0
     log.fail = False
-    with pytest.raises(BadRequestError, match="non-empty names"):
+    with pytest.raises(BadRequestError, match=r"subscription name '' must be 1\.\.512 printable"):
         coordinator.new_txn(5_000, ["t1"], [("t1", "")], "s:1")
+    # The stores' own rule (issue 25 item 7): a name every store refuses is never logged, since the
+    # end naming it would be retried for ever.
+    for topics, subscriptions, refusal in (
+        (["x" * 513], [], r"topic name 'xxx.*\.\.\. \(513 characters\) must be 1\.\.512 printable"),
+        (["a\nb"], [], r"topic name 'a\\nb' must be 1\.\.512 printable"),
+        ([], [("t1", "s\x00")], r"subscription name 's\\x00' must be 1\.\.512 printable"),
+        (["t__transaction_pending_ack"], [], "may not end with __transaction_pending_ack"),
+    ):
+        with pytest.raises(BadRequestError, match=refusal):
+            coordinator.new_txn(5_000, topics, subscriptions, "s:1")
     with pytest.raises(BadRequestError, match="needs store_address"):
         coordinator.new_txn(5_000, ["t1"], [], "")
     assert log.records == []
+    txn = await coordinator.new_txn(5_000, [], [], "s:1")
+    records = len(log.records)
+    with pytest.raises(BadRequestError, match=r"\(513 characters\) must be 1\.\.512"):
+        coordinator.add_partitions(txn, ["y" * 513], "s:1")
+    with pytest.raises(BadRequestError, match="printable"):
+        coordinator.add_subscriptions(txn, [("t1", "\x1f")], "s:1")
+    assert len(log.records) == records  # nothing logged for them
     await coordinator.close()
 
 

@@ -98,3 +98,33 @@ def test_restore_is_requested_carried_out_at_the_next_start_and_then_2x_starts(t
         assert status == 409 and "release 2.0.0 has no offload" in doc["error"]
     finally:
         old.stop()
+
+
+def test_a_restore_must_name_the_pods_own_tier_by_an_absolute_path(tmp_path: Path) -> None:
+    """Issue 25 item 13: a restore with fileSystemURI "../../../etc" was accepted (202); the next start
+    restored nothing there and dropped the segment records, orphaning the real tier's objects."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    own = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tier)}
+    pod = ServePod(tmp_path, "pas-0", "store", release="3.0.0", config={"offload": own})
+    asyncio.run(_offload_into(pod.data_dir / "ledgers", tier))
+    try:
+        pod.start()
+        restore = f"{pod.admin_url()}/admin/v1/offload/restore"
+        for uri, refusal in (
+            ("../../../etc", "fileSystemURI='../../../etc' must be an absolute directory path"),
+            (str(other), f"names the tier filesystem {other}, but this pod's tier is filesystem {tier}"),
+        ):
+            status, doc = http("POST", restore, {"offload": {**own, "fileSystemURI": uri}}, TOKEN)
+            assert status == 400 and refusal in doc["error"], doc
+        s3 = {"managedLedgerOffloadDriver": "S3", "managedLedgerOffloadBucket": "b"}
+        status, doc = http("POST", restore, {"offload": s3}, TOKEN)
+        assert status == 400 and "names the tier s3 bucket 'b'" in doc["error"], doc
+        _, summary = http("GET", f"{pod.admin_url()}/admin/v1/offload/summary")
+        assert summary["restoreRequested"] is False and summary["maxMetadataVersion"] == 2
+        status, doc = http("POST", restore, {"offload": {**own, "fileSystemURI": f"{tier}/"}}, TOKEN)
+        assert status == 202, doc  # the same directory, spelled with a trailing slash
+    finally:
+        pod.stop()

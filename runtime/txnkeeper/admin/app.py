@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from txnkeeper.admin.auth import check_bearer
 from txnkeeper.admin.views import FormatLevelRefusal, OffloadRefusal, PodView, TopicOffloadView
@@ -33,6 +34,31 @@ POD_KEY: web.AppKey[PodView] = web.AppKey("pod", PodView)
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token", str | None)  # type: ignore[arg-type]
 OffloadProvider = Callable[[], TopicOffloadView | None]
 OFFLOAD_KEY: web.AppKey[OffloadProvider] = web.AppKey("offload", OffloadProvider)  # type: ignore[arg-type]
+
+
+class HttpServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server log (``AppRunner(..., logger=HttpServerLog())``) without alarms for bad input.
+
+    aiohttp answers a request its parser refuses (a request line or header over 8190 bytes, a
+    malformed line) with a 400 itself and logs it through ``logger.exception``: an ERROR with a
+    traceback for what is the client's mistake. Those are logged here at WARNING, one line, naming
+    the peer; every other server error keeps its ERROR and traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("txnkeeper.admin.http"), {})
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            peer = args[0] if args else "?"
+            self.warning(
+                "admin API refused a malformed HTTP request from %s (answered %s): %s",
+                peer,
+                exc_info.code,
+                str(exc_info.message)[:200],
+            )
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 class BadRequest(Exception):

@@ -49,6 +49,15 @@ DEFAULT_MAX_BLOCK_SIZE_BYTES = 64 * MIB
 MAX_MAX_BLOCK_SIZE_BYTES = 256 * MIB  # a block is one ranged GET held in memory
 # The runtime's smallest block: its 128-byte header plus one framed (empty) entry (ledger.offload.config).
 MIN_MAX_BLOCK_SIZE_BYTES = 128 + 12
+# Limits of the pod's offload settings (config file and `offload-policies set`) beyond the CR's fields.
+# A segment younger than a second is a retry storm of tiny objects; one older than a week holds
+# a week of acknowledged data outside the tier.
+MIN_SEGMENT_ROLLOVER_SECONDS = 1
+MAX_SEGMENT_ROLLOVER_SECONDS = 7 * 24 * 3600
+# Retries faster than once a second turned a full tier into hundreds of errors a second (issue 25).
+MIN_RETRY_INTERVAL_SECONDS = 1
+MAX_RETRY_INTERVAL_SECONDS = 24 * 3600
+MAX_OFFLOAD_BUFFER_BYTES = 256 * MIB  # write (read-ahead) and read buffers: memory the offloader holds
 
 
 def offload_config(spec: Mapping[str, Any]) -> dict[str, Any]:

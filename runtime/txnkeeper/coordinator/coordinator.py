@@ -31,6 +31,7 @@ from txnkeeper.errors import (
     UnavailableError,
 )
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
+from txnkeeper.topicnames import name_problem
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,14 @@ DELETE_INTERVAL = 0.05  # seconds between batched deletions of ended transaction
 # in flight. A crash before the round replays those transactions as COMMITTING/ABORTING and
 # re-delivers their ends, which stores ignore (as for a crash before the record was durable).
 SEAL_INTERVAL = 0.05
+
+
+def _check_name(kind: str, name: str) -> None:
+    """The stores' name rule, checked before a name is logged: an end naming something every store
+    refuses would be retried for ever."""
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise BadRequestError(problem)
 
 
 def _now_ms() -> int:
@@ -215,12 +224,11 @@ class TransactionCoordinator:
             route = self._routes.get
             known = True
             for topic in topics:
-                if not topic:
-                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                _check_name("topic", topic)
                 known = known and route(topic) == store_address
             for topic, subscription in subscriptions:
-                if not topic or not subscription:
-                    raise BadRequestError("a transaction's partitions and subscriptions need non-empty names")
+                _check_name("topic", topic)
+                _check_name("subscription", subscription)
                 known = known and route(topic) == store_address
             if not store_address:
                 raise BadRequestError("registering partitions or subscriptions at begin needs store_address")
@@ -368,8 +376,10 @@ class TransactionCoordinator:
 
     def add_partitions(self, txn_id: TxnID, topics: list[str], store_address: str) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
-        if not topics or any(not t for t in topics):
-            raise BadRequestError("add-partition needs one or more non-empty topic names")
+        if not topics:
+            raise BadRequestError("add-partition needs one or more topic names")
+        for topic in topics:
+            _check_name("topic", topic)
         if not self._routes.knows(topics, store_address):
             return asyncio.ensure_future(
                 self._learn_then(topics, store_address, self._add_partitions, meta, topics)
@@ -390,8 +400,11 @@ class TransactionCoordinator:
         self, txn_id: TxnID, subscriptions: list[tuple[str, str]], store_address: str
     ) -> Awaitable[object]:
         meta = self._open_txn(txn_id)
-        if not subscriptions or any(not t or not s for t, s in subscriptions):
+        if not subscriptions:
             raise BadRequestError("add-subscription needs one or more (topic, subscription) pairs")
+        for topic, subscription in subscriptions:
+            _check_name("topic", topic)
+            _check_name("subscription", subscription)
         topics = list(dict.fromkeys(t for t, _ in subscriptions))
         if not self._routes.knows(topics, store_address):
             return asyncio.ensure_future(

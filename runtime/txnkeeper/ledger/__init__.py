@@ -13,6 +13,7 @@ from .errors import (
     LedgerFencedError,
     LedgerLockedError,
     LedgerWriteError,
+    MissingCursorError,
     NoSuchEntryError,
 )
 from .factory import ManagedLedgerFactory
@@ -34,6 +35,7 @@ __all__ = [
     "ManagedLedger",
     "ManagedLedgerConfig",
     "ManagedLedgerFactory",
+    "MissingCursorError",
     "NoSuchEntryError",
     "Position",
 ]

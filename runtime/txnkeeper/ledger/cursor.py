@@ -37,6 +37,10 @@ CURSOR_KIND = "cursor"
 CURSOR_FILE_VERSION = 1  # of the body below
 _LEGACY_VERSION = 1  # the previous release's plain-JSON cursor file said "version": 1
 _BODY_KEYS = {"name", "markDelete", "individuallyDeleted", "batchDeletedIndexes"}
+# Next to a cursor's file: the operator's written consent that a cursor whose file is missing starts
+# again at the earliest entry (ManagedLedger.reopen_cursor). Not "<file>.json.<suffix>": an encoded
+# name may take 240 bytes, and the whole must stay within the usual 255-byte file name limit.
+RESET_ACCEPTANCE_SUFFIX = ".accept-reset"
 _POSITION = re.compile(r"(0|[1-9][0-9]*):(-1|0|[1-9][0-9]*)")
 log = logging.getLogger(__name__)
 
@@ -149,13 +153,15 @@ class CursorState:
     @classmethod
     def load(cls, path: Path, expected_name: str, ledger_entries: dict[int, int]) -> CursorState:
         """Read a cursor file and check it against the ledger (live ledger id -> confirmed entries)."""
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise CorruptMetadataError(path, f"it cannot be read ({exc.strerror or exc})") from exc
-        _, state = cls.decode(raw, path, expected_name)
+        _, state = cls.decode(_read(path), path, expected_name)
         state.check_within(path, ledger_entries)
         return state
+
+    @classmethod
+    def stored_name(cls, path: Path) -> str:
+        """The cursor name a checked cursor file holds (for a file named in the bounded form)."""
+        name, _ = cls.decode(_read(path), path)
+        return name
 
     def check_within(self, path: Path, ledger_entries: dict[int, int]) -> None:
         """Refuse a state naming an entry the ledger does not hold (live ledger id -> entry count).
@@ -201,6 +207,13 @@ class CursorState:
                 raise refuse("batch ack set at", str(position), "names an entry that does not exist")
             if mask == 0:
                 raise refuse("batch ack set at", str(position), "is empty (an entry with no index left)")
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CorruptMetadataError(path, f"it cannot be read ({exc.strerror or exc})") from exc
 
 
 def _legacy_body(raw: bytes) -> dict[str, Any]:
@@ -273,6 +286,10 @@ class ManagedCursor:
 
     def is_deleted(self, position: Position) -> bool:
         return self._state.is_deleted(position)
+
+    def holds(self, position: Position) -> bool:
+        """Whether ``position`` is a durable entry of a live ledger (one this cursor could delete)."""
+        return 0 <= position.entry_id < self._layout.confirmed_entries(position.ledger_id)
 
     def is_batch_index_deleted(self, position: Position, batch_index: int) -> bool:
         if self._state.is_deleted(position):

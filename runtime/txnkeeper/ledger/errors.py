@@ -70,6 +70,21 @@ class CorruptMetadataError(LedgerError, StateFileError):
         )
 
 
+class MissingCursorError(CorruptMetadataError):
+    """A cursor its owner created before has no file: never read as "nothing deleted yet"."""
+
+    def __init__(self, path: Path, owner: str, acceptance: Path) -> None:
+        super().__init__(
+            path,
+            f"it is missing, but {owner} exists; starting its cursor again would treat every entry it "
+            "had acknowledged as unacknowledged (all of them delivered again)",
+            f"restore the file from a backup of this volume; or, to accept that it starts again from the "
+            f"earliest retained entry, run touch '{acceptance}' and start the pod again (the file is "
+            "removed once used)",
+        )
+        self.acceptance = acceptance
+
+
 class LedgerFencedError(LedgerError):
     """Someone else owns this managed ledger."""
 

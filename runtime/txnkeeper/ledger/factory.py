@@ -16,8 +16,8 @@ from .config import ManagedLedgerConfig
 from .errors import LedgerClosedError
 from .fileio import DEFAULT_IO, FileIO
 from .managed_ledger import ManagedLedger
-from .metadata import METADATA_FILE
-from .names import decode_name, encode_name
+from .metadata import directory_ledger_name
+from .names import encode_name
 
 
 class ManagedLedgerFactory:
@@ -65,12 +65,7 @@ class ManagedLedgerFactory:
 
     def list_names(self) -> list[str]:
         """Managed ledgers present on disk (open or not), sorted."""
-        names = []
-        for child in self.root.iterdir():
-            name = decode_name(child.name)
-            if name is not None and (child / METADATA_FILE).is_file():
-                names.append(name)
-        return sorted(names)
+        return sorted(name for child in self.root.iterdir() if (name := directory_ledger_name(child)))
 
     async def close(self) -> None:
         """Close every open managed ledger (queued appends complete first), then the I/O pool."""

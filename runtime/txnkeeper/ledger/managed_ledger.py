@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import ManagedLedgerConfig
-from .cursor import CursorState, ManagedCursor
+from .cursor import RESET_ACCEPTANCE_SUFFIX, CursorState, ManagedCursor
 from .entry_format import FILE_HEADER, MAX_ENTRY_SIZE, RECORD_HEADER_SIZE, record_header
-from .errors import LedgerClosedError, LedgerWriteError, NoSuchEntryError
+from .errors import LedgerClosedError, LedgerWriteError, MissingCursorError, NoSuchEntryError
 from .fileio import FileIO
 from .ledger_file import GroupWriteFailed, LedgerFile
 from .lock import release_directory_lock
@@ -556,6 +556,44 @@ class ManagedLedger:
                 ) from exc
             self._cursors[name] = cursor
             return cursor
+
+    async def reopen_cursor(self, name: str, *, owner: str) -> ManagedCursor:
+        """Reopen a cursor its owner knows was created before (``owner`` says who, for the message).
+
+        Unlike ``open_cursor``, a cursor whose file is gone is not created afresh: starting it again
+        at the earliest entry would read every entry it had deleted as not deleted. That is refused
+        (``MissingCursorError``, naming the file and how to accept the reset) unless the operator
+        accepted it with the cursor's acceptance file, which is then taken once (removed).
+        """
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            self._raise_not_writable()
+        encoded = encode_name(name, "cursor")
+        path = self._cursors_dir / f"{encoded}.json"
+        acceptance = self._cursors_dir / f"{encoded}{RESET_ACCEPTANCE_SUFFIX}"
+        loop = asyncio.get_running_loop()
+        accepted = await loop.run_in_executor(self._executor, acceptance.is_file)
+        cursor = self._cursors.get(name)
+        if cursor is None and not accepted:
+            raise MissingCursorError(path, owner, acceptance)
+        if cursor is None:
+            log.warning(
+                "cursor file %s of %s is missing and %s accepts the reset: it starts again from the "
+                "earliest retained entry (every entry it had deleted is read again)",
+                path,
+                owner,
+                acceptance,
+            )
+            cursor = await self.open_cursor(name)
+        elif accepted:
+            # Left over (the cursor was restored after all): it must not accept a later loss silently.
+            log.warning("%s is not needed (cursor file %s exists) and is removed", acceptance, path)
+        if accepted:
+            await loop.run_in_executor(self._executor, self._remove_acceptance, acceptance)
+        return cursor
+
+    def _remove_acceptance(self, acceptance: Path) -> None:
+        acceptance.unlink(missing_ok=True)
+        self._io.sync_dir(acceptance.parent)
 
     def cursors(self) -> dict[str, ManagedCursor]:
         return dict(self._cursors)

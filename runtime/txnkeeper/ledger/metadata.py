@@ -26,6 +26,7 @@ from txnkeeper.statefile import StateFileError, StateShapeError
 
 from .errors import CorruptMetadataError
 from .fileio import FileIO
+from .names import decode_name, encode_name, is_bounded_form
 from .position import Position
 
 METADATA_FILE = "meta.json"
@@ -165,6 +166,23 @@ class ManagedLedgerMetadata:
         if any(not i.closed for i in meta.ledgers[:-1]):
             raise CorruptMetadataError(path, "a ledger other than the last one is still marked open")
         return meta
+
+
+def directory_ledger_name(directory: Path) -> str | None:
+    """The managed ledger a directory under a factory root holds (None: none). Blocking.
+
+    A plainly encoded directory name decodes; one in the bounded form of a long name
+    (``names.is_bounded_form``) holds the ledger its metadata names, if that name leads back to it
+    (a directory whose metadata cannot be read is not listed: opening it reports the damage)."""
+    meta_path = directory / METADATA_FILE
+    name = decode_name(directory.name)
+    if name is not None or not is_bounded_form(directory.name):
+        return name if name is not None and meta_path.is_file() else None
+    try:
+        stored = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path).name
+    except (StateFileError, OSError):
+        return None
+    return stored if encode_name(stored) == directory.name else None
 
 
 def _legacy_body(raw: bytes) -> dict[str, Any]:

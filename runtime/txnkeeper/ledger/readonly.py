@@ -18,8 +18,8 @@ from .cursor import CursorState
 from .errors import CorruptMetadataError, NoSuchEntryError
 from .fileio import DEFAULT_IO, FileIO
 from .ledger_file import LedgerFile
-from .metadata import METADATA_FILE, ManagedLedgerMetadata
-from .names import decode_name, encode_name
+from .metadata import METADATA_FILE, ManagedLedgerMetadata, directory_ledger_name
+from .names import encode_name
 from .position import Position
 from .recovery import CURSORS_DIR, check_ledgers, read_cursors
 from .watermark import load_watermark
@@ -75,11 +75,7 @@ def list_managed_ledgers(root: Path) -> list[str]:
     """Managed ledgers present under ``root``, sorted (ManagedLedgerFactory.list_names, read-only)."""
     if not root.is_dir():
         return []
-    return sorted(
-        name
-        for child in root.iterdir()
-        if (name := decode_name(child.name)) is not None and (child / METADATA_FILE).is_file()
-    )
+    return sorted(name for child in root.iterdir() if (name := directory_ledger_name(child)))
 
 
 def is_batch_index_deleted(state: CursorState, position: Position, batch_index: int) -> bool:

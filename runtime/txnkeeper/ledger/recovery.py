@@ -23,7 +23,7 @@ from .fileio import FileIO
 from .ledger_file import LedgerFile
 from .lock import acquire_directory_lock, release_directory_lock
 from .metadata import METADATA_FILE, LedgerInfo, ManagedLedgerMetadata
-from .names import decode_name
+from .names import decode_name, encode_name, is_bounded_form
 from .watermark import WATERMARK_FILE, WatermarkFile, WatermarkState, current_boot_id, load_watermark
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,16 @@ def read_cursors(cursors_dir: Path, files: dict[int, LedgerFile]) -> dict[str, t
     for path in sorted(cursors_dir.glob("*.json")):
         cursor_name = decode_name(path.stem)
         if cursor_name is None:
-            continue
+            if not is_bounded_form(path.stem):
+                continue
+            # A long name's file is named by a hash: the name is the one inside, if it leads here.
+            cursor_name = CursorState.stored_name(path)
+            if encode_name(cursor_name, "cursor") != path.stem:
+                raise CorruptMetadataError(
+                    path,
+                    f"it holds cursor {cursor_name!r}, whose file is "
+                    f"{encode_name(cursor_name, 'cursor')}.json, not this one",
+                )
         # checked against the recovered ledgers: a position past them is refused, not adopted
         cursors[cursor_name] = (path, CursorState.load(path, cursor_name, ledger_entries))
     return cursors

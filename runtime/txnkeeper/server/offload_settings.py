@@ -13,10 +13,12 @@ properties files, decimal strings. Every mistake is an ``OffloadSettingsError`` 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract import store_settings as limits
 from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError
 from txnkeeper.ledger.offload.offloader import OffloadPolicy
 from txnkeeper.server import config
@@ -46,7 +48,36 @@ POLICY_KEYS: dict[str, type] = {
     "offloadMode": str,
 }
 KEYS = {**CONFIG_KEYS, **POLICY_KEYS}
-_MAX_DIGITS = 19  # fits a Java long; longer text is a mistake, not a size
+_JAVA_LONG = 2**63 - 1
+# key -> (lowest, highest) accepted; what a value outside says comes from _range_text.
+BOUNDS: dict[str, tuple[float, float]] = {
+    # -1 is Pulsar's "on demand only": the range -1..max is exactly {-1} and 0..max for an integer.
+    "managedLedgerOffloadThresholdInBytes": (-1, _JAVA_LONG),
+    "managedLedgerOffloadDeletionLagMs": (0, _JAVA_LONG),
+    "maxOffloadSegmentSizeInBytes": (1, _JAVA_LONG),
+    "maxOffloadSegmentRolloverTimeInSeconds": (
+        limits.MIN_SEGMENT_ROLLOVER_SECONDS,
+        limits.MAX_SEGMENT_ROLLOVER_SECONDS,
+    ),
+    "minOffloadSegmentRolloverTimeInSeconds": (0, limits.MAX_SEGMENT_ROLLOVER_SECONDS),
+    "offloadRetryIntervalSeconds": (limits.MIN_RETRY_INTERVAL_SECONDS, limits.MAX_RETRY_INTERVAL_SECONDS),
+    "managedLedgerOffloadMaxBlockSizeInBytes": (
+        limits.MIN_MAX_BLOCK_SIZE_BYTES,
+        limits.MAX_MAX_BLOCK_SIZE_BYTES,
+    ),
+    "managedLedgerOffloadMinBlockSizeInBytes": (
+        limits.MIN_MAX_BLOCK_SIZE_BYTES,
+        limits.MAX_MAX_BLOCK_SIZE_BYTES,
+    ),
+    "managedLedgerOffloadReadBufferSizeInBytes": (1, limits.MAX_OFFLOAD_BUFFER_BYTES),
+    "managedLedgerOffloadWriteBufferSizeInBytes": (1, limits.MAX_OFFLOAD_BUFFER_BYTES),
+}
+MAX_TEXT = 1024  # a bucket, region, endpoint or directory; longer is a mistake
+# Decimal text as Pulsar's properties write numbers: ASCII digits only (int() would take "١٢٣", " 12 ",
+# "1_0"), one optional leading '-', no '+', no exponent, no leading zeros.
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})(?:\.[0-9]{1,18})?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class OffloadSettingsError(ValueError):
@@ -54,10 +85,11 @@ class OffloadSettingsError(ValueError):
 
 
 def parse(raw: object, where: str) -> dict[str, Any]:
-    """Check an offload object's keys and value types; returns it with values converted.
+    """Check an offload object's keys, value types and each value's range; returns it with values
+    converted.
 
-    Only the form is checked here; whether the values make a working offloader is ``policy``'s job
-    (it needs the merged settings: a topic override alone may lack the driver).
+    Only each value on its own is checked here; whether the values make a working offloader together
+    is ``policy``'s job (it needs the merged settings: a topic override alone may lack the driver).
     """
     if not isinstance(raw, Mapping):
         raise OffloadSettingsError(f"{where} must be an object of offload settings, got {type(raw).__name__}")
@@ -69,34 +101,51 @@ def parse(raw: object, where: str) -> dict[str, Any]:
                 f"{where}: unknown offload setting {str(key)[:60]!r}; "
                 f"known settings: {', '.join(sorted(KEYS))}"
             )
-        out[key] = _convert(value, kind, f"{where}: {key}")
+        out[key] = _convert(value, kind, key, f"{where}: {key}")
     return out
 
 
-def _convert(value: object, kind: type, what: str) -> Any:
+def _convert(value: object, kind: type, key: str, what: str) -> Any:
     if kind is str:
         if not isinstance(value, str):
             raise OffloadSettingsError(f"{what} must be a string, got {type(value).__name__}")
+        if len(value) > MAX_TEXT or _CONTROL.search(value):
+            raise OffloadSettingsError(
+                f"{what} must be at most {MAX_TEXT} characters without control characters"
+            )
         return value
     if isinstance(value, bool):
         raise OffloadSettingsError(f"{what} must be a number, got a boolean")
     if isinstance(value, str):
-        text = value.strip()
-        if not text or len(text) > _MAX_DIGITS + 8:
-            raise OffloadSettingsError(f"{what}={text[:40]!r} is not a number")
-        try:
-            value = int(text) if kind is int else float(text)
-        except ValueError:
-            raise OffloadSettingsError(f"{what}={text[:40]!r} is not {_a(kind)}") from None
+        if (_INT_TEXT if kind is int else _NUMBER_TEXT).fullmatch(value) is None:
+            raise OffloadSettingsError(
+                f"{what}={value[:40]!r} is not {_a(kind)} in plain decimal (ASCII digits 0-9, an optional "
+                "leading '-', no spaces" + (")" if kind is int else ", '.' for a fraction, no exponent)")
+            )
+        if value.startswith("-") and float(value) == 0:
+            raise OffloadSettingsError(f"{what}={value!r} is a negative zero; write 0")
+        value = int(value) if kind is int else float(value)
     if kind is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if not isinstance(value, int) or abs(value) >= 2**63:
+        if not isinstance(value, int) or abs(value) > _JAVA_LONG:
             raise OffloadSettingsError(f"{what} must be an integer that fits 64 bits, got {value!r}")
-        return value
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    elif not isinstance(value, int | float) or not math.isfinite(value):
         raise OffloadSettingsError(f"{what} must be a finite number, got {value!r}")
-    return float(value)
+    elif value == 0 and math.copysign(1.0, value) < 0:
+        raise OffloadSettingsError(f"{what} is a negative zero; write 0")
+    else:
+        value = float(value)
+    low, high = BOUNDS[key]
+    if not low <= value <= high:
+        raise OffloadSettingsError(f"{what} must be {_range_text(key, low, high)}, got {value!r}")
+    return value
+
+
+def _range_text(key: str, low: float, high: float) -> str:
+    if key == "managedLedgerOffloadThresholdInBytes":
+        return f"-1 (offload on demand only) or 0..{high}"
+    return f"{low}..{high}"
 
 
 def _a(kind: type) -> str:
@@ -107,6 +156,17 @@ def policy(settings: Mapping[str, Any], where: str) -> OffloadPolicy:
     """The OffloadPolicy of checked settings, or OffloadSettingsError saying what is missing or wrong."""
     config_part = {k: v for k, v in settings.items() if k in CONFIG_KEYS}
     policy_part = {k: v for k, v in settings.items() if k in POLICY_KEYS}
+    low_block = settings.get("managedLedgerOffloadMinBlockSizeInBytes")
+    high_block = settings.get(
+        "managedLedgerOffloadMaxBlockSizeInBytes", OffloadConfig.managedLedgerOffloadMaxBlockSizeInBytes
+    )
+    # Only when set: the default min block (5 MiB) is capped at a smaller max block, as documented.
+    if low_block is not None and low_block > high_block:
+        raise OffloadSettingsError(
+            f"{where}: managedLedgerOffloadMinBlockSizeInBytes={low_block} is larger than "
+            f"managedLedgerOffloadMaxBlockSizeInBytes={high_block}; a block is never larger than the max, "
+            "so set the min block size at most the max"
+        )
     try:
         return OffloadPolicy(OffloadConfig(**config_part), **policy_part)
     except OffloadConfigError as exc:

@@ -20,10 +20,11 @@ from txnkeeper import statefile
 from txnkeeper.admin.views import OffloadRefusal
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.managed_ledger import ManagedLedger
-from txnkeeper.ledger.offload import OffloadConfigError, OffloadError
+from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError, OffloadError
 from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 from txnkeeper.server import offload_settings
 from txnkeeper.server.offload_settings import OffloadSettingsError
+from txnkeeper.topicnames import name_problem
 
 POLICIES_FILE = "offload-policies.json"
 _KIND = "offload-policies"
@@ -70,6 +71,16 @@ class TopicOffloads:
             return None
         return {**self._pod, **(override or {})}
 
+    def tiers(self) -> list[OffloadConfig]:
+        """The tiers this pod's settings name (its own and any topic override's): where its data
+        can have been offloaded, so the only ones a restore may name."""
+        found = []
+        for settings in [self._pod, *(self.effective(t) for t in self._overrides)]:
+            if settings:
+                with contextlib.suppress(OffloadSettingsError):  # an unusable override holds no data
+                    found.append(offload_settings.policy(settings, "offload").config)
+        return found
+
     def ledger_config(self, topic: str) -> ManagedLedgerConfig:
         """The config a topic's managed ledger opens with (offload per the merged settings)."""
         settings = self.effective(topic)
@@ -84,16 +95,24 @@ class TopicOffloads:
 
     # --- admin verbs -------------------------------------------------------------------------------
 
-    async def _ledger(self, topic: str) -> ManagedLedger:
+    def _require_topic(self, topic: str) -> None:
+        """Refuse (404) a name that is not a topic this pod holds: nothing is opened, created or
+        persisted for it, whatever it is (a path, a name with NUL or newline, a pending-ack log's)."""
         if not topic:
             raise OffloadRefusal(
                 400, "query parameter 'topic' is required (e.g. persistent://public/default/t)"
             )
+        problem = name_problem("topic", topic)
+        if problem is not None:
+            raise OffloadRefusal(404, f"{problem}; no topic of this pod has such a name")
+        if self._factory.opened(topic) is None and not self._exists(topic):
+            raise OffloadRefusal(404, f"topic {topic[:200]!r} is not on this pod; ask the pod that holds it")
+
+    async def _ledger(self, topic: str) -> ManagedLedger:
+        self._require_topic(topic)
         ledger = self._factory.opened(topic)
         if ledger is not None:
             return ledger
-        if not self._exists(topic):
-            raise OffloadRefusal(404, f"topic {topic[:200]!r} is not on this pod; ask the pod that holds it")
         return await self._factory.open(topic, self.ledger_config(topic))
 
     async def _offloader(self, topic: str) -> Offloader:
@@ -131,8 +150,8 @@ class TopicOffloads:
         return {"managedLedgerName": topic, "managedLedgerInternalStats": ledger.internal_stats()}
 
     def policies(self, topic: str) -> dict[str, Any]:
-        if not topic:
-            raise OffloadRefusal(400, "query parameter 'topic' is required")
+        if topic not in self._overrides:
+            self._require_topic(topic)
         return {
             "topic": topic,
             "pod": dict(self._pod),
@@ -141,8 +160,7 @@ class TopicOffloads:
         }
 
     async def set_policies(self, topic: str, settings: dict[str, Any]) -> dict[str, Any]:
-        if not topic:
-            raise OffloadRefusal(400, "query parameter 'topic' is required")
+        self._require_topic(topic)
         try:
             given = offload_settings.parse(settings, "body")
         except OffloadSettingsError as exc:
@@ -166,6 +184,9 @@ class TopicOffloads:
             raise OffloadRefusal(400, "query parameter 'topic' is required")
         async with self._lock:
             if topic not in self._overrides:
+                # (An override of a topic the pod does not hold, persisted by an earlier release that
+                # did not check, can still be removed.)
+                self._require_topic(topic)
                 raise OffloadRefusal(404, f"topic {topic!r} has no offload-policies override to remove")
             ledger = self._factory.opened(topic)
             if ledger is not None and ledger.offloader is not None:

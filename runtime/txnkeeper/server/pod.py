@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from txnkeeper.admin.app import build_admin_app
+from txnkeeper.admin.app import HttpServerLog, build_admin_app
 from txnkeeper.admin.views import FormatLevelRefusal, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, has_feature
@@ -174,16 +174,17 @@ class PodRuntime:
             raise FormatLevelRefusal(
                 f"release {self.release} has no offload: its data holds no offloaded ledger to restore"
             )
+        tiers = self.offloads.tiers() if self.offloads is not None else []
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, request_restore, self.config.data_dir, properties
+                None, request_restore, self.config.data_dir, properties, tiers
             )
         except RestoreRequestError as exc:
             raise ValueError(str(exc)) from exc
 
     async def _start_admin(self) -> None:
         app = build_admin_app(self, self.config.admin_token, lambda: self.offloads)
-        self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
         self._admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)

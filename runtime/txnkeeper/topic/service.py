@@ -32,18 +32,20 @@ from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
 from txnkeeper.topic.writers import SingleKeySettings
+from txnkeeper.topicnames import name_problem
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
-PENDING_ACK_SUFFIX = "__transaction_pending_ack"
 SNAPSHOT_DIR = "txnbuffer-snapshots"  # next to the registry: one snapshot file per topic
-MAX_NAME = 512
 T = TypeVar("T")
 
 
 class TopicLedger(PartitionLedger, Protocol):
     async def open_cursor(self, name: str) -> Cursor: ...
+
+    # A cursor created before: its missing file is refused, never read as "nothing acknowledged".
+    async def reopen_cursor(self, name: str, *, owner: str) -> Cursor: ...
 
 
 class PendingAckHandle(PendingAckLog, Protocol):
@@ -62,10 +64,9 @@ UNKNOWN_DEADLINE_FENCE_MS = 24 * 3600 * 1000
 
 
 def validate_name(kind: str, name: str) -> None:
-    if not name or len(name) > MAX_NAME or any(ord(c) < 32 for c in name):
-        raise BadRequestError(f"{kind} name {name!r} must be 1..{MAX_NAME} printable characters")
-    if name.endswith(PENDING_ACK_SUFFIX):
-        raise BadRequestError(f"{kind} name {name!r} may not end with {PENDING_ACK_SUFFIX}")
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise BadRequestError(problem)
 
 
 class TopicService:
@@ -157,9 +158,21 @@ class TopicService:
 
     async def _create_subscription(self, topic: str, name: str) -> Subscription:
         partition = await self.partition(topic)
-        await self._register(topic, name)
-        cursor = await self._ledgers[topic].open_cursor(name)
-        handle = await self._open_pending_ack(topic, name)
+        ledger = self._ledgers[topic]
+        if name in self._registry.get(topic, []):
+            owner = f"subscription {name!r} of topic {topic!r} (listed in {self._registry_path})"
+            cursor = await ledger.reopen_cursor(name, owner=owner)
+            handle = await self._open_pending_ack(topic, name)
+        else:
+            # Cursor and pending-ack log first, the registry entry last: a registered subscription
+            # always has its cursor file, so a missing one is a loss to refuse, not a crash between.
+            cursor = await ledger.open_cursor(name)
+            handle = await self._open_pending_ack(topic, name)
+            try:
+                await self._register(topic, name)
+            except BaseException:
+                await handle.close()  # a retried subscribe opens it again
+                raise
         subscription = Subscription(
             topic, name, reader=partition, cursor=cursor, buffer=partition.buffer, pending_log=handle
         )

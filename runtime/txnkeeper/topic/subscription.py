@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
-from txnkeeper.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
+from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
@@ -162,6 +162,13 @@ class Subscription:
         """
         if cumulative and len(positions) != 1:
             raise TxnConflictError("a cumulative ack names exactly one message")
+        cursor = self._cursor
+        for position in positions:
+            if not cursor.holds(position) and not cursor.is_deleted(position):
+                raise BadRequestError(
+                    f"message {position} does not exist on {self.topic} (subscription {self.name!r}): "
+                    "acknowledge the ids of messages received from it"
+                )
         if txn_id is None:
             return self._plain_ack(positions, cumulative)
         return self._txn_ack(txn_id, positions, cumulative)

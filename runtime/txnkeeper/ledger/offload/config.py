@@ -6,6 +6,7 @@ Operators who know Pulsar's tiered storage recognise the knobs; ``from_propertie
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -83,6 +84,14 @@ class OffloadConfig:
             raise OffloadConfigError(
                 "fileSystemURI (the offload directory) is required for the filesystem driver"
             )
+        uri = self.fileSystemURI
+        if uri and ("\x00" in uri or not os.path.isabs(uri)):
+            # A relative one would name a directory under wherever the pod happens to run, not the
+            # tier's volume: a restore against it found nothing there and dropped the real segments.
+            raise OffloadConfigError(
+                f"fileSystemURI={uri[:200]!r} must be an absolute directory path (the tier's mount, "
+                "e.g. /var/lib/txnkeeper-offload)"
+            )
 
     @property
     def streaming_block_size(self) -> int:
@@ -99,8 +108,19 @@ class OffloadConfig:
             self.managedLedgerOffloadBucket,
             self.managedLedgerOffloadRegion,
             self.managedLedgerOffloadServiceEndpoint,
-            self.fileSystemURI,
+            os.path.normpath(self.fileSystemURI) if self.fileSystemURI else "",
         )
+
+    def describe_location(self) -> str:
+        """The tier as an operator names it, e.g. "filesystem /offload" or "s3 bucket 'b' at URL"."""
+        if not self.is_s3:
+            return f"filesystem {os.path.normpath(self.fileSystemURI)}"
+        where = f"s3 bucket {self.managedLedgerOffloadBucket!r}"
+        if self.managedLedgerOffloadServiceEndpoint:
+            where += f" at {self.managedLedgerOffloadServiceEndpoint}"
+        if self.managedLedgerOffloadRegion:
+            where += f" in region {self.managedLedgerOffloadRegion}"
+        return where
 
     @property
     def is_s3(self) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,11 @@ from ..fileio import DEFAULT_IO, FileIO
 from ..ledger_file import LedgerFile
 from ..lock import acquire_directory_lock, release_directory_lock
 from ..metadata import METADATA_FILE, METADATA_VERSION, ManagedLedgerMetadata, OffloadSegment
-from ..names import decode_name
+from ..names import decode_name, is_bounded_form
 from ..recovery import LEDGERS_DIR
 from .blobstore import BlobStore
 from .config import OffloadConfig
-from .errors import BlobStoreError, OffloadConfigError, OffloadRangeError
+from .errors import BlobNotFound, BlobStoreError, OffloadConfigError, OffloadRangeError
 from .offloader import open_blob_store
 from .reader import IndexCache, SegmentReader
 from .writer import index_key
@@ -141,10 +141,12 @@ def inventory(root: Path) -> Inventory:
         return Inventory(())
     for child in sorted(root.iterdir()):
         name = decode_name(child.name)
-        if name is None or not (child / METADATA_FILE).is_file():
+        # A long name's directory (bounded form) is named by a hash: its metadata says whose it is.
+        if (name is None and not is_bounded_form(child.name)) or not (child / METADATA_FILE).is_file():
             continue
         try:
-            items.append(_inventory_one(name, child, read_metadata(child)))
+            meta = read_metadata(child)
+            items.append(_inventory_one(meta.name if name is None else name, child, meta))
         except (CorruptMetadataError, OSError) as exc:
             bad.append((child, str(exc)))
     return Inventory(tuple(items), tuple(bad))
@@ -287,12 +289,64 @@ async def _delete_segment_objects(store: BlobStore, uuid: str) -> list[str]:
     return leftover
 
 
-async def restore_root(root: Path, store: BlobStore, *, io: FileIO = DEFAULT_IO) -> list[RestoreResult]:
-    """``restore_directory`` for every managed ledger under ``root`` still at metadata version 2."""
+async def restore_root(
+    root: Path, store: BlobStore, *, io: FileIO = DEFAULT_IO, where: str = "the given tier"
+) -> list[RestoreResult]:
+    """``restore_directory`` for every managed ledger under ``root`` still at metadata version 2,
+    once ``_check_tier_holds`` found the segments in ``store`` (``where`` names it in errors)."""
+    needing = inventory(root).needs_offload
+    await _check_tier_holds(needing, store, where)
     results = []
-    for item in inventory(root).needs_offload:
+    for item in needing:
         results.append(await restore_directory(item.directory, store, io=io))
     return results
+
+
+async def _check_tier_holds(items: tuple[LedgerInventory, ...], store: BlobStore, where: str) -> None:
+    """Refuse (RestoreError, nothing changed) a tier that holds none of the volume's Offloaded
+    segments whose ledgers are still live: it is not the tier the data was offloaded to, and a
+    restore there would rewrite every metadata as version 1 and drop the segment records (while
+    every ledger is still local nothing else would notice), orphaning the real tier's objects. A
+    tier holding some of them is the right one with objects lost: those are logged, and ledgers
+    that need them fail the restore as before (the others are still local)."""
+    probes: list[tuple[str, OffloadSegment]] = []
+    for item in items:
+        meta = read_metadata(item.directory)
+        live = [info.ledger_id for info in meta.ledgers]
+        for segment in meta.segments:
+            end = segment.end
+            if segment.status != "Offloaded" or end is None:
+                continue
+            if any(segment.begin.ledger_id <= ledger_id <= end.ledger_id for ledger_id in live):
+                probes.append((meta.name, segment))
+    if not probes:
+        return
+    missing: list[tuple[str, OffloadSegment]] = []
+    for name, segment in probes:
+        try:
+            await store.length(index_key(segment.uuid))
+        except BlobNotFound:
+            missing.append((name, segment))
+        except BlobStoreError as exc:
+            raise RestoreError(
+                f"cannot read the tier {where}: {exc}; nothing was changed; fix the blob store and retry"
+            ) from exc
+    if len(missing) == len(probes):
+        name, first = missing[0]
+        raise RestoreError(
+            f"the tier {where} holds none of the {len(probes)} Offloaded segment(s) of this volume (first: "
+            f"segment {first.uuid} of managed ledger {name!r}, object {index_key(first.uuid)} is missing): "
+            "it is not the tier this data was offloaded to; nothing was changed; request the restore "
+            "again with the location of the pod's offload settings"
+        )
+    for name, segment in missing:
+        log.warning(
+            "offload restore: segment %s of managed ledger %s is not in the tier %s (its index object is "
+            "missing); the ledgers it holds are restored only if they are still local",
+            segment.uuid,
+            name,
+            where,
+        )
 
 
 # ---- the restore request: asked for through the admin API, carried out at the pod's next start ---------
@@ -322,10 +376,20 @@ def _store_config(properties: Mapping[str, Any]) -> OffloadConfig:
         raise RestoreRequestError(f"bad offload settings: {exc}") from exc
 
 
-def request_restore(data_dir: Path, properties: Mapping[str, Any]) -> None:
+def request_restore(
+    data_dir: Path, properties: Mapping[str, Any], configured: Sequence[OffloadConfig] = ()
+) -> None:
     """Durably record that the next start of the pod on ``data_dir`` must restore every tier-only
-    ledger from the blob store ``properties`` (Pulsar key names) describe. Checked before writing."""
-    _store_config(properties)
+    ledger from the blob store ``properties`` (Pulsar key names) describe. Checked before writing:
+    when the pod's settings name tiers (``configured``), the request must name one of them."""
+    config = _store_config(properties)
+    if configured and config.location() not in {c.location() for c in configured}:
+        tiers = sorted({c.describe_location() for c in configured})
+        raise RestoreRequestError(
+            f"the restore names the tier {config.describe_location()}, but this pod's tier is "
+            f"{' or '.join(tiers)}: a restore reads the ledgers back from it and then deletes the "
+            "segments' objects, so it must name the tier the data was offloaded to"
+        )
     statefile.write(data_dir / REQUEST_FILE, REQUEST_KIND, REQUEST_VERSION, {"offload": dict(properties)})
 
 
@@ -354,7 +418,7 @@ async def restore_if_requested(
     config = _store_config(body["offload"])
     store = store_factory(config) if store_factory is not None else open_blob_store(config)
     try:
-        results = await restore_root(ledgers_root, store)
+        results = await restore_root(ledgers_root, store, where=config.describe_location())
     finally:
         await store.close()
     left = inventory(ledgers_root)
