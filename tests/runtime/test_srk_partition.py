@@ -156,18 +156,48 @@ async def test_a_new_producer_session_continues_after_the_older_sessions_queued_
     tmp_path: Path,
 ) -> None:
     factory, partition = await _open(tmp_path)
-    older, last = await partition.setup_producer("app", "instance-1", resume=False)
+    older, last = await partition.open_session("app", "instance-1")
     assert last == -1
     queued = asyncio.ensure_future(partition.publish_idempotent(b"m0", "", "app", 0, epoch=older))
     await asyncio.sleep(0)  # one loop turn: the task runs to its first await, the send is queued
     assert partition.writers.in_flight_of("app")
-    newer, last = await partition.setup_producer("app", "instance-2", resume=False)
+    newer, last = await partition.open_session("app", "instance-2")
     assert last == 0  # it waited for the older session's queued send and counts it
     assert not (await queued).duplicate
     with pytest.raises(WriterFencedError):
         await partition.publish_idempotent(b"m1", "", "app", 1, epoch=older)
     written = await partition.publish_idempotent(b"n1", "", "app", 1, epoch=newer)
     assert not written.duplicate
+    await factory.close()
+
+
+async def test_a_new_writer_session_counts_the_older_sessions_queued_blocks_and_fences_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The rule of named producers, for single-key writers (issue 25 item 1): the newer session's
+    answer waits for the older one's blocks already queued to the ledger and counts them; the older
+    one's blocks not queued yet are refused, never applied behind the newer session's back."""
+    factory, partition = await _open(tmp_path)
+    older, last = await partition.open_session("w")
+    assert last == -1
+    queued = asyncio.ensure_future(partition.append_block("w", 0, [b"a0", b"a1"], "k", 10, epoch=older))
+    await asyncio.sleep(0)  # one loop turn: the task runs to its first await, the block is queued
+    assert partition.writers.in_flight_of("w")
+    # Received before the takeover, decided after it: the block's task has not run yet.
+    late = asyncio.ensure_future(partition.append_block("w", 2, [b"a2"], "k", 5, epoch=older))
+    newer, last = await partition.open_session("w")
+    assert last == 1  # it waited for the queued block and counts it
+    assert not (await queued).duplicate
+    with pytest.raises(WriterFencedError, match="taken over by a newer SetupAppend"):
+        await late
+    written = await partition.append_block("w", 2, [b"b2"], "k", 5, epoch=newer)
+    assert not written.duplicate and written.previous == 1
+    payloads: list[bytes] = []
+    after: Position | None = None
+    while entries := await partition.read_after(after, 100):  # ledger by ledger (4 entries each)
+        payloads += [r.payload for r in (decode(d, TOPIC, p) for p, d in entries) if not r.is_marker]
+        after = entries[-1][0]
+    assert payloads == [b"a0", b"a1", b"b2"]
     await factory.close()
 
 

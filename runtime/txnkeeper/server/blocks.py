@@ -94,10 +94,9 @@ class BlockAppender:
         validate_writer_id(body.writer_id)
         partition = await topics.partition(body.topic)
         await topics.register_topic(body.topic)
-        if body.producer_session:
-            epoch, last = await partition.setup_producer(body.writer_id, body.producer_session, body.resume)
-        else:
-            epoch, last = partition.writers.setup(body.writer_id)
+        # Writers and named producers alike: the answer counts what older sessions of the id had
+        # queued, and their writes not queued yet are refused (Partition.open_session).
+        epoch, last = await partition.open_session(body.writer_id, body.producer_session, body.resume)
         writers = self._sessions.setdefault(session.session_id, {})
         old = writers.get(body.writer_id)
         if old is not None:
@@ -174,7 +173,9 @@ class BlockAppender:
         writer: WriterSession, body: api.AppendBlockEnd, events: list[bytes], size: int
     ) -> api.Command:
         writer_id, first = body.writer_id, body.first_event_number
-        result: BlockResult = await writer.partition.append_block(writer_id, first, events, body.key, size)
+        result: BlockResult = await writer.partition.append_block(
+            writer_id, first, events, body.key, size, epoch=writer.epoch
+        )
         answer = api.Command()
         appended = answer.data_appended
         appended.writer_id = writer_id

@@ -354,19 +354,22 @@ class Partition:
         entries = await self.ledger.read_entries(start, max_entries)
         return [(e.position, e.data) for e in entries]
 
-    async def setup_producer(self, producer_name: str, owner: str, resume: bool) -> tuple[int, int]:
-        """A new session of producer ``producer_name`` (instance ``owner``): its epoch, which fences
-        every older session of the name, and the name's last persisted sequence id.
+    async def open_session(self, writer_id: str, owner: str = "", resume: bool = False) -> tuple[int, int]:
+        """A new session of writer ``writer_id`` (a single-key writer, or with ``owner`` the instance
+        token of a named producer): its epoch, which fences every older session of the id, and the
+        id's last durable event (sequence) number.
 
-        Sends of an older session already queued to the ledger are waited for, so the number answered
-        counts them: the new producer continues after them instead of reusing their sequence ids
-        (the store would drop its sends as their duplicates)."""
+        The answer waits for the older sessions' blocks and sends already queued to the ledger and
+        counts those written: the new session continues after them instead of reusing their numbers
+        (the store would answer its blocks as their duplicates and drop them). Their blocks and sends
+        not queued yet are refused from now on: ``append_block`` and ``publish_idempotent`` check the
+        epoch in the event-loop turn that queues the write."""
         writers = self.writers
-        epoch, _ = writers.setup(producer_name, owner=owner, resume=resume)
-        pending = writers.in_flight_of(producer_name)
+        epoch, _ = writers.setup(writer_id, owner=owner, resume=resume)
+        pending = writers.in_flight_of(writer_id)
         if pending:
             await asyncio.wait(pending)
-        return epoch, writers.settled_last(producer_name)
+        return epoch, writers.settled_last(writer_id)
 
     async def publish_idempotent(
         self, payload: bytes, key: str, producer_name: str, sequence_id: int, *, epoch: int | None = None
@@ -377,7 +380,7 @@ class Partition:
         of an older one it must wait for)."""
         writers = self.writers
         writers.admit_producer(producer_name)
-        while True:
+        while True:  # a retransmission waits for its first send, then is decided again
             if epoch is not None:
                 writers.check_epoch(producer_name, epoch, producer=True)
             decision = writers.decide_send(producer_name, sequence_id)
@@ -406,13 +409,24 @@ class Partition:
         return BlockResult(previous, position, False)
 
     async def append_block(
-        self, writer_id: str, first: int, events: list[bytes], key: str, size: int
+        self,
+        writer_id: str,
+        first: int,
+        events: list[bytes],
+        key: str,
+        size: int,
+        *,
+        epoch: int | None = None,
     ) -> BlockResult:
         """Write ``events`` as one block of ``writer_id`` starting at event number ``first``, whole
-        or not at all; a block at or below the writer's last event number is answered unwritten."""
+        or not at all; a block at or below the writer's last event number is answered unwritten. With
+        ``epoch``, only while that session of the writer is its newest (checked in the loop turn that
+        queues the block, as for ``publish_idempotent``)."""
         writers = self.writers
         last = first + len(events) - 1
-        while True:
+        while True:  # a retransmission waits for its block in flight, then is decided again
+            if epoch is not None:
+                writers.check_epoch(writer_id, epoch)
             decision = writers.decide(writer_id, first, last)
             if isinstance(decision, WaitFor):
                 await asyncio.wait([decision.future])
