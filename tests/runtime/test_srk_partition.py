@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from txnkeeper.errors import BadRequestError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.blocks import BlockEncodingError, decode_events, encode_events
@@ -230,3 +231,16 @@ async def test_a_block_whose_marker_is_durable_but_not_yet_applied_is_captured_a
     partition._blocks.clear()
     pending.cancel()
     await factory.close()
+
+
+def test_numbers_beyond_int64_are_refused_and_never_restored() -> None:
+    table = WriterTable(TOPIC)
+    table.setup("p", owner="instance-1")
+    with pytest.raises(BadRequestError, match=r"sequence id 9223372036854775808 .* above 2\^63 - 1"):
+        table.decide_send("p", 2**63)
+    with pytest.raises(BadRequestError, match=r"ends beyond event number 2\^63 - 1"):
+        table.decide("w", 2**63 - 1, 2**63)
+    assert table.decide_send("p", 2**63 - 1) is None  # the largest is still a sequence id
+    assert not table.restore_row("old", 2**63, 2**63, None, 0)
+    assert table.restore_row("ok", 5, 5, None, 0)
+    assert sorted(table.durable) == ["ok"]

@@ -97,16 +97,18 @@ class BlockAppender:
         # Writers and named producers alike: the answer counts what older sessions of the id had
         # queued, and their writes not queued yet are refused (Partition.open_session).
         epoch, last = await partition.open_session(body.writer_id, body.producer_session, body.resume)
-        writers = self._sessions.setdefault(session.session_id, {})
-        old = writers.get(body.writer_id)
-        if old is not None:
-            self._release(old)
-        writers[body.writer_id] = WriterSession(body.topic, partition, epoch, body.producer_session)
+        # The answer is complete before the session is registered on the connection: a SetupAppend
+        # that fails leaves no session a later Produce or block could use.
         answer = api.Command()
         setup = answer.append_setup
         setup.topic = body.topic
         setup.writer_id = body.writer_id
         setup.last_event_number = last
+        writers = self._sessions.setdefault(session.session_id, {})
+        old = writers.get(body.writer_id)
+        if old is not None:
+            self._release(old)
+        writers[body.writer_id] = WriterSession(body.topic, partition, epoch, body.producer_session)
         return answer
 
     def producer_epoch(self, session: Session, topic: str, producer_name: str) -> int:

@@ -33,10 +33,12 @@ from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
+    MAX_EVENT_NUMBER,
     Duplicate,
     InFlight,
     WaitFor,
     WriterTable,
+    in_range,
 )
 from txnkeeper.txnid import TxnID
 
@@ -192,7 +194,17 @@ class Partition:
         for row in loaded.writers:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
-            self.writers.restore_row(writer_id, last_number, last_first, mid, active)
+            if not self.writers.restore_row(writer_id, last_number, last_first, mid, active):
+                log.warning(
+                    "transaction buffer snapshot %s: writer or producer %r of %s has last number %d, above"
+                    " 2^63 - 1 (%d), which an older release accepted; its de-duplication state is ignored"
+                    " (the name continues as a new one; its messages stay readable)",
+                    self._snapshot_path,
+                    writer_id,
+                    self.topic,
+                    last_number,
+                    MAX_EVENT_NUMBER,
+                )
         for txn_id in self.buffer.ended_ids():
             self._saw_block_txn(txn_id)
         live = self.ledger.ledger_ids()
@@ -207,6 +219,7 @@ class Partition:
         after = await asyncio.to_thread(self._load_snapshot)
         replayed = 0
         block_starts: dict[TxnID, Position] = {}  # a block's first entry, for its writer's state
+        out_of_range: dict[str, list[tuple[Position, int]]] = {}  # producer -> its unusable sends
         while True:
             entries = await self.read_after(after, REPLAY_BATCH)
             if not entries:
@@ -229,9 +242,29 @@ class Partition:
                             block_starts.setdefault(txn_id, position)
                             self._saw_block_txn(txn_id)
                 elif record.writer_id:
-                    self.writers.observe(record.writer_id, record.first_number, record.last_number, position)
+                    if in_range(record.last_number):
+                        self.writers.observe(
+                            record.writer_id, record.first_number, record.last_number, position
+                        )
+                    else:
+                        out_of_range.setdefault(record.writer_id, []).append((position, record.last_number))
                 after = position
         self.replayed_entries = replayed
+        for name, sends in out_of_range.items():
+            position, number = sends[0]
+            log.warning(
+                "topic %s: producer %r has %d message(s) with a sequence id above 2^63 - 1 (%d), written by"
+                " an older release that accepted them (the first: %d at %s); they stay readable, but"
+                " de-duplication ignores them: the name continues from its last sequence id in range"
+                " (%s)",
+                self.topic,
+                name,
+                len(sends),
+                MAX_EVENT_NUMBER,
+                number,
+                position,
+                self.writers.queued_last(name) if name in self.writers.durable else "none",
+            )
         await self._abort_orphan_blocks()
         self._since_snapshot = replayed
         if replayed >= self._snapshot_every:  # so that the next restart does not replay them again

@@ -28,6 +28,10 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.topic.snapshot import WriterRow
 
 NO_EVENT = -1  # last number of a writer the store knows nothing about
+# The largest event number or sequence id: they travel as int64 (AppendSetup.last_event_number, the
+# markers' numbers; Pulsar's sequence ids are int64 too), so a larger one could be stored but never
+# answered. Refused before anything is written; state beyond it left by an older release is ignored.
+MAX_EVENT_NUMBER = 2**63 - 1
 # TxnID.most of the store-local transaction each block is written under: no coordinator has this id.
 BLOCK_TXN_MOST = 2**64 - 1
 
@@ -236,6 +240,11 @@ class WriterTable:
         """None: apply the block now. Raises for a gap, an overlap or a forgotten writer."""
         if first < 0 or last < first:
             raise BadRequestError(f"event numbers {first}..{last} of writer {writer_id!r} are not valid")
+        if last > MAX_EVENT_NUMBER:
+            raise BadRequestError(
+                f"block {first}..{last} of writer {writer_id!r} ends beyond event number 2^63 - 1"
+                f" ({MAX_EVENT_NUMBER}), the largest there is (event numbers are int64); nothing was written"
+            )
         queued = self.queued_last(writer_id)
         if last <= queued:
             for flight in self._in_flight.get(writer_id, []):
@@ -265,6 +274,12 @@ class WriterTable:
 
     def decide_send(self, name: str, sequence_id: int) -> Duplicate | WaitFor | None:
         """Like ``decide`` for an idempotent producer's send: sequence ids may skip numbers."""
+        if sequence_id > MAX_EVENT_NUMBER:
+            raise BadRequestError(
+                f"sequence id {sequence_id} of producer {name!r} is above 2^63 - 1 ({MAX_EVENT_NUMBER}),"
+                " the largest a producer may use (sequence ids are int64, as in Pulsar); nothing was"
+                " written"
+            )
         queued = self.queued_last(name)
         if sequence_id > queued:
             return None
@@ -351,8 +366,12 @@ class WriterTable:
 
     def restore_row(
         self, writer_id: str, last: int, last_first: int, mid: Position | None, active: int
-    ) -> None:
+    ) -> bool:
+        """Take a snapshot's row; False (row ignored) when its numbers are beyond MAX_EVENT_NUMBER."""
+        if not in_range(last) or not in_range(last_first):
+            return False
         self.durable[writer_id] = Writer(last, last_first, mid, active)
+        return True
 
     def rows_for_admin(self) -> list[dict[str, object]]:
         return [
@@ -369,6 +388,11 @@ class WriterTable:
             }
             for writer_id, s in sorted(self.durable.items())
         ]
+
+
+def in_range(number: int) -> bool:
+    """Whether ``number`` can be a writer's event number or a producer's sequence id."""
+    return NO_EVENT <= number <= MAX_EVENT_NUMBER
 
 
 def _succeeded(future: asyncio.Future[Position]) -> bool:
