@@ -27,6 +27,7 @@ from txnkeeper.topic.writers import (
     WriterFencedError,
     WriterStateLostError,
     WriterTable,
+    writer_key,
 )
 from txnkeeper.txnid import TxnID
 
@@ -104,18 +105,76 @@ def test_writer_table_limits_fencing_and_expiry() -> None:
     epoch_a, last = table.setup("a")
     assert last == -1
     table.setup("b")
-    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
-        table.setup("c")
+    table.setup("c")  # a session holds no writer slot: only writing takes one
     newer, _ = table.setup("a")
     with pytest.raises(WriterFencedError):
         table.check_epoch("a", epoch_a)
     table.check_epoch("a", newer)
     table.observe("a", 0, 4, Position(3, 0))
+    assert table.decide("b", 0, 0) is None
+    table.observe("b", 0, 0, Position(3, 1))
+    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
+        table.decide("c", 0, 0)  # the third writer's first write
+    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
+        table.decide_send("c", 0)
     now[0] += 61_000
-    assert sorted(table.expire()) == ["a", "b"]  # b never wrote: its session alone expires too
+    assert sorted(table.expire()) == ["a", "b", "c"]  # c never wrote: its session alone expires too
     with pytest.raises(WriterStateLostError, match="expired"):
         table.check_epoch("a", newer)
     assert table.setup("a")[1] == -1
+    assert table.decide("c", 0, 0) is None  # slots freed by the expiry
+
+
+def test_a_session_that_never_wrote_ends_with_its_connection_and_a_writer_keeps_its_fence() -> None:
+    table = WriterTable(TOPIC, max_writers=1)
+    idle, _ = table.setup("idle", owner="instance-1")
+    assert table.sessions_without_writes() == 1
+    table.end_session("idle", idle)
+    assert table.sessions_without_writes() == 0 and not table.has_session("idle")
+    # A session replaced by a newer one leaves the newer one alone when its connection closes.
+    older, _ = table.setup("x")
+    newer, _ = table.setup("x")
+    table.end_session("x", older)
+    table.check_epoch("x", newer)
+    # A writer that wrote keeps its newest epoch after that session's connection closed: the
+    # sessions it fenced stay fenced.
+    fenced, _ = table.setup("w")
+    writing, _ = table.setup("w")
+    table.observe("w", 0, 0, Position(1, 0))
+    table.end_session("w", writing)
+    with pytest.raises(WriterFencedError):
+        table.check_epoch("w", fenced)
+
+
+async def test_a_failed_first_write_gives_its_writer_slot_back(tmp_path: Path) -> None:
+    factory, partition = await _open(tmp_path)
+    table = partition.writers
+    table.max_writers = 1
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[Position] = loop.create_future()
+    flight = InFlight("first", 0, 0, failed, failed)
+    assert table.decide("first", 0, 0) is None
+    table.began(flight)
+    with pytest.raises(TooManyWritersError):
+        table.decide("second", 0, 0)  # the first writer's write in flight holds the only slot
+    failed.set_exception(OSError("disk full"))
+    table.settled(flight)
+    assert table.decide("second", 0, 0) is None
+    await factory.close()
+
+
+def test_each_principal_has_its_own_writer_ids_and_its_own_limit() -> None:
+    table = WriterTable(TOPIC, max_writers=1)
+    alice, bob = writer_key("alice", "w"), writer_key("bob", "w")
+    assert alice not in (bob, "w")
+    table.observe(alice, 0, 0, Position(1, 0))
+    assert table.setup(bob)[1] == -1  # bob's "w" is not alice's
+    assert table.decide(bob, 0, 0) is None  # bob's limit is his own
+    with pytest.raises(TooManyWritersError, match="principal 'alice'"):
+        table.decide(writer_key("alice", "v"), 0, 0)
+    assert table.decide("w", 0, 0) is None  # the unauthenticated namespace too
+    rows = {(r["principal"], r["writerId"]) for r in table.rows_for_admin()}
+    assert rows == {("alice", "w")}
 
 
 def test_block_encoding_round_trip_and_refusals() -> None:

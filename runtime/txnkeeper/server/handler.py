@@ -391,17 +391,20 @@ class PodHandler:
                 "producer_name (idempotent produce) applies to non-transactional produces only:"
                 " a transaction already makes its sends atomic",
             )
-            epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
-            return self._produce_idempotent(topics, body, epoch)
+            name, epoch = self.blocks.producer_session(session, body.topic, body.producer_name)
+            return self._produce_idempotent(topics, body, name, epoch)
         # Answered from the write's own callback: no task, coroutine or intermediate future.
         response: asyncio.Future[api.Command] = self._loop().create_future()
         topics.publish_notify(body.topic, body.payload, body.key, txn, partial(_answer_produce, response))
         return response
 
     @staticmethod
-    async def _produce_idempotent(topics: TopicService, body: api.Produce, epoch: int) -> api.Command:
+    async def _produce_idempotent(
+        topics: TopicService, body: api.Produce, name: str, epoch: int
+    ) -> api.Command:
+        """``name``: the producer name's writer-table key (qualified by the connection's principal)."""
         result = await topics.publish_idempotent(
-            body.topic, body.payload, body.key, body.producer_name, body.sequence_id, epoch=epoch
+            body.topic, body.payload, body.key, name, body.sequence_id, epoch=epoch
         )
         command = api.Command()
         receipt = command.produce_receipt

@@ -374,6 +374,7 @@ class PodRuntime:
                 "maxWritersPerTopic": settings.max_writers_per_topic,
             },
             "writers": partition.writers.rows_for_admin(),
+            "sessionsWithoutWrites": partition.writers.sessions_without_writes(),
         }
 
 

@@ -39,6 +39,7 @@ from txnkeeper.topic.writers import (
     WaitFor,
     WriterTable,
     in_range,
+    validate_writer_key,
 )
 from txnkeeper.txnid import TxnID
 
@@ -412,7 +413,7 @@ class Partition:
         between the check and the queuing, so a newer session's ``setup_producer`` sees every send
         of an older one it must wait for)."""
         writers = self.writers
-        writers.admit_producer(producer_name)
+        validate_writer_key(producer_name)
         while True:  # a retransmission waits for its first send, then is decided again
             if epoch is not None:
                 writers.check_epoch(producer_name, epoch, producer=True)
