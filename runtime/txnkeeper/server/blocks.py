@@ -19,6 +19,7 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.blocks import BlockEncodingError, decode_events
 from txnkeeper.protocol.limits import ServerStats
 from txnkeeper.protocol.server import Session
+from txnkeeper.server.client_auth import ClientPrincipals
 from txnkeeper.topic.partition import BlockResult, Partition
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.writers import (
@@ -65,9 +66,16 @@ class WriterSession:
 class BlockAppender:
     """Answers SetupAppend, AppendBlock, AppendBlockEnd and AbortAppendBlock for one store pod."""
 
-    def __init__(self, store: Callable[[], TopicService], budget: PendingBudget | None = None) -> None:
+    def __init__(
+        self,
+        store: Callable[[], TopicService],
+        budget: PendingBudget | None = None,
+        principals: ClientPrincipals | None = None,
+    ) -> None:
         self._store = store
         self.budget = budget
+        # Writer ids and producer names are the connection's principal's (writers.writer_key).
+        self._principals = principals or ClientPrincipals(None)
         self._sessions: dict[int, dict[str, WriterSession]] = {}
         # connection -> the writer ids of its sessions whose writer had not written when last looked at
         self._unwritten: dict[int, set[str]] = {}
@@ -112,7 +120,7 @@ class BlockAppender:
                 "SetupAppend with resume needs the producer_session it resumes (resume is for named"
                 " producers reconnecting); a single-key writer sends neither"
             )
-        key = writer_key("", body.writer_id)
+        key = writer_key(self._principals.principal(session, "SetupAppend"), body.writer_id)
         sid = session.session_id
         self._check_unwritten(session, topics, body.topic, body.writer_id, key)
         self._setting_up[sid] += 1  # counted against the limit until registered (or refused)
