@@ -72,18 +72,26 @@ async def test_sessions_that_never_write_do_not_lock_out_other_writers_and_produ
     view = _writers_view(pod, TOPIC)
     assert sorted(w["writerId"] for w in view["writers"]) == ["app", "victim"]
     assert view["sessionsWithoutWrites"] == len(held) + 1
-    # A session that wrote no longer counts against its connection's limit.
+    # A session that wrote no longer counts against its connection's limit, nor one a newer session
+    # of its id (elsewhere) fenced.
+    with pytest.raises(ServiceError) as full:
+        await flooder.setup(TOPIC, "one-more")
+    assert full.value.code == api.RESOURCE_LIMIT
     await flooder.append(f"flood-{held[0]}", 0, [b"flood-event"])
     assert await flooder.setup(TOPIC, "after-a-write") == -1
+    assert await victim.setup(TOPIC, f"flood-{held[1]}") == -1
+    assert await flooder.setup(TOPIC, "after-a-fence") == -1
 
-    # Closing the flooding connection forgets its sessions: nothing of them is left in the table.
+    # Closing the connections forgets their sessions that never wrote: nothing of them is left.
     flooder.close()
+    victim.close()
 
     async def released() -> bool:
         return bool(_writers_view(pod, TOPIC)["sessionsWithoutWrites"] == 0)
 
     await wait_until(released, 30, "the flood's sessions to be released")
-    victim.close()
+    rows = {w["writerId"] for w in _writers_view(pod, TOPIC)["writers"]}
+    assert rows == {"app", "victim", f"flood-{held[0]}"}  # the writers that wrote stay
 
 
 async def test_the_writer_limit_counts_writers_that_wrote(pods: Callable[..., ServePod]) -> None:

@@ -171,7 +171,13 @@ class BlockAppender:
         writers = self._sessions.get(sid, {})
         for held in list(unwritten):
             writer = writers.get(held)
-            if writer is None or writer.partition.writers.has_written(writer.key):
+            # Gone, written since, or fenced by a newer session (which holds the id's state now):
+            # none of these holds memory for a session that never wrote any more.
+            if (
+                writer is None
+                or writer.partition.writers.has_written(writer.key)
+                or not writer.partition.writers.is_current(writer.key, writer.epoch)
+            ):
                 unwritten.discard(held)
         held_now = len(unwritten) + self._setting_up[sid]
         if held_now < MAX_UNWRITTEN_SESSIONS_PER_CONNECTION or writer_id in unwritten:

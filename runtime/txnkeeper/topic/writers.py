@@ -249,6 +249,10 @@ class WriterTable:
                 " SetupAppend (another connection); this session's blocks are refused"
             )
 
+    def is_current(self, writer_id: str, epoch: int) -> bool:
+        """Whether session ``epoch`` is still ``writer_id``'s newest (not fenced, not forgotten)."""
+        return self._epochs.get(writer_id) == epoch
+
     def has_session(self, writer_id: str) -> bool:
         """False once the writer's sessions expired (or it never had one)."""
         return writer_id in self._epochs
