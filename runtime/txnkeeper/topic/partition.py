@@ -410,7 +410,7 @@ class Partition:
     ) -> BlockResult:
         """A non-transactional send deduplicated by (producer name, sequence id); with ``epoch``, only
         while that session of the name is its newest (checked right before queuing, with no await
-        between the check and the queuing, so a newer session's ``setup_producer`` sees every send
+        between the check and the queuing, so a newer session's ``open_session`` sees every send
         of an older one it must wait for)."""
         writers = self.writers
         validate_writer_key(producer_name)
