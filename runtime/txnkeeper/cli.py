@@ -16,6 +16,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "txnkeeper.verifier.cli",
     "txnkeeper.verifier.offload_audit",
     "txnkeeper.server.serve",
+    "txnkeeper.server.client_tokens",
     "txnkeeper.admin.cli",
     "txnkeeper.inspect_cmd",
     "txnkeeper.ledger.offload.inspect",

@@ -27,6 +27,13 @@ class SrkWire:
     def close(self) -> None:
         self.conn.close()
 
+    async def authenticate(self, token: str) -> str:
+        """ClientAuth with ``token``: the principal the store took the connection to be."""
+        command = api.Command()
+        command.client_auth.token = token
+        response = await self.conn.request(command, TIMEOUT)
+        return response.client_authenticated.principal
+
     async def setup(self, topic: str, writer_id: str) -> int:
         command = api.Command()
         command.setup_append.topic = topic

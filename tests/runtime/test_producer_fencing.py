@@ -186,22 +186,22 @@ def test_a_producer_session_whose_name_expired_is_renewed_unless_another_took_th
     appender = BlockAppender(lambda: cast(TopicService, enabled))
     first, second = _Conn(1), _Conn(2)
     with pytest.raises(BadRequestError, match="no SetupAppend"):
-        appender.producer_epoch(first, TOPIC, "app")
+        appender.producer_session(first, TOPIC, "app")[1]
     epoch, _ = table.setup("app", owner="instance-1")
-    appender._sessions[1] = {"app": WriterSession(TOPIC, partition, epoch, "instance-1")}
-    assert appender.producer_epoch(first, TOPIC, "app") == epoch
+    appender._sessions[1] = {"app": WriterSession(TOPIC, partition, epoch, "instance-1", "app")}
+    assert appender.producer_session(first, TOPIC, "app")[1] == epoch
     with pytest.raises(BadRequestError, match="no SetupAppend"):  # a session of another topic
-        appender.producer_epoch(first, TOPIC + "-other", "app")
+        appender.producer_session(first, TOPIC + "-other", "app")
     now[0] += 61_000
     assert table.expire() == ["app"]
-    renewed = appender.producer_epoch(first, TOPIC, "app")  # nobody took the name: renewed
+    renewed = appender.producer_session(first, TOPIC, "app")[1]  # nobody took the name: renewed
     table.check_epoch("app", renewed, producer=True)
     # Expired again, and this time another producer opened the name first: the idle one is fenced.
     now[0] += 61_000
     assert table.expire() == ["app"]
     newer, _ = table.setup("app", owner="instance-2")
-    appender._sessions[2] = {"app": WriterSession(TOPIC, partition, newer, "instance-2")}
-    stale = appender.producer_epoch(first, TOPIC, "app")
+    appender._sessions[2] = {"app": WriterSession(TOPIC, partition, newer, "instance-2", "app")}
+    stale = appender.producer_session(first, TOPIC, "app")[1]
     with pytest.raises(StoreWriterFencedError, match="newer producer"):
         table.check_epoch("app", stale, producer=True)
-    assert appender.producer_epoch(second, TOPIC, "app") == newer
+    assert appender.producer_session(second, TOPIC, "app")[1] == newer

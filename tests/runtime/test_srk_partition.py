@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from txnkeeper.errors import BadRequestError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.blocks import BlockEncodingError, decode_events, encode_events
@@ -26,6 +27,7 @@ from txnkeeper.topic.writers import (
     WriterFencedError,
     WriterStateLostError,
     WriterTable,
+    writer_key,
 )
 from txnkeeper.txnid import TxnID
 
@@ -103,18 +105,76 @@ def test_writer_table_limits_fencing_and_expiry() -> None:
     epoch_a, last = table.setup("a")
     assert last == -1
     table.setup("b")
-    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
-        table.setup("c")
+    table.setup("c")  # a session holds no writer slot: only writing takes one
     newer, _ = table.setup("a")
     with pytest.raises(WriterFencedError):
         table.check_epoch("a", epoch_a)
     table.check_epoch("a", newer)
     table.observe("a", 0, 4, Position(3, 0))
+    assert table.decide("b", 0, 0) is None
+    table.observe("b", 0, 0, Position(3, 1))
+    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
+        table.decide("c", 0, 0)  # the third writer's first write
+    with pytest.raises(TooManyWritersError, match="maxWritersPerTopic 2"):
+        table.decide_send("c", 0)
     now[0] += 61_000
-    assert sorted(table.expire()) == ["a", "b"]  # b never wrote: its session alone expires too
+    assert sorted(table.expire()) == ["a", "b", "c"]  # c never wrote: its session alone expires too
     with pytest.raises(WriterStateLostError, match="expired"):
         table.check_epoch("a", newer)
     assert table.setup("a")[1] == -1
+    assert table.decide("c", 0, 0) is None  # slots freed by the expiry
+
+
+def test_a_session_that_never_wrote_ends_with_its_connection_and_a_writer_keeps_its_fence() -> None:
+    table = WriterTable(TOPIC, max_writers=1)
+    idle, _ = table.setup("idle", owner="instance-1")
+    assert table.sessions_without_writes() == 1
+    table.end_session("idle", idle)
+    assert table.sessions_without_writes() == 0 and not table.has_session("idle")
+    # A session replaced by a newer one leaves the newer one alone when its connection closes.
+    older, _ = table.setup("x")
+    newer, _ = table.setup("x")
+    table.end_session("x", older)
+    table.check_epoch("x", newer)
+    # A writer that wrote keeps its newest epoch after that session's connection closed: the
+    # sessions it fenced stay fenced.
+    fenced, _ = table.setup("w")
+    writing, _ = table.setup("w")
+    table.observe("w", 0, 0, Position(1, 0))
+    table.end_session("w", writing)
+    with pytest.raises(WriterFencedError):
+        table.check_epoch("w", fenced)
+
+
+async def test_a_failed_first_write_gives_its_writer_slot_back(tmp_path: Path) -> None:
+    factory, partition = await _open(tmp_path)
+    table = partition.writers
+    table.max_writers = 1
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[Position] = loop.create_future()
+    flight = InFlight("first", 0, 0, failed, failed)
+    assert table.decide("first", 0, 0) is None
+    table.began(flight)
+    with pytest.raises(TooManyWritersError):
+        table.decide("second", 0, 0)  # the first writer's write in flight holds the only slot
+    failed.set_exception(OSError("disk full"))
+    table.settled(flight)
+    assert table.decide("second", 0, 0) is None
+    await factory.close()
+
+
+def test_each_principal_has_its_own_writer_ids_and_its_own_limit() -> None:
+    table = WriterTable(TOPIC, max_writers=1)
+    alice, bob = writer_key("alice", "w"), writer_key("bob", "w")
+    assert alice not in (bob, "w")
+    table.observe(alice, 0, 0, Position(1, 0))
+    assert table.setup(bob)[1] == -1  # bob's "w" is not alice's
+    assert table.decide(bob, 0, 0) is None  # bob's limit is his own
+    with pytest.raises(TooManyWritersError, match="principal 'alice'"):
+        table.decide(writer_key("alice", "v"), 0, 0)
+    assert table.decide("w", 0, 0) is None  # the unauthenticated namespace too
+    rows = {(r["principal"], r["writerId"]) for r in table.rows_for_admin()}
+    assert rows == {("alice", "w")}
 
 
 def test_block_encoding_round_trip_and_refusals() -> None:
@@ -156,18 +216,48 @@ async def test_a_new_producer_session_continues_after_the_older_sessions_queued_
     tmp_path: Path,
 ) -> None:
     factory, partition = await _open(tmp_path)
-    older, last = await partition.setup_producer("app", "instance-1", resume=False)
+    older, last = await partition.open_session("app", "instance-1")
     assert last == -1
     queued = asyncio.ensure_future(partition.publish_idempotent(b"m0", "", "app", 0, epoch=older))
     await asyncio.sleep(0)  # one loop turn: the task runs to its first await, the send is queued
     assert partition.writers.in_flight_of("app")
-    newer, last = await partition.setup_producer("app", "instance-2", resume=False)
+    newer, last = await partition.open_session("app", "instance-2")
     assert last == 0  # it waited for the older session's queued send and counts it
     assert not (await queued).duplicate
     with pytest.raises(WriterFencedError):
         await partition.publish_idempotent(b"m1", "", "app", 1, epoch=older)
     written = await partition.publish_idempotent(b"n1", "", "app", 1, epoch=newer)
     assert not written.duplicate
+    await factory.close()
+
+
+async def test_a_new_writer_session_counts_the_older_sessions_queued_blocks_and_fences_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The rule of named producers, for single-key writers (issue 25 item 1): the newer session's
+    answer waits for the older one's blocks already queued to the ledger and counts them; the older
+    one's blocks not queued yet are refused, never applied behind the newer session's back."""
+    factory, partition = await _open(tmp_path)
+    older, last = await partition.open_session("w")
+    assert last == -1
+    queued = asyncio.ensure_future(partition.append_block("w", 0, [b"a0", b"a1"], "k", 10, epoch=older))
+    await asyncio.sleep(0)  # one loop turn: the task runs to its first await, the block is queued
+    assert partition.writers.in_flight_of("w")
+    # Received before the takeover, decided after it: the block's task has not run yet.
+    late = asyncio.ensure_future(partition.append_block("w", 2, [b"a2"], "k", 5, epoch=older))
+    newer, last = await partition.open_session("w")
+    assert last == 1  # it waited for the queued block and counts it
+    assert not (await queued).duplicate
+    with pytest.raises(WriterFencedError, match="taken over by a newer SetupAppend"):
+        await late
+    written = await partition.append_block("w", 2, [b"b2"], "k", 5, epoch=newer)
+    assert not written.duplicate and written.previous == 1
+    payloads: list[bytes] = []
+    after: Position | None = None
+    while entries := await partition.read_after(after, 100):  # ledger by ledger (4 entries each)
+        payloads += [r.payload for r in (decode(d, TOPIC, p) for p, d in entries) if not r.is_marker]
+        after = entries[-1][0]
+    assert payloads == [b"a0", b"a1", b"b2"]
     await factory.close()
 
 
@@ -200,3 +290,16 @@ async def test_a_block_whose_marker_is_durable_but_not_yet_applied_is_captured_a
     partition._blocks.clear()
     pending.cancel()
     await factory.close()
+
+
+def test_numbers_beyond_int64_are_refused_and_never_restored() -> None:
+    table = WriterTable(TOPIC)
+    table.setup("p", owner="instance-1")
+    with pytest.raises(BadRequestError, match=r"sequence id 9223372036854775808 .* above 2\^63 - 1"):
+        table.decide_send("p", 2**63)
+    with pytest.raises(BadRequestError, match=r"ends beyond event number 2\^63 - 1"):
+        table.decide("w", 2**63 - 1, 2**63)
+    assert table.decide_send("p", 2**63 - 1) is None  # the largest is still a sequence id
+    assert not table.restore_row("old", 2**63, 2**63, None, 0)
+    assert table.restore_row("ok", 5, 5, None, 0)
+    assert sorted(table.durable) == ["ok"]

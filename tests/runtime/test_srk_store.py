@@ -238,9 +238,8 @@ async def test_limits_and_disabled_feature_are_clear_errors(pods: Callable[..., 
     wire = await SrkWire.open(limited.listen)
     assert await wire.setup(TOPIC, "a") == -1
     assert await wire.setup(TOPIC, "b") == -1
-    with pytest.raises(ServiceError) as many:
-        await wire.setup(TOPIC, "c")
-    assert code_of(many.value) == api.TOO_MANY_WRITERS and "maxWritersPerTopic 2" in str(many.value)
+    assert await wire.setup(TOPIC, "c") == -1  # sessions hold no writer slot: writing takes one
+    await wire.append("b", 0, [b"b"])
     block = encode_events([b"x" * 1200])  # 1204 bytes: the third 400-byte chunk crosses the limit
     chunks = wire.send_chunks("a", block.data[:1200], 400)
     with pytest.raises(ServiceError) as refused_chunk:
@@ -252,9 +251,12 @@ async def test_limits_and_disabled_feature_are_clear_errors(pods: Callable[..., 
         chunk.cancel()  # accepted chunks are never answered
     # The writer is still usable after the refusal.
     assert (await wire.append("a", 0, [b"small"])).event_number == 0
+    with pytest.raises(ServiceError) as many:  # a third writer's first block
+        await wire.append("c", 0, [b"c"])
+    assert code_of(many.value) == api.TOO_MANY_WRITERS and "maxWritersPerTopic 2" in str(many.value)
     metrics = http("GET", f"{limited.admin_url()}/metrics")[1]
-    assert re.search(r'txnkeeper_srk_commits_total\{topic="persistent://t/ns/srk"\} 1\.0', metrics)
-    assert re.search(r'txnkeeper_srk_writers\{topic="persistent://t/ns/srk"\} 1\.0', metrics)
+    assert re.search(r'txnkeeper_srk_commits_total\{topic="persistent://t/ns/srk"\} 2\.0', metrics)
+    assert re.search(r'txnkeeper_srk_writers\{topic="persistent://t/ns/srk"\} 2\.0', metrics)
     wire.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -19,9 +20,10 @@ from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
-from txnkeeper.protocol.rpc import RpcConnection, split_address
+from txnkeeper.protocol.rpc import RpcConnection, expect, split_address
 from txnkeeper.txnid import TxnID
 
+log = logging.getLogger(__name__)
 _Begin = tuple[api.Command, str]
 
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -41,7 +43,11 @@ class Client:
         coordinators: list[str],
         stores: list[str],
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+        auth_token: str | None = None,
     ) -> None:
+        """``auth_token``: this client's credential (``txnkeeper client-token create``), presented on
+        every store connection: on stores that authenticate clients, single-key writer ids and
+        producer names are the token's principal's, which no other principal can take over."""
         if not coordinators and not stores:
             raise ValueError("a client needs at least one coordinator or store address")
         for address in [*coordinators, *stores]:
@@ -52,7 +58,13 @@ class Client:
         if operation_timeout <= 0:
             raise ValueError(f"operation_timeout must be positive, got {operation_timeout}")
         self._operation_timeout = operation_timeout
-        self.connections = ConnectionPool(operation_timeout)
+        if auth_token is not None and not auth_token:
+            raise ValueError("auth_token must not be empty (leave it out to connect without a token)")
+        self._auth_token = auth_token
+        self.principals: dict[str, str] = {}  # store address -> principal it authenticated us as
+        self.connections = ConnectionPool(
+            operation_timeout, on_connect=self._authenticate if auth_token is not None else None
+        )
         self._consumers: dict[int, Consumer] = {}
         # Closed with the client: a writer or named producer resynchronising must not reconnect after.
         self._closables: list[Producer | SingleKeyWriter] = []
@@ -65,6 +77,22 @@ class Client:
         self._event_loop: asyncio.AbstractEventLoop | None = None
         for address in self._stores:
             self.connections.on_push(address, self._on_push)
+
+    async def _authenticate(self, conn: RpcConnection) -> None:
+        """Present the token on a new store connection (coordinators take none) before any request."""
+        if conn.address not in self._stores or self._auth_token is None:
+            return
+        command = api.Command()
+        command.client_auth.token = self._auth_token
+        response = expect(await conn.request(command, self._operation_timeout), "client_authenticated")
+        principal = response.client_authenticated.principal
+        if not principal and conn.address not in self.principals:
+            log.warning(
+                "store %s does not authenticate clients: this client's writer ids and producer names"
+                " are shared with every client of it",
+                conn.address,
+            )
+        self.principals[conn.address] = principal
 
     async def __aenter__(self) -> Client:
         return self

@@ -15,6 +15,7 @@ from typing import Any
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
+from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
 from txnkeeper.topic.writers import SingleKeySettings
 
@@ -44,6 +45,8 @@ class ServeConfig:
     pending_ack_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     ports_file: Path | None = None
     cluster_secret: bytes | None = None  # from --cluster-secret-file (txnkeeper.protocol.auth)
+    # from --client-token-key-file (txnkeeper.protocol.clientauth); store pods only
+    client_token_key: ClientTokenKey | None = None
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
     single_key: SingleKeySettings = field(default_factory=SingleKeySettings)

@@ -22,8 +22,10 @@ from txnkeeper.errors import BadRequestError, NotServedHereError, UnavailableErr
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_configured
+from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.server.blocks import BlockAppender, PendingBudget
+from txnkeeper.server.client_auth import ClientPrincipals
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.settled import when_all
 from txnkeeper.topic.subscription import Subscription
@@ -191,6 +193,7 @@ class PodHandler:
         secret: ClusterSecret | None = None,
         *,
         clock_ms: Callable[[], int] = _now_ms,
+        client_key: ClientTokenKey | None = None,
     ) -> None:
         self._coordinators = coordinators
         self._secret = secret
@@ -202,7 +205,8 @@ class PodHandler:
         self._coordinator_cycle = itertools.cycle(sorted(coordinators)) if coordinators else None
         self._topics = topics
         self._consumers: dict[int, dict[int, ConsumerEndpoint]] = {}
-        self.blocks = BlockAppender(self._store)
+        self._principals = ClientPrincipals(client_key)
+        self.blocks = BlockAppender(self._store, principals=self._principals)
         coordinator_routes: dict[str, Callable[[Session, api.Command], HandlerResult]] = {
             "new_txn": self._new_txn,
             "add_partition": self._add_partition,
@@ -224,6 +228,7 @@ class PodHandler:
             "end_txns_on_store": self._ends_on_store,
             "auth_challenge": self._auth_challenge,
             "authenticate": self._authenticate,
+            "client_auth": self._client_auth,
             "setup_append": self.blocks.setup_append,
             "append_block": self.blocks.append_block,
             "append_block_end": self.blocks.append_block_end,
@@ -254,6 +259,7 @@ class PodHandler:
 
     def session_closed(self, session: Session) -> None:
         self.blocks.session_closed(session)
+        self._principals.session_closed(session)
         self._nonces.pop(session.session_id, None)
         self._coordinator_sessions.discard(session.session_id)
         for endpoint in self._consumers.pop(session.session_id, {}).values():
@@ -391,17 +397,20 @@ class PodHandler:
                 "producer_name (idempotent produce) applies to non-transactional produces only:"
                 " a transaction already makes its sends atomic",
             )
-            epoch = self.blocks.producer_epoch(session, body.topic, body.producer_name)
-            return self._produce_idempotent(topics, body, epoch)
+            name, epoch = self.blocks.producer_session(session, body.topic, body.producer_name)
+            return self._produce_idempotent(topics, body, name, epoch)
         # Answered from the write's own callback: no task, coroutine or intermediate future.
         response: asyncio.Future[api.Command] = self._loop().create_future()
         topics.publish_notify(body.topic, body.payload, body.key, txn, partial(_answer_produce, response))
         return response
 
     @staticmethod
-    async def _produce_idempotent(topics: TopicService, body: api.Produce, epoch: int) -> api.Command:
+    async def _produce_idempotent(
+        topics: TopicService, body: api.Produce, name: str, epoch: int
+    ) -> api.Command:
+        """``name``: the producer name's writer-table key (qualified by the connection's principal)."""
         result = await topics.publish_idempotent(
-            body.topic, body.payload, body.key, body.producer_name, body.sequence_id, epoch=epoch
+            body.topic, body.payload, body.key, name, body.sequence_id, epoch=epoch
         )
         command = api.Command()
         receipt = command.produce_receipt
@@ -498,6 +507,10 @@ class PodHandler:
             raise UnauthorizedError("coordinator authentication failed: the proof does not match the secret")
         self._coordinator_sessions.add(session.session_id)
         return _success()
+
+    def _client_auth(self, session: Session, command: api.Command) -> HandlerResult:
+        self._store()
+        return self._principals.authenticate(session, command)
 
     def _coordinator_store(self, session: Session, what: str) -> TopicService:
         """The topic service, for a request only a transaction coordinator may make."""

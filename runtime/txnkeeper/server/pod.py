@@ -114,7 +114,9 @@ class PodRuntime:
                 log.warning(
                     "no cluster secret (%s): this pod refuses every transactional request", SECRET_FLAG
                 )
-            handler = PodHandler(self.coordinators, self.topics, self._secret)
+            handler = PodHandler(
+                self.coordinators, self.topics, self._secret, client_key=self.config.client_token_key
+            )
             self._protocol = ProtocolServer(handler, self.config.connection_limits)
             handler.share_pending_budget(
                 PendingBudget(self._protocol.stats, self.config.connection_limits.max_pending_bytes)
@@ -375,6 +377,7 @@ class PodRuntime:
                 "maxWritersPerTopic": settings.max_writers_per_topic,
             },
             "writers": partition.writers.rows_for_admin(),
+            "sessionsWithoutWrites": partition.writers.sessions_without_writes(),
         }
 
 

@@ -19,6 +19,7 @@ from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, require_feature
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
+from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
 from txnkeeper.server import offload_settings, srk_config
@@ -61,6 +62,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env("CLUSTER_SECRET_FILE"),
         help=f"secret shared by coordinator and store pods (env {SECRET_ENV}); without it transactions"
         " are refused",
+    )
+    parser.add_argument(
+        KEY_FLAG,
+        dest="client_token_key_file",
+        default=env("CLIENT_TOKEN_KEY_FILE"),
+        help=f"store pods: HS256 key of client tokens (env {KEY_ENV}); with it, single-key writer ids and"
+        " producer names belong to the principal of the connection's token (ClientAuth), which"
+        " SetupAppend then requires",
     )
     parser.add_argument(
         "--config",
@@ -137,6 +146,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except ClusterSecretError as exc:
         raise ConfigError(str(exc)) from exc
     try:
+        client_key = load_client_token_key(ns.client_token_key_file)
+    except ClientTokenKeyError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
         limits = ConnectionLimits(
             max_connections=ns.max_connections,
             max_pending_bytes=ns.max_pending_bytes,
@@ -170,6 +183,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         pending_ack_batch=pending_ack_batch,
         ports_file=ns.ports_file,
         cluster_secret=secret.key if secret is not None else None,
+        client_token_key=client_key,
         connection_limits=limits,
         offload=offload,
         single_key=single_key,

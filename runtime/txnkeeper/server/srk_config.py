@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--srk-max-writers-per-topic",
         type=int,
         default=env("SRK_MAX_WRITERS_PER_TOPIC"),
-        help="writers (and idempotent producers) a topic remembers (default 10000)",
+        help="writers (and idempotent producers) a topic remembers, per principal when clients"
+        " authenticate (default 10000)",
     )
 
 

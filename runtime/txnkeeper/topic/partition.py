@@ -33,10 +33,13 @@ from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
     BLOCK_TXN_MOST,
+    MAX_EVENT_NUMBER,
     Duplicate,
     InFlight,
     WaitFor,
     WriterTable,
+    in_range,
+    validate_writer_key,
 )
 from txnkeeper.txnid import TxnID
 
@@ -192,7 +195,17 @@ class Partition:
         for row in loaded.writers:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
-            self.writers.restore_row(writer_id, last_number, last_first, mid, active)
+            if not self.writers.restore_row(writer_id, last_number, last_first, mid, active):
+                log.warning(
+                    "transaction buffer snapshot %s: writer or producer %r of %s has last number %d, above"
+                    " 2^63 - 1 (%d), which an older release accepted; its de-duplication state is ignored"
+                    " (the name continues as a new one; its messages stay readable)",
+                    self._snapshot_path,
+                    writer_id,
+                    self.topic,
+                    last_number,
+                    MAX_EVENT_NUMBER,
+                )
         for txn_id in self.buffer.ended_ids():
             self._saw_block_txn(txn_id)
         live = self.ledger.ledger_ids()
@@ -207,6 +220,7 @@ class Partition:
         after = await asyncio.to_thread(self._load_snapshot)
         replayed = 0
         block_starts: dict[TxnID, Position] = {}  # a block's first entry, for its writer's state
+        out_of_range: dict[str, list[tuple[Position, int]]] = {}  # producer -> its unusable sends
         while True:
             entries = await self.read_after(after, REPLAY_BATCH)
             if not entries:
@@ -229,9 +243,29 @@ class Partition:
                             block_starts.setdefault(txn_id, position)
                             self._saw_block_txn(txn_id)
                 elif record.writer_id:
-                    self.writers.observe(record.writer_id, record.first_number, record.last_number, position)
+                    if in_range(record.last_number):
+                        self.writers.observe(
+                            record.writer_id, record.first_number, record.last_number, position
+                        )
+                    else:
+                        out_of_range.setdefault(record.writer_id, []).append((position, record.last_number))
                 after = position
         self.replayed_entries = replayed
+        for name, sends in out_of_range.items():
+            position, number = sends[0]
+            log.warning(
+                "topic %s: producer %r has %d message(s) with a sequence id above 2^63 - 1 (%d), written by"
+                " an older release that accepted them (the first: %d at %s); they stay readable, but"
+                " de-duplication ignores them: the name continues from its last sequence id in range"
+                " (%s)",
+                self.topic,
+                name,
+                len(sends),
+                MAX_EVENT_NUMBER,
+                number,
+                position,
+                self.writers.queued_last(name) if name in self.writers.durable else "none",
+            )
         await self._abort_orphan_blocks()
         self._since_snapshot = replayed
         if replayed >= self._snapshot_every:  # so that the next restart does not replay them again
@@ -354,30 +388,33 @@ class Partition:
         entries = await self.ledger.read_entries(start, max_entries)
         return [(e.position, e.data) for e in entries]
 
-    async def setup_producer(self, producer_name: str, owner: str, resume: bool) -> tuple[int, int]:
-        """A new session of producer ``producer_name`` (instance ``owner``): its epoch, which fences
-        every older session of the name, and the name's last persisted sequence id.
+    async def open_session(self, writer_id: str, owner: str = "", resume: bool = False) -> tuple[int, int]:
+        """A new session of writer ``writer_id`` (a single-key writer, or with ``owner`` the instance
+        token of a named producer): its epoch, which fences every older session of the id, and the
+        id's last durable event (sequence) number.
 
-        Sends of an older session already queued to the ledger are waited for, so the number answered
-        counts them: the new producer continues after them instead of reusing their sequence ids
-        (the store would drop its sends as their duplicates)."""
+        The answer waits for the older sessions' blocks and sends already queued to the ledger and
+        counts those written: the new session continues after them instead of reusing their numbers
+        (the store would answer its blocks as their duplicates and drop them). Their blocks and sends
+        not queued yet are refused from now on: ``append_block`` and ``publish_idempotent`` check the
+        epoch in the event-loop turn that queues the write."""
         writers = self.writers
-        epoch, _ = writers.setup(producer_name, owner=owner, resume=resume)
-        pending = writers.in_flight_of(producer_name)
+        epoch, _ = writers.setup(writer_id, owner=owner, resume=resume)
+        pending = writers.in_flight_of(writer_id)
         if pending:
             await asyncio.wait(pending)
-        return epoch, writers.settled_last(producer_name)
+        return epoch, writers.settled_last(writer_id)
 
     async def publish_idempotent(
         self, payload: bytes, key: str, producer_name: str, sequence_id: int, *, epoch: int | None = None
     ) -> BlockResult:
         """A non-transactional send deduplicated by (producer name, sequence id); with ``epoch``, only
         while that session of the name is its newest (checked right before queuing, with no await
-        between the check and the queuing, so a newer session's ``setup_producer`` sees every send
+        between the check and the queuing, so a newer session's ``open_session`` sees every send
         of an older one it must wait for)."""
         writers = self.writers
-        writers.admit_producer(producer_name)
-        while True:
+        validate_writer_key(producer_name)
+        while True:  # a retransmission waits for its first send, then is decided again
             if epoch is not None:
                 writers.check_epoch(producer_name, epoch, producer=True)
             decision = writers.decide_send(producer_name, sequence_id)
@@ -406,13 +443,24 @@ class Partition:
         return BlockResult(previous, position, False)
 
     async def append_block(
-        self, writer_id: str, first: int, events: list[bytes], key: str, size: int
+        self,
+        writer_id: str,
+        first: int,
+        events: list[bytes],
+        key: str,
+        size: int,
+        *,
+        epoch: int | None = None,
     ) -> BlockResult:
         """Write ``events`` as one block of ``writer_id`` starting at event number ``first``, whole
-        or not at all; a block at or below the writer's last event number is answered unwritten."""
+        or not at all; a block at or below the writer's last event number is answered unwritten. With
+        ``epoch``, only while that session of the writer is its newest (checked in the loop turn that
+        queues the block, as for ``publish_idempotent``)."""
         writers = self.writers
         last = first + len(events) - 1
-        while True:
+        while True:  # a retransmission waits for its block in flight, then is decided again
+            if epoch is not None:
+                writers.check_epoch(writer_id, epoch)
             decision = writers.decide(writer_id, first, last)
             if isinstance(decision, WaitFor):
                 await asyncio.wait([decision.future])

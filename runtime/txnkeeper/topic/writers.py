@@ -7,6 +7,9 @@ the last durable event (sequence) number and the first MessageId of its last blo
 
 Named producers are fenced like writers: each SetupAppend of a name opens a session with a new epoch
 and a Produce carries its session's epoch, so the newest producer of a name is the only one writing.
+A session holds no writer slot: ``maxWritersPerTopic`` counts writers that wrote (a writer takes its
+slot at its first write), so sessions that never write cannot lock other writers out; the edge drops
+such a session with its connection (``end_session``).
 
 Pure state, no I/O: the partition feeds it what it queues, what became durable and what it replays.
 Two views are kept: ``durable`` (what a snapshot and a reconnecting writer may see) and the *queued*
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +32,10 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.topic.snapshot import WriterRow
 
 NO_EVENT = -1  # last number of a writer the store knows nothing about
+# The largest event number or sequence id: they travel as int64 (AppendSetup.last_event_number, the
+# markers' numbers; Pulsar's sequence ids are int64 too), so a larger one could be stored but never
+# answered. Refused before anything is written; state beyond it left by an older release is ignored.
+MAX_EVENT_NUMBER = 2**63 - 1
 # TxnID.most of the store-local transaction each block is written under: no coordinator has this id.
 BLOCK_TXN_MOST = 2**64 - 1
 
@@ -145,17 +153,52 @@ class WriterTable:
         self._setup_ms: dict[str, int] = {}  # writer -> when its newest session began
         # producer name -> the producer instance (its session token) that holds the name now
         self._owners: dict[str, str] = {}
+        # principal -> how many of its writers wrote (durable or first write in flight): what
+        # maxWritersPerTopic limits. A session alone holds no slot (see ``end_session``).
+        self._writers_of: Counter[str] = Counter()
 
     # --- sessions ---------------------------------------------------------------------------------
-    def _admit(self, writer_id: str) -> None:
-        if writer_id in self.durable or writer_id in self._epochs or writer_id in self._in_flight:
+    def has_written(self, writer_id: str) -> bool:
+        """Whether ``writer_id`` holds a writer slot: it has durable state or a write in flight."""
+        return writer_id in self.durable or writer_id in self._in_flight
+
+    def _admit_writer(self, writer_id: str) -> None:
+        """Before a writer's first write: refuse it when its principal's writers fill the limit."""
+        if self.has_written(writer_id):
             return
-        known = len(self.durable.keys() | self._epochs.keys())
-        if known >= self.max_writers:
+        principal = principal_of(writer_id)
+        held = self._writers_of[principal]
+        if held >= self.max_writers:
+            whose = f" of principal {principal!r}" if principal else ""
             raise TooManyWritersError(
-                f"topic {self.topic!r} already holds {known} writers, its limit (maxWritersPerTopic "
-                f"{self.max_writers}); reuse a writer id or raise singleKeyTransactions.maxWritersPerTopic"
+                f"topic {self.topic!r} already holds {held} writers and named producers{whose}, its"
+                f" limit (maxWritersPerTopic {self.max_writers}); nothing of {shown(writer_id)} was"
+                " written: reuse a writer id or producer name, or raise"
+                " singleKeyTransactions.maxWritersPerTopic"
             )
+
+    def _slot_changed(self, writer_id: str, held_before: bool) -> None:
+        held = self.has_written(writer_id)
+        if held != held_before:
+            principal = principal_of(writer_id)
+            self._writers_of[principal] += 1 if held else -1
+            if not self._writers_of[principal]:
+                del self._writers_of[principal]
+
+    def end_session(self, writer_id: str, epoch: int) -> None:
+        """The connection of session ``epoch`` closed (or set the id up again elsewhere). A session
+        whose writer never wrote is forgotten with it: sessions hold no writer slot, and one that
+        outlived its connection would only hold memory. A writer that wrote keeps its newest epoch,
+        so the sessions it fenced stay fenced."""
+        if self._epochs.get(writer_id) != epoch or self.has_written(writer_id):
+            return
+        del self._epochs[writer_id]
+        self._setup_ms.pop(writer_id, None)
+        self._owners.pop(writer_id, None)
+
+    def sessions_without_writes(self) -> int:
+        """Sessions whose writer never wrote (held in memory only, until their connection closes)."""
+        return sum(1 for writer_id in self._epochs if not self.has_written(writer_id))
 
     def setup(self, writer_id: str, *, owner: str = "", resume: bool = False) -> tuple[int, int]:
         """A new session of ``writer_id``: its epoch (fencing every older session) and last number.
@@ -165,15 +208,14 @@ class WriterTable:
         reconnect (``resume``) of an instance that another instance has taken the name from since is
         refused: the fenced producer would otherwise take the name back and re-send sequence ids the
         newer one already used, and the store would drop them as duplicates."""
-        validate_writer_id(writer_id)
+        validate_writer_key(writer_id)
         holder = self._owners.get(writer_id)
         if resume and owner and holder is not None and holder != owner:
             raise WriterFencedError(
-                f"producer {writer_id!r} of topic {self.topic!r} was taken over by another producer with"
+                f"producer {shown(writer_id)} of topic {self.topic!r} was taken over by another producer with"
                 " the same name since this one connected; this producer is fenced for good: close it"
                 " (run one producer per name)"
             )
-        self._admit(writer_id)
         if owner:
             self._owners[writer_id] = owner
         else:
@@ -191,20 +233,25 @@ class WriterTable:
         current = self._epochs.get(writer_id)
         if current is None:
             raise WriterStateLostError(
-                f"writer {writer_id!r} of topic {self.topic!r} expired (inactive longer than "
-                "writerInactivityMinutes); send SetupAppend again and check last_event_number"
+                f"writer {shown(writer_id)} of topic {self.topic!r} has no session any more: it expired"
+                " (inactive longer than writerInactivityMinutes), or a newer session that never wrote"
+                " ended with its connection; send SetupAppend again and check last_event_number"
             )
         if current != epoch:
             if producer:
                 raise WriterFencedError(
-                    f"producer {writer_id!r} of topic {self.topic!r} was taken over by a newer producer "
-                    "with the same name (another connection); this producer's sends are refused from "
-                    "now on: close it (run one producer per name)"
+                    f"producer {shown(writer_id)} of topic {self.topic!r} was taken over by a newer"
+                    " producer with the same name (another connection); this producer's sends are"
+                    " refused from now on: close it (run one producer per name)"
                 )
             raise WriterFencedError(
-                f"writer {writer_id!r} of topic {self.topic!r} was taken over by a newer SetupAppend "
-                "(another connection); this session's blocks are refused"
+                f"writer {shown(writer_id)} of topic {self.topic!r} was taken over by a newer"
+                " SetupAppend (another connection); this session's blocks are refused"
             )
+
+    def is_current(self, writer_id: str, epoch: int) -> bool:
+        """Whether session ``epoch`` is still ``writer_id``'s newest (not fenced, not forgotten)."""
+        return self._epochs.get(writer_id) == epoch
 
     def has_session(self, writer_id: str) -> bool:
         """False once the writer's sessions expired (or it never had one)."""
@@ -235,7 +282,12 @@ class WriterTable:
     def decide(self, writer_id: str, first: int, last: int) -> Duplicate | WaitFor | None:
         """None: apply the block now. Raises for a gap, an overlap or a forgotten writer."""
         if first < 0 or last < first:
-            raise BadRequestError(f"event numbers {first}..{last} of writer {writer_id!r} are not valid")
+            raise BadRequestError(f"event numbers {first}..{last} of writer {shown(writer_id)} are not valid")
+        if last > MAX_EVENT_NUMBER:
+            raise BadRequestError(
+                f"block {first}..{last} of writer {shown(writer_id)} ends beyond event number 2^63 - 1"
+                f" ({MAX_EVENT_NUMBER}), the largest there is (event numbers are int64); nothing was written"
+            )
         queued = self.queued_last(writer_id)
         if last <= queued:
             for flight in self._in_flight.get(writer_id, []):
@@ -246,49 +298,62 @@ class WriterTable:
             same = writer.last_first == first and writer.last == last
             return Duplicate(writer.last, writer.first_message_id if same else None)
         if first == queued + 1:
+            self._admit_writer(writer_id)
             return None
         if first <= queued:
             raise BadRequestError(
-                f"block {first}..{last} of writer {writer_id!r} overlaps its last event number {queued}:"
+                f"block {first}..{last} of writer {shown(writer_id)} overlaps its last event number {queued}:"
                 " a block must be retransmitted unchanged, or start at last_event_number + 1"
             )
         if queued == NO_EVENT:
             raise WriterStateLostError(
-                f"topic {self.topic!r} holds no state for writer {writer_id!r} (expired or never written),"
-                f" so its block starting at event {first} cannot be placed; do not re-apply blindly:"
-                " check which events were delivered, then start a new writer id"
+                f"topic {self.topic!r} holds no state for writer {shown(writer_id)} (expired or never"
+                f" written), so its block starting at event {first} cannot be placed; do not re-apply"
+                " blindly: check which events were delivered, then start a new writer id"
             )
         raise EventNumberGapError(
-            f"block of writer {writer_id!r} starts at event {first} but its last event number on topic "
+            f"block of writer {shown(writer_id)} starts at event {first} but its last event number on topic "
             f"{self.topic!r} is {queued}; the next block must start at {queued + 1}"
         )
 
     def decide_send(self, name: str, sequence_id: int) -> Duplicate | WaitFor | None:
         """Like ``decide`` for an idempotent producer's send: sequence ids may skip numbers."""
+        if sequence_id > MAX_EVENT_NUMBER:
+            raise BadRequestError(
+                f"sequence id {sequence_id} of producer {shown(name)} is above 2^63 - 1 ({MAX_EVENT_NUMBER}),"
+                " the largest a producer may use (sequence ids are int64, as in Pulsar); nothing was"
+                " written"
+            )
         queued = self.queued_last(name)
         if sequence_id > queued:
+            self._admit_writer(name)
             return None
         return self.decide(name, sequence_id, sequence_id)
 
-    def admit_producer(self, name: str) -> None:
-        validate_writer_id(name, "producer name")
-        self._admit(name)
-
     def began(self, flight: InFlight) -> None:
+        held = self.has_written(flight.writer_id)
         self._in_flight.setdefault(flight.writer_id, []).append(flight)
+        self._slot_changed(flight.writer_id, held)
 
     def settled(self, flight: InFlight) -> None:
         """The flight's future completed: success makes it durable state, failure just drops it."""
+        held = self.has_written(flight.writer_id)
         flights = self._in_flight.get(flight.writer_id, [])
         if flight in flights:
             flights.remove(flight)
         if not flights:
             self._in_flight.pop(flight.writer_id, None)
         if _succeeded(flight.done) and _succeeded(flight.first_entry):
-            self.observe(flight.writer_id, flight.first, flight.last, flight.first_entry.result())
+            self._observe(flight.writer_id, flight.first, flight.last, flight.first_entry.result())
+        self._slot_changed(flight.writer_id, held)
 
     def observe(self, writer_id: str, first: int, last: int, first_message_id: Position | None) -> None:
-        """A durable block (send) of ``writer_id``: from a completed write or from replay."""
+        """A durable block (send) of ``writer_id`` found by replay."""
+        held = self.has_written(writer_id)
+        self._observe(writer_id, first, last, first_message_id)
+        self._slot_changed(writer_id, held)
+
+    def _observe(self, writer_id: str, first: int, last: int, first_message_id: Position | None) -> None:
         writer = self.durable.get(writer_id)
         now = self._clock()
         if writer is None:
@@ -313,7 +378,9 @@ class WriterTable:
             if began < cutoff and w not in self.durable and w not in self._in_flight
         ]
         for writer_id in gone:
+            held = self.has_written(writer_id)
             self.durable.pop(writer_id, None)
+            self._slot_changed(writer_id, held)
             self._epochs.pop(writer_id, None)
             self._setup_ms.pop(writer_id, None)
             self._owners.pop(writer_id, None)
@@ -351,13 +418,20 @@ class WriterTable:
 
     def restore_row(
         self, writer_id: str, last: int, last_first: int, mid: Position | None, active: int
-    ) -> None:
+    ) -> bool:
+        """Take a snapshot's row; False (row ignored) when its numbers are beyond MAX_EVENT_NUMBER."""
+        if not in_range(last) or not in_range(last_first):
+            return False
+        held = self.has_written(writer_id)
         self.durable[writer_id] = Writer(last, last_first, mid, active)
+        self._slot_changed(writer_id, held)
+        return True
 
     def rows_for_admin(self) -> list[dict[str, object]]:
         return [
             {
-                "writerId": writer_id,
+                "writerId": id_of(writer_id),
+                "principal": principal_of(writer_id),
                 "lastEventNumber": s.last,
                 "lastBlockFirstEventNumber": s.last_first,
                 "lastBlockFirstMessageId": None
@@ -371,13 +445,54 @@ class WriterTable:
         ]
 
 
+def in_range(number: int) -> bool:
+    """Whether ``number`` can be a writer's event number or a producer's sequence id."""
+    return NO_EVENT <= number <= MAX_EVENT_NUMBER
+
+
 def _succeeded(future: asyncio.Future[Position]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
 MAX_WRITER_ID = 256
+# Between a principal and a writer id in the table's keys (and so in markers, producer records and
+# snapshot rows). A writer id or principal never holds it: both refuse control characters.
+PRINCIPAL_SEPARATOR = "\x1f"
 
 
 def validate_writer_id(writer_id: str, what: str = "writer id") -> None:
     if not writer_id or len(writer_id) > MAX_WRITER_ID or any(ord(c) < 32 for c in writer_id):
-        raise BadRequestError(f"{what} {writer_id!r} must be 1..{MAX_WRITER_ID} printable characters")
+        raise BadRequestError(
+            f"{what} {writer_id[:300]!r} must be 1..{MAX_WRITER_ID} characters, none of them a control"
+            " character"
+        )
+
+
+def writer_key(principal: str, writer_id: str) -> str:
+    """The table's key of ``writer_id`` as ``principal`` (the client's authenticated credential) uses
+    it: each principal has its own writer ids and producer names, so one credential can neither take
+    over nor exhaust another's. Without client authentication (principal "") the key is the id."""
+    return f"{principal}{PRINCIPAL_SEPARATOR}{writer_id}" if principal else writer_id
+
+
+def principal_of(key: str) -> str:
+    principal, separator, _ = key.partition(PRINCIPAL_SEPARATOR)
+    return principal if separator else ""
+
+
+def id_of(key: str) -> str:
+    """The writer id (producer name) a client uses for ``key``."""
+    return key.rpartition(PRINCIPAL_SEPARATOR)[2]
+
+
+def shown(key: str) -> str:
+    """``key`` as refusals and logs name it."""
+    principal = principal_of(key)
+    return f"{id_of(key)!r} of principal {principal!r}" if principal else repr(key)
+
+
+def validate_writer_key(key: str) -> None:
+    validate_writer_id(id_of(key))
+    principal = principal_of(key)
+    if principal:
+        validate_writer_id(principal, "principal")
