@@ -16,6 +16,7 @@ IMAGE=${IMAGE:-txnkeeper:$TAG}
 VERIFIER_IMAGE=${VERIFIER_IMAGE:-txnkeeper-verifier:$TAG}
 UPSTREAM_BASE=python:3.11-slim-bookworm
 LOCAL_BASE=txnkeeper/python-base:3.11-$SUITE
+BASE_PACKAGES=(ca-certificates python3 python3-venv python-is-python3 passwd)
 RUNTIME_BUDGET_MB=${RUNTIME_BUDGET_MB:-300}
 VERIFIER_BUDGET_MB=${VERIFIER_BUDGET_MB:-1000}
 
@@ -26,14 +27,14 @@ base=$UPSTREAM_BASE
 if ! docker image inspect "$UPSTREAM_BASE" >/dev/null 2>&1 &&
     ! timeout 60 docker pull -q "$UPSTREAM_BASE" >/dev/null 2>&1; then
     base=$LOCAL_BASE
-    recipe=$(echo "$HOST_TRUST_HOOK" | cat "$KIND_DIR/lib.sh" - /etc/pip.conf 2>/dev/null | sha256sum | cut -c1-32)
+    recipe=$(debian_recipe "${BASE_PACKAGES[@]}")
     if built_from "$LOCAL_BASE" "$recipe"; then
         log "$UPSTREAM_BASE cannot be pulled; using $LOCAL_BASE (built earlier)"
     else
         log "$UPSTREAM_BASE cannot be pulled; building $LOCAL_BASE from the Debian mirror instead"
         debian_image "$LOCAL_BASE" 'ENV LANG=C.UTF-8' \
             'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["python3"]' -- \
-            ca-certificates python3 python3-venv python-is-python3 passwd
+            "${BASE_PACKAGES[@]}"
         mark_built "$LOCAL_BASE" "$recipe"
     fi
 fi

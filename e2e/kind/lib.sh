@@ -91,3 +91,10 @@ mark_built() {
     echo "$2" >"$STAMPS/${1//[\/:]/_}"
 }
 inputs_hash() { cat "$@" | sha256sum | cut -c1-32; }
+# The stamp of a debian_image build: how it builds (the function itself and the trust hook), what it
+# installs, and this machine's CAs and pip configuration (the image carries them). Not all of lib.sh:
+# an unrelated edit here must not rebuild a base every image layer sits on.
+debian_recipe() {
+    { declare -f debian_image debian_mirrors; echo "$HOST_TRUST_HOOK $*"; cat /etc/pip.conf \
+        /usr/local/share/ca-certificates/*.crt 2>/dev/null; } | sha256sum | cut -c1-32
+}

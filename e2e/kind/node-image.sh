@@ -40,7 +40,7 @@ trap 'docker rm -f txnkeeper-node-build >/dev/null 2>&1 || true; rm -rf "$work"'
 packages=(systemd systemd-sysv dbus conntrack iptables nftables iproute2 ethtool util-linux mount kmod
     libseccomp2 pigz fuse-overlayfs bash ca-certificates curl jq procps containerd runc
     containernetworking-plugins)
-rootfs_stamp=$(echo "${packages[*]}" | cat "$KIND_DIR/lib.sh" - | sha256sum | cut -c1-32)
+rootfs_stamp=$(debian_recipe "${packages[@]}")
 if ! built_from "$ROOTFS" "$rootfs_stamp"; then
     debian_image "$ROOTFS" 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -- "${packages[@]}"
     mark_built "$ROOTFS" "$rootfs_stamp"

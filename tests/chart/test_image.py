@@ -49,7 +49,7 @@ def _ignored(path: str) -> bool:
 def test_stages_and_default_target() -> None:
     stages = _stages()
     assert list(stages)[-1] == "runtime", "the default build (no --target) must be the runtime image"
-    assert {"build", "build-verifier", "base", "verifier", "runtime"} <= set(stages)
+    assert {"deps-common", "deps", "deps-verifier", "build", "base", "verifier", "runtime"} <= set(stages)
 
 
 def test_copied_sources_exist_and_are_in_the_build_context() -> None:
@@ -72,10 +72,23 @@ def test_final_images_run_as_non_root() -> None:
 
 def test_java_only_where_spark_needs_it() -> None:
     stages = _stages()
-    assert "jre" in stages["verifier"] and "spark" in stages["build-verifier"]
-    for stage in ("build", "base", "runtime"):
+    assert "jre" in stages["verifier"] and "spark" in stages["deps-verifier"]
+    for stage in ("deps-common", "deps", "build", "base", "runtime"):
         assert "jre" not in stages[stage] and "jdk" not in stages[stage]
         assert "spark" not in stages[stage].replace("SPARK_LOCAL_DIRS", "")
+
+
+def test_dependencies_come_before_sources() -> None:
+    """A change to runtime/ or operator/ must not reinstall the dependencies: they are installed in
+    stages that copy only pyproject.toml, and the final stages copy the dependency venv before the
+    package."""
+    stages = _stages()
+    for stage in ("deps-common", "deps", "deps-verifier"):
+        copies = [line for line in stages[stage].splitlines() if line.startswith("COPY ")]
+        assert all(line.split()[1:-1] == ["pyproject.toml"] for line in copies), (stage, copies)
+    for stage, deps in (("runtime", "deps"), ("verifier", "deps-verifier")):
+        copies = [line for line in stages[stage].splitlines() if line.startswith("COPY --from=")]
+        assert [c.split()[1] for c in copies] == [f"--from={deps}", "--from=build"], (stage, copies)
 
 
 def test_every_command_the_cluster_runs_is_installed_by_the_image(capsys: pytest.CaptureFixture[str]) -> None:
