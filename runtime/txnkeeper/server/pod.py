@@ -452,6 +452,21 @@ class _PodCollector(Collector):
                 "Connections whose requests are not read until their peer reads its answers",
                 value=stats.write_paused,
             )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_unsent_bytes",
+                "Answers and pushed messages not yet read by peers, all connections together",
+                value=stats.unsent_bytes,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_push_paused_connections",
+                "Connections whose consumers get no messages until their peer reads (or the budget frees)",
+                value=stats.push_paused,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_handshaking_connections",
+                "Connections that have not completed a request yet",
+                value=stats.handshaking,
+            )
             yield CounterMetricFamily(
                 "txnkeeper_server_accepted_connections", "Connections accepted", value=stats.accepted
             )
