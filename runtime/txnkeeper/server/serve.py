@@ -22,7 +22,7 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, srk_config
+from txnkeeper.server import offload_settings, srk_config, txn_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -149,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     srk_config.add_arguments(parser)
+    txn_config.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -195,6 +196,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
     single_key = srk_config.single_key_settings(ns, ns.config)
+    txn_timeouts = txn_config.txn_timeouts(ns, ns.config)
     _gate_features(ns, offload, single_key.enabled)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
@@ -216,6 +218,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         connection_limits=limits,
         offload=offload,
         single_key=single_key,
+        txn_timeouts=txn_timeouts,
     )
 
 
