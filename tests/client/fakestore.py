@@ -145,6 +145,9 @@ class FakeStore:
     def session_holds_state(self, session: Session) -> bool:
         return False
 
+    def session_writable(self, session: Session) -> None:
+        pass  # nothing is pushed by the fake store
+
 
 async def start_fake(store: FakeStore) -> tuple[ProtocolServer, str]:
     server = ProtocolServer(store)

@@ -187,6 +187,9 @@ class _FailingPod:
     async def request_offload_restore(self, properties: dict[str, Any]) -> None:
         self._fail()
 
+    async def abort_transaction(self, most: int, least: int) -> tuple[int, dict[str, Any]]:
+        return self._fail()  # type: ignore[no-any-return]
+
 
 async def test_unexpected_failure_is_a_generic_500_with_the_traceback_only_in_the_log(
     caplog: pytest.LogCaptureFixture,
@@ -201,12 +204,17 @@ async def test_unexpected_failure_is_a_generic_500_with_the_traceback_only_in_th
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/admin/v1/batch-log") as response:
                 status, answer = response.status, await response.json()
+            abort = f"http://127.0.0.1:{port}/admin/v3/transactions/abortTransaction/0/1"
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.post(abort, headers=headers) as response:
+                abort_status, abort_answer = response.status, await response.json()
             async with session.get(f"http://127.0.0.1:{port}/health") as response:
                 health = response.status
     finally:
         await runner.cleanup()
     assert status == 500
     assert answer == {"error": "internal error in the admin API; the pod's log has the details"}
+    assert (abort_status, abort_answer) == (status, answer)
     assert health == 200
     logged = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info]
     assert logged and "secret internal detail" in str(logged[0].exc_info[1])  # type: ignore[index]

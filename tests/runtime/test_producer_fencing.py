@@ -177,6 +177,9 @@ class _Conn:
     def push(self, command: api.Command) -> None:
         raise AssertionError("nothing is pushed to a producer")
 
+    def ready_for_push(self) -> bool:
+        raise AssertionError("nothing is pushed to a producer")
+
 
 def test_a_producer_session_whose_name_expired_is_renewed_unless_another_took_the_name() -> None:
     now = [1_000_000]

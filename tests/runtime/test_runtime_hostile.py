@@ -260,7 +260,11 @@ async def _closed_with_error(reader: asyncio.StreamReader, within: float) -> api
 
 async def test_partial_large_frames_do_not_grow_memory(pods: Callable[..., ServePod]) -> None:
     budget = 16 * 1024 * 1024
-    store = pods("pas-0", "store", extra=["--max-pending-bytes", str(budget), "--frame-timeout", "600"])
+    # Every connection here is still handshaking (no frame completed): room for all of them, so that
+    # the pending-bytes budget alone decides which are closed (the handshake limits have their own
+    # tests, test_handshake_limits.py).
+    limits = ["--max-pending-bytes", str(budget), "--frame-timeout", "600", "--handshake-timeout", "600"]
+    store = pods("pas-0", "store", extra=[*limits, "--max-handshaking-connections", "128"])
     connections = 80
     frame = 5 * 1024 * 1024
     sent_per_connection = frame - 64 * 1024  # most of a maximum-size frame, never completed

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from txnkeeper.admin.auth import check_bearer
-from txnkeeper.admin.views import FormatLevelRefusal, OffloadRefusal, PodView, TopicOffloadView
+from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, OffloadRefusal, PodView, TopicOffloadView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_JSON_DEPTH = 4
 # Coordinator ids are below the CRD's 4096 coordinators; 9 digits stays far from any int-parsing limit.
 _MAX_ID_DIGITS = 9
+# A transaction's sequence (TxnID.least) is an unsigned 64-bit number.
+_MAX_SEQUENCE = 2**64 - 1
 _INTERNAL_ERROR = "internal error in the admin API; the pod's log has the details"
 POD_KEY: web.AppKey[PodView] = web.AppKey("pod", PodView)
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token", str | None)  # type: ignore[arg-type]
@@ -79,7 +81,7 @@ async def _errors_and_auth(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except BadRequest as exc:
         return _error(400, str(exc))
-    except OffloadRefusal as exc:
+    except AdminRefusal as exc:
         return _error(exc.status, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -175,6 +177,29 @@ async def coordinator_internal_stats(request: web.Request) -> web.Response:
     if store is None:
         return _error(404, f"coordinator {raw} is not hosted on this pod")
     return web.json_response({"transactionLogStats": store.internal_stats()})
+
+
+async def abort_transaction(request: web.Request) -> web.Response:
+    """Pulsar's abortTransaction admin verb: abort an open transaction (no owner token needed)."""
+    most = request.match_info["most"]
+    least = request.match_info["least"]
+    if not _ascii_digits(most, _MAX_ID_DIGITS):
+        raise BadRequest(
+            f"coordinator id must be a non-negative integer of at most {_MAX_ID_DIGITS} digits 0-9,"
+            f" got {_cut(most)!r}"
+        )
+    if not _ascii_digits(least, 20) or int(least) > _MAX_SEQUENCE:
+        raise BadRequest(
+            f"transaction sequence must be an integer in 0..{_MAX_SEQUENCE} written with digits 0-9,"
+            f" got {_cut(least)!r}"
+        )
+    status, body = await _pod(request).abort_transaction(int(most), int(least))
+    return web.json_response(body, status=status)
+
+
+def _ascii_digits(text: str, most: int) -> bool:
+    # str.isdigit() and int() accept non-ASCII digits ("\u0661", "\u00b2"): ids are plain 0-9.
+    return text.isascii() and text.isdecimal() and len(text) <= most
 
 
 async def pending_ack_internal_stats(request: web.Request) -> web.Response:
@@ -395,6 +420,7 @@ def build_admin_app(
         "/admin/v3/transactions/coordinatorInternalStats/{coordinator_id}", coordinator_internal_stats
     )
     app.router.add_get("/admin/v3/transactions/pendingAckInternalStats", pending_ack_internal_stats)
+    app.router.add_post("/admin/v3/transactions/abortTransaction/{most}/{least}", abort_transaction)
     app.router.add_get("/admin/v1/stores", list_stores)
     app.router.add_post("/admin/v1/stores/rollover", rollover)
     app.router.add_get("/admin/v1/stores/ledgers", store_ledgers)

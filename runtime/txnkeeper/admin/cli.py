@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -18,6 +19,10 @@ from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
 from txnkeeper.contract.batching import FLUSH_MODES
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+# A transaction id as TxnID prints it, "(most,least)", or "most:least"; digits 0-9 only ([0-9], not
+# \d: that takes any script's digits, which int() then reads as a different number than was meant).
+_TXN_ID = re.compile(r"\(([0-9]{1,20}),([0-9]{1,20})\)|([0-9]{1,20}):([0-9]{1,20})")
+_TXN_ID_FORMS = "(MOST,LEAST) or MOST:LEAST, e.g. (0,42) or 0:42"
 
 
 class AdminCallError(Exception):
@@ -111,6 +116,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("writers", "single-routing-key writers and idempotent producers of the topic (last event numbers)"),
     ):
         topic_verbs.add_parser(name, help=help_text).add_argument("topic")
+    transactions = verbs.add_parser("transactions", help="a coordinator pod's transactions")
+    txn_verbs = transactions.add_subparsers(dest="action", metavar="VERB")
+    txn_verbs.required = True
+    txn_verbs.add_parser(
+        "abort",
+        help="abort an open transaction (on the coordinator pod hosting it), e.g. one holding a topic",
+        description="Abort an open transaction without its owner: its messages are never delivered"
+        " and every later message of its topics is released. Prints {txnId, status, alreadyEnded};"
+        " status ABORTING (HTTP 202) means the abort is decided and still being delivered to stores.",
+    ).add_argument("txn_id", metavar="TXNID", help=_TXN_ID_FORMS)
     policies = topic_verbs.add_parser("offload-policies", help="get|set|remove a topic's offload settings")
     policy_actions = policies.add_subparsers(dest="policy_action", metavar="get|set|remove")
     policy_actions.required = True
@@ -141,6 +156,9 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
         return "POST", "/admin/v1/stores/rollover", {}
     if verb == "topics":
         return _topic_request(ns)
+    if verb == "transactions":
+        most, least = parse_txn_id(ns.txn_id)
+        return "POST", f"/admin/v3/transactions/abortTransaction/{most}/{least}", None
     if verb == "coordinator-internal-stats":
         return "GET", f"/admin/v3/transactions/coordinatorInternalStats/{ns.coordinator_id}", None
     if verb == "pending-ack-internal-stats":
@@ -161,6 +179,18 @@ def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
         partial["batchedWriteFlushMode"] = ns.flush_mode
     targets = ("coordinator", "pendingAck") if ns.target == "both" else (ns.target,)
     return "POST", "/admin/v1/batch-log", {t: partial for t in targets}
+
+
+def parse_txn_id(text: str) -> tuple[int, int]:
+    """(most, least) of a transaction id written ``(most,least)`` or ``most:least``; ValueError says
+    what is wrong."""
+    match = _TXN_ID.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text[:60]!r} is not a transaction id; write it {_TXN_ID_FORMS}")
+    most, least = (int(part) for part in match.groups() if part is not None)
+    if most >= 2**63 or least >= 2**64:
+        raise ValueError(f"transaction id {text[:60]!r} is out of range; write it {_TXN_ID_FORMS}")
+    return most, least
 
 
 def _topic_request(ns: argparse.Namespace) -> tuple[str, str, object]:

@@ -69,14 +69,22 @@ class PodView(Protocol):
     # A topic's single-routing-key writers and idempotent producers (None: not a topic of this pod).
     async def topic_writers(self, topic: str) -> dict[str, Any] | None: ...
 
+    # POST /admin/v3/transactions/abortTransaction/{most}/{least}: {"txnId", "status", "alreadyEnded"},
+    # and the HTTP status (200 applied everywhere, 202 decided and still being delivered); AdminRefusal.
+    async def abort_transaction(self, most: int, least: int) -> tuple[int, dict[str, Any]]: ...
 
-class OffloadRefusal(Exception):
-    """An offload verb cannot be done (HTTP ``status``: 400 bad input, 404 no such topic, 409 not
-    possible in this state, 503 the blob store failed); the message says why and what to do."""
+
+class AdminRefusal(Exception):
+    """A verb cannot be done (HTTP ``status``: 400 bad input, 404 no such thing here, 409 not
+    possible in this state, 503 a store failed or is not ready); the message says why and what to do."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class OffloadRefusal(AdminRefusal):
+    """An offload verb cannot be done (503: the blob store failed)."""
 
 
 class TopicOffloadView(Protocol):

@@ -24,6 +24,7 @@ from txnkeeper.coordinator.ports import EndTxnSink, RecoveredTxn, TxnLog
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.coordinator.state import TERMINAL, TxnMeta, TxnStatus, check_transition, ending_status
+from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.errors import (
     BadRequestError,
     InvalidTxnStatusError,
@@ -48,7 +49,9 @@ _OPEN = meta_pb.OPEN
 _LOGGED_STATUS = {status: meta_pb.TxnStatus.ValueType(status.value) for status in TxnStatus}
 
 ENDED_MEMORY = 100_000
-MAX_TIMEOUT_MS = 24 * 3600 * 1000
+# Transactions aborted by an admin request, remembered so that their owner is told why it cannot
+# commit (at most this many; older ones are told only that the transaction is ABORTED).
+ADMIN_ABORTS_MEMORY = 10_000
 TICK_SECONDS = 0.1
 RETRY_BACKOFF = (0.05, 2.0)
 DELETE_INTERVAL = 0.05  # seconds between batched deletions of ended transactions' records
@@ -112,8 +115,10 @@ class TransactionCoordinator:
         sink: EndTxnSink,
         *,
         clock: Callable[[], int] = _now_ms,
+        timeouts: TxnTimeoutPolicy | None = None,
     ) -> None:
         self.coordinator_id = coordinator_id
+        self.timeouts = timeouts or TxnTimeoutPolicy()
         self._log = txn_log
         self._sequence = sequence
         self._routes = routes
@@ -126,6 +131,7 @@ class TransactionCoordinator:
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ending: dict[TxnID, tuple[bool, asyncio.Future[None]]] = {}
         self._ended: OrderedDict[TxnID, TxnStatus] = OrderedDict()
+        self._admin_aborts: OrderedDict[TxnID, None] = OrderedDict()
         # Timeout deadlines of open transactions: begun ones arrive in deadline order when their
         # timeouts are equal (the usual case), so they queue in order at O(1); one that would
         # break the order (a shorter timeout) goes to the heap, as do recovered ones.
@@ -215,11 +221,11 @@ class TransactionCoordinator:
         builds its reply there, so a begin costs one future and one callback, not a second of each
         to turn the id into the reply."""
         self._require_ready()
-        if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
-            raise BadRequestError(f"transaction timeout must be in 1..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
+        self.timeouts.check_begin(timeout_ms)
         topics = topics or []
         subscriptions = subscriptions or []
         if topics or subscriptions:
+            self.timeouts.check_topics(timeout_ms, [*topics, *(t for t, _ in subscriptions)])
             # Names checked and routes looked up in one pass (the usual begin names one of each).
             route = self._routes.get
             known = True
@@ -380,6 +386,7 @@ class TransactionCoordinator:
             raise BadRequestError("add-partition needs one or more topic names")
         for topic in topics:
             _check_name("topic", topic)
+        self.timeouts.check_topics(meta.timeout_ms, topics)
         if not self._routes.knows(topics, store_address):
             return asyncio.ensure_future(
                 self._learn_then(topics, store_address, self._add_partitions, meta, topics)
@@ -406,6 +413,7 @@ class TransactionCoordinator:
             _check_name("topic", topic)
             _check_name("subscription", subscription)
         topics = list(dict.fromkeys(t for t, _ in subscriptions))
+        self.timeouts.check_topics(meta.timeout_ms, topics)
         if not self._routes.knows(topics, store_address):
             return asyncio.ensure_future(
                 self._learn_then(topics, store_address, self._add_subscriptions, meta, subscriptions)
@@ -462,20 +470,47 @@ class TransactionCoordinator:
         if ended is not None:
             if ended is final:
                 return resolved(None)
-            raise InvalidTxnStatusError(f"transaction {txn_id} is already {ended.name}")
+            raise InvalidTxnStatusError(f"transaction {txn_id} is already {ended.name}{self._why(txn_id)}")
         in_progress = self._ending.get(txn_id)
         if in_progress is not None:
             ending_commit, done = in_progress
             if ending_commit != commit:
                 status = ending_status(ending_commit)[0]
                 raise InvalidTxnStatusError(
-                    f"transaction {txn_id} is {status.name}; it cannot become {final.name}"
+                    f"transaction {txn_id} is {status.name}{self._why(txn_id)}; it cannot become {final.name}"
                 )
             return asyncio.shield(done)
         meta = self._txns.get(txn_id)
         if meta is None:
             raise TxnNotFoundError(f"transaction {txn_id} not found (never existed or long ended)")
         return self._decide(meta, commit)
+
+    def abort_by_admin(self, txn_id: TxnID) -> tuple[bool, asyncio.Future[None]]:
+        """Abort ``txn_id`` for an operator (``txnkeeper admin transactions abort``; no owner token):
+        whether it had already ended or was aborting, and the end's future (resolved once every
+        participant applied it). Refusals raise as ``end_txn``'s: not found, or committing/committed."""
+        self._require_ready()
+        self._check_owner(txn_id)
+        in_progress = self._ending.get(txn_id)
+        already = self._ended.get(txn_id) is TxnStatus.ABORTED or (
+            in_progress is not None and not in_progress[0]
+        )
+        meta = self._txns.get(txn_id)
+        if not already and meta is not None and meta.status is TxnStatus.OPEN:
+            log.warning(
+                "coordinator %d: transaction %s aborted by an admin request (open %.1fs, timeout %d ms)",
+                self.coordinator_id,
+                txn_id,
+                (self._clock() - meta.start_time_ms) / 1000,
+                meta.timeout_ms,
+            )
+            self._admin_aborts[txn_id] = None
+            while len(self._admin_aborts) > ADMIN_ABORTS_MEMORY:
+                self._admin_aborts.popitem(last=False)
+        return already, self.end_txn(txn_id, commit=False)
+
+    def _why(self, txn_id: TxnID) -> str:
+        return " (aborted by an admin request)" if txn_id in self._admin_aborts else ""
 
     def deadline_of(self, txn_id: TxnID) -> int:
         """The open transaction's timeout deadline (ms since the epoch, this pod's clock)."""
@@ -513,10 +548,14 @@ class TransactionCoordinator:
         if meta is None:
             ended = self._ended.get(txn_id)
             if ended is not None:
-                raise InvalidTxnStatusError(f"transaction {txn_id} is already {ended.name}")
+                raise InvalidTxnStatusError(
+                    f"transaction {txn_id} is already {ended.name}{self._why(txn_id)}"
+                )
             raise TxnNotFoundError(f"transaction {txn_id} not found")
         if meta.status is not TxnStatus.OPEN:
-            raise InvalidTxnStatusError(f"transaction {txn_id} is {meta.status.name}, not OPEN")
+            raise InvalidTxnStatusError(
+                f"transaction {txn_id} is {meta.status.name}{self._why(txn_id)}, not OPEN"
+            )
         return meta
 
     def _check_routed(self, topics: list[str]) -> None:

@@ -83,8 +83,12 @@ class FrameConnection(asyncio.Protocol):
     def send(self, command: api.Command) -> None:
         if self._transport is None:
             return
+        self.send_frame(encode_frame(command))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue one encoded frame (``send`` for a caller that needs the frame's size first)."""
         outgoing = self._outgoing
-        outgoing.append(encode_frame(command))
+        outgoing.append(frame)
         if len(outgoing) == self._flush_every:
             self._flush()
             return

@@ -13,6 +13,20 @@ peer reads (the peer's own sends then block in its kernel buffers); a connection
 still pass ``max_unsent_bytes`` (pushes keep coming) or that stays unread for ``write_timeout_s`` is
 aborted, counted like the other limits. What it had acknowledged is durable; what it had not is
 unknown to it, as after any lost connection.
+
+Messages pushed to consumers are the one output a peer does not ask for request by request, so they
+are held back before they pile up: a connection whose unsent bytes reach the high-water mark gets no
+pushes until its peer reads (its subscriptions dispatch to other consumers or wait), and once the
+unsent bytes of all connections together reach ``max_total_unsent_bytes`` only connections holding
+less than ``PUSH_FLOOR`` are pushed to (so consumers that read keep receiving while lazy ones hold the
+budget). Without this, consumers that subscribe with 100,000 permits and never read grew a store pod
+by their topics' size each (issue 25).
+
+Connections that have not completed a request yet (*handshaking*: an idle socket, or one trickling its
+first frame) cost the same slot as a working client. They have their own, smaller cap (the oldest is
+closed to admit a new one, so a flood of idle sockets cannot keep a client that sends its first
+request at once from getting in), a short ``handshake_timeout_s``, and every peer address may hold at
+most ``max_connections_per_address`` connections of any kind.
 """
 
 from __future__ import annotations
@@ -28,6 +42,13 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_FRAME_TIMEOUT_S = 30.0
 DEFAULT_MAX_UNSENT_BYTES = 32 * 1024 * 1024
 DEFAULT_WRITE_TIMEOUT_S = 120.0
+DEFAULT_MAX_TOTAL_UNSENT_BYTES = 64 * 1024 * 1024
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+DEFAULT_MAX_HANDSHAKING_CONNECTIONS = 64
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256
+# A connection holding less than this unsent is pushed to even while the process-wide budget is spent
+# (asyncio's own default high-water mark): a consumer that reads is never starved by lazy ones.
+PUSH_FLOOR = 64 * 1024
 # Above this many unsent bytes a connection's requests are no longer read (asyncio's default is 64 KiB).
 WRITE_HIGH_WATER = 1024 * 1024
 
@@ -39,6 +60,9 @@ SLOW_FRAME = "frame_timeout"
 BAD_FRAME = "bad_frame"
 UNSENT_BUDGET = "max_unsent_bytes"
 WRITE_TIMEOUT = "write_timeout"
+TOO_MANY_FROM_ADDRESS = "max_connections_per_address"
+HANDSHAKE_TIMEOUT = "handshake_timeout"
+HANDSHAKE_EVICTED = "handshake_evicted"
 
 
 class InvalidLimitsError(ValueError):
@@ -56,6 +80,11 @@ class ConnectionLimits:
     ``max_unsent_bytes``: answers and pushed messages one connection may have waiting for its peer to
     read them; more aborts the connection. ``write_timeout_s``: a connection whose peer has not read
     enough to take its unsent bytes below the high-water mark for this long is aborted.
+    ``max_total_unsent_bytes``: unsent bytes of all connections together past which pushes go only to
+    connections holding less than ``PUSH_FLOOR``. ``handshake_timeout_s``: a connection must complete
+    its first request within this. ``max_handshaking_connections``: connections that have not completed
+    a request yet; the oldest is closed to admit a new one. ``max_connections_per_address``: connections
+    of one peer address (handshaking or not); more are refused.
     """
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
@@ -65,13 +94,25 @@ class ConnectionLimits:
     frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S
     max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    max_total_unsent_bytes: int = DEFAULT_MAX_TOTAL_UNSENT_BYTES
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_handshaking_connections: int = DEFAULT_MAX_HANDSHAKING_CONNECTIONS
+    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_connections", "max_pending_bytes", "max_unsent_bytes"):
+        for name in (
+            "max_frame_size",
+            "max_connections",
+            "max_pending_bytes",
+            "max_unsent_bytes",
+            "max_total_unsent_bytes",
+            "max_handshaking_connections",
+            "max_connections_per_address",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidLimitsError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("idle_timeout_s", "frame_timeout_s", "write_timeout_s"):
+        for name in ("idle_timeout_s", "frame_timeout_s", "write_timeout_s", "handshake_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise InvalidLimitsError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -86,6 +127,11 @@ class ConnectionLimits:
                 f" {WRITE_HIGH_WATER} ({self.max_frame_size + WRITE_HIGH_WATER}), or one answer of the"
                 " maximum size could close a connection that reads normally"
             )
+        if self.max_total_unsent_bytes < self.max_frame_size + WRITE_HIGH_WATER:
+            raise InvalidLimitsError(
+                f"max_total_unsent_bytes ({self.max_total_unsent_bytes}) must be at least max_frame_size"
+                f" plus {WRITE_HIGH_WATER} ({self.max_frame_size + WRITE_HIGH_WATER}), as max_unsent_bytes"
+            )
 
 
 @dataclass
@@ -95,6 +141,9 @@ class ServerStats:
     open_connections: int = 0
     pending_bytes: int = 0
     write_paused: int = 0  # connections whose requests are not read until their peer reads answers
+    unsent_bytes: int = 0  # answers and pushes not yet read by peers, all connections together
+    push_paused: int = 0  # connections whose consumers get no pushes until their peer reads
+    handshaking: int = 0  # connections that have not completed a request yet
     accepted: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # reason -> connections refused at accept
     closed: Counter[str] = field(default_factory=Counter)  # reason -> connections closed by a limit

@@ -6,9 +6,11 @@ An asynchronous result that is not a command is answered with Success, so handle
 coroutine just to turn "done" into a response. Every response goes back through the connection's
 coalesced writes with the request id of its request.
 
-The server enforces ``ConnectionLimits`` (protocol/limits.py): at most so many connections, so many
-bytes of incomplete frames across all of them, so long for a started frame to complete and for an
-idle connection without state to stay open.
+The server enforces ``ConnectionLimits`` (protocol/limits.py): at most so many connections (and so
+many per peer address, and so many that have not completed a request yet), so many bytes of incomplete
+frames across all of them, so long for a started frame to complete, for a new connection to complete
+its first request and for an idle connection without state to stay open; and it holds pushes back from
+peers that do not read them (``Session.ready_for_push``), per connection and across all of them.
 """
 
 from __future__ import annotations
@@ -16,20 +18,26 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol, cast
 
+from txnkeeper import memtrim
 from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.connection import SERVER_FLUSH_EVERY, FrameConnection
-from txnkeeper.protocol.frames import FrameError
+from txnkeeper.protocol.frames import FrameError, encode_frame
 from txnkeeper.protocol.limits import (
     BAD_FRAME,
+    HANDSHAKE_EVICTED,
+    HANDSHAKE_TIMEOUT,
     IDLE,
     PENDING_BUDGET,
+    PUSH_FLOOR,
     SLOW_FRAME,
     TOO_MANY_CONNECTIONS,
+    TOO_MANY_FROM_ADDRESS,
     UNSENT_BUDGET,
     WRITE_HIGH_WATER,
     WRITE_TIMEOUT,
@@ -39,6 +47,10 @@ from txnkeeper.protocol.limits import (
 
 log = logging.getLogger(__name__)
 _CLOSE_GRACE_S = 5.0
+# After a connection that held a backlog is gone, the C heap's free pages are handed back to the
+# operating system (memtrim) this long after, and at most every _TRIM_EVERY_S: one trim covers a burst.
+_TRIM_DELAY_S = 1.0
+_TRIM_EVERY_S = 5.0
 
 Response = api.Command | None
 HandlerResult = Response | Awaitable[object]
@@ -50,6 +62,12 @@ class Session(Protocol):
     session_id: int
 
     def push(self, command: api.Command) -> None: ...
+
+    def ready_for_push(self) -> bool:
+        """True while a push would not pile up unread: the connection is open, its peer has read all
+        but a little of what it was sent, and the process-wide budget allows. When it said False,
+        the handler's ``session_writable`` is called once it would say True again."""
+        ...
 
     @property
     def is_open(self) -> bool: ...
@@ -65,6 +83,11 @@ class CommandHandler(Protocol):
     def session_holds_state(self, session: Session) -> bool:
         """True while closing the session would lose something (a subscribed consumer): then it is
         not closed for being idle."""
+        ...
+
+    def session_writable(self, session: Session) -> None:
+        """The session's peer read enough (or the process-wide budget freed) that pushes refused by
+        ``ready_for_push`` may resume."""
         ...
 
 
@@ -92,26 +115,69 @@ def fill_error(error: api.Error, exc: BaseException) -> None:
     error.message = f"{type(exc).__name__}: {exc}"
 
 
+class ConnectionBook:
+    """What one server's connections share: the open ones, those still handshaking (oldest first),
+    the count per peer address, the counters, and the limits they are held to."""
+
+    __slots__ = ("_last_trim", "_trim_at", "handler", "handshaking", "limits", "open", "per_address", "stats")
+
+    def __init__(self, handler: CommandHandler, limits: ConnectionLimits, stats: ServerStats) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.stats = stats
+        self.open: set[ServerConnection] = set()
+        self.handshaking: OrderedDict[ServerConnection, float] = OrderedDict()  # -> accepted at
+        self.per_address: Counter[str] = Counter()
+        self._trim_at: float | None = None
+        self._last_trim = float("-inf")
+
+    def resume_pushes(self) -> None:
+        """The process-wide budget has room again: every connection whose pushes were held may go on."""
+        for conn in list(self.open):
+            conn.resume_pushes_if_room()
+
+    def trim_memory_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand the C heap's free pages back to the OS shortly (a connection holding a backlog went):
+        once for a burst of such connections, at most every _TRIM_EVERY_S."""
+        if self._trim_at is not None or not memtrim.available():
+            return
+        self._trim_at = max(loop.time() + _TRIM_DELAY_S, self._last_trim + _TRIM_EVERY_S)
+        loop.call_at(self._trim_at, self._trim, loop)
+
+    def _trim(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._trim_at = None
+        self._last_trim = loop.time()
+        # In a worker thread: after a large cut it takes ~0.2 s (madvise of every free page), and the
+        # call releases the GIL, so the loop goes on meanwhile.
+        loop.run_in_executor(None, memtrim.trim).add_done_callback(_trim_done)
+
+
+def _trim_done(future: asyncio.Future[bool]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("returning free memory to the OS failed: %s", future.exception())
+
+
 class ServerConnection(FrameConnection):
     """One accepted connection; a ``Session`` for the handler."""
 
     _next_id = 0
 
-    def __init__(
-        self,
-        handler: CommandHandler,
-        limits: ConnectionLimits,
-        registry: set[ServerConnection],
-        stats: ServerStats,
-    ) -> None:
-        super().__init__(limits.max_frame_size, SERVER_FLUSH_EVERY)
+    def __init__(self, book: ConnectionBook) -> None:
+        super().__init__(book.limits.max_frame_size, SERVER_FLUSH_EVERY)
         ServerConnection._next_id += 1
         self.session_id = ServerConnection._next_id
-        self._handler = handler
-        self._registry = registry
-        self._limits = limits
-        self._stats = stats
+        self._book = book
+        self._handler = book.handler
+        self._limits = book.limits
+        self._stats = book.stats
         self._counted = 0  # this connection's bytes in stats.pending_bytes
+        # This connection's bytes in stats.unsent_bytes: pushes queued, plus what its transport had
+        # not sent when last looked at (after each write, on resume_writing, at each sweep).
+        self._unsent = 0
+        # Since when a push was refused (ready_for_push) without the handler being told of room since.
+        self.push_held_since: float | None = None
+        self._backlogged = False  # it once had more unsent than the high-water mark
+        self.peer_host = "?"
         self.last_received = asyncio.get_running_loop().time()
         self.frame_started: float | None = None  # when the buffered partial frame began arriving
         self.in_flight = 0  # requests still being answered: a peer waiting for one is not idle
@@ -119,28 +185,67 @@ class ServerConnection(FrameConnection):
         self.write_paused_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=PUSH_FLOOR)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer_host = str(peer[0])
         super().connection_made(transport)
 
     def on_open(self) -> None:
-        stats = self._stats
-        if len(self._registry) >= self._limits.max_connections:
+        book, stats, limits = self._book, self._stats, self._limits
+        if len(book.open) >= limits.max_connections:
             stats.refused[TOO_MANY_CONNECTIONS] += 1
             log.warning(
                 "refusing connection from %s: %d connections open (max_connections %d)",
                 self.peer,
-                len(self._registry),
-                self._limits.max_connections,
+                len(book.open),
+                limits.max_connections,
             )
             self.refuse(
                 api.RESOURCE_LIMIT,
-                f"server has {len(self._registry)} connections open, its limit (max connections);"
+                f"server has {len(book.open)} connections open, its limit (max connections);"
                 " retry later or use fewer connections",
             )
             return
+        host = self.peer_host
+        from_host = book.per_address[host]
+        if from_host >= limits.max_connections_per_address:
+            stats.refused[TOO_MANY_FROM_ADDRESS] += 1
+            log.warning(
+                "refusing connection from %s: %d connections open from %s (max_connections_per_address %d)",
+                self.peer,
+                from_host,
+                host,
+                limits.max_connections_per_address,
+            )
+            self.refuse(
+                api.RESOURCE_LIMIT,
+                f"server has {from_host} connections open from {host}, its limit for one peer address"
+                f" (max connections per address {limits.max_connections_per_address}); retry later or"
+                " use fewer connections",
+            )
+            return
         stats.accepted += 1
-        self._registry.add(self)
-        stats.open_connections = len(self._registry)
+        book.open.add(self)
+        book.per_address[host] = from_host + 1
+        stats.open_connections = len(book.open)
+        handshaking = book.handshaking
+        handshaking[self] = self._loop.time()
+        if len(handshaking) > limits.max_handshaking_connections:
+            oldest = next(iter(handshaking))
+            oldest.close_for(
+                HANDSHAKE_EVICTED,
+                api.RESOURCE_LIMIT,
+                f"closed to admit a newer connection: {limits.max_handshaking_connections} connections"
+                " had not completed a request (max handshaking connections); send a request right"
+                " after connecting",
+            )
+        stats.handshaking = len(handshaking)
+
+    def _handshake_done(self) -> None:
+        handshaking = self._book.handshaking
+        if handshaking.pop(self, None) is not None:
+            self._stats.handshaking = len(handshaking)
 
     def refuse(self, code: int, message: str) -> None:
         """Tell the peer why in an error frame (request id 0), then close."""
@@ -152,6 +257,7 @@ class ServerConnection(FrameConnection):
             return
         self._stats.closed[reason] += 1
         log.warning("closing connection from %s: %s", self.peer, message)
+        self._handshake_done()
         self.refuse(code, message)
         self._uncount()
         # A peer that reads nothing would keep the socket (and its unsent bytes) forever: the error
@@ -164,27 +270,37 @@ class ServerConnection(FrameConnection):
             return
         self._stats.closed[reason] += 1
         log.warning("aborting connection from %s: %s", self.peer, message)
+        self._handshake_done()
         self._uncount()
         self.abort()
 
     # --- the peer not reading what it is sent -----------------------------------------------------
+    # The transport's marks are the push floor (64 KiB, resumed at a quarter of it): its
+    # pause_writing/resume_writing say when pushes held back may go on. Requests stop being read
+    # only past WRITE_HIGH_WATER, judged after each write.
     def pause_writing(self) -> None:
-        if self._transport is None or self._closing or self.write_paused_since is not None:
-            return
-        self.write_paused_since = asyncio.get_running_loop().time()
-        self._stats.write_paused += 1
-        self._transport.pause_reading()
+        pass  # below WRITE_HIGH_WATER only pushes wait, and they ask ready_for_push
 
     def resume_writing(self) -> None:
-        if self.write_paused_since is None:
+        transport = self._transport
+        if transport is None or self._closing:
             return
-        self.write_paused_since = None
-        self._stats.write_paused -= 1
-        if self._transport is not None and not self._closing:
-            self._transport.resume_reading()
+        if self.write_paused_since is not None:
+            self.write_paused_since = None
+            self._stats.write_paused -= 1
+            transport.resume_reading()
             if self._decoder.buffered:
                 # the frame's remaining bytes were not read because of this pause, not the peer
                 self.frame_started = asyncio.get_running_loop().time()
+        self.recount_unsent()
+        self.resume_pushes_if_room()
+
+    def _pause_requests(self, transport: asyncio.Transport) -> None:
+        """Stop reading the peer's requests until it reads what it was sent (its sends back up)."""
+        self.write_paused_since = self._loop.time()
+        self._backlogged = True
+        self._stats.write_paused += 1
+        transport.pause_reading()
 
     def _flush(self) -> None:
         super()._flush()
@@ -192,6 +308,7 @@ class ServerConnection(FrameConnection):
         if transport is None or self._closing:
             return
         unsent = transport.get_write_buffer_size()
+        self._set_unsent(unsent)
         if unsent > self._limits.max_unsent_bytes:
             self.abort_for(
                 UNSENT_BUDGET,
@@ -199,6 +316,63 @@ class ServerConnection(FrameConnection):
                 f" {self._limits.max_unsent_bytes} (max unsent bytes); the client must read what it"
                 " is sent",
             )
+            return
+        if unsent > WRITE_HIGH_WATER and self.write_paused_since is None:
+            self._pause_requests(transport)
+        elif self.push_held_since is not None:
+            self.resume_pushes_if_room()  # what was queued went out at once
+
+    def recount_unsent(self) -> None:
+        """Count what is really unsent now (the transport drains without telling below its marks)."""
+        transport = self._transport
+        if transport is None:
+            return
+        self._set_unsent(transport.get_write_buffer_size() + sum(map(len, self._outgoing)))
+
+    def _set_unsent(self, unsent: int) -> None:
+        delta = unsent - self._unsent
+        if delta:
+            self._unsent = unsent
+            self._add_unsent(delta)
+
+    def _add_unsent(self, delta: int) -> None:
+        stats = self._stats
+        before = stats.unsent_bytes
+        stats.unsent_bytes = after = before + delta
+        if delta < 0 and before >= self._limits.max_total_unsent_bytes > after:
+            self._book.resume_pushes()
+
+    def _push_room(self) -> bool:
+        own = self._unsent
+        return (
+            self.write_paused_since is None
+            and own < WRITE_HIGH_WATER
+            and (own < PUSH_FLOOR or self._stats.unsent_bytes < self._limits.max_total_unsent_bytes)
+            and self.is_open
+        )
+
+    def ready_for_push(self) -> bool:
+        if self._push_room():
+            return True
+        if self.push_held_since is None and self.is_open:
+            self.push_held_since = self._loop.time()
+            self._stats.push_paused += 1
+        return False
+
+    def resume_pushes_if_room(self) -> None:
+        """Tell the handler pushes may go on, if one was refused and there is room now."""
+        if self.push_held_since is None or not self._push_room():
+            return
+        self._release_push_hold()
+        try:
+            self._handler.session_writable(self)
+        except Exception:
+            log.exception("resuming pushes failed")
+
+    def _release_push_hold(self) -> None:
+        if self.push_held_since is not None:
+            self.push_held_since = None
+            self._stats.push_paused -= 1
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -230,6 +404,8 @@ class ServerConnection(FrameConnection):
             self.frame_started = None
         elif not before or commands:
             self.frame_started = now
+        if commands:
+            self._handshake_done()
         for command in commands:
             self.on_command(command)
 
@@ -243,7 +419,14 @@ class ServerConnection(FrameConnection):
         self._counted = 0
 
     def push(self, command: api.Command) -> None:
-        self.send(command)
+        if self._transport is None:
+            return
+        frame = encode_frame(command)
+        # Counted before it is written, so that a burst of pushes in one turn sees itself.
+        size = len(frame)
+        self._unsent += size
+        self._add_unsent(size)
+        self.send_frame(frame)
 
     def on_command(self, command: api.Command) -> None:
         request_id = command.request_id
@@ -286,18 +469,29 @@ class ServerConnection(FrameConnection):
 
     def on_lost(self, exc: Exception | None) -> None:
         self._uncount()
+        self._handshake_done()
+        self._release_push_hold()
         if self.write_paused_since is not None:
             self.write_paused_since = None
             self._stats.write_paused -= 1
-        if self in self._registry:
-            self._registry.discard(self)
-            self._stats.open_connections = len(self._registry)
-        else:
+        book = self._book
+        if self not in book.open:
             return  # refused at accept: the handler never saw it
+        book.open.discard(self)
+        self._stats.open_connections = len(book.open)
+        left = book.per_address[self.peer_host] - 1
+        if left > 0:
+            book.per_address[self.peer_host] = left
+        else:
+            del book.per_address[self.peer_host]
+        # Its unsent bytes are gone with the transport: room for the others' pushes.
+        self._set_unsent(0)
         try:
             self._handler.session_closed(self)
         except Exception:
             log.exception("session cleanup failed")
+        if self._backlogged:
+            book.trim_memory_soon(self._loop)
 
 
 class ProtocolServer:
@@ -307,30 +501,52 @@ class ProtocolServer:
         self._handler = handler
         self.limits = limits or ConnectionLimits()
         self.stats = ServerStats()
+        self._book = ConnectionBook(handler, self.limits, self.stats)
         self._server: asyncio.Server | None = None
-        self._connections: set[ServerConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        factory: Callable[[], ServerConnection] = lambda: ServerConnection(  # noqa: E731
-            self._handler, self.limits, self._connections, self.stats
-        )
+        book = self._book
+        factory: Callable[[], ServerConnection] = lambda: ServerConnection(book)  # noqa: E731
         self._server = await loop.create_server(factory, host, port, reuse_address=True)
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
 
     @property
     def _sweep_interval(self) -> float:
         limits = self.limits
-        shortest = min(limits.idle_timeout_s, limits.frame_timeout_s, limits.write_timeout_s)
+        shortest = min(
+            limits.idle_timeout_s, limits.frame_timeout_s, limits.write_timeout_s, limits.handshake_timeout_s
+        )
         return min(1.0, max(0.05, shortest / 4))
 
     def _sweep(self) -> None:
-        """Close connections whose started frame is overdue, and idle ones that hold nothing."""
+        """Close connections whose first request or started frame is overdue, and idle ones that hold
+        nothing; recount what each has unsent (pushes held back may go on)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         limits = self.limits
-        for conn in list(self._connections):
+        for conn, since in list(self._book.handshaking.items()):  # oldest first
+            if now - since <= limits.handshake_timeout_s:
+                break
+            conn.close_for(
+                HANDSHAKE_TIMEOUT,
+                api.RESOURCE_LIMIT,
+                f"connection completed no request within {now - since:.1f}s of connecting (handshake"
+                f" timeout {limits.handshake_timeout_s:g}s); send a request right after connecting",
+            )
+        for conn in list(self._book.open):
+            conn.recount_unsent()
+            conn.resume_pushes_if_room()
+            held = conn.push_held_since
+            if held is not None and now - held > limits.write_timeout_s:
+                # Held back since: it read too little of what was pushed to it to drain to 16 KiB.
+                conn.abort_for(
+                    WRITE_TIMEOUT,
+                    f"its peer has not read the messages pushed to it for {now - held:.1f}s (write"
+                    f" timeout {limits.write_timeout_s:g}s); a consumer must read what it is sent",
+                )
+                continue
             paused = conn.write_paused_since
             if paused is not None:  # its requests are not being read: neither slow nor idle
                 if now - paused > limits.write_timeout_s:
@@ -384,7 +600,7 @@ class ProtocolServer:
             self._sweeper = None
         if self._server is not None:
             self._server.close()
-        for conn in list(self._connections):
+        for conn in list(self._book.open):
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()

@@ -15,6 +15,7 @@ from typing import Any
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
+from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
 from txnkeeper.topic.writers import SingleKeySettings
@@ -23,7 +24,7 @@ ROLES = ("coordinator", "store")
 
 # Top-level sections of the --config file that other modules read (through ``section``); the batch
 # settings parser skips them, and refuses any other key next to its own.
-OTHER_SECTIONS = ("offload", "singleKeyTransactions")
+OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions")
 _BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
@@ -50,6 +51,7 @@ class ServeConfig:
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
     single_key: SingleKeySettings = field(default_factory=SingleKeySettings)
+    txn_timeouts: TxnTimeoutPolicy = field(default_factory=TxnTimeoutPolicy)  # server/txn_config.py
 
 
 def env(name: str, default: str | None = None) -> str | None:

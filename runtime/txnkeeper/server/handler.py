@@ -165,8 +165,8 @@ class ConsumerEndpoint:
         self.subscription = subscription
 
     @property
-    def connected(self) -> bool:
-        return self._session.is_open
+    def ready(self) -> bool:
+        return self._session.ready_for_push()
 
     def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
         # Filled in place: building the parts and passing them as arguments copies each (3x slower).
@@ -267,6 +267,11 @@ class PodHandler:
 
     def session_holds_state(self, session: Session) -> bool:
         return bool(self._consumers.get(session.session_id))
+
+    def session_writable(self, session: Session) -> None:
+        # Its consumers' subscriptions held messages back from it: they may dispatch again.
+        for endpoint in self._consumers.get(session.session_id, {}).values():
+            endpoint.subscription.notify()
 
     # --- coordinator role --------------------------------------------------------------------------
     def _coordinator(self, most: int) -> TransactionCoordinator:

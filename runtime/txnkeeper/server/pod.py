@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from txnkeeper.admin.app import HttpServerLog, build_admin_app
-from txnkeeper.admin.views import FormatLevelRefusal, StoreView
+from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, has_feature
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
@@ -30,6 +31,7 @@ from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.coordinator.snapshot import TxnLogSnapshots, snapshot_path
 from txnkeeper.coordinator.snapshot import read as read_snapshot
+from txnkeeper.errors import InvalidTxnStatusError, ServiceError, TxnNotFoundError, UnavailableError
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
@@ -54,9 +56,13 @@ from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
+from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog import TransactionLogStore, transaction_log_name
 
 log = logging.getLogger(__name__)
+# How long an admin abort waits for every participant to apply the end before it answers 202 (the
+# abort is decided and durable by then; the coordinator keeps delivering it).
+ADMIN_ABORT_WAIT_S = 10.0
 
 
 class PodRuntime:
@@ -217,7 +223,9 @@ class PodRuntime:
             replayed = await store.replay()
             sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
             sequence.load(highest_sequence(replayed, coordinator_id))
-            coordinator = TransactionCoordinator(coordinator_id, store, sequence, routes, self._peers)
+            coordinator = TransactionCoordinator(
+                coordinator_id, store, sequence, routes, self._peers, timeouts=self.config.txn_timeouts
+            )
             coordinator.recover(recovered_transactions(replayed))
             self.coordinators[coordinator_id] = coordinator
             # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
@@ -360,6 +368,35 @@ class PodRuntime:
     def metrics_text(self) -> bytes:
         return generate_latest(REGISTRY)
 
+    async def abort_transaction(self, most: int, least: int) -> tuple[int, dict[str, Any]]:
+        txn_id = TxnID(most, least)
+        coordinator = self.coordinators.get(most)
+        if coordinator is None:
+            if not self.coordinators:
+                raise AdminRefusal(
+                    404, "this pod hosts no transaction coordinator (role store); ask a coordinator pod"
+                )
+            hosted = ", ".join(str(c) for c in sorted(self.coordinators))
+            raise AdminRefusal(
+                404, f"coordinator {most} is not hosted on this pod (it hosts {hosted}); ask the pod that is"
+            )
+        try:
+            already, ended = coordinator.abort_by_admin(txn_id)
+        except TxnNotFoundError as exc:
+            raise AdminRefusal(404, f"{exc}: never begun, or ended long ago") from exc
+        except InvalidTxnStatusError as exc:
+            raise AdminRefusal(409, f"{exc}; only an open transaction can be aborted") from exc
+        except UnavailableError as exc:
+            raise AdminRefusal(503, f"{exc}; retry once the pod is ready") from exc
+        answer: dict[str, Any] = {"txnId": str(txn_id), "status": "ABORTED", "alreadyEnded": already}
+        try:
+            await asyncio.wait_for(asyncio.shield(ended), ADMIN_ABORT_WAIT_S)
+        except TimeoutError:
+            return 202, {**answer, "status": "ABORTING"}  # decided; delivered to the stores as they answer
+        except ServiceError as exc:  # the decision could not be logged: nothing changed
+            raise AdminRefusal(503, f"aborting {txn_id} failed: {exc}; retry") from exc
+        return 200, answer
+
     async def topic_writers(self, topic: str) -> dict[str, Any] | None:
         topics = self.topics
         if topics is None:
@@ -429,11 +466,20 @@ class _PodCollector(Collector):
                 "Ended txns whose outcome is held in memory until the ledger of their marker is trimmed",
                 labels=["topic"],
             )
+            # How long the oldest open transaction has held back the topic's later messages: alert on
+            # it, then abort the transaction (txnkeeper admin transactions abort) if it must not wait.
+            oldest = GaugeMetricFamily(
+                "txnkeeper_topic_oldest_open_txn_age_seconds",
+                "Seconds since the first message of the topic's oldest open transaction (0: none open)",
+                labels=["topic"],
+            )
+            now = time.time()
             for topic, partition in pod.topics.partitions().items():
                 published.add_metric([topic], partition.published_count)
                 open_txns.add_metric([topic], partition.buffer.ongoing)
                 kept.add_metric([topic], partition.buffer.ended_count)
-            yield from (published, open_txns, kept)
+                oldest.add_metric([topic], round(partition.buffer.oldest_open_age_s(now), 3))
+            yield from (published, open_txns, kept, oldest)
         protocol = pod._protocol
         if protocol is not None:
             stats = protocol.stats
@@ -451,6 +497,21 @@ class _PodCollector(Collector):
                 "txnkeeper_server_write_paused_connections",
                 "Connections whose requests are not read until their peer reads its answers",
                 value=stats.write_paused,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_unsent_bytes",
+                "Answers and pushed messages not yet read by peers, all connections together",
+                value=stats.unsent_bytes,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_push_paused_connections",
+                "Connections whose consumers get no messages until their peer reads (or the budget frees)",
+                value=stats.push_paused,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_handshaking_connections",
+                "Connections that have not completed a request yet",
+                value=stats.handshaking,
             )
             yield CounterMetricFamily(
                 "txnkeeper_server_accepted_connections", "Connections accepted", value=stats.accepted

@@ -22,7 +22,7 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, srk_config
+from txnkeeper.server import offload_settings, srk_config, txn_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -122,8 +122,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env("WRITE_TIMEOUT", str(defaults.write_timeout_s)),
         help="seconds a connection may leave its answers unread before it is aborted",
     )
+    parser.add_argument(
+        "--max-total-unsent-bytes",
+        type=int,
+        default=env("MAX_TOTAL_UNSENT_BYTES", str(defaults.max_total_unsent_bytes)),
+        help="answers and pushed messages all connections together may leave unread; past it, messages"
+        " are pushed only to connections holding under 64 KiB unread (each connection gets none past 1 MiB)",
+    )
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=env("HANDSHAKE_TIMEOUT", str(defaults.handshake_timeout_s)),
+        help="seconds a new connection has to complete its first request before it is closed",
+    )
+    parser.add_argument(
+        "--max-handshaking-connections",
+        type=int,
+        default=env("MAX_HANDSHAKING_CONNECTIONS", str(defaults.max_handshaking_connections)),
+        help="connections that have not completed a request yet; the oldest is closed to admit a new one",
+    )
+    parser.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=env("MAX_CONNECTIONS_PER_ADDRESS", str(defaults.max_connections_per_address)),
+        help="connections one peer address may hold open; more are refused with an error frame",
+    )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     srk_config.add_arguments(parser)
+    txn_config.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -157,6 +183,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
             frame_timeout_s=ns.frame_timeout,
             max_unsent_bytes=ns.max_unsent_bytes,
             write_timeout_s=ns.write_timeout,
+            max_total_unsent_bytes=ns.max_total_unsent_bytes,
+            handshake_timeout_s=ns.handshake_timeout,
+            max_handshaking_connections=ns.max_handshaking_connections,
+            max_connections_per_address=ns.max_connections_per_address,
         )
     except InvalidLimitsError as exc:
         raise ConfigError(f"connection limits: {exc}") from exc
@@ -166,6 +196,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
     single_key = srk_config.single_key_settings(ns, ns.config)
+    txn_timeouts = txn_config.txn_timeouts(ns, ns.config)
     _gate_features(ns, offload, single_key.enabled)
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
@@ -187,6 +218,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         connection_limits=limits,
         offload=offload,
         single_key=single_key,
+        txn_timeouts=txn_timeouts,
     )
 
 

@@ -27,7 +27,7 @@ from txnkeeper.aio import failure_of, resolved, settle
 from txnkeeper.errors import InvalidTxnStatusError
 from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
-from txnkeeper.topic.records import decode, encode_data, encode_marker
+from txnkeeper.topic.records import decode, encode_data, encode_marker, publish_time_ms
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
@@ -238,7 +238,8 @@ class Partition:
                                 record.writer_id, record.first_number, record.last_number, start
                             )
                     else:
-                        self.buffer.message_written(txn_id)
+                        if not self.buffer.is_open(txn_id):  # its first message: held back since then
+                            self.buffer.message_written(txn_id, publish_time_ms(data) / 1000 or None)
                         if txn_id.most == BLOCK_TXN_MOST:
                             block_starts.setdefault(txn_id, position)
                             self._saw_block_txn(txn_id)

@@ -118,3 +118,11 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
             last_number=marker.last_event_number if marker.writer_id else -1,
         )
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")
+
+
+def publish_time_ms(data: bytes) -> int:
+    """When the message ``data`` was written (ms since the epoch; 0 for a marker or an entry from
+    before the field). Parsed apart from ``decode``: only recovery needs it, once per open txn."""
+    entry = api.PartitionEntry()
+    entry.ParseFromString(data)
+    return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else 0

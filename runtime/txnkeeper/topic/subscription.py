@@ -5,6 +5,13 @@ write, a transaction end, permits, a redelivery). It reads entries in order from
 skips markers and aborted messages (acknowledging them so the cursor can advance), stops at the first
 message of an unresolved transaction (the transaction buffer's order rule), and never hands out a
 message that is deleted or pending in a transaction.
+
+Memory: a message out with a consumer is remembered by its position only, never its payload; one that
+must go out again (its consumer left, asked for redelivery, or the transaction that acked it aborted)
+is read again from the partition. A subscription therefore holds a few dozen bytes per unacknowledged
+message, not the message (a consumer that never read kept the whole topic in memory, issue 25). Pushes
+go only to consumers that are ``ready`` (their connection is not backed up): dispatch waits for one,
+and is woken by ``notify`` when one is.
 """
 
 from __future__ import annotations
@@ -12,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
@@ -31,14 +38,6 @@ log = logging.getLogger(__name__)
 READ_BATCH = 256
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
-
-
-class _Unacked(NamedTuple):
-    """A message out with a consumer (one per delivered message: a tuple is the cheapest to build)."""
-
-    consumer_id: int
-    payload: bytes
-    key: str
 
 
 class Subscription:
@@ -63,10 +62,8 @@ class Subscription:
         self._pending = PendingAcks()
         self._consumers: OrderedDict[int, Consumer] = OrderedDict()
         self._permits: dict[int, int] = {}
-        self._unacked: dict[Position, _Unacked] = {}
-        self._redeliver: dict[Position, tuple[bytes, str]] = {}
-        # Messages acknowledged inside a still-open transaction, kept to redeliver them on abort.
-        self._in_txn: dict[Position, tuple[bytes, str]] = {}
+        self._unacked: dict[Position, int] = {}  # message out -> the consumer id it went to
+        self._redeliver: set[Position] = set()  # to go out again, read again from the partition
         self._redelivery_counts: dict[Position, int] = {}
         self._read_after: Position | None = cursor.mark_delete_position()
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
@@ -143,7 +140,7 @@ class Subscription:
         if self._consumers.pop(consumer_id, None) is None:
             return
         self._permits.pop(consumer_id, None)
-        self._redeliver_where(lambda u: u.consumer_id == consumer_id)
+        self._redeliver_where(consumer_id)
 
     def flow(self, consumer_id: int, permits: int) -> None:
         if consumer_id in self._permits:
@@ -151,7 +148,7 @@ class Subscription:
             self._wake.set()
 
     def redeliver_unacknowledged(self, consumer_id: int) -> None:
-        self._redeliver_where(lambda u: u.consumer_id == consumer_id)
+        self._redeliver_where(consumer_id)
 
     # --- acks --------------------------------------------------------------------------------------
     def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:
@@ -222,10 +219,9 @@ class Subscription:
             return
         if not cumulative:
             for position in new:
-                unacked = self._unacked.pop(position, None)
-                if unacked is not None:
-                    self._in_txn[position] = (unacked.payload, unacked.key)
-                self._redeliver.pop(position, None)
+                # Pending in the transaction now: redelivered (read again) only if it aborts.
+                self._unacked.pop(position, None)
+                self._redeliver.discard(position)
         settle(done, None, None)
 
     # --- transaction end ---------------------------------------------------------------------------
@@ -351,18 +347,19 @@ class Subscription:
                 self._wake.set()
 
     def _has_permits(self) -> bool:
-        return any(p > 0 for p in self._permits.values())
+        """Whether a consumer could take a message now (permits left, and ``ready``)."""
+        permits = self._permits
+        return any(permits.get(cid, 0) > 0 and c.ready for cid, c in self._consumers.items())
+
+    def _ready_permits(self) -> int:
+        permits = self._permits
+        return sum(p for cid, c in self._consumers.items() if (p := permits.get(cid, 0)) > 0 and c.ready)
 
     async def _dispatch_once(self) -> bool:
         """Deliver what can be delivered now; True if another pass may deliver more."""
-        if self._redeliver:
-            for position in sorted(self._redeliver):
-                if not self._has_permits():
-                    return False
-                payload, key = self._redeliver.pop(position)
-                if self._deliverable(position):
-                    self._deliver(position, payload, key)
-        budget = min(READ_BATCH, sum(p for p in self._permits.values() if p > 0))
+        if self._redeliver and not await self._dispatch_redeliveries():
+            return self._has_permits()  # queued again meanwhile: another pass
+        budget = min(READ_BATCH, self._ready_permits())
         if budget <= 0:
             return False
         entries = await self._reader.read_after(self._read_after, budget)
@@ -394,6 +391,57 @@ class Subscription:
             self._auto_acks.add(position)
         return progressed
 
+    async def _dispatch_redeliveries(self) -> bool:
+        """Deliver the messages queued to go out again, read again from the partition in runs of at
+        most READ_BATCH entries (a run also spans the positions between them, which are skipped);
+        True once none is left, False when no consumer can take more now."""
+        queued = sorted(self._redeliver)
+        index, count = 0, len(queued)
+        while index < count:
+            first = queued[index]
+            if first not in self._redeliver:
+                index += 1
+                continue
+            if not self._has_permits():
+                return False
+            last = index
+            while (
+                last + 1 < count
+                and queued[last + 1].ledger_id == first.ledger_id
+                and queued[last + 1].entry_id - first.entry_id < READ_BATCH
+            ):
+                last += 1
+            span = queued[last].entry_id - first.entry_id + 1
+            entries = await self._reader.read_after(Position(first.ledger_id, first.entry_id - 1), span)
+            if not entries or entries[0][0] != first:
+                # Not readable where it was (cannot happen to an unacknowledged message, whose ledger
+                # is never trimmed): the ordinary read from before it decides what it is.
+                log.warning(
+                    "%s/%s: message %s to redeliver was not found where it was; reading again from it",
+                    self.topic,
+                    self.name,
+                    first,
+                )
+                self._redeliver.discard(first)
+                previous = Position(first.ledger_id, first.entry_id - 1)
+                if self._read_after is not None and previous < self._read_after:
+                    self._read_after = previous
+                index += 1
+                continue
+            for position, data in entries:
+                if position not in self._redeliver:
+                    continue  # acknowledged, or pending in a transaction, since it was queued
+                if not self._has_permits():
+                    return False
+                self._redeliver.discard(position)
+                if self._deliverable(position):
+                    record = decode(data, self.topic, position)
+                    self._deliver(position, record.payload, record.key)
+            read_to = entries[-1][0]
+            while index < count and queued[index] <= read_to:
+                index += 1
+        return not self._redeliver
+
     def _deliverable(self, position: Position) -> bool:
         return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)
 
@@ -407,44 +455,32 @@ class Subscription:
         permits = self._permits
         # No copy of the consumers per message: the loop ends right after the one change it makes.
         for consumer_id, consumer in self._consumers.items():
-            if permits.get(consumer_id, 0) > 0 and consumer.connected:
+            if permits.get(consumer_id, 0) > 0 and consumer.ready:
                 permits[consumer_id] -= 1
                 # round robin: the chosen consumer goes to the back
                 self._consumers.move_to_end(consumer_id)
-                self._unacked[position] = _Unacked(consumer_id, payload, key)
+                self._unacked[position] = consumer_id
                 consumer.deliver(position, payload, key, self._redelivery_counts.get(position, 0))
                 return
-        self._redeliver[position] = (payload, key)
+        self._redeliver.add(position)
 
     def _schedule_redelivery(self, position: Position) -> None:
-        held = self._in_txn.pop(position, None)
-        unacked = self._unacked.pop(position, None)
-        if unacked is not None:
-            held = (unacked.payload, unacked.key)
-        if held is not None:
-            self._redeliver[position] = held
-            self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
-            return
-        # Not cached (e.g. after a restart): re-read by rewinding the read position.
-        self._rewind_to(position)
-
-    def _rewind_to(self, position: Position) -> None:
-        previous = Position(position.ledger_id, position.entry_id - 1)
-        if self._read_after is None or previous < self._read_after:
-            self._read_after = previous
+        """A message whose transactional ack was aborted goes out again (read again when it does)."""
+        self._unacked.pop(position, None)
+        self._redeliver.add(position)
         self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
 
-    def _redeliver_where(self, predicate: Callable[[_Unacked], bool]) -> None:
-        for position in [p for p, u in self._unacked.items() if predicate(u)]:
-            unacked = self._unacked.pop(position)
-            self._redeliver[position] = (unacked.payload, unacked.key)
+    def _redeliver_where(self, consumer_id: int) -> None:
+        """Every message out with ``consumer_id`` goes out again (to whichever consumer is ready)."""
+        for position in [p for p, c in self._unacked.items() if c == consumer_id]:
+            del self._unacked[position]
+            self._redeliver.add(position)
             self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
         self._wake.set()
 
     def _forget(self, position: Position) -> None:
         self._unacked.pop(position, None)
-        self._in_txn.pop(position, None)
-        self._redeliver.pop(position, None)
+        self._redeliver.discard(position)
         self._redelivery_counts.pop(position, None)
 
     def _remember_ended(self, txn_id: TxnID, commit: bool) -> None:

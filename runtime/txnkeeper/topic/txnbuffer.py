@@ -11,11 +11,16 @@ subscriptions never trims any. Building and JSON-encoding a row per transaction 
 a store pod 6-8 % of its CPU at 256 transactions in flight (on a thread holding the GIL, so its event
 loop waited too) and grew without bound; copying one ``bytes`` object costs a memcpy. The rows are
 also a third of the memory the objects took.
+
+Open transactions are kept with the wall-clock time of their first message here: the oldest one's age
+is how long the topic's later messages have been held back (``oldest_open_age_s``, the gauge an
+operator alerts on before aborting it; issue 25).
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterable, Iterator
 from enum import Enum
 from typing import NamedTuple
@@ -86,7 +91,7 @@ class TransactionBuffer:
     __slots__ = ("_ended", "_ending", "_head", "_next_row", "_open", "_rows")
 
     def __init__(self) -> None:
-        self._open: set[TxnID] = set()
+        self._open: dict[TxnID, float] = {}  # -> when its first message here was written (epoch s)
         # txn -> (its latest row's number << 1) | committed; the row holds the rest
         self._ended: dict[TxnID, int] = {}
         self._ending: set[TxnID] = set()
@@ -107,9 +112,15 @@ class TransactionBuffer:
         """A transaction that ended (or is ending) here takes no more messages (zombie producers)."""
         return txn_id not in self._ended and txn_id not in self._ending
 
-    def message_written(self, txn_id: TxnID) -> None:
-        if txn_id not in self._ended:
-            self._open.add(txn_id)
+    def message_written(self, txn_id: TxnID, at: float | None = None) -> None:
+        """A message of ``txn_id`` was written (``at``: when, in seconds since the epoch; now when
+        not given). Only the first message of an open transaction counts."""
+        opened = self._open
+        if txn_id not in opened and txn_id not in self._ended:
+            opened[txn_id] = time.time() if at is None else at
+
+    def is_open(self, txn_id: TxnID) -> bool:
+        return txn_id in self._open
 
     def is_ended(self, txn_id: TxnID) -> bool:
         return txn_id in self._ended
@@ -122,7 +133,7 @@ class TransactionBuffer:
 
     def ended(self, txn_id: TxnID, committed: bool, marker: Position, deadline_ms: int = 0) -> None:
         self._ending.discard(txn_id)
-        self._open.discard(txn_id)
+        self._open.pop(txn_id, None)
         flag = 1 if committed else 0
         self._rows += ENDED_ROW.pack(
             txn_id.most, txn_id.least, flag, marker.ledger_id, marker.entry_id, deadline_ms
@@ -171,7 +182,7 @@ class TransactionBuffer:
         table, number = self._ended, self._next_row
         for most, least, committed, *_ in ENDED_ROW.iter_unpack(ended):
             txn_id = TxnID(most, least)
-            self._open.discard(txn_id)
+            self._open.pop(txn_id, None)
             self._ending.discard(txn_id)
             table[txn_id] = number << 1 | committed
             number += 1
@@ -183,6 +194,15 @@ class TransactionBuffer:
     @property
     def ongoing(self) -> int:
         return len(self._open)
+
+    def oldest_open_age_s(self, now: float | None = None) -> float:
+        """Seconds since the first message of the oldest open transaction here (0: none open). After a
+        restart, a transaction restored from a snapshot counts from the restart, one replayed from
+        the ledger from its first message's publish time."""
+        if not self._open:
+            return 0.0
+        now = time.time() if now is None else now
+        return max(0.0, now - min(self._open.values()))
 
     @property
     def ended_count(self) -> int:
