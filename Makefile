@@ -53,9 +53,13 @@ typecheck: install
 unit: install
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The README's test command: lint, strict typing, every test (soak tests run in their bounded form),
-# then the cluster tests on kind when this machine can run them.
-test: lint typecheck unit e2e-if-possible
+# The README's test command: lint, strict typing, every build the tests need, then every test (soak
+# tests in their bounded form) side by side with the cluster tests on kind when this machine can run
+# them: the e2e suite mostly waits on pods, rollouts and Spark, the unit suite mostly computes, so
+# together they take little longer than the longer of the two. Each one's output is printed whole when
+# it ends (-O); the run fails if either does.
+test: lint typecheck test-prereqs
+	@$(MAKE) --no-print-directory -j2 -O unit e2e-if-possible PREREQS_DONE=1
 
 # --- Containers and cluster tests (e2e/README.md): images, a kind cluster, the e2e suite -----------
 # Every Go build (Kubernetes, kind and its component images, helm, MinIO) shares one module cache and
@@ -124,7 +128,9 @@ test-prereqs:
 	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
-unit: test-prereqs
+# `make unit` alone builds them first; `make test` has (PREREQS_DONE), before running unit and e2e
+# side by side, so that the two never start the same build.
+unit: $(if $(PREREQS_DONE),,test-prereqs)
 
 # Longer soak/crash runs than the bounded ones every test run includes: first the fault soak's JSON
 # verdict (tests/fault/soak.py: SOAK_KILLS SIGKILLs, bit flips and truncations of every file kind; it
