@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The kind cluster for E2E_CLUSTER=kind: a container engine (e2e/kind/engine.sh), the node image
+# The kind cluster of the e2e suite: a container engine (e2e/kind/engine.sh), the node image
 # (node-image.sh), the project's runtime and verifier images (image.sh), then `kind create cluster`,
-# the images loaded into the node (no registry involved) and the kubeconfig written to
-# e2e/.state/kind.kubeconfig. An existing cluster of the same name is reused (the images are loaded
-# again: a rebuilt image replaces the old one).
+# the images loaded into the node (no registry involved), the kubeconfig written to
+# e2e/.state/kind.kubeconfig and the environment to use it printed and written to e2e/.state/kind.env.
+# An existing cluster of the same name is reused (the images are loaded again: a rebuilt image
+# replaces the old one).
 #
 # Usage: up.sh   (E2E_IMAGE / E2E_VERIFIER_IMAGE name the project's images; KIND_CLUSTER the cluster)
 set -euo pipefail
@@ -42,4 +43,6 @@ fi
 start=$SECONDS
 "$KIND" load docker-image --name "$NAME" "$IMAGE" "$VERIFIER_IMAGE" >&2
 log "loaded $IMAGE and $VERIFIER_IMAGE into $NAME in $((SECONDS - start)) s"
-echo "export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$KUBECONFIG_OUT E2E_CLUSTER=kind E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"
+env_line="export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$KUBECONFIG_OUT E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"
+echo "$env_line" >"$STATE/kind.env"
+echo "$env_line"
