@@ -23,6 +23,13 @@ node_image=$(bash "$KIND_DIR/node-image.sh")
 IMAGE=$IMAGE VERIFIER_IMAGE=$VERIFIER_IMAGE bash "$KIND_DIR/image.sh" >&2
 mkdir -p "$STATE"
 start=$SECONDS
+# A cluster left from an earlier run whose node container is no longer running (the machine or the
+# engine restarted since) cannot be reused: kind would still list it.
+if "$KIND" get clusters 2>/dev/null | grep -qx "$NAME" &&
+    [[ $(docker inspect -f '{{.State.Running}}' "$NAME-control-plane" 2>/dev/null) != true ]]; then
+    log "deleting cluster $NAME: its node container is not running"
+    "$KIND" delete cluster --name "$NAME" >&2
+fi
 if ! "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
     log "creating kind cluster $NAME from $node_image"
     "$KIND" create cluster --name "$NAME" --config "$KIND_DIR/kind-config.yaml" --image "$node_image" \
