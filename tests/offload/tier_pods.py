@@ -4,6 +4,9 @@
 filesystem tier, produces messages, offloads them with the admin verb, restarts the store (which closes
 the ledger) and offloads again, so the closed ledger's local file is deleted and every message is read
 back through the tier. Blocks are 4 KiB, a few messages each, so a segment has many blocks to damage.
+A graceful restart leaves a transaction buffer snapshot covering every message, so opening the topic
+reads nothing from the tier (only consumers do); a SIGKILL leaves none, so opening it replays the
+whole ledger from the tier.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from runtime_pods import TOKEN, ServePod, http
 
 from txnkeeper.client import Client
 
-__all__ = ["BLOCK_BYTES", "TOPIC", "ServePod", "TieredTopic", "offloaded_topic"]
+__all__ = ["BLOCK_BYTES", "TOPIC", "ServePod", "TieredTopic", "http", "offloaded_topic"]
 
 TOPIC = "persistent://public/default/tiered"
 BLOCK_BYTES = 4096
@@ -72,7 +75,11 @@ async def _produce(tc: ServePod, store: ServePod, topic: str, messages: list[byt
 
 
 def offloaded_topic(
-    workdir: Path, started: list[ServePod], count: int = 60, *, store_extra: list[str] | None = None
+    workdir: Path,
+    started: list[ServePod],
+    count: int = 60,
+    *,
+    graceful: bool = True,
 ) -> TieredTopic:
     """``count`` messages of ``TOPIC`` held by the tier only (module docstring)."""
     tier = workdir / "tier"
@@ -86,7 +93,6 @@ def offloaded_topic(
         "store",
         release="3.0.0",
         config={"offload": offload_settings(tier)},
-        extra=store_extra,
     )
     started.append(store)
     store.start()
@@ -95,7 +101,12 @@ def offloaded_topic(
     topic = TieredTopic(tc, store, tier, TOPIC, messages)
     status, doc = topic.admin("POST", "offload", {})
     assert status == 200 and [s["status"] for s in doc["offloaded"]] == ["Offloaded"], doc
-    store.restart()  # closes the ledger: the next pass may delete its local file
+    # Closes the ledger: the next pass may delete its local file.
+    if graceful:
+        store.stop()
+        store.start()
+    else:
+        store.restart()
     status, doc = topic.admin("POST", "offload", {})
     assert status == 200, doc
     status, doc = topic.admin("GET", "internal-stats")

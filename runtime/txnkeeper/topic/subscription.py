@@ -5,6 +5,13 @@ write, a transaction end, permits, a redelivery). It reads entries in order from
 skips markers and aborted messages (acknowledging them so the cursor can advance), stops at the first
 message of an unresolved transaction (the transaction buffer's order rule), and never hands out a
 message that is deleted or pending in a transaction.
+
+A read that fails because the stored entries cannot be read (offloaded tier data damaged or
+unreachable, a damaged local record) is never read around: dispatch stops at that position and
+retries with backoff (0.1 s doubling to 5 s). After 4 failed reads in a row the connected consumers
+are told (``Consumer.read_failed``, the wire's ConsumerError), and again after each later failed retry,
+so a consumer waiting in ``receive`` gets an error naming the position within seconds instead of
+waiting forever; delivery resumes by itself once a read succeeds.
 """
 
 from __future__ import annotations
@@ -13,11 +20,14 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
+from txnkeeper.ledger.errors import CorruptEntryError, NoSuchEntryError
+from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
@@ -31,6 +41,28 @@ log = logging.getLogger(__name__)
 READ_BATCH = 256
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
+# A failed read of the next entries (module docstring): retried after 0.1 s, doubling up to 5 s; the
+# consumers are told after the 4th failure in a row (about 1.5 s plus the reads' own time).
+READ_RETRY_FIRST_SECONDS = 0.1
+READ_RETRY_MAX_SECONDS = 5.0
+READ_FAILURES_BEFORE_ERROR = 4
+# What makes a read fail that no retry soon may cure, and that a consumer must hear of.
+READ_FAILURES = (OffloadError, CorruptEntryError, NoSuchEntryError, OSError)
+
+
+def after_text(position: Position | None) -> str:
+    """A read position as users are told it: the entries after it (None: from the first)."""
+    return f"after {position}" if position is not None else "from the topic's first entry"
+
+
+@dataclass
+class _ReadFailure:
+    """The read of the entries after ``after`` failing, since ``since`` (loop time)."""
+
+    after: Position | None
+    since: float
+    failures: int = 0
+    retry_at: float = 0.0
 
 
 class _Unacked(NamedTuple):
@@ -90,6 +122,7 @@ class Subscription:
         )
         self._closed = False
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._read_failure: _ReadFailure | None = None
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop this object serves on (the running one at first use)."""
@@ -365,7 +398,23 @@ class Subscription:
         budget = min(READ_BATCH, sum(p for p in self._permits.values() if p > 0))
         if budget <= 0:
             return False
-        entries = await self._reader.read_after(self._read_after, budget)
+        failing = self._read_failure
+        if failing is not None and self._loop().time() < failing.retry_at:
+            return False  # a timer wakes the retry: writes to the topic must not hurry it
+        try:
+            entries = await self._reader.read_after(self._read_after, budget)
+        except READ_FAILURES as exc:
+            self._read_failed(exc)
+            return False
+        if failing is not None:
+            self._read_failure = None
+            log.warning(
+                "%s/%s: reading the entries %s succeeded again after %d failed read(s); delivery resumes",
+                self.topic,
+                self.name,
+                after_text(failing.after),
+                failing.failures,
+            )
         if not entries:
             return False
         auto_ack: list[Position] = []
@@ -393,6 +442,43 @@ class Subscription:
         for position in auto_ack:
             self._auto_acks.add(position)
         return progressed
+
+    def _read_failed(self, exc: Exception) -> None:
+        """Stop at the position that cannot be read, retry later, and tell the consumers once the
+        failure has lasted (module docstring); never skip it."""
+        loop = self._loop()
+        now = loop.time()
+        failure = self._read_failure
+        if failure is None or failure.after != self._read_after:
+            failure = self._read_failure = _ReadFailure(self._read_after, now)
+        failure.failures += 1
+        delay = min(READ_RETRY_FIRST_SECONDS * 2 ** (failure.failures - 1), READ_RETRY_MAX_SECONDS)
+        failure.retry_at = now + delay
+        loop.call_later(delay, self._wake.set)
+        what = "offloaded tier data" if isinstance(exc, OffloadError) else "stored data"
+        if failure.failures == 1:
+            log.warning(
+                "%s/%s: reading the entries %s failed (%s unreadable), retrying: %s",
+                self.topic,
+                self.name,
+                after_text(failure.after),
+                what,
+                exc,
+            )
+        if failure.failures < READ_FAILURES_BEFORE_ERROR:
+            return
+        message = (
+            f"subscription {self.name!r} of {self.topic} cannot deliver the entries "
+            f"{after_text(failure.after)}: the {what} is unreadable ({failure.failures} failed reads in "
+            f"{now - failure.since:.0f} s): {exc}. Nothing after that position is delivered until it "
+            "can be read (nothing is skipped or served wrongly); the store retries every "
+            f"{READ_RETRY_MAX_SECONDS:g} s and resumes delivery by itself once it can"
+        )
+        if failure.failures == READ_FAILURES_BEFORE_ERROR:
+            log.error("%s; its consumers are told", message)
+        for consumer in self._consumers.values():
+            if consumer.connected:
+                consumer.read_failed(failure.after, message)
 
     def _deliverable(self, position: Position) -> bool:
         return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)
