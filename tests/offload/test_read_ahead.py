@@ -91,6 +91,11 @@ def block_reads(store: GatedStore, seg: SegmentDescription) -> list[int]:
     return sorted(number[offset] for key, offset in store.reads if key == data_key(seg.uuid))
 
 
+def cached(cache: IndexCache, store: GatedStore, seg: SegmentDescription, blocks: list[int]) -> bool:
+    """Whether each of the blocks (by position in the segment) is in the cache."""
+    return all(cache.block(store.location, seg.uuid, seg.blocks[n].offset) is not None for n in blocks)
+
+
 @pytest.fixture
 async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
     """Errors the event loop would log (a prefetch's exception never retrieved, for one)."""
@@ -109,15 +114,12 @@ async def test_a_sequential_reader_finds_the_next_blocks_fetched_and_checked(tmp
     cache = IndexCache(read_ahead_blocks=2)
     reader = SegmentReader(store, seg.uuid, cache=cache)
     assert await reader.read_entry_data(5, 0, 7) == [payload(i) for i in range(8)]
-    await wait_until(
-        lambda: cache.block(store.location, seg.uuid, seg.blocks[2].offset) is not None, "2 read"
-    )
+    # Both prefetches run side by side and either may finish first: wait for each one's block.
+    await wait_until(lambda: cached(cache, store, seg, [1, 2]), "blocks 1 and 2 prefetched")
     assert block_reads(store, seg) == [0, 1, 2]  # block 0 on demand, 1 and 2 ahead of the reader
     # Reading on consumes the prefetched blocks without reading them again, and reads further ahead.
     assert await reader.read_entry_data(5, 8, 23) == [payload(i) for i in range(8, 24)]
-    await wait_until(
-        lambda: cache.block(store.location, seg.uuid, seg.blocks[4].offset) is not None, "4 read"
-    )
+    await wait_until(lambda: cached(cache, store, seg, [3, 4]), "blocks 3 and 4 prefetched")
     assert block_reads(store, seg) == [0, 1, 2, 3, 4]
     # Entries come out whole and in order across blocks.
     entries = await reader.read_entries(5, 6, 41)
@@ -160,9 +162,8 @@ async def test_a_prefetch_in_flight_when_the_segment_is_deleted_is_never_served(
     cache = IndexCache(read_ahead_blocks=2)
     reader = SegmentReader(store, seg.uuid, cache=cache)
     await reader.read_entry_data(5, 0, 0)
-    await wait_until(
-        lambda: cache.block(store.location, seg.uuid, seg.blocks[2].offset) is not None, "2 read"
-    )
+    # Both prefetches run side by side and either may finish first: wait for each one's block.
+    await wait_until(lambda: cached(cache, store, seg, [1, 2]), "blocks 1 and 2 prefetched")
     store.armed = True
     await reader.read_entry_data(5, 16, 23)  # block 2 cached: prefetches 3 and 4, held after reading
     await wait_until(lambda: store.held == 2, "both prefetches read their bytes")
