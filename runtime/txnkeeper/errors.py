@@ -55,6 +55,14 @@ class ConsumerBusyError(ServiceError):
     code = api.CONSUMER_BUSY
 
 
+class BacklogQuotaExceededError(ServiceError):
+    """A send to a topic whose backlog quota is exceeded was refused, or held until the store gave up
+    (Pulsar's ProducerBlockedQuotaExceededException); nothing was written. Retry once the backlog
+    drains."""
+
+    code = api.BACKLOG_QUOTA_EXCEEDED
+
+
 class ConnectionClosedError(ServiceError):
     """The connection carrying a request went away before its response arrived."""
 
@@ -77,6 +85,7 @@ _BY_CODE: dict[int, type[ServiceError]] = {
         NotServedHereError,
         UnavailableError,
         ConsumerBusyError,
+        BacklogQuotaExceededError,
     )
 }
 

@@ -123,6 +123,7 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
         "batchedWrite": {"enabled": True, "maxRecords": 8, "flushMode": "delay"},
         "offload": {"driver": "filesystem"},
         "singleKeyTransactions": {"enabled": True},
+        "topicPolicies": {"checkIntervalSeconds": 5},
     }
     path.write_text(json.dumps(doc))
     txnlog, pending = batch_configs(path)
@@ -130,7 +131,8 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
     loaded = load_document(path)
     assert section(loaded, "offload") == {"driver": "filesystem"}
     assert section(loaded, "singleKeyTransactions") == {"enabled": True}
-    assert set(OTHER_SECTIONS) == {"offload", "singleKeyTransactions"}
+    assert section(loaded, "topicPolicies") == {"checkIntervalSeconds": 5}
+    assert set(OTHER_SECTIONS) == {"offload", "singleKeyTransactions", "topicPolicies"}
     # Beside the bare CR block too, and a file holding only another module's section is all defaults.
     path.write_text(json.dumps({"enabled": True, "offload": {}}))
     assert batch_configs(path)[0].enabled

@@ -70,13 +70,17 @@ class PodView(Protocol):
     async def topic_writers(self, topic: str) -> dict[str, Any] | None: ...
 
 
-class OffloadRefusal(Exception):
-    """An offload verb cannot be done (HTTP ``status``: 400 bad input, 404 no such topic, 409 not
+class TopicRefusal(Exception):
+    """A topic verb cannot be done (HTTP ``status``: 400 bad input, 404 no such topic, 409 not
     possible in this state, 503 the blob store failed); the message says why and what to do."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class OffloadRefusal(TopicRefusal):
+    """An offload verb cannot be done (see ``TopicRefusal``)."""
 
 
 class TopicOffloadView(Protocol):
@@ -95,3 +99,14 @@ class TopicOffloadView(Protocol):
     async def set_policies(self, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
 
     async def remove_policies(self, topic: str) -> dict[str, Any]: ...
+
+
+class TopicPolicyView(Protocol):
+    """Pulsar's topic policies of a store pod's topics (`txnkeeper admin topics retention|message-ttl|
+    backlog-quota get|set|remove`): ``verb`` is one of those three names."""
+
+    def get(self, verb: str, topic: str) -> dict[str, Any]: ...  # pod's, topic's and effective settings
+
+    async def set(self, verb: str, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def remove(self, verb: str, topic: str) -> dict[str, Any]: ...

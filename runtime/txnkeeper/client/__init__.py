@@ -19,6 +19,7 @@ from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyTransaction, SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.errors import (
+    BacklogQuotaExceededError,
     InvalidTxnStatusError,
     ServiceError,
     TxnConflictError,
@@ -26,6 +27,7 @@ from txnkeeper.errors import (
 )
 
 __all__ = [
+    "BacklogQuotaExceededError",
     "Client",
     "ClientClosedError",
     "Consumer",

@@ -22,7 +22,7 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, srk_config
+from txnkeeper.server import offload_settings, srk_config, topic_policies
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--config",
         type=Path,
         default=env("CONFIG"),
-        help='JSON/YAML: batchedWrite settings and an "offload" section (PIP-76, Pulsar key names)',
+        help='JSON/YAML: batchedWrite and the sections "offload", "singleKeyTransactions", "topicPolicies"',
     )
     parser.add_argument(
         "--ports-file",
@@ -165,6 +165,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         offload = offload_settings.load(ns.config)
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
+    try:
+        policies = topic_policies.load(ns.config)
+    except topic_policies.TopicPolicySettingsError as exc:
+        raise ConfigError(str(exc)) from exc
     single_key = srk_config.single_key_settings(ns, ns.config)
     _gate_features(ns, offload, single_key.enabled)
     pod_name = ns.pod_name or default_pod_name()
@@ -187,6 +191,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         connection_limits=limits,
         offload=offload,
         single_key=single_key,
+        topic_policies=policies,
     )
 
 

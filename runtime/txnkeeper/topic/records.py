@@ -118,3 +118,14 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
             last_number=marker.last_event_number if marker.writer_id else -1,
         )
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")
+
+
+def publish_time_ms(data: bytes) -> int | None:
+    """A message entry's publish time (ms since the epoch); None for a marker (or an entry that is not
+    a partition record: dispatch refuses those, a time scan only passes them by)."""
+    entry = api.PartitionEntry()
+    try:
+        entry.ParseFromString(data)
+    except Exception:
+        return None
+    return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else None
