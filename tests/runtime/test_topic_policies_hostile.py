@@ -353,3 +353,46 @@ def test_a_bad_config_section_stops_serve(tmp_path: Path, section: object, error
     assert done.returncode == 2, done.stderr
     assert f"{config}: {error}" in done.stderr, done.stderr
     assert not (tmp_path / "d").exists()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txnkeeper.cli", "admin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "pairs", "expected"),
+    [
+        (
+            "retention",
+            ["retentionTimeInMinutes=60", "retentionSizeInMB=-1"],
+            {"retentionTimeInMinutes": 60, "retentionSizeInMB": -1},
+        ),
+        ("message-ttl", ["messageTTLInSeconds=3600"], {"messageTTLInSeconds": 3600}),
+        (
+            "backlog-quota",
+            ["limitSize=1000", "policy=consumer_backlog_eviction"],
+            {"limitSize": 1000, "policy": "consumer_backlog_eviction"},
+        ),
+    ],
+)
+def test_the_cli_verbs(store: ServePod, verb: str, pairs: list[str], expected: dict[str, Any]) -> None:
+    base = ["--url", store.admin_url(), "--token-file", str(store.token_file), "topics", verb]
+    done = _cli(*base, "set", TOPIC, *pairs)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["override"] == expected
+    got = _cli("--url", store.admin_url(), "topics", verb, "get", TOPIC)
+    assert got.returncode == 0 and json.loads(got.stdout)["effective"] == expected, got.stderr
+    bad = _cli(*base, "set", TOPIC, f"{next(iter(expected))}=\u0661")
+    assert bad.returncode == 1 and "HTTP 400" in bad.stderr and PLAIN_INT in bad.stderr, bad.stderr
+    malformed = _cli(*base, "set", TOPIC, "no-equals-sign")
+    assert malformed.returncode == 2 and "is not KEY=VALUE" in malformed.stderr
+    removed = _cli(*base, "remove", TOPIC)
+    assert removed.returncode == 0 and json.loads(removed.stdout)["override"] == {}, removed.stderr
+    gone = _cli(*base, "remove", TOPIC)
+    assert gone.returncode == 1 and "HTTP 404" in gone.stderr and f"has no {verb} override" in gone.stderr
