@@ -383,6 +383,37 @@ def test_transaction_buffer_outcomes_and_forgetting() -> None:
     assert buffer.ended_count == 0
 
 
+def test_transaction_buffer_keeps_each_open_txns_first_position_and_age_together() -> None:
+    """The two things kept per open transaction (its first durable message, which bounds trimming, and
+    when its first message was written, the held-back age) come and go together, also over a
+    snapshot: a restored one keeps its position and counts its age from the restart."""
+    from txnkeeper.topic.txnbuffer import TransactionBuffer
+
+    buffer = TransactionBuffer(clock=lambda: 1_000_000)
+    a, b = TxnID(0, 1), TxnID(0, 2)
+    assert buffer.oldest_open_age_s(now=5_000.0) == 0.0
+    buffer.message_written(a, 1_000.0)
+    buffer.message_written(a, 4_000.0)  # a later message of it: still held back since the first
+    buffer.message_written(b)
+    buffer.message_durable(a, Position(2, 5))
+    assert buffer.is_open(a) and buffer.oldest_open_age_s(now=5_000.0) == 4_000.0
+    assert buffer.first_open_position() == Position(2, 5)
+    buffer.ended(a, True, Position(2, 9), deadline_ms=2_000_000)
+    assert not buffer.is_open(a) and buffer.first_open_position() is None
+    assert buffer.oldest_open_age_s(now=5_000.0) < 4_000.0  # b's age, not a's
+    buffer.message_written(a, 10.0)  # a zombie's late message of an ended transaction reopens nothing
+    assert not buffer.is_open(a) and buffer.ongoing == 1
+
+    rows, opened = buffer.export()
+    restored = TransactionBuffer(clock=lambda: 1_000_000)
+    restored.restore(rows, [*opened, (TxnID(0, 3), Position(3, 0))])
+    assert restored.ongoing == 2 and restored.first_open_position() == Position(3, 0)
+    assert 0.0 <= restored.oldest_open_age_s() < 60.0  # from the restart, not from the epoch
+    restored.ended(b, False, Position(4, 0))
+    restored.ended(TxnID(0, 3), False, Position(4, 1))
+    assert restored.ongoing == 0 and restored.oldest_open_age_s() == 0.0
+
+
 def test_transaction_buffer_rows_survive_re_ends_compaction_and_restore() -> None:
     from txnkeeper.topic.txnbuffer import UNKNOWN_FIRST, TransactionBuffer, TxnOutcome, unpack_ended
 
