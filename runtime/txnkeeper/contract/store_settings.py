@@ -197,6 +197,44 @@ TOPIC_POLICY_FIELDS: dict[str, tuple[str | None, str]] = {
 }
 
 
+def topic_policy_bounds(key: str) -> tuple[int, int, str]:
+    """(lowest, highest, the range in words) of a numeric key of the ``topicPolicies`` section."""
+    if key == CHECK_INTERVAL_KEY:
+        low, high = MIN_CHECK_INTERVAL_SECONDS, MAX_CHECK_INTERVAL_SECONDS
+        return low, high, f"{low}..{high}"
+    return TOPIC_POLICY_BOUNDS[key]
+
+
+def topic_policy_problems(spec: object) -> list[str]:
+    """What a store pod would refuse in a CR's ``spec.topicPolicies`` (empty: nothing), each naming the
+    CR field: the CRD refuses all of it at admission; the operator checks again what reaches it anyway
+    (an object admitted under an older CRD), because a pod refuses a bad config file and does not
+    start."""
+    where = f"spec.{TOPIC_POLICIES_SECTION}"
+    if not isinstance(spec, Mapping):
+        return [f"{where} must be an object, got {type(spec).__name__}"]
+    problems = []
+    for field, value in spec.items():
+        what = f"{where}.{field}"
+        target = TOPIC_POLICY_FIELDS.get(field) if isinstance(field, str) else None
+        if target is None:
+            problems.append(f"{what} is not a field; the fields are {', '.join(TOPIC_POLICY_FIELDS)}")
+        elif value is None:
+            continue
+        elif target[1] == "policy":
+            if value not in BACKLOG_POLICIES:
+                problems.append(f"{what} must be one of {', '.join(BACKLOG_POLICIES)}, got {value!r:.60}")
+        elif isinstance(value, str):
+            problems.append(f"{what} must be an integer, got the string {value!r:.60}")
+        else:
+            low, high, text = topic_policy_bounds(target[1])
+            try:
+                plain_number(value, int, what, low=low, high=high, range_text=text)
+            except SettingError as exc:
+                problems.append(str(exc))
+    return problems
+
+
 def topic_policies_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The config file's ``topicPolicies`` section for a CR's ``spec.topicPolicies`` (only the fields
     it sets; an empty section when it sets none)."""
