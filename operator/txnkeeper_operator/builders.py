@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from txnkeeper_operator import gated, naming
+from txnkeeper_operator import gated, naming, podsettings
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
@@ -46,7 +46,8 @@ def _meta(cr: Resource, name: str, extra_labels: Mapping[str, str] | None = None
 
 def startup_config(batch: BatchSettings, extra: Mapping[str, Any] | None = None) -> str:
     """The --config file (contracts §6) a pod starts with: the batchedWrite block plus ``extra``
-    top-level sections (flushMode inside batchedWrite, offload, singleKeyTransactions)."""
+    top-level sections (flushMode inside batchedWrite, offload, singleKeyTransactions, topicPolicies,
+    transactions)."""
     doc: dict[str, Any] = {"batchedWrite": batch.to_block()}
     for key, value in (extra or {}).items():
         if key == "flushMode":
@@ -58,13 +59,15 @@ def startup_config(batch: BatchSettings, extra: Mapping[str, Any] | None = None)
 
 def pod_config(cr: Resource, version: str | None) -> dict[str, Any]:
     """What the CR adds to the start-up batch settings for a pod starting at ``version``: the
-    batchedWrite flushMode when the spec sets one, and the gated sections its release has."""
+    batchedWrite flushMode when the spec sets one, the gated sections its release has and the
+    settings every release reads (``podsettings``)."""
     extra: dict[str, Any] = {}
     flush_mode = cr.section("batchedWrite").get("flushMode")
     if flush_mode:
         extra["flushMode"] = str(flush_mode)
     if version is not None:
         extra.update(gated.config_sections(cr, version))
+    extra.update(podsettings.config_sections(cr))
     return extra
 
 
@@ -198,6 +201,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "TXNKEEPER_RELEASE", "value": template.version},
             *gated.offload_env(cr, template.version),
+            *podsettings.connection_env(cr),
         ],
         "ports": [
             {"name": "client", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},

@@ -19,9 +19,11 @@ from typing import Any
 import yaml
 
 from txnkeeper.contract import batching as limits
+from txnkeeper.contract import connections
+from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
-from txnkeeper.contract.names import GROUP
+from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
 
 VERSION = "v1"
 
@@ -227,15 +229,18 @@ def _offload() -> Schema:
             ),
             "maxSegmentRolloverSeconds": _p(
                 "integer",
-                "maxOffloadSegmentRolloverTimeInSeconds: close a segment at this age (default 600).",
+                "maxOffloadSegmentRolloverTimeInSeconds: close a segment at this age (default 600, at "
+                "most a week).",
                 default=gated.DEFAULT_MAX_SEGMENT_ROLLOVER_SECONDS,
+                maximum=gated.MAX_SEGMENT_ROLLOVER_SECONDS,
                 **positive,
             ),
             "minSegmentRolloverSeconds": _p(
                 "integer",
                 "minOffloadSegmentRolloverTimeInSeconds: never close a segment younger than this "
-                "(default 0).",
+                "(default 0, at most a week).",
                 minimum=0,
+                maximum=gated.MAX_SEGMENT_ROLLOVER_SECONDS,
                 default=gated.DEFAULT_MIN_SEGMENT_ROLLOVER_SECONDS,
             ),
             "maxBlockSizeBytes": _p(
@@ -308,6 +313,165 @@ def _single_key_transactions() -> Schema:
                 default=gated.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
             ),
         },
+    )
+
+
+_TOPIC_POLICY_TEXT = {
+    "retentionMinutes": "retentionTimeInMinutes: a consumed ledger goes once closed longer ago than this "
+    "(-1: no time limit, 0: at once). Set with retentionSizeMB.",
+    "retentionSizeMB": "retentionSizeInMB: a consumed ledger goes once the topic holds this many MiB "
+    "without it (-1: no size limit, 0: at once). Set with retentionMinutes.",
+    "messageTTLSeconds": "messageTTLInSeconds: every subscription acknowledges messages published longer "
+    "ago than this (0: no TTL).",
+    "backlogQuotaLimitBytes": "Backlog quota limitSize: a subscription's backlog past this many bytes is "
+    "over the quota (-1: no limit).",
+    "backlogQuotaLimitSeconds": "Backlog quota limitTime: a subscription whose oldest unacknowledged "
+    "message is older than this many seconds is over the quota (-1: no limit).",
+    "checkIntervalSeconds": "How often a store pod applies the policies (retention trims, TTL, quota "
+    f"checks); default {gated.DEFAULT_CHECK_INTERVAL_SECONDS}.",
+}
+
+
+def _topic_policies() -> Schema:
+    props: dict[str, Schema] = {}
+    for field, (_block, key) in gated.TOPIC_POLICY_FIELDS.items():
+        if key == "policy":
+            props[field] = _p(
+                "string",
+                "Backlog quota policy while over the quota: producer_request_hold (default: sends wait, "
+                "at most 20 s), producer_exception (sends fail with BACKLOG_QUOTA_EXCEEDED) or "
+                "consumer_backlog_eviction (the oldest backlog is skipped).",
+                enum=list(gated.BACKLOG_POLICIES),
+            )
+            continue
+        low, high, _text = gated.topic_policy_bounds(key)
+        props[field] = _p("integer", _TOPIC_POLICY_TEXT[field], minimum=low, maximum=high)
+    return _obj(
+        "Pulsar's retention, message TTL and backlog quota as the defaults of every topic of these pods (a "
+        "topic's own settings, `txnkeeper admin topics retention|message-ttl|backlog-quota set`, override "
+        "them key by key; a key neither sets has Pulsar's default). Rendered into the pods' config file "
+        "(section topicPolicies, Pulsar's key names); pods read it at start, so a change reaches a pod "
+        "when it restarts. Without retentionMinutes and retentionSizeMB a topic keeps its data while any "
+        "subscription may still read it, and a topic without subscriptions keeps everything; with them "
+        "(0 and 0 is Pulsar's default) topics are trimmed by Pulsar's retention rule, unsubscribed ones "
+        "too: a consumed ledger goes once it is past either limit. Any release.",
+        props,
+        **{
+            "x-kubernetes-validations": [
+                _rule(
+                    "has(self.retentionMinutes) == has(self.retentionSizeMB)",
+                    "set both topicPolicies.retentionMinutes and topicPolicies.retentionSizeMB (-1: no "
+                    "limit): a consumed ledger goes once it is past either, and a limit left out would be "
+                    "0, which keeps nothing",
+                )
+            ]
+        },
+    )
+
+
+def _transactions() -> Schema:
+    timeout = {"minimum": 1, "maximum": txn.HARD_MAX_TIMEOUT_MS}
+    list_map = {
+        "maxItems": txn.MAX_LIMITED_NAMES,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+    }
+
+    def entry(what: str, name: Schema) -> Schema:
+        return _obj(
+            f"One {what}'s maximum.",
+            {
+                "name": name,
+                "maxTimeoutMs": _p(
+                    "integer",
+                    f"Longest timeout of a transaction that registers a topic of this {what} (ms); at most "
+                    "maxTimeoutMs.",
+                    **timeout,
+                ),
+            },
+            required=["name", "maxTimeoutMs"],
+        )
+
+    def at_most_process(kind: str) -> dict[str, Any]:
+        return _rule(
+            f"!has(self.{kind}) || self.{kind}.all(e, e.maxTimeoutMs <= (has(self.maxTimeoutMs) ? "
+            f"self.maxTimeoutMs : {txn.DEFAULT_MAX_TIMEOUT_MS}))",
+            f"transactions.{kind}[].maxTimeoutMs must not exceed transactions.maxTimeoutMs (default "
+            f"{txn.DEFAULT_MAX_TIMEOUT_MS}): a {kind[:-1]} may only lower the coordinator's maximum",
+        )
+
+    return _obj(
+        "The longest transaction timeout the coordinators grant (a transaction holds back every later "
+        "message of its topics until it ends, at the latest at its timeout): a begin asking for more, or "
+        "a registration of a topic whose namespace or topic maximum is lower than the transaction's "
+        "timeout, is refused with BAD_REQUEST naming the limit. Rendered into the pods' config file "
+        "(section transactions); pods read it at start, so a change reaches a pod when it restarts. Any "
+        "release.",
+        {
+            "maxTimeoutMs": _p(
+                "integer",
+                f"Longest timeout a begin may ask for (ms); default {txn.DEFAULT_MAX_TIMEOUT_MS} (15 "
+                f"minutes, Kafka's transaction.max.timeout.ms), at most {txn.HARD_MAX_TIMEOUT_MS} (a day).",
+                **timeout,
+            ),
+            "namespaces": _arr(
+                "Lower maximums for the topics of a namespace (a topic's own entry wins).",
+                entry(
+                    "namespace",
+                    _p(
+                        "string",
+                        "TENANT/NAMESPACE, e.g. public/default.",
+                        pattern=txn.NAMESPACE_PATTERN,
+                        maxLength=txn.MAX_NAMESPACE_NAME,
+                    ),
+                ),
+                **list_map,
+            ),
+            "topics": _arr(
+                "Lower maximums for single topics.",
+                entry(
+                    "topic",
+                    _p(
+                        "string",
+                        "Topic name as clients use it, e.g. persistent://public/default/orders.",
+                        minLength=1,
+                        maxLength=MAX_TOPIC_NAME,
+                        pattern=r"^[^\x00-\x1f]+$",
+                    ),
+                ),
+                **list_map,
+                **{
+                    "x-kubernetes-validations": [
+                        _rule(
+                            f"self.all(t, !t.name.endsWith('{PENDING_ACK_SUFFIX}'))",
+                            f"transactions.topics[].name may not end with {PENDING_ACK_SUFFIX} (the "
+                            "stores' pending-ack logs are named so)",
+                        )
+                    ]
+                },
+            ),
+        },
+        **{"x-kubernetes-validations": [at_most_process("namespaces"), at_most_process("topics")]},
+    )
+
+
+def _connection_limits() -> Schema:
+    props: dict[str, Schema] = {}
+    for field, limit in connections.CONNECTION_LIMITS.items():
+        bounds: dict[str, Any] = {"minimum": limit.minimum}
+        if limit.maximum is not None:
+            bounds["maximum"] = limit.maximum
+        props[field] = _p(
+            "integer" if limit.kind is int else "number",
+            f"{limit.description} Default {limit.default_text}.",
+            **bounds,
+        )
+    return _obj(
+        "Limits of the client protocol server of each pod (issue 25: bounded memory under any client), "
+        "passed as the pods' TXNKEEPER_* environment (txnkeeper serve's --max-connections and so on); a "
+        "field left out keeps the runtime's default. Pods read them at start, so a change reaches a pod "
+        "when it restarts.",
+        props,
     )
 
 
@@ -457,6 +621,7 @@ def _spec(kind: str) -> Schema:
         "storage": _storage(),
         "resources": _resources(),
         "verifier": _verifier(),
+        "connectionLimits": _connection_limits(),
         "maxUnavailable": _p(
             "integer",
             "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once, "
@@ -484,6 +649,7 @@ def _spec(kind: str) -> Schema:
     if not coordinator:
         props["offload"] = _offload()
         props["singleKeyTransactions"] = _single_key_transactions()
+        props["topicPolicies"] = _topic_policies()
         rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS, "self.offload.enabled"))
         rules.append(
             _release_rule(
@@ -498,6 +664,7 @@ def _spec(kind: str) -> Schema:
             )
         )
     if coordinator:
+        props["transactions"] = _transactions()
         props["coordinators"] = _p(
             "integer",
             "Number of transaction coordinators (TxnID most-significant bits 0..N-1); coordinator id c is "
@@ -553,8 +720,8 @@ def _status(kind: str) -> Schema:
         {
             "type": _p(
                 "string",
-                "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, FeaturesSupported, "
-                "OffloadHealthy or OffloadAudit.",
+                "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, "
+                "FeaturesSupported, OffloadHealthy or OffloadAudit.",
             ),
             "status": _p("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _p("string", "CamelCase reason."),
@@ -634,7 +801,8 @@ def _status(kind: str) -> Schema:
         "phase": _p("string", "Rollout phase, e.g. Ready, RollingUpgrade, DowngradeBlocked."),
         "phaseReason": _p("string", "Human explanation of the phase and what the operator waits for."),
         "conditions": _arr(
-            "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused.",
+            "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid (and for a "
+            "PendingAckStore FeaturesSupported, OffloadHealthy, OffloadAudit).",
             condition,
             **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from txnkeeper_operator import gated, naming
+from txnkeeper_operator import gated, naming, podsettings
 from txnkeeper_operator.engine import Condition, Decision, VerifierReport
 from txnkeeper_operator.engine.persist import format_time, progress_to_status
 from txnkeeper_operator.observe import PodView
@@ -107,15 +107,16 @@ def report_status(report: VerifierReport) -> dict[str, Any]:
 
 
 def _gated_conditions(cr: Resource, pods: Sequence[PodView], audit: AuditView) -> tuple[Condition, ...]:
-    """FeaturesSupported, OffloadHealthy and OffloadAudit: PendingAckStores only (the sections are
-    theirs)."""
+    """SettingsValid for both kinds; FeaturesSupported, OffloadHealthy and OffloadAudit for
+    PendingAckStores only (the sections are theirs)."""
     if cr.kind is not naming.PENDING_ACK_STORE:
-        return ()
+        return (podsettings.settings_condition(cr),)
     summaries = [(p.name, p.offload, p.offload_error) for p in sorted(pods, key=lambda p: p.name)]
     return (
         gated.features_condition(cr, cr.version),
         gated.offload_condition(cr, summaries),
         gated.offload_audit_condition(cr, *audit),
+        podsettings.settings_condition(cr),
     )
 
 

@@ -62,6 +62,14 @@ class DataUnreadableError(ServiceError):
     code = api.DATA_UNREADABLE
 
 
+class BacklogQuotaExceededError(ServiceError):
+    """A send to a topic whose backlog quota is exceeded was refused, or held until the store gave up
+    (Pulsar's ProducerBlockedQuotaExceededException); nothing was written. Retry once the backlog
+    drains."""
+
+    code = api.BACKLOG_QUOTA_EXCEEDED
+
+
 class ConnectionClosedError(ServiceError):
     """The connection carrying a request went away before its response arrived."""
 
@@ -85,6 +93,7 @@ _BY_CODE: dict[int, type[ServiceError]] = {
         UnavailableError,
         ConsumerBusyError,
         DataUnreadableError,
+        BacklogQuotaExceededError,
     )
 }
 

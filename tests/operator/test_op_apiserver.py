@@ -213,6 +213,45 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
             _cr("TransactionCoordinator", "b3", {"version": "2.0.0", "replicas": 4, "coordinators": 2}),
             "at least",
         ),
+        (
+            _cr(
+                "TransactionCoordinator",
+                "b4",
+                {
+                    "version": "2.0.0",
+                    "transactions": {
+                        "maxTimeoutMs": 60000,
+                        "topics": [{"name": "persistent://t/n/x", "maxTimeoutMs": 60001}],
+                    },
+                },
+            ),
+            "may only lower the coordinator's maximum",
+        ),
+        (
+            _cr(
+                "TransactionCoordinator",
+                "b5",
+                {
+                    "version": "2.0.0",
+                    "transactions": {"topics": [{"name": "t__transaction_pending_ack", "maxTimeoutMs": 1}]},
+                },
+            ),
+            "may not end with __transaction_pending_ack",
+        ),
+        (
+            _cr(
+                "PendingAckStore", "b6", {"version": "2.0.0", "topicPolicies": {"backlogQuotaPolicy": "drop"}}
+            ),
+            "producer_request_hold",
+        ),
+        (
+            _cr("PendingAckStore", "b7", {"version": "2.0.0", "topicPolicies": {"retentionMinutes": -2}}),
+            "retentionMinutes",
+        ),
+        (
+            _cr("PendingAckStore", "b8", {"version": "2.0.0", "connectionLimits": {"maxUnsentBytes": 1024}}),
+            "maxUnsentBytes",
+        ),
     ]:
         plural = "pendingackstores" if body["kind"] == "PendingAckStore" else "transactioncoordinators"
         with pytest.raises(client.ApiException) as refused:
@@ -223,7 +262,14 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
 
     custom.create_namespaced_custom_object(
         "txnkeeper.io", "v1", "demo", "transactioncoordinators",
-        _cr("TransactionCoordinator", "txn", {"version": "1.0.0", "replicas": 3, "coordinators": 6}),
+        _cr("TransactionCoordinator", "txn", {
+            "version": "1.0.0", "replicas": 3, "coordinators": 6,
+            "transactions": {
+                "maxTimeoutMs": 600000,
+                "topics": [{"name": "persistent://public/default/orders", "maxTimeoutMs": 60000}],
+            },
+            "connectionLimits": {"maxConnections": 2048, "handshakeTimeoutSeconds": 2.5},
+        }),
     )  # fmt: skip
     stored = cast(  # typed `object` by the client: a custom object is its JSON document
         dict[str, Any],
@@ -248,6 +294,10 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
         )
         assert sts.spec.update_strategy.type == "OnDelete"
         assert sts.spec.template.metadata.labels["txnkeeper.io/version"] == "1.0.0"
+        env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env}
+        assert (env["TXNKEEPER_MAX_CONNECTIONS"], env["TXNKEEPER_HANDSHAKE_TIMEOUT"]) == ("2048", "2.5")
+        config = (core.read_namespaced_config_map("txn-config", "demo").data or {})["config.json"]
+        assert '"topics": {"persistent://public/default/orders": {"maxTimeoutMs": 60000}}' in config
         for read, name in [
             (core.read_namespaced_service, "txn"),
             (core.read_namespaced_config_map, "txn-config"),
@@ -272,7 +322,7 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
 
         current = wait_for(lambda: status().get("phase") == "Creating" and status(), "status.phase", 20)
         assert {c["type"] for c in current["conditions"]} == {
-            "Ready", "Progressing", "BatchLogEnabled", "DowngradeSafe", "Paused"
+            "Ready", "Progressing", "BatchLogEnabled", "DowngradeSafe", "Paused", "SettingsValid"
         }  # fmt: skip
         events = wait_for(
             lambda: [e for e in core.list_namespaced_event("demo").items if e.reason == "ApplyTemplate"],

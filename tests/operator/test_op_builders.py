@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from txnkeeper_operator import builders, gated, naming
+from txnkeeper_operator import builders, gated, naming, podsettings
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
@@ -394,3 +394,216 @@ def test_offload_audit_condition_and_status_from_the_report() -> None:
     cond = gated.offload_audit_condition(cr, None, "unusable offload audit report: x")
     assert (str(cond.status), cond.reason) == ("False", "ReportUnusable")
     assert gated.offload_audit_condition(store(), None, None).reason == "NotConfigured"
+
+
+# ---- ungated pod settings: spec.topicPolicies (stores), spec.transactions (coordinators),
+# ---- spec.connectionLimits (both) -------------------------------------------------------------------
+
+POLICIES = {
+    "retentionMinutes": 1440,
+    "retentionSizeMB": 10240,
+    "messageTTLSeconds": 3600,
+    "backlogQuotaLimitBytes": 1 << 30,
+    "backlogQuotaLimitSeconds": -1,
+    "backlogQuotaPolicy": "producer_exception",
+    "checkIntervalSeconds": 30,
+}
+TIMEOUTS = {
+    "maxTimeoutMs": 600_000,
+    "namespaces": [{"name": "public/default", "maxTimeoutMs": 120_000}],
+    "topics": [
+        {"name": "persistent://public/default/orders", "maxTimeoutMs": 30_000},
+        {"name": "persistent://public/default/audit", "maxTimeoutMs": 600_000},
+    ],
+}
+LIMITS = {
+    "maxConnections": 4096,
+    "maxConnectionsPerAddress": 64,
+    "maxHandshakingConnections": 16,
+    "handshakeTimeoutSeconds": 2.5,
+    "idleTimeoutSeconds": 300,
+    "maxTotalUnsentBytes": 256 << 20,
+}
+
+
+def _config(cr: Resource, version: str = "2.0.0") -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(builders.config_map(cr, ON, version)["data"]["config.json"])
+    return doc
+
+
+def _env(cr: Resource) -> dict[str, Any]:
+    sts = builders.statefulset(cr, Template("2.0.0", ON), SETTINGS)
+    return {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "2.0.0", "3.0.0"])
+def test_store_config_carries_topic_policies_with_pulsars_names_on_every_release(version: str) -> None:
+    doc = _config(store(version, topicPolicies=POLICIES), version)
+    assert doc["topicPolicies"] == {
+        "retention": {"retentionTimeInMinutes": 1440, "retentionSizeInMB": 10240},
+        "messageTTL": {"messageTTLInSeconds": 3600},
+        "backlogQuota": {"limitSize": 1 << 30, "limitTime": -1, "policy": "producer_exception"},
+        "checkIntervalSeconds": 30,
+    }
+    # Only what the CR sets: a retention block is what switches trimming of unsubscribed topics on.
+    assert _config(store(version, topicPolicies={"messageTTLSeconds": 60}), version)["topicPolicies"] == {
+        "messageTTL": {"messageTTLInSeconds": 60}
+    }
+
+
+def test_coordinator_config_carries_transaction_timeouts_keyed_as_the_runtime_reads_them() -> None:
+    tc = Resource.from_body(body(transactions=TIMEOUTS))
+    assert _config(tc)["transactions"] == {
+        "maxTimeoutMs": 600_000,
+        "namespaces": {"public/default": {"maxTimeoutMs": 120_000}},
+        "topics": {
+            "persistent://public/default/orders": {"maxTimeoutMs": 30_000},
+            "persistent://public/default/audit": {"maxTimeoutMs": 600_000},
+        },
+    }
+    only_process = Resource.from_body(body(transactions={"maxTimeoutMs": 60_000}))
+    assert _config(only_process)["transactions"] == {"maxTimeoutMs": 60_000}
+
+
+def test_each_section_reaches_only_the_pods_that_read_it() -> None:
+    # A body the CRD would not admit (each CR has only its own section): rendered for neither.
+    tc = Resource.from_body(body(transactions=TIMEOUTS, topicPolicies=POLICIES))
+    pas = store(transactions=TIMEOUTS, topicPolicies=POLICIES)
+    assert "topicPolicies" not in _config(tc) and "transactions" in _config(tc)
+    assert "transactions" not in _config(pas) and "topicPolicies" in _config(pas)
+
+
+def test_nothing_set_renders_nothing() -> None:
+    for cr in (TC, store("2.0.0")):
+        assert set(_config(cr)) == {"batchedWrite"}
+        assert not [
+            name for name in _env(cr) if name not in {"POD_NAME", "POD_NAMESPACE", "TXNKEEPER_RELEASE"}
+        ]
+
+
+@pytest.mark.parametrize(
+    "cr", [Resource.from_body(body(connectionLimits=LIMITS)), store(connectionLimits=LIMITS)]
+)
+def test_statefulset_passes_connection_limits_as_the_runtimes_environment(cr: Resource) -> None:
+    env = _env(cr)
+    assert {
+        name: e["value"] for name, e in env.items() if name.startswith("TXNKEEPER_MAX") or "TIMEOUT" in name
+    } == {
+        "TXNKEEPER_MAX_CONNECTIONS": "4096",
+        "TXNKEEPER_MAX_CONNECTIONS_PER_ADDRESS": "64",
+        "TXNKEEPER_MAX_HANDSHAKING_CONNECTIONS": "16",
+        "TXNKEEPER_HANDSHAKE_TIMEOUT": "2.5",
+        "TXNKEEPER_IDLE_TIMEOUT": "300",
+        "TXNKEEPER_MAX_TOTAL_UNSENT_BYTES": str(256 << 20),
+    }
+    for version in K8S_VERSIONS[::4]:
+        kubernetes_validate.validate(
+            builders.statefulset(cr, Template("2.0.0", ON), SETTINGS), version, strict=True
+        )
+
+
+def test_settings_condition_is_true_for_valid_or_absent_settings() -> None:
+    for cr in (
+        TC,
+        store(),
+        Resource.from_body(body(transactions=TIMEOUTS, connectionLimits=LIMITS)),
+        store(topicPolicies=POLICIES, connectionLimits=LIMITS),
+    ):
+        cond = podsettings.settings_condition(cr)
+        assert (cond.type, str(cond.status), cond.reason) == ("SettingsValid", "True", "Valid"), cond.message
+
+
+@pytest.mark.parametrize(
+    ("cr", "fragment", "left_out"),
+    [
+        (
+            store(topicPolicies={**POLICIES, "retentionMinutes": -2}),
+            "spec.topicPolicies.retentionMinutes",
+            "topicPolicies",
+        ),
+        (
+            store(topicPolicies={"retentionSizeMB": "ten"}),
+            "spec.topicPolicies.retentionSizeMB",
+            "topicPolicies",
+        ),
+        (
+            store(topicPolicies={"backlogQuotaPolicy": "drop_oldest"}),
+            "producer_request_hold, producer_exception",
+            "topicPolicies",
+        ),
+        (
+            store(topicPolicies={"checkIntervalSeconds": True}),
+            "spec.topicPolicies.checkIntervalSeconds",
+            "topicPolicies",
+        ),
+        (
+            store(topicPolicies={"retentionDays": 3}),
+            "spec.topicPolicies.retentionDays is not a field",
+            "topicPolicies",
+        ),
+        (store(topicPolicies=["retentionMinutes"]), "spec.topicPolicies must be an object", "topicPolicies"),
+        (
+            Resource.from_body(body(transactions={"maxTimeoutMs": 0})),
+            "spec.transactions.maxTimeoutMs",
+            "transactions",
+        ),
+        (
+            Resource.from_body(
+                body(transactions={"maxTimeoutMs": 60_000, "topics": [{"name": "t", "maxTimeoutMs": 60_001}]})
+            ),
+            "above spec.transactions.maxTimeoutMs",
+            "transactions",
+        ),
+        (
+            Resource.from_body(body(transactions={"namespaces": [{"name": "public", "maxTimeoutMs": 1}]})),
+            "TENANT/NAMESPACE",
+            "transactions",
+        ),
+        (
+            Resource.from_body(body(transactions={"topics": [{"name": "a\x00b", "maxTimeoutMs": 1}]})),
+            "printable characters",
+            "transactions",
+        ),
+        (
+            Resource.from_body(
+                body(
+                    transactions={
+                        "topics": [{"name": "t", "maxTimeoutMs": 1}, {"name": "t", "maxTimeoutMs": 2}]
+                    }
+                )
+            ),
+            "spec.transactions.topics names 't' twice",
+            "transactions",
+        ),
+        (
+            Resource.from_body(body(transactions={"namespaces": {"public/default": 1}})),
+            "must be a list",
+            "transactions",
+        ),
+        (store(connectionLimits={"maxUnsentBytes": 1024}), "spec.connectionLimits.maxUnsentBytes", "env"),
+        (
+            store(connectionLimits={"idleTimeoutSeconds": "forever"}),
+            "spec.connectionLimits.idleTimeoutSeconds",
+            "env",
+        ),
+        (
+            store(connectionLimits={"maxConnections": float("nan")}),
+            "spec.connectionLimits.maxConnections",
+            "env",
+        ),
+    ],
+)
+def test_settings_the_pods_would_refuse_are_left_out_and_reported_never_raised(
+    cr: Resource, fragment: str, left_out: str
+) -> None:
+    cond = podsettings.settings_condition(cr)
+    assert (cond.type, str(cond.status), cond.reason) == ("SettingsValid", "False", "InvalidSettings")
+    assert fragment in cond.message and "left out of the pods" in cond.message
+    doc = _config(cr)
+    env = _env(cr)
+    if left_out == "env":
+        assert not [name for name in env if name.startswith("TXNKEEPER_MAX") or "TIMEOUT" in name]
+    else:
+        assert left_out not in doc
+    # The other sections are rendered as usual.
+    assert doc["batchedWrite"]["enabled"] is True

@@ -22,7 +22,7 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
-from txnkeeper.contract import batching, store_settings
+from txnkeeper.contract import batching, connections, coordinator_settings, names, store_settings
 from txnkeeper_operator.crdgen import definitions, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -473,6 +473,9 @@ def test_cel_refuses_gated_specs_saying_what_to_fix(spec: dict[str, Any], fragme
         {"version": "3.0.0", "offload": {**FS, "maxSegmentSizeBytes": 0}},
         {"version": "3.0.0", "offload": {**FS, "maxBlockSizeBytes": 0}},
         {"version": "3.0.0", "offload": {**FS, "maxSegmentRolloverSeconds": 0}},
+        # over a week: the pods refuse such a config file (contracts §9), so it never starts a pod
+        {"version": "3.0.0", "offload": {**FS, "maxSegmentRolloverSeconds": 7 * 24 * 3600 + 1}},
+        {"version": "3.0.0", "offload": {**FS, "minSegmentRolloverSeconds": 7 * 24 * 3600 + 1}},
         {"version": "3.0.0", "offload": {**FS, "thresholdBytes": -2}},
         {"version": "3.0.0", "offload": {**FS, "deletionLagMs": -1}},
         {"version": "3.0.0", "offload": {**S3, "endpoint": "minio:9000"}},
@@ -513,3 +516,240 @@ def test_the_offload_example_passes_schema_and_cel() -> None:
     assert any("offload-segments" in e for e in cel_errors(PAS, downgrade))
     downgrade["offload"]["enabled"] = False
     assert cel_errors(PAS, downgrade) == []
+
+
+# ---- ungated pod settings: PendingAckStore.spec.topicPolicies, TransactionCoordinator.spec.transactions,
+# ---- spec.connectionLimits of both: the runtime's limits, refused at admission -----------------------
+
+TOPIC_POLICIES_AT_THE_EDGES = [
+    {
+        "retentionMinutes": -1,
+        "retentionSizeMB": -1,
+        "messageTTLSeconds": 0,
+        "backlogQuotaLimitBytes": -1,
+        "backlogQuotaLimitSeconds": -1,
+        "backlogQuotaPolicy": "producer_request_hold",
+        "checkIntervalSeconds": store_settings.MIN_CHECK_INTERVAL_SECONDS,
+    },
+    {
+        "retentionMinutes": store_settings.JAVA_INT_MAX,
+        "retentionSizeMB": store_settings.JAVA_LONG_MAX // store_settings.MIB,
+        "messageTTLSeconds": store_settings.JAVA_INT_MAX,
+        "backlogQuotaLimitBytes": store_settings.JAVA_LONG_MAX,
+        "backlogQuotaLimitSeconds": store_settings.JAVA_INT_MAX,
+        "backlogQuotaPolicy": "consumer_backlog_eviction",
+        "checkIntervalSeconds": store_settings.MAX_CHECK_INTERVAL_SECONDS,
+    },
+    {"retentionMinutes": 0, "retentionSizeMB": 0},  # Pulsar's default, set explicitly
+    {"backlogQuotaLimitBytes": 0, "backlogQuotaPolicy": "producer_exception"},
+]
+
+
+def test_topic_policy_fields_carry_the_runtimes_limits_and_no_defaults() -> None:
+    fields = _schema(PAS, "spec")["properties"]["topicPolicies"]["properties"]
+    assert set(fields) == set(store_settings.TOPIC_POLICY_FIELDS)
+    for field, (_block, key) in store_settings.TOPIC_POLICY_FIELDS.items():
+        assert "default" not in fields[field], f"{field}: a default would switch the policy on for every CR"
+        if key == "policy":
+            assert fields[field]["enum"] == list(store_settings.BACKLOG_POLICIES)
+            continue
+        low, high, _text = store_settings.topic_policy_bounds(key)
+        assert (fields[field]["type"], fields[field]["minimum"], fields[field]["maximum"]) == (
+            "integer",
+            low,
+            high,
+        ), field
+    assert "topicPolicies" not in _schema(TC, "spec")["properties"]
+
+
+@pytest.mark.parametrize("policies", TOPIC_POLICIES_AT_THE_EDGES)
+@pytest.mark.parametrize("version", ["1.0.0", "2.0.0", "3.0.0"])
+def test_topic_policies_at_the_edges_are_accepted_on_every_release(
+    policies: dict[str, Any], version: str
+) -> None:
+    assert cel_errors(PAS, {"version": version, "topicPolicies": policies}) == []
+
+
+@pytest.mark.parametrize(
+    "policies",
+    [
+        {"retentionMinutes": -2},
+        {"retentionMinutes": store_settings.JAVA_INT_MAX + 1},
+        {"retentionSizeMB": store_settings.JAVA_LONG_MAX // store_settings.MIB + 1},
+        {"retentionSizeMB": "1024"},
+        {"messageTTLSeconds": -1},
+        {"messageTTLSeconds": 1.5},
+        {"backlogQuotaLimitBytes": -2},
+        {"backlogQuotaLimitSeconds": store_settings.JAVA_INT_MAX + 1},
+        {"backlogQuotaPolicy": "consumer_backlog_eviction "},
+        {"backlogQuotaPolicy": "ProducerException"},
+        {"backlogQuotaPolicy": ""},
+        {"checkIntervalSeconds": 0},
+        {"checkIntervalSeconds": store_settings.MAX_CHECK_INTERVAL_SECONDS + 1},
+        {"checkIntervalSeconds": True},
+    ],
+)
+def test_schema_refuses_topic_policies_the_pods_would_refuse(policies: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        cel_errors(PAS, {"version": "3.0.0", "topicPolicies": policies})
+
+
+@pytest.mark.parametrize(
+    "policies", [{"retentionMinutes": 60}, {"retentionSizeMB": 1024, "messageTTLSeconds": 60}]
+)
+def test_cel_refuses_half_a_retention_policy(policies: dict[str, Any]) -> None:
+    # Pulsar's rule deletes a consumed ledger past either limit, and a limit left out is 0: the other
+    # would keep nothing (pulsar-admin set-retention asks for both too).
+    errors = cel_errors(PAS, {"version": "2.0.0", "topicPolicies": policies})
+    assert any(
+        "set both topicPolicies.retentionMinutes and topicPolicies.retentionSizeMB" in e for e in errors
+    )
+
+
+def _txn(**section: Any) -> dict[str, Any]:
+    return {"version": "2.0.0", "transactions": section}
+
+
+def test_transaction_timeout_fields_carry_the_coordinators_limits() -> None:
+    section = _schema(TC, "spec")["properties"]["transactions"]
+    fields = section["properties"]
+    assert fields["maxTimeoutMs"]["minimum"] == 1
+    assert fields["maxTimeoutMs"]["maximum"] == coordinator_settings.HARD_MAX_TIMEOUT_MS
+    assert "default" not in fields["maxTimeoutMs"]
+    for kind in ("namespaces", "topics"):
+        assert fields[kind]["maxItems"] == coordinator_settings.MAX_LIMITED_NAMES
+        assert fields[kind]["x-kubernetes-list-type"] == "map"
+        assert fields[kind]["x-kubernetes-list-map-keys"] == ["name"]
+        entry = fields[kind]["items"]["properties"]["maxTimeoutMs"]
+        assert (entry["minimum"], entry["maximum"]) == (1, coordinator_settings.HARD_MAX_TIMEOUT_MS)
+    topic = fields["topics"]["items"]["properties"]["name"]
+    assert topic["maxLength"] == names.MAX_TOPIC_NAME
+    assert "transactions" not in _schema(PAS, "spec")["properties"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _txn(maxTimeoutMs=1),
+        _txn(maxTimeoutMs=coordinator_settings.HARD_MAX_TIMEOUT_MS),
+        _txn(
+            namespaces=[
+                {"name": "public/default", "maxTimeoutMs": coordinator_settings.DEFAULT_MAX_TIMEOUT_MS}
+            ]
+        ),
+        _txn(
+            maxTimeoutMs=3_600_000,
+            namespaces=[{"name": "tenant/ns", "maxTimeoutMs": 3_600_000}],
+            topics=[
+                {"name": "persistent://tenant/ns/orders", "maxTimeoutMs": 1},
+                {"name": "x" * names.MAX_TOPIC_NAME, "maxTimeoutMs": 60_000},
+                {"name": "persistent://tenant/ns/ключ ✓", "maxTimeoutMs": 60_000},
+            ],
+        ),
+    ],
+)
+def test_transaction_timeouts_at_the_edges_are_accepted(spec: dict[str, Any]) -> None:
+    assert cel_errors(TC, {**spec, "coordinators": 16}) == []
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _txn(maxTimeoutMs=0),
+        _txn(maxTimeoutMs=coordinator_settings.HARD_MAX_TIMEOUT_MS + 1),
+        _txn(maxTimeoutMs="60000"),
+        _txn(namespaces=[{"name": "public", "maxTimeoutMs": 1000}]),
+        _txn(namespaces=[{"name": "public/default/extra", "maxTimeoutMs": 1000}]),
+        _txn(namespaces=[{"name": "/default", "maxTimeoutMs": 1000}]),
+        _txn(namespaces=[{"name": "public/default"}]),
+        _txn(namespaces=[{"name": "public/default", "maxTimeoutMs": 0}]),
+        _txn(namespaces=[{"maxTimeoutMs": 1000}]),
+        _txn(topics=[{"name": "", "maxTimeoutMs": 1000}]),
+        _txn(topics=[{"name": "x" * (names.MAX_TOPIC_NAME + 1), "maxTimeoutMs": 1000}]),
+        _txn(topics=[{"name": "persistent://t/n/a\nb", "maxTimeoutMs": 1000}]),
+        _txn(topics=[{"name": "persistent://t/n/a\x00", "maxTimeoutMs": 1000}]),
+        _txn(topics=[{"name": "t", "maxTimeoutMs": coordinator_settings.HARD_MAX_TIMEOUT_MS + 1}]),
+        _txn(
+            topics=[
+                {"name": f"t{i}", "maxTimeoutMs": 1}
+                for i in range(coordinator_settings.MAX_LIMITED_NAMES + 1)
+            ]
+        ),
+    ],
+)
+def test_schema_refuses_transaction_timeouts_the_coordinators_would_refuse(spec: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        cel_errors(TC, {**spec, "coordinators": 16})
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (
+            _txn(
+                namespaces=[
+                    {"name": "tenant/ns", "maxTimeoutMs": coordinator_settings.DEFAULT_MAX_TIMEOUT_MS + 1}
+                ]
+            ),
+            "transactions.namespaces[].maxTimeoutMs must not exceed transactions.maxTimeoutMs",
+        ),
+        (
+            _txn(maxTimeoutMs=60_000, topics=[{"name": "persistent://t/n/x", "maxTimeoutMs": 60_001}]),
+            "transactions.topics[].maxTimeoutMs must not exceed transactions.maxTimeoutMs",
+        ),
+        (
+            _txn(topics=[{"name": "persistent://t/n/x__transaction_pending_ack", "maxTimeoutMs": 1}]),
+            "may not end with __transaction_pending_ack",
+        ),
+    ],
+)
+def test_cel_refuses_transaction_timeouts_saying_what_to_fix(spec: dict[str, Any], fragment: str) -> None:
+    errors = cel_errors(TC, {**spec, "coordinators": 16})
+    assert any(fragment in e for e in errors), errors
+
+
+def test_connection_limit_fields_are_the_runtimes_flags_with_its_floors() -> None:
+    for name in (TC, PAS):
+        fields = _schema(name, "spec")["properties"]["connectionLimits"]["properties"]
+        assert set(fields) == set(connections.CONNECTION_LIMITS)
+        for field, limit in connections.CONNECTION_LIMITS.items():
+            schema = fields[field]
+            assert schema["type"] == ("integer" if limit.kind is int else "number"), field
+            assert schema["minimum"] == limit.minimum and "default" not in schema, field
+            assert schema.get("maximum") == limit.maximum, field
+            assert f"Default {limit.default_text}" in schema["description"], field
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {field: limit.minimum for field, limit in connections.CONNECTION_LIMITS.items()},
+        {field: limit.maximum or 2**40 for field, limit in connections.CONNECTION_LIMITS.items()},
+        {"maxConnections": 4096, "handshakeTimeoutSeconds": 2.5},
+    ],
+    ids=["minima", "maxima", "some"],
+)
+def test_connection_limits_at_the_edges_are_accepted(limits: dict[str, Any]) -> None:
+    assert cel_errors(TC, {"version": "1.0.0", "connectionLimits": limits, "coordinators": 16}) == []
+    assert cel_errors(PAS, {"version": "1.0.0", "connectionLimits": limits}) == []
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"maxConnections": 0},
+        {"maxConnectionsPerAddress": -1},
+        {"maxHandshakingConnections": 0},
+        {"maxPendingBytes": connections.CONNECTION_LIMITS["maxPendingBytes"].minimum - 1},
+        {"maxUnsentBytes": connections.CONNECTION_LIMITS["maxUnsentBytes"].minimum - 1},
+        {"maxTotalUnsentBytes": connections.CONNECTION_LIMITS["maxTotalUnsentBytes"].minimum - 1},
+        {"handshakeTimeoutSeconds": 0},
+        {"idleTimeoutSeconds": -5},
+        {"frameTimeoutSeconds": connections.MAX_TIMEOUT_SECONDS + 1},
+        {"writeTimeoutSeconds": "120"},
+        {"maxConnections": 1.5},
+    ],
+)
+def test_schema_refuses_connection_limits_the_pods_would_refuse(limits: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        cel_errors(PAS, {"version": "2.0.0", "connectionLimits": limits})

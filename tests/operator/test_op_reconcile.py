@@ -536,3 +536,40 @@ async def test_a_store_spec_using_a_feature_its_release_lacks_gets_a_false_condi
     assert "release 2.0.0 lacks" in conditions["FeaturesSupported"]["message"]
     config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
     assert set(config) == {"batchedWrite"}
+
+
+async def test_a_store_gets_its_topic_policies_and_a_bad_value_is_reported_not_rendered() -> None:
+    cr = _store_cr("2.0.0", None)
+    cr["spec"]["topicPolicies"] = {
+        "retentionMinutes": 60,
+        "retentionSizeMB": -1,
+        "backlogQuotaPolicy": "producer_exception",
+    }
+    cr["spec"]["connectionLimits"] = {"maxConnections": 2048}
+    kube = StoreKube(cr)
+    pods = FakePods(kube)
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=Events(), clock=Clock())  # type: ignore[arg-type]
+    await _until(kube, ctx, Phase.READY)
+    config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
+    assert config["topicPolicies"] == {
+        "retention": {"retentionTimeInMinutes": 60, "retentionSizeInMB": -1},
+        "backlogQuota": {"policy": "producer_exception"},
+    }
+    env = kube.objects[("StatefulSet", "ns", "txn")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TXNKEEPER_MAX_CONNECTIONS", "value": "2048"} in env
+    conditions = {c["type"]: c for c in kube.cr["status"]["conditions"]}
+    assert (conditions["SettingsValid"]["status"], conditions["SettingsValid"]["reason"]) == ("True", "Valid")
+
+    # A value the CRD would have refused (an object stored under an older CRD, say): reconciliation goes
+    # on, the section is left out of the pods' config (a pod would refuse the file and not start), and
+    # the condition names the field.
+    kube.cr["spec"]["topicPolicies"]["retentionMinutes"] = "an hour"
+    await _until(kube, ctx, Phase.READY)
+    config = json.loads(kube.objects[("ConfigMap", "ns", "txn-config")]["data"]["config.json"])
+    assert "topicPolicies" not in config
+    conditions = {c["type"]: c for c in kube.cr["status"]["conditions"]}
+    assert (conditions["SettingsValid"]["status"], conditions["SettingsValid"]["reason"]) == (
+        "False",
+        "InvalidSettings",
+    )
+    assert "spec.topicPolicies.retentionMinutes" in conditions["SettingsValid"]["message"]

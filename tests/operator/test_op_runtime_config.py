@@ -17,13 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
-from txnkeeper.contract import store_settings
-from txnkeeper.server import offload_settings, serve, srk_config
+from txnkeeper.contract import connections, coordinator_settings, names, store_settings
+from txnkeeper.coordinator import timeouts
+from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
+from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
+from txnkeeper.server import offload_settings, serve, srk_config, topic_policies
 from txnkeeper.server.config import ConfigError
 from txnkeeper.topic.writers import SingleKeySettings
 from txnkeeper_operator import builders
-from txnkeeper_operator.engine import BatchSettings
+from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
+from txnkeeper_operator.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = BatchSettings(enabled=True, max_records=64, max_size_bytes=65536, max_delay_millis=1)
@@ -197,3 +201,164 @@ def test_a_2x_template_gets_a_config_its_release_accepts_and_never_the_3x_one(
     new = _rendered(tmp_path, cr, "3.0.0")
     with pytest.raises(ConfigError, match="'single-key-transactions' feature"):
         serve.build_config(_serve_args(new, "2.0.0", monkeypatch, tmp_path))
+
+
+# ---- ungated pod settings: what the operator renders is what the runtime reads, at the CRD's edges ---
+
+TC_SPEC = yaml.safe_load((ROOT / "crds" / "transactioncoordinators.yaml").read_text())["spec"]["versions"][0][
+    "schema"
+]["openAPIV3Schema"]["properties"]["spec"]
+POLICY_FIELDS = SPEC["properties"]["topicPolicies"]["properties"]
+LIMIT_FIELDS = SPEC["properties"]["connectionLimits"]["properties"]
+
+
+def _coordinator(version: str, **spec: Any) -> Resource:
+    full = _defaulted(TC_SPEC, {"version": version, "replicas": 3, "coordinators": 3, **copy.deepcopy(spec)})
+    return Resource.from_body(
+        {
+            "apiVersion": "txnkeeper.io/v1",
+            "kind": "TransactionCoordinator",
+            "metadata": {"name": "tc", "namespace": "prod", "uid": "u-2", "generation": 1},
+            "spec": full,
+        }
+    )
+
+
+def _edge(which: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field, schema in POLICY_FIELDS.items():
+        out[field] = schema["enum"][-1 if which == "maximum" else 0] if "enum" in schema else schema[which]
+    return out
+
+
+@pytest.mark.parametrize(
+    "policies",
+    [
+        _edge("minimum"),
+        _edge("maximum"),
+        {"retentionMinutes": 60, "retentionSizeMB": -1},
+        {"backlogQuotaLimitSeconds": 0},
+    ],
+    ids=["minima", "maxima", "retention-by-time", "quota-time-only"],
+)
+@pytest.mark.parametrize("release", ["1.0.0", "3.0.0"])
+def test_rendered_topic_policies_are_what_the_store_reads(
+    policies: dict[str, Any], release: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cr = _store(release, topicPolicies=policies)
+    path = _rendered(tmp_path, cr, release)
+    pod = topic_policies.load(path)
+    assert pod is not None
+    expected_interval = policies.get("checkIntervalSeconds", store_settings.DEFAULT_CHECK_INTERVAL_SECONDS)
+    assert pod.check_interval_seconds == expected_interval
+    for field, (block, key) in store_settings.TOPIC_POLICY_FIELDS.items():
+        if block is not None and field in policies:
+            assert pod.blocks[block][key] == policies[field], field
+    assert serve.build_config(_serve_args(path, release, monkeypatch, tmp_path)).topic_policies == pod
+
+
+@pytest.mark.parametrize(
+    "transactions",
+    [
+        {"maxTimeoutMs": 1},
+        {"maxTimeoutMs": coordinator_settings.HARD_MAX_TIMEOUT_MS},
+        {
+            "namespaces": [
+                {"name": "public/default", "maxTimeoutMs": coordinator_settings.DEFAULT_MAX_TIMEOUT_MS}
+            ],
+            "topics": [
+                {"name": "persistent://public/default/orders", "maxTimeoutMs": 1},
+                {"name": "x" * names.MAX_TOPIC_NAME, "maxTimeoutMs": 60_000},
+            ],
+        },
+    ],
+    ids=["process-minimum", "process-maximum", "namespace-and-topics"],
+)
+def test_rendered_transaction_timeouts_are_what_the_coordinator_reads(
+    transactions: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cr = _coordinator("2.0.0", transactions=transactions)
+    path = tmp_path / "tc.json"
+    path.write_text(builders.config_map(cr, BATCH, "2.0.0")["data"]["config.json"])
+    ns = _serve_args(path, "2.0.0", monkeypatch, tmp_path)
+    ns.role = "coordinator"
+    policy = serve.build_config(ns).txn_timeouts
+    assert policy.max_timeout_ms == transactions.get(
+        "maxTimeoutMs", coordinator_settings.DEFAULT_MAX_TIMEOUT_MS
+    )
+    assert dict(policy.namespaces) == {
+        e["name"]: e["maxTimeoutMs"] for e in transactions.get("namespaces", [])
+    }
+    assert dict(policy.topics) == {e["name"]: e["maxTimeoutMs"] for e in transactions.get("topics", [])}
+    # The CRD's constants are the coordinator's own.
+    assert coordinator_settings.HARD_MAX_TIMEOUT_MS == timeouts.HARD_MAX_TIMEOUT_MS
+    assert TxnTimeoutPolicy().max_timeout_ms == coordinator_settings.DEFAULT_MAX_TIMEOUT_MS
+
+
+def _limits_env(cr: Resource) -> dict[str, str]:
+    sts = builders.statefulset(cr, Template("2.0.0", BATCH), OperatorSettings())
+    env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
+    return {e["name"]: e["value"] for e in env if e["name"].startswith("TXNKEEPER_") and "value" in e}
+
+
+def _limits_read(
+    env: dict[str, str], path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> ConnectionLimits:
+    for name in [n for n in os.environ if n.startswith("TXNKEEPER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser()  # built after the environment is set: its defaults read it
+    serve.register(parser.add_subparsers())
+    ns = parser.parse_args(
+        [
+            "serve",
+            "--role",
+            "store",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--pod-name",
+            "pas-0",
+            "--config",
+            str(path),
+        ]
+    )
+    return serve.build_config(ns).connection_limits
+
+
+_LIMIT_ATTRS = {
+    "maxConnections": "max_connections",
+    "maxConnectionsPerAddress": "max_connections_per_address",
+    "maxHandshakingConnections": "max_handshaking_connections",
+    "handshakeTimeoutSeconds": "handshake_timeout_s",
+    "idleTimeoutSeconds": "idle_timeout_s",
+    "frameTimeoutSeconds": "frame_timeout_s",
+    "writeTimeoutSeconds": "write_timeout_s",
+    "maxPendingBytes": "max_pending_bytes",
+    "maxUnsentBytes": "max_unsent_bytes",
+    "maxTotalUnsentBytes": "max_total_unsent_bytes",
+}
+
+
+@pytest.mark.parametrize("which", ["minimum", "maximum"])
+def test_rendered_connection_limits_are_what_the_pods_read_at_the_crds_edges(
+    which: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert set(_LIMIT_ATTRS) == set(LIMIT_FIELDS)
+    limits = {field: schema.get(which, 2**40) for field, schema in LIMIT_FIELDS.items()}
+    cr = _store("2.0.0", connectionLimits=limits)
+    read = _limits_read(_limits_env(cr), _rendered(tmp_path, cr, "2.0.0"), monkeypatch, tmp_path)
+    for field, attr in _LIMIT_ATTRS.items():
+        assert getattr(read, attr) == limits[field], field
+
+
+def test_connection_limit_floors_are_the_runtimes_and_defaults_its_defaults() -> None:
+    defaults = ConnectionLimits()
+    for field, attr in _LIMIT_ATTRS.items():
+        limit = connections.CONNECTION_LIMITS[field]
+        assert limit.default == getattr(defaults, attr), field
+        at_floor: dict[str, Any] = {attr: limit.minimum}
+        ConnectionLimits(**at_floor)  # the floor is accepted ...
+        below: dict[str, Any] = {attr: limit.minimum - 1 if limit.kind is int else 0}
+        with pytest.raises(InvalidLimitsError):  # ... and anything under it (the timeouts: 0) refused
+            ConnectionLimits(**below)

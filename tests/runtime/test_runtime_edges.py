@@ -166,8 +166,9 @@ async def test_admin_documents_have_the_pulsar_shapes(cluster: tuple[ServePod, S
 
 
 async def test_a_topic_reports_the_txn_outcomes_it_keeps(cluster: tuple[ServePod, ServePod]) -> None:
-    """A topic without subscriptions never trims the outcomes of the txns that wrote to it (each
-    holds memory): the gauge an operator alerts on counts them."""
+    """A topic keeps the outcomes of the txns that wrote to it for a while (each holds memory: the
+    aborted ones until their marker's ledger is trimmed, the committed ones until their deadline +
+    20 s): the gauge an operator alerts on counts them."""
     tc, store = cluster
     topic = "persistent://t/ns/kept-outcomes"
     async with Client(coordinators=[tc.listen], stores=[store.listen]) as client:

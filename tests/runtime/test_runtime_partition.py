@@ -4,6 +4,7 @@ the fences that outlive forgotten outcomes."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -21,16 +22,25 @@ from txnkeeper.topic.txnfence import now_ms
 from txnkeeper.txnid import TxnID
 
 
+def cursor_only(cursor: Any) -> Any:
+    """A subscription as a partition's housekeeping sees it (its cursor only; no dispatch)."""
+    return SimpleNamespace(
+        mark_delete_position=cursor.mark_delete_position, is_acknowledged=cursor.is_deleted
+    )
+
+
 async def test_replay_and_housekeeping_on_real_ledgers(tmp_path: Path) -> None:
     config = ManagedLedgerConfig(max_entries_per_ledger=4)
     factory = ManagedLedgerFactory(tmp_path)
     ledger = await factory.open("persistent://t/ns/p", config)
     partition = Partition("persistent://t/ns/p", ledger)
     await partition.recover()
-    old, new = TxnID(0, 1), TxnID(0, 2)
+    old, new, dropped = TxnID(0, 1), TxnID(0, 2), TxnID(0, 3)
     await partition.publish(b"a", "", old)
-    await partition.end_txn(old, commit=True)
+    await partition.end_txn(old, commit=True, deadline_ms=now_ms() + 600_000)
     await partition.end_txn(old, commit=True)  # idempotent: no second marker
+    await partition.publish(b"d", "", dropped)
+    await partition.end_txn(dropped, commit=False)
     for i in range(6):
         await partition.publish(f"p{i}".encode(), "", None)
     await partition.publish(b"b", "", new)
@@ -42,14 +52,20 @@ async def test_replay_and_housekeeping_on_real_ledgers(tmp_path: Path) -> None:
     partition = Partition("persistent://t/ns/p", ledger)
     await partition.recover()  # the outcome comes back from the marker; `new` is still open
     assert partition.buffer.outcome(old) is TxnOutcome.COMMITTED
+    assert partition.buffer.outcome(dropped) is TxnOutcome.ABORTED
     assert partition.buffer.outcome(new) is TxnOutcome.OPEN
+    assert partition.buffer.ended_ids() == [dropped, old]  # the commit is kept until its deadline
     cursor = await ledger.open_cursor("sub")
     first = ledger.ledger_ids()[0]
-    partition.subscriptions["sub"] = cast(Subscription, cast(Any, object()))
+    partition.subscriptions["sub"] = cast(Subscription, cursor_only(cursor))
     await cursor.mark_delete(cast(Any, ledger.last_confirmed_entry()))
     await partition.housekeeping()
     assert ledger.ledger_ids()[0] > first  # consumed ledgers were deleted
-    assert partition.buffer.outcome(old) is TxnOutcome.OPEN  # forgotten: its marker's ledger is gone
+    # The abort is forgotten with its marker's ledger (its messages went first); the commit stays a
+    # fence until its deadline; the open txn keeps its first message's ledger.
+    assert partition.buffer.ended_ids() == [old]
+    assert partition.buffer.outcome(new) is TxnOutcome.OPEN
+    assert ledger.ledger_ids()[0] <= cast(Any, partition.buffer.first_open_position()).ledger_id
     await factory.close()
 
 
@@ -76,10 +92,10 @@ async def test_a_forgotten_txn_stays_fenced_until_its_deadline(tmp_path: Path) -
     partition = Partition("persistent://t/ns/f", ledger)
     await partition.recover()
     cursor = await ledger.open_cursor("sub")
-    partition.subscriptions["sub"] = cast(Subscription, cast(Any, object()))
+    partition.subscriptions["sub"] = cast(Subscription, cursor_only(cursor))
     await cursor.mark_delete(cast(Any, ledger.last_confirmed_entry()))
     await partition.housekeeping()
-    assert partition.buffer.outcome(alive) is TxnOutcome.OPEN  # forgotten...
+    assert alive not in partition.buffer.ended_ids()  # forgotten...
     with pytest.raises(InvalidTxnStatusError, match="already ended"):
         await partition.publish(b"zombie", "", alive)  # ...but still fenced
     assert len(partition.late_fence) == 1  # the expired and the deadline-less ones are not kept

@@ -346,57 +346,118 @@ async def test_coordinator_sequence_is_never_reused_and_timeouts_abort(tmp_path:
 
 
 def test_transaction_buffer_outcomes_and_forgetting() -> None:
+    """Open until its marker; committed kept (as a fence) until its deadline + the grace, aborted until
+    its marker's ledger is trimmed; a transaction neither open nor kept aborted reads as committed."""
     from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
+    from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 
-    buffer = TransactionBuffer()
-    a, b = TxnID(0, 1), TxnID(0, 2)
+    clock = [1_000_000]
+    buffer = TransactionBuffer(clock=lambda: clock[0])
+    a, b, block = TxnID(0, 1), TxnID(0, 2), TxnID(2**64 - 1, 9)
     buffer.message_written(a)
     buffer.message_written(b)
     assert buffer.outcome(a) is TxnOutcome.OPEN and buffer.ongoing == 2
+    assert buffer.first_open_position() is None  # nothing durable yet: bounds nothing
+    buffer.message_durable(b, Position(1, 7))
+    buffer.message_durable(a, Position(1, 3))
+    buffer.message_durable(a, Position(1, 4))  # only the first counts
+    assert buffer.first_open_position() == Position(1, 3)
     buffer.begin_end(a)
     assert not buffer.accepts_message(a)  # a zombie's late write is refused while the end is written
-    buffer.ended(a, True, Position(1, 5))
-    buffer.ended(b, False, Position(2, 0))
+    buffer.ended(a, True, Position(1, 5), deadline_ms=clock[0] + 5_000)
+    buffer.ended(b, False, Position(2, 0), deadline_ms=clock[0] + 5_000)
+    buffer.ended(block, True, Position(2, 1))  # no deadline (a store-local block): nothing to fence
+    assert buffer.first_open_position() is None
     assert buffer.outcome(a) is TxnOutcome.COMMITTED and buffer.outcome(b) is TxnOutcome.ABORTED
-    assert buffer.forget_before(Position(2, -1)) == [(a, 0)]  # ledger 1 was trimmed: a's entries are gone
-    assert buffer.outcome(b) is TxnOutcome.ABORTED and buffer.ended_count == 1
+    assert buffer.outcome(block) is TxnOutcome.COMMITTED and buffer.ended_count == 2
+    assert not buffer.accepts_message(a) and buffer.is_ended(a) and not buffer.is_ended(block)
+    assert buffer.forget_before(Position(2, -1)) == []  # commits go by time, not with their ledger
+    assert buffer.forget_before(Position(3, -1)) == [(b, clock[0] + 5_000)]
+    assert buffer.outcome(b) is TxnOutcome.COMMITTED  # (its messages went with its ledger)
+    assert buffer.expire() == 0
+    clock[0] += 5_000 + FENCE_GRACE_MS + 10_000  # past the deadline, the grace and a bucket
+    assert buffer.expire() == 1
+    assert buffer.ended_count == 0 and buffer.outcome(a) is TxnOutcome.COMMITTED
+    assert buffer.accepts_message(a)  # its tickets expired: the store refuses them before this
+    buffer.ended(TxnID(0, 3), True, Position(3, 0), deadline_ms=1)  # deadline long past: not kept
+    assert buffer.ended_count == 0
+
+
+def test_transaction_buffer_keeps_each_open_txns_first_position_and_age_together() -> None:
+    """The two things kept per open transaction (its first durable message, which bounds trimming, and
+    when its first message was written, the held-back age) come and go together, also over a
+    snapshot: a restored one keeps its position and counts its age from the restart."""
+    from txnkeeper.topic.txnbuffer import TransactionBuffer
+
+    buffer = TransactionBuffer(clock=lambda: 1_000_000)
+    a, b = TxnID(0, 1), TxnID(0, 2)
+    assert buffer.oldest_open_age_s(now=5_000.0) == 0.0
+    buffer.message_written(a, 1_000.0)
+    buffer.message_written(a, 4_000.0)  # a later message of it: still held back since the first
+    buffer.message_written(b)
+    buffer.message_durable(a, Position(2, 5))
+    assert buffer.is_open(a) and buffer.oldest_open_age_s(now=5_000.0) == 4_000.0
+    assert buffer.first_open_position() == Position(2, 5)
+    buffer.ended(a, True, Position(2, 9), deadline_ms=2_000_000)
+    assert not buffer.is_open(a) and buffer.first_open_position() is None
+    assert buffer.oldest_open_age_s(now=5_000.0) < 4_000.0  # b's age, not a's
+    buffer.message_written(a, 10.0)  # a zombie's late message of an ended transaction reopens nothing
+    assert not buffer.is_open(a) and buffer.ongoing == 1
+
+    rows, opened = buffer.export()
+    restored = TransactionBuffer(clock=lambda: 1_000_000)
+    restored.restore(rows, [*opened, (TxnID(0, 3), Position(3, 0))])
+    assert restored.ongoing == 2 and restored.first_open_position() == Position(3, 0)
+    assert 0.0 <= restored.oldest_open_age_s() < 60.0  # from the restart, not from the epoch
+    restored.ended(b, False, Position(4, 0))
+    restored.ended(TxnID(0, 3), False, Position(4, 1))
+    assert restored.ongoing == 0 and restored.oldest_open_age_s() == 0.0
 
 
 def test_transaction_buffer_rows_survive_re_ends_compaction_and_restore() -> None:
-    from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome, unpack_ended
+    from txnkeeper.topic.txnbuffer import UNKNOWN_FIRST, TransactionBuffer, TxnOutcome, unpack_ended
 
-    buffer = TransactionBuffer()
-    ids = [TxnID(3, i) for i in range(5000)]
+    now = 1_000_000
+    buffer = TransactionBuffer(clock=lambda: now)
+    ids = [TxnID(3, i) for i in range(20_000)]
+    deadline = now + 600_000
     for i, txn in enumerate(ids):
-        buffer.ended(txn, i % 3 != 0, Position(1 + i // 1000, i % 1000), deadline_ms=i)
+        buffer.ended(txn, i % 3 != 0, Position(1 + i // 1000, i % 1000), deadline_ms=deadline + i)
     # ended again later (a marker written twice): its latest marker counts, the earlier row is stale
-    buffer.ended(ids[0], True, Position(9, 0), deadline_ms=7)
-    assert buffer.outcome(ids[0]) is TxnOutcome.COMMITTED and buffer.ended_count == 5000
-    forgotten = buffer.forget_before(Position(3, -1))  # ledgers 1 and 2 trimmed
-    assert forgotten == [(txn, i) for i, txn in enumerate(ids[1:2000], start=1)]  # not ids[0]: re-ended
-    assert buffer.outcome(ids[1]) is TxnOutcome.OPEN and buffer.outcome(ids[0]) is TxnOutcome.COMMITTED
+    buffer.ended(ids[0], False, Position(99, 0), deadline_ms=7)
+    assert buffer.ended_count == 20_000
+    forgotten = buffer.forget_before(Position(11, -1))  # ledgers 1..10 trimmed: rows cut from the front
+    assert forgotten == [(ids[i], deadline + i) for i in range(3, 10_000, 3)]  # not ids[0]: re-ended
+    assert buffer.outcome(ids[0]) is TxnOutcome.ABORTED and buffer.outcome(ids[1]) is TxnOutcome.COMMITTED
     assert (
-        buffer.outcome(ids[2000]) is TxnOutcome.COMMITTED and buffer.outcome(ids[2001]) is TxnOutcome.ABORTED
+        buffer.outcome(ids[10_002]) is TxnOutcome.ABORTED
+        and buffer.outcome(ids[10_001]) is TxnOutcome.COMMITTED
     )
-    rows, opened = buffer.export()  # the stale row was cut with the forgotten ones
+    rows, opened = buffer.export()
     exported = list(unpack_ended(rows))
-    assert [e.txn_id for e in exported] == [*ids[2000:], ids[0]] and opened == []
-    restored = TransactionBuffer()
-    restored.message_written(ids[4999])  # opened before the snapshot is applied: ended wins
-    restored.restore(rows, [TxnID(4, 1)])
-    assert restored.ended_count == 3001 and restored.ongoing == 1
-    for txn in [*ids[2000:], ids[0]]:
+    committed = [e.txn_id for e in exported if e.committed]
+    assert sorted(committed) == sorted(t for i, t in enumerate(ids) if i % 3)  # every commit still fences
+    assert [e.txn_id for e in exported if not e.committed] == [*ids[10_002::3], ids[0]] and opened == []
+    restored = TransactionBuffer(clock=lambda: now)
+    restored.message_written(ids[19_999])  # opened before the snapshot is applied: ended wins
+    restored.restore(
+        rows, [(TxnID(4, 1), Position(12, 3)), (TxnID(4, 2), None), (TxnID(4, 3), UNKNOWN_FIRST)]
+    )
+    assert restored.ended_count == buffer.ended_count and restored.ongoing == 3
+    for txn in ids:
         assert restored.outcome(txn) is buffer.outcome(txn)
-    assert restored.forget_before(Position(5, 999)) == [
-        (txn, i) for i, txn in enumerate(ids[2000:], start=2000)
+    assert restored.first_open_position() == UNKNOWN_FIRST  # an old snapshot's: keeps every ledger
+    assert restored.forget_before(Position(99, 999)) == [
+        (txn, deadline + 10_002 + 3 * i) for i, txn in enumerate(ids[10_002::3])
+    ] + [(ids[0], 7)]
+    assert restored.ended_count == len(committed)
+    restored.ended(TxnID(4, 1), False, Position(100, 0), deadline_ms=3)  # after the front was cut
+    assert [
+        (e.txn_id, e.committed, e.marker) for e in unpack_ended(restored.export()[0]) if not e.committed
+    ] == [
+        (TxnID(4, 1), False, Position(100, 0)),
     ]
-    assert restored.outcome(ids[0]) is TxnOutcome.COMMITTED and restored.ended_count == 1
-    restored.ended(TxnID(4, 1), False, Position(10, 0), deadline_ms=3)  # after the front was cut
-    assert [(e.txn_id, e.committed, e.marker) for e in unpack_ended(restored.export()[0])] == [
-        (ids[0], True, Position(9, 0)),
-        (TxnID(4, 1), False, Position(10, 0)),
-    ]
-    assert restored.ongoing == 0 and restored.outcome(TxnID(4, 1)) is TxnOutcome.ABORTED
+    assert restored.ongoing == 2 and restored.outcome(TxnID(4, 1)) is TxnOutcome.ABORTED
 
 
 async def test_store_peers_send_the_ends_of_one_turn_together_and_fail_only_the_refused() -> None:

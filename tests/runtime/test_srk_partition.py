@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -43,6 +44,13 @@ async def _open(tmp_path: Path) -> tuple[ManagedLedgerFactory, Partition]:
     return factory, partition
 
 
+def cursor_only(cursor: Any) -> Any:
+    """A subscription as a partition's housekeeping sees it (its cursor only; no dispatch)."""
+    return SimpleNamespace(
+        mark_delete_position=cursor.mark_delete_position, is_acknowledged=cursor.is_deleted
+    )
+
+
 async def test_writer_state_survives_trimming_through_the_snapshot(tmp_path: Path) -> None:
     factory, partition = await _open(tmp_path)
     await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 30)
@@ -54,7 +62,7 @@ async def test_writer_state_survives_trimming_through_the_snapshot(tmp_path: Pat
     ledger = partition.ledger
     cursor = await cast(Any, ledger).open_cursor("sub")
     await cursor.mark_delete(ledger.last_confirmed_entry())
-    partition.subscriptions["sub"] = cast(Subscription, cast(Any, object()))
+    partition.subscriptions["sub"] = cast(Subscription, cursor_only(cursor))
     await partition.housekeeping()  # snapshot, then trim
     assert ledger.ledger_ids()[0] > sent.first_message_id.ledger_id  # every writer record is gone
     await factory.close()
@@ -285,7 +293,7 @@ async def test_a_block_whose_marker_is_durable_but_not_yet_applied_is_captured_a
     rows = {row.txn_id: row for row in unpack_ended(captured.ended)}
     assert rows[block] == EndedTxn(block, True, Position(9, 4), 0)
     assert TxnID(BLOCK_TXN_MOST, 78) not in rows
-    assert block not in captured.open
+    assert block not in dict(captured.open)
     assert partition.buffer.outcome(block) is TxnOutcome.OPEN  # the capture changed nothing live
     partition._blocks.clear()
     pending.cancel()

@@ -19,7 +19,7 @@ from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.partition import Partition
-from txnkeeper.topic.txnbuffer import TxnOutcome
+from txnkeeper.topic.txnbuffer import UNKNOWN_FIRST, TxnOutcome
 from txnkeeper.topic.txnfence import now_ms
 from txnkeeper.txnid import TxnID
 
@@ -126,7 +126,7 @@ async def test_outcomes_trimmed_since_the_snapshot_are_forgotten_but_fenced(tmp_
     await partition.ledger.trim()  # their markers' ledgers are gone, the snapshot is older
     await factory.close()
     partition, factory = await open_partition(tmp_path, per_ledger=4)
-    assert partition.buffer.outcome(ABORTED) is TxnOutcome.OPEN  # forgotten with its ledger
+    assert ABORTED not in partition.buffer.ended_ids()  # forgotten with its ledger
     assert partition.late_fence.holds(ABORTED)  # its deadline has not passed: still refused
     assert partition.buffer.ended_count == 0
     await factory.close()
@@ -138,7 +138,8 @@ def test_snapshot_round_trip_and_shape_errors(tmp_path: Path) -> None:
         snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9),
         snapshots.EndedTxn(TxnID(2**64 - 1, 2**63), False, Position(2**40, 5), 2**62),  # a block's id
     ]
-    snap = snapshots.BufferSnapshot(TOPIC, Position(3, 7), snapshots.pack_ended(rows), [OPEN])
+    opened = [(OPEN, Position(3, 1)), (LATE, None)]  # LATE's first message not durable yet
+    snap = snapshots.BufferSnapshot(TOPIC, Position(3, 7), snapshots.pack_ended(rows), opened, [], 12)
     snapshots.write(path, snap)
     loaded = snapshots.read(path, TOPIC)
     assert loaded == snap and list(snapshots.unpack_ended(loaded.ended)) == rows
@@ -172,7 +173,7 @@ def test_version_2_snapshots_with_json_rows_are_still_read(tmp_path: Path) -> No
     }
     statefile.write(path, snapshots.KIND, 2, body)
     loaded = snapshots.read(path, TOPIC)
-    assert loaded is not None and loaded.open == [OPEN]
+    assert loaded is not None and loaded.open == [(OPEN, UNKNOWN_FIRST)]  # keeps every ledger
     assert list(snapshots.unpack_ended(loaded.ended)) == [
         snapshots.EndedTxn(COMMITTED, True, Position(3, 2), 9),
         snapshots.EndedTxn(ABORTED, False, Position(3, 4), 0),
@@ -191,7 +192,7 @@ from txnkeeper.topic import snapshot as s
 path = Path(sys.argv[1])
 for n in range(1, 10**9):
     ended = [s.EndedTxn(TxnID(1, i), i % 2 == 0, Position(3, i), 0) for i in range(n % 500)]
-    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), s.pack_ended(ended), [TxnID(2, n)]))
+    s.write(path, s.BufferSnapshot(sys.argv[2], Position(3, n), s.pack_ended(ended), [(TxnID(2, n), None)]))
     print(n, flush=True)
 """
 
@@ -215,7 +216,7 @@ def test_a_process_killed_while_writing_snapshots_leaves_a_whole_one(tmp_path: P
     assert loaded is not None
     n = loaded.covers.entry_id
     assert n >= last  # at least the last write it reported finished
-    assert loaded.open == [TxnID(2, n)]  # and all of that one write
+    assert loaded.open == [(TxnID(2, n), None)]  # and all of that one write
     assert len(list(snapshots.unpack_ended(loaded.ended))) == n % 500
 
 
@@ -224,10 +225,10 @@ async def test_the_snapshot_interval_grows_with_the_outcomes_kept(tmp_path: Path
     every ``snapshot_every``, so snapshots cost a bounded share of the writes."""
     partition, factory = await open_partition(tmp_path, every=10, per_ledger=10_000)
     path = snapshots.snapshot_path(tmp_path / "snapshots", TOPIC)
-    for i in range(200):  # 200 outcomes, then a snapshot covering them
+    for i in range(200):  # 200 outcomes (aborted ones are kept), then a snapshot covering them
         txn = TxnID(7, i)
         await partition.publish(b"m", "", txn)
-        await partition.end_txn(txn, commit=True)
+        await partition.end_txn(txn, commit=False)
     assert await partition.write_snapshot()
 
     def identity() -> tuple[int, int]:  # a new snapshot is a new file renamed into place

@@ -17,7 +17,14 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from txnkeeper.admin.auth import check_bearer
-from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, OffloadRefusal, PodView, TopicOffloadView
+from txnkeeper.admin.views import (
+    AdminRefusal,
+    FormatLevelRefusal,
+    PodView,
+    TopicOffloadView,
+    TopicPolicyView,
+    TopicRefusal,
+)
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 
 log = logging.getLogger(__name__)
@@ -36,6 +43,8 @@ POD_KEY: web.AppKey[PodView] = web.AppKey("pod", PodView)
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token", str | None)  # type: ignore[arg-type]
 OffloadProvider = Callable[[], TopicOffloadView | None]
 OFFLOAD_KEY: web.AppKey[OffloadProvider] = web.AppKey("offload", OffloadProvider)  # type: ignore[arg-type]
+PolicyProvider = Callable[[], TopicPolicyView | None]
+POLICY_KEY: web.AppKey[PolicyProvider] = web.AppKey("policies", PolicyProvider)  # type: ignore[arg-type]
 
 
 class HttpServerLog(logging.LoggerAdapter[logging.Logger]):
@@ -353,7 +362,7 @@ def _apply(config: BatchedWriteConfig, body: dict[str, Any], key: str) -> Batche
 def _offload(request: web.Request) -> tuple[TopicOffloadView, str]:
     view = request.app[OFFLOAD_KEY]()
     if view is None:
-        raise OffloadRefusal(404, "this pod holds no topics (offload verbs are served by store pods)")
+        raise TopicRefusal(404, "this pod holds no topics (offload verbs are served by store pods)")
     topic = _utf8_query(request).get("topic", "")
     if not topic:
         raise BadRequest("query parameter 'topic' is required (e.g. ?topic=persistent://public/default/t)")
@@ -396,19 +405,54 @@ async def remove_offload_policies(request: web.Request) -> web.Response:
     return web.json_response(await view.remove_policies(topic))
 
 
+# --- topic policies (retention, message TTL, backlog quota; store pods only) ----------------------------
+
+
+def _policies(request: web.Request) -> tuple[TopicPolicyView, str, str]:
+    view = request.app[POLICY_KEY]()
+    if view is None:
+        raise TopicRefusal(404, "this pod holds no topics (topic policy verbs are served by store pods)")
+    topic = _utf8_query(request).get("topic", "")
+    if not topic:
+        raise BadRequest("query parameter 'topic' is required (e.g. ?topic=persistent://public/default/t)")
+    return view, request.match_info["verb"], topic
+
+
+async def get_topic_policy(request: web.Request) -> web.Response:
+    view, verb, topic = _policies(request)
+    return web.json_response(view.get(verb, topic))
+
+
+async def set_topic_policy(request: web.Request) -> web.Response:
+    view, verb, topic = _policies(request)
+    view.get(verb, topic)  # 404 for a topic the pod does not hold, before the body is looked at
+    body = await _json_object(request)
+    return web.json_response(await view.set(verb, topic, body))
+
+
+async def remove_topic_policy(request: web.Request) -> web.Response:
+    view, verb, topic = _policies(request)
+    return web.json_response(await view.remove(verb, topic))
+
+
 def _cut(value: object, limit: int = 40) -> str:
     text = value if isinstance(value, str) else type(value).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_admin_app(
-    pod: PodView, token: str | None, offload: OffloadProvider | None = None
+    pod: PodView,
+    token: str | None,
+    offload: OffloadProvider | None = None,
+    policies: PolicyProvider | None = None,
 ) -> web.Application:
-    """``offload`` returns the pod's topic offload view once its stores are up (None: no topics)."""
+    """``offload`` and ``policies`` return the pod's topic offload and topic policy views once its
+    stores are up (None: no topics)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
     app[OFFLOAD_KEY] = offload or (lambda: None)
+    app[POLICY_KEY] = policies or (lambda: None)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/v1/info", info)
@@ -435,4 +479,8 @@ def build_admin_app(
     app.router.add_get("/admin/v1/topics/offload-policies", get_offload_policies)
     app.router.add_post("/admin/v1/topics/offload-policies", set_offload_policies)
     app.router.add_delete("/admin/v1/topics/offload-policies", remove_offload_policies)
+    verbs = "{verb:retention|message-ttl|backlog-quota}"
+    app.router.add_get(f"/admin/v1/topics/{verbs}", get_topic_policy)
+    app.router.add_post(f"/admin/v1/topics/{verbs}", set_topic_policy)
+    app.router.add_delete(f"/admin/v1/topics/{verbs}", remove_topic_policy)
     return app

@@ -23,6 +23,18 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 # \d: that takes any script's digits, which int() then reads as a different number than was meant).
 _TXN_ID = re.compile(r"\(([0-9]{1,20}),([0-9]{1,20})\)|([0-9]{1,20}):([0-9]{1,20})")
 _TXN_ID_FORMS = "(MOST,LEAST) or MOST:LEAST, e.g. (0,42) or 0:42"
+# Pulsar's topic policy verbs and their keys (contracts §6 "Topic policies").
+TOPIC_POLICY_VERBS = {
+    "retention": "retentionTimeInMinutes, retentionSizeInMB",
+    "message-ttl": "messageTTLInSeconds",
+    "backlog-quota": "limitSize, limitTime, policy",
+}
+SET_EXAMPLES = {
+    "offload-policies": "offloadMode=ledger",
+    "retention": "retentionTimeInMinutes=60",
+    "message-ttl": "messageTTLInSeconds=3600",
+    "backlog-quota": "policy=producer_exception",
+}
 
 
 class AdminCallError(Exception):
@@ -105,7 +117,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=FLUSH_MODES,
         help="adaptive (never holds a batch while the ledger is idle) or delay (Pulsar's pure delay)",
     )
-    topics = verbs.add_parser("topics", help="a store pod's topics: PIP-76 offload, single-key writers")
+    topics = verbs.add_parser(
+        "topics", help="a store pod's topics: PIP-76 offload, retention, message TTL, backlog quota, writers"
+    )
     topic_verbs = topics.add_subparsers(dest="action", metavar="VERB")
     topic_verbs.required = True
     for name, help_text in (
@@ -136,6 +150,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     setter.add_argument("topic")
     setter.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    for name, keys in TOPIC_POLICY_VERBS.items():
+        policy = topic_verbs.add_parser(name, help=f"get|set|remove a topic's {name} ({keys})")
+        actions = policy.add_subparsers(dest="policy_action", metavar="get|set|remove")
+        actions.required = True
+        actions.add_parser("get").add_argument("topic")
+        actions.add_parser("remove").add_argument("topic")
+        setter = actions.add_parser("set", help=f"set KEY=VALUE pairs ({keys}) over the pod's defaults")
+        setter.add_argument("topic")
+        setter.add_argument("settings", nargs="+", metavar="KEY=VALUE")
     parser.set_defaults(func=run)
 
 
@@ -197,9 +220,9 @@ def _topic_request(ns: argparse.Namespace) -> tuple[str, str, object]:
     query = "?" + urllib.parse.urlencode({"topic": ns.topic})
     if ns.action == "offload":
         return "POST", "/admin/v1/topics/offload" + query, {}
-    if ns.action != "offload-policies":
+    if ns.action != "offload-policies" and ns.action not in TOPIC_POLICY_VERBS:
         return "GET", f"/admin/v1/topics/{ns.action}" + query, None
-    path = "/admin/v1/topics/offload-policies" + query
+    path = f"/admin/v1/topics/{ns.action}" + query
     if ns.policy_action == "get":
         return "GET", path, None
     if ns.policy_action == "remove":
@@ -208,7 +231,7 @@ def _topic_request(ns: argparse.Namespace) -> tuple[str, str, object]:
     for pair in ns.settings:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"setting {pair!r} is not KEY=VALUE (e.g. offloadMode=ledger)")
+            raise ValueError(f"setting {pair!r} is not KEY=VALUE (e.g. {SET_EXAMPLES[ns.action]})")
         body[key] = value  # the pod converts and checks values (numbers may be given as text)
     return "POST", path, body
 

@@ -83,8 +83,13 @@ class AdminRefusal(Exception):
         self.status = status
 
 
-class OffloadRefusal(AdminRefusal):
-    """An offload verb cannot be done (503: the blob store failed)."""
+class TopicRefusal(AdminRefusal):
+    """A topic verb cannot be done (400 bad input, 404 no such topic or override here, 409 not
+    possible in this state, 503 the blob store failed)."""
+
+
+class OffloadRefusal(TopicRefusal):
+    """An offload verb cannot be done (see ``TopicRefusal``)."""
 
 
 class TopicOffloadView(Protocol):
@@ -103,3 +108,14 @@ class TopicOffloadView(Protocol):
     async def set_policies(self, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
 
     async def remove_policies(self, topic: str) -> dict[str, Any]: ...
+
+
+class TopicPolicyView(Protocol):
+    """Pulsar's topic policies of a store pod's topics (`txnkeeper admin topics retention|message-ttl|
+    backlog-quota get|set|remove`): ``verb`` is one of those three names."""
+
+    def get(self, verb: str, topic: str) -> dict[str, Any]: ...  # pod's, topic's and effective settings
+
+    async def set(self, verb: str, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def remove(self, verb: str, topic: str) -> dict[str, Any]: ...

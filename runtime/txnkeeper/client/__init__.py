@@ -19,6 +19,7 @@ from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyTransaction, SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.errors import (
+    BacklogQuotaExceededError,
     DataUnreadableError,
     InvalidTxnStatusError,
     ServiceError,
@@ -27,6 +28,7 @@ from txnkeeper.errors import (
 )
 
 __all__ = [
+    "BacklogQuotaExceededError",
     "Client",
     "ClientClosedError",
     "Consumer",

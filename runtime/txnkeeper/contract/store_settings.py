@@ -1,5 +1,6 @@
-"""The PendingAckStore's release-gated settings: ``spec.offload`` (PIP-76) and
-``spec.singleKeyTransactions`` (PDP-44), in the CR's spelling and in the pod ``--config`` file's.
+"""The PendingAckStore's store settings: ``spec.offload`` (PIP-76), ``spec.singleKeyTransactions``
+(PDP-44) and ``spec.topicPolicies`` (Pulsar's retention, message TTL and backlog quotas), in the CR's
+spelling and in the pod ``--config`` file's, and the one strict reading of a number in them.
 
 Why here: the CRD (its limits and CEL rules are generated from these constants), the operator (which
 renders a CR into the config file) and the runtime (which reads the file) must agree on names, limits
@@ -10,12 +11,69 @@ Standard library only (docs/contracts.md §0).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from txnkeeper.contract.formats import Feature
 
 MIB = 1024 * 1024
+JAVA_INT_MAX = 2**31 - 1
+JAVA_LONG_MAX = 2**63 - 1
+
+# ---- numbers ------------------------------------------------------------------------------------------
+# Decimal text as Pulsar's properties write numbers: ASCII digits only (int() would take "١٢٣", " 12 ",
+# "1_0"), one optional leading '-', no '+', no exponent, no leading zeros.
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})(?:\.[0-9]{1,18})?")
+
+
+class SettingError(ValueError):
+    """A setting's value is of the wrong type, not plain decimal, or out of range (names it)."""
+
+
+def plain_number(value: object, kind: type, what: str, *, low: float, high: float, range_text: str) -> Any:
+    """``value`` (a JSON number, or decimal text as in Pulsar's properties files) as ``kind`` (int or
+    float), within ``low..high``; else ``SettingError`` naming ``what``, the range and the value.
+
+    Strict where ``int()``/``float()`` are lenient: no booleans, no non-ASCII digits, no spaces, no
+    exponent or '+', no leading zeros, no negative zero, nothing beyond 64 bits.
+    """
+    if isinstance(value, bool):
+        raise SettingError(f"{what} must be a number, got a boolean")
+    if isinstance(value, str):
+        if (_INT_TEXT if kind is int else _NUMBER_TEXT).fullmatch(value) is None:
+            raise SettingError(
+                f"{what}={value[:40]!r} is not {_a(kind)} in plain decimal (ASCII digits 0-9, an optional "
+                "leading '-', no spaces" + (")" if kind is int else ", '.' for a fraction, no exponent)")
+            )
+        if value.startswith("-") and float(value) == 0:
+            raise SettingError(f"{what}={value!r} is a negative zero; write 0")
+        value = int(value) if kind is int else float(value)
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or abs(value) > JAVA_LONG_MAX:
+            shown = type(value).__name__ if isinstance(value, list | dict) else repr(value)
+            if not isinstance(value, int | float):
+                raise SettingError(f"{what} must be a number, got {shown}")
+            raise SettingError(f"{what} must be an integer that fits 64 bits, got {shown}")
+    elif not isinstance(value, int | float) or not math.isfinite(value):
+        shown = type(value).__name__ if isinstance(value, list | dict) else repr(value)
+        raise SettingError(f"{what} must be a finite number, got {shown}")
+    elif value == 0 and math.copysign(1.0, value) < 0:
+        raise SettingError(f"{what} is a negative zero; write 0")
+    else:
+        value = float(value)
+    if not low <= value <= high:
+        raise SettingError(f"{what} must be {range_text}, got {value!r}")
+    return value
+
+
+def _a(kind: type) -> str:
+    return "an integer" if kind is int else "a number"
+
 
 # ---- offload ------------------------------------------------------------------------------------------
 
@@ -93,6 +151,103 @@ SRK_KEYS = ("enabled", "maxBlockBytes", "writerInactivityMinutes", "maxWritersPe
 def single_key_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The config file's ``singleKeyTransactions`` section (same key names as the CR)."""
     return {key: spec[key] for key in SRK_KEYS if key in spec and spec[key] is not None}
+
+
+# ---- topic policies (Pulsar's retention, message TTL and backlog quotas) -----------------------------
+
+# The config file's section: store-wide defaults of every topic's policies, each block the body of its
+# admin verb (`txnkeeper admin topics retention|message-ttl|backlog-quota set`), plus how often they
+# are checked. A topic's own settings (set by those verbs) override the blocks key by key.
+TOPIC_POLICIES_SECTION = "topicPolicies"
+RETENTION_BLOCK = "retention"
+MESSAGE_TTL_BLOCK = "messageTTL"
+BACKLOG_QUOTA_BLOCK = "backlogQuota"
+CHECK_INTERVAL_KEY = "checkIntervalSeconds"
+# Pulsar's names (RetentionPolicies, the topic's messageTTLInSeconds, BacklogQuota).
+RETENTION_KEYS = ("retentionTimeInMinutes", "retentionSizeInMB")
+MESSAGE_TTL_KEYS = ("messageTTLInSeconds",)
+BACKLOG_QUOTA_KEYS = ("limitSize", "limitTime", "policy")
+BACKLOG_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+DEFAULT_BACKLOG_POLICY = "producer_request_hold"  # Pulsar's backlogQuotaDefaultRetentionPolicy
+# key -> (lowest, highest, what the lowest special values mean); Pulsar's Java types bound them:
+# minutes, seconds and limitTime are ints, sizes longs (retentionSizeInMB so that its bytes fit one).
+TOPIC_POLICY_BOUNDS: dict[str, tuple[int, int, str]] = {
+    "retentionTimeInMinutes": (-1, JAVA_INT_MAX, f"-1 (infinite) or 0..{JAVA_INT_MAX}"),
+    "retentionSizeInMB": (-1, JAVA_LONG_MAX // MIB, f"-1 (infinite) or 0..{JAVA_LONG_MAX // MIB}"),
+    "messageTTLInSeconds": (0, JAVA_INT_MAX, f"0 (no TTL) or 1..{JAVA_INT_MAX}"),
+    "limitSize": (-1, JAVA_LONG_MAX, f"-1 (no limit) or 0..{JAVA_LONG_MAX}"),
+    "limitTime": (-1, JAVA_INT_MAX, f"-1 (no limit) or 0..{JAVA_INT_MAX}"),
+}
+# How often a store pod applies them (retention trims, TTL, backlog quota checks): Pulsar checks
+# retention every 120 s, expiry every 5 min and quotas every 60 s; one interval here, 10 s by default.
+DEFAULT_CHECK_INTERVAL_SECONDS = 10
+MIN_CHECK_INTERVAL_SECONDS = 1
+MAX_CHECK_INTERVAL_SECONDS = 3600
+
+# CR field (spec.topicPolicies) -> config-file block and key. The CR spells units out; the file and
+# the admin verbs use Pulsar's names.
+TOPIC_POLICY_FIELDS: dict[str, tuple[str | None, str]] = {
+    "retentionMinutes": (RETENTION_BLOCK, "retentionTimeInMinutes"),
+    "retentionSizeMB": (RETENTION_BLOCK, "retentionSizeInMB"),
+    "messageTTLSeconds": (MESSAGE_TTL_BLOCK, "messageTTLInSeconds"),
+    "backlogQuotaLimitBytes": (BACKLOG_QUOTA_BLOCK, "limitSize"),
+    "backlogQuotaLimitSeconds": (BACKLOG_QUOTA_BLOCK, "limitTime"),
+    "backlogQuotaPolicy": (BACKLOG_QUOTA_BLOCK, "policy"),
+    "checkIntervalSeconds": (None, CHECK_INTERVAL_KEY),
+}
+
+
+def topic_policy_bounds(key: str) -> tuple[int, int, str]:
+    """(lowest, highest, the range in words) of a numeric key of the ``topicPolicies`` section."""
+    if key == CHECK_INTERVAL_KEY:
+        low, high = MIN_CHECK_INTERVAL_SECONDS, MAX_CHECK_INTERVAL_SECONDS
+        return low, high, f"{low}..{high}"
+    return TOPIC_POLICY_BOUNDS[key]
+
+
+def topic_policy_problems(spec: object) -> list[str]:
+    """What a store pod would refuse in a CR's ``spec.topicPolicies`` (empty: nothing), each naming the
+    CR field: the CRD refuses all of it at admission; the operator checks again what reaches it anyway
+    (an object admitted under an older CRD), because a pod refuses a bad config file and does not
+    start."""
+    where = f"spec.{TOPIC_POLICIES_SECTION}"
+    if not isinstance(spec, Mapping):
+        return [f"{where} must be an object, got {type(spec).__name__}"]
+    problems = []
+    for field, value in spec.items():
+        what = f"{where}.{field}"
+        target = TOPIC_POLICY_FIELDS.get(field) if isinstance(field, str) else None
+        if target is None:
+            problems.append(f"{what} is not a field; the fields are {', '.join(TOPIC_POLICY_FIELDS)}")
+        elif value is None:
+            continue
+        elif target[1] == "policy":
+            if value not in BACKLOG_POLICIES:
+                problems.append(f"{what} must be one of {', '.join(BACKLOG_POLICIES)}, got {value!r:.60}")
+        elif isinstance(value, str):
+            problems.append(f"{what} must be an integer, got the string {value!r:.60}")
+        else:
+            low, high, text = topic_policy_bounds(target[1])
+            try:
+                plain_number(value, int, what, low=low, high=high, range_text=text)
+            except SettingError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def topic_policies_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The config file's ``topicPolicies`` section for a CR's ``spec.topicPolicies`` (only the fields
+    it sets; an empty section when it sets none)."""
+    out: dict[str, Any] = {}
+    for field, (block, key) in TOPIC_POLICY_FIELDS.items():
+        value = spec.get(field)
+        if value is None:
+            continue
+        if block is None:
+            out[key] = value
+        else:
+            out.setdefault(block, {})[key] = value
+    return out
 
 
 # ---- release gating -----------------------------------------------------------------------------------

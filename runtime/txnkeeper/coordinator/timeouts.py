@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from txnkeeper.contract.coordinator_settings import DEFAULT_MAX_TIMEOUT_MS, HARD_MAX_TIMEOUT_MS
 from txnkeeper.errors import BadRequestError
 
-# No transaction may ask for more than a day, whatever is configured (the coordinator's hard limit).
-HARD_MAX_TIMEOUT_MS = 24 * 3600 * 1000
-DEFAULT_MAX_TIMEOUT_MS = 15 * 60 * 1000  # Kafka's transaction.max.timeout.ms
+__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "HARD_MAX_TIMEOUT_MS", "TxnTimeoutPolicy", "namespace_of"]
 PROCESS_SETTING = "--max-txn-timeout-ms, or transactions.maxTimeoutMs in the coordinator pod's --config"
 
 

@@ -45,6 +45,7 @@ from .offload.offloader import Offloader, OffloadPolicy
 from .position import Entry, Position
 from .readback import ReadBackWorker, shared_worker
 from .recovery import CURSORS_DIR, LEDGERS_DIR, Recovered, recover
+from .retention import LedgerFacts, Retention, ledgers_to_trim
 from .stats import LedgerStat, internal_stats
 from .watermark import WatermarkKeeper
 from .writer import GroupCommitWriter
@@ -598,22 +599,26 @@ class ManagedLedger:
     def cursors(self) -> dict[str, ManagedCursor]:
         return dict(self._cursors)
 
-    async def trim(self) -> list[int]:
-        """Delete every closed ledger whose entries all cursors have deleted; returns their ids.
+    async def trim(
+        self, retention: Retention | None = None, *, keep_from_ledger: int | None = None
+    ) -> list[int]:
+        """Delete the closed ledgers every cursor is done with; returns their ids.
 
-        The current ledger is never deleted. With no cursor nothing is deleted (nobody has said the
-        data is consumed).
+        The current ledger is never deleted, nor any from ``keep_from_ledger`` on. Without
+        ``retention``: every such ledger, and with no cursor nothing (nobody has said the data is
+        consumed). With ``retention`` (a topic's policy, ``ledger/retention.py``): Pulsar's rule, only
+        those outside retention, and with no cursor every closed ledger counts as consumed.
         """
         if self._state in (_State.CLOSING, _State.CLOSED):
             self._raise_not_writable()
         async with self._trim_lock:
-            if not self._consumed_ledgers(self._store.meta):
+            if not self._trimmable(self._store.meta, retention, keep_from_ledger):
                 return []
             victims: list[int] = []
 
             def drop_consumed(meta: ManagedLedgerMetadata) -> None:
                 # decided again here, under the metadata lock: a rollover may have closed a ledger since
-                victims.extend(self._consumed_ledgers(meta))
+                victims.extend(self._trimmable(meta, retention, keep_from_ledger))
                 meta.ledgers = [i for i in meta.ledgers if i.ledger_id not in victims]
 
             try:
@@ -636,16 +641,36 @@ class ManagedLedger:
                 self.offloader.notify()  # segments whose ledgers are all trimmed lose their objects
             return victims
 
-    def _consumed_ledgers(self, meta: ManagedLedgerMetadata) -> list[int]:
-        """Closed ledgers before every cursor's first undeleted entry (none without cursors)."""
-        if not self._cursors:
+    def _trimmable(
+        self, meta: ManagedLedgerMetadata, retention: Retention | None, keep_from: int | None
+    ) -> list[int]:
+        if not self._cursors and retention is None:
             return []
         bound: float = float("inf")
         for cursor in self._cursors.values():
             first = cursor.first_undeleted_position()
             if first is not None:
                 bound = min(bound, first.ledger_id)
-        return [i.ledger_id for i in meta.ledgers if i.closed and i.ledger_id < bound]
+        return ledgers_to_trim(self._facts(meta), bound, retention, time.time(), keep_from)
+
+    def ledger_facts(self) -> list[LedgerFacts]:
+        """Every live ledger's entries, payload bytes and when it was closed (for retention, TTL and
+        backlog estimates)."""
+        return self._facts(self._store.meta)
+
+    def _facts(self, meta: ManagedLedgerMetadata) -> list[LedgerFacts]:
+        infos = meta.ledgers
+        facts = []
+        for i, info in enumerate(infos):
+            ledger = self._files.get(info.ledger_id)
+            entries, size = (
+                (ledger.entries, ledger.data_bytes) if ledger is not None else (info.entries, info.size)
+            )
+            # Closed when the next ledger was created (a restart closes it earlier: later is safe).
+            following = infos[i + 1].created_at if i + 1 < len(infos) else 0.0
+            closed_at = max(following, info.created_at) if info.closed and following > 0 else None
+            facts.append(LedgerFacts(info.ledger_id, entries, size, info.closed, closed_at))
+        return facts
 
     def _unlink_all(self, paths: list[Path]) -> None:
         # The metadata no longer lists these ledgers; a file left behind is removed on the next open.

@@ -15,6 +15,7 @@ from typing import Any
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
+from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
@@ -24,12 +25,22 @@ ROLES = ("coordinator", "store")
 
 # Top-level sections of the --config file that other modules read (through ``section``); the batch
 # settings parser skips them, and refuses any other key next to its own.
-OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions")
+OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies")
 _BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
 class ConfigError(ValueError):
     """A setting of the runtime process is missing or wrong (the message names it)."""
+
+
+@dataclass(frozen=True)
+class PodTopicPolicies:
+    """The config file's ``topicPolicies`` section, checked (server/topic_policies.py): the store's
+    defaults of every topic's policies, per block (``retention``, ``messageTTL``, ``backlogQuota``),
+    and how often they are applied."""
+
+    blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    check_interval_seconds: int = DEFAULT_CHECK_INTERVAL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class ServeConfig:
     offload: dict[str, Any] | None = None  # the config file's "offload" section (server/offload_settings.py)
     single_key: SingleKeySettings = field(default_factory=SingleKeySettings)
     txn_timeouts: TxnTimeoutPolicy = field(default_factory=TxnTimeoutPolicy)  # server/txn_config.py
+    # the config file's "topicPolicies" section (parsed by server/topic_policies.py)
+    topic_policies: PodTopicPolicies | None = None
 
 
 def env(name: str, default: str | None = None) -> str | None:

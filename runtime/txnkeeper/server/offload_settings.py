@@ -12,7 +12,6 @@ properties files, decimal strings. Every mistake is an ``OffloadSettingsError`` 
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,14 +72,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "managedLedgerOffloadWriteBufferSizeInBytes": (1, limits.MAX_OFFLOAD_BUFFER_BYTES),
 }
 MAX_TEXT = 1024  # a bucket, region, endpoint or directory; longer is a mistake
-# Decimal text as Pulsar's properties write numbers: ASCII digits only (int() would take "١٢٣", " 12 ",
-# "1_0"), one optional leading '-', no '+', no exponent, no leading zeros.
-_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
-_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})(?:\.[0-9]{1,18})?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class OffloadSettingsError(ValueError):
+class OffloadSettingsError(limits.SettingError):
     """An offload setting is unknown, of the wrong type or out of range (the message names it)."""
 
 
@@ -114,42 +109,19 @@ def _convert(value: object, kind: type, key: str, what: str) -> Any:
                 f"{what} must be at most {MAX_TEXT} characters without control characters"
             )
         return value
-    if isinstance(value, bool):
-        raise OffloadSettingsError(f"{what} must be a number, got a boolean")
-    if isinstance(value, str):
-        if (_INT_TEXT if kind is int else _NUMBER_TEXT).fullmatch(value) is None:
-            raise OffloadSettingsError(
-                f"{what}={value[:40]!r} is not {_a(kind)} in plain decimal (ASCII digits 0-9, an optional "
-                "leading '-', no spaces" + (")" if kind is int else ", '.' for a fraction, no exponent)")
-            )
-        if value.startswith("-") and float(value) == 0:
-            raise OffloadSettingsError(f"{what}={value!r} is a negative zero; write 0")
-        value = int(value) if kind is int else float(value)
-    if kind is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or abs(value) > _JAVA_LONG:
-            raise OffloadSettingsError(f"{what} must be an integer that fits 64 bits, got {value!r}")
-    elif not isinstance(value, int | float) or not math.isfinite(value):
-        raise OffloadSettingsError(f"{what} must be a finite number, got {value!r}")
-    elif value == 0 and math.copysign(1.0, value) < 0:
-        raise OffloadSettingsError(f"{what} is a negative zero; write 0")
-    else:
-        value = float(value)
     low, high = BOUNDS[key]
-    if not low <= value <= high:
-        raise OffloadSettingsError(f"{what} must be {_range_text(key, low, high)}, got {value!r}")
-    return value
+    try:
+        return limits.plain_number(
+            value, kind, what, low=low, high=high, range_text=_range_text(key, low, high)
+        )
+    except limits.SettingError as exc:
+        raise OffloadSettingsError(str(exc)) from exc
 
 
 def _range_text(key: str, low: float, high: float) -> str:
     if key == "managedLedgerOffloadThresholdInBytes":
         return f"-1 (offload on demand only) or 0..{high}"
     return f"{low}..{high}"
-
-
-def _a(kind: type) -> str:
-    return "an integer" if kind is int else "a number"
 
 
 def policy(settings: Mapping[str, Any], where: str) -> OffloadPolicy:

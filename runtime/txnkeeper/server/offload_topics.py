@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from txnkeeper import statefile
-from txnkeeper.admin.views import OffloadRefusal
+from txnkeeper.admin.views import OffloadRefusal, TopicRefusal
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.managed_ledger import ManagedLedger
 from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError, OffloadError
@@ -96,17 +96,7 @@ class TopicOffloads:
     # --- admin verbs -------------------------------------------------------------------------------
 
     def _require_topic(self, topic: str) -> None:
-        """Refuse (404) a name that is not a topic this pod holds: nothing is opened, created or
-        persisted for it, whatever it is (a path, a name with NUL or newline, a pending-ack log's)."""
-        if not topic:
-            raise OffloadRefusal(
-                400, "query parameter 'topic' is required (e.g. persistent://public/default/t)"
-            )
-        problem = name_problem("topic", topic)
-        if problem is not None:
-            raise OffloadRefusal(404, f"{problem}; no topic of this pod has such a name")
-        if self._factory.opened(topic) is None and not self._exists(topic):
-            raise OffloadRefusal(404, f"topic {topic[:200]!r} is not on this pod; ask the pod that holds it")
+        require_held_topic(topic, self._factory, self._exists)
 
     async def _ledger(self, topic: str) -> ManagedLedger:
         self._require_topic(topic)
@@ -281,6 +271,19 @@ class TopicOffloads:
             if ledger.offloader is not None
             for failure in ledger.offloader.unreadable.failures()
         ]
+
+
+def require_held_topic(topic: str, factory: ManagedLedgerFactory, exists: Callable[[str], bool]) -> None:
+    """Refuse (404) a name that is not a topic this pod holds: nothing is opened, created or persisted
+    for it, whatever it is (a path, a name with NUL or newline, a pending-ack log's). The one rule of
+    every topic verb (offload and topic policies)."""
+    if not topic:
+        raise TopicRefusal(400, "query parameter 'topic' is required (e.g. persistent://public/default/t)")
+    problem = name_problem("topic", topic)
+    if problem is not None:
+        raise TopicRefusal(404, f"{problem}; no topic of this pod has such a name")
+    if factory.opened(topic) is None and not exists(topic):
+        raise TopicRefusal(404, f"topic {topic[:200]!r} is not on this pod; ask the pod that holds it")
 
 
 def _namespace(topic: str) -> str:

@@ -53,6 +53,8 @@ from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
+from txnkeeper.server.topic_policies import TopicPolicyStore
+from txnkeeper.server.topic_policies import collect as topic_policy_metrics
 from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
@@ -95,6 +97,7 @@ class PodRuntime:
         self._not_ready = "starting"
         self._collector: _PodCollector | None = None
         self.offloads: TopicOffloads | None = None  # store pods: PIP-76 offload of topic ledgers
+        self.policies: TopicPolicyStore | None = None  # store pods: retention, message TTL, backlog quota
         self.client_address = ""
         self.admin_address = ""
 
@@ -192,7 +195,7 @@ class PodRuntime:
             raise ValueError(str(exc)) from exc
 
     async def _start_admin(self) -> None:
-        app = build_admin_app(self, self.config.admin_token, lambda: self.offloads)
+        app = build_admin_app(self, self.config.admin_token, lambda: self.offloads, lambda: self.policies)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
@@ -245,6 +248,13 @@ class PodRuntime:
 
         offloads = TopicOffloads(self.config.offload, state_dir, factory, ledger_exists)
         self.offloads = offloads
+        policies = TopicPolicyStore(
+            self.config.topic_policies,
+            state_dir,
+            factory,
+            ledger_exists,
+            lambda: self.topics.partitions() if self.topics is not None else {},
+        )
 
         async def open_ledger(topic: str) -> TopicLedger:
             return await factory.open(topic, offloads.ledger_config(topic))
@@ -261,8 +271,12 @@ class PodRuntime:
             open_pending_ack,
             ledger_exists,
             single_key=self.config.single_key,
+            policies=policies.policies_of,
+            check_interval=policies.pod.check_interval_seconds,
+            stored_topics=factory.list_names,  # (pending-ack logs are skipped by their name)
         )
         await self.topics.recover()
+        self.policies = policies
 
     def _write_ports_file(self) -> None:
         path = self.config.ports_file
@@ -460,11 +474,12 @@ class _PodCollector(Collector):
             open_txns = GaugeMetricFamily(
                 "txnkeeper_topic_ongoing_transactions", "Unresolved txns", labels=["topic"]
             )
-            # Each kept outcome holds ~220 bytes until its marker's ledger is trimmed, which never
-            # happens on a topic without subscriptions: the gauge to alert on (docs/contracts.md).
+            # Each kept outcome holds ~220 bytes: an aborted txn's until its marker's ledger is
+            # trimmed, a committed one's until its deadline + 20 s (docs/contracts.md, "Kept outcomes").
             kept = GaugeMetricFamily(
                 "txnkeeper_topic_kept_txn_outcomes",
-                "Ended txns whose outcome is held in memory until the ledger of their marker is trimmed",
+                "Ended txns whose outcome is held in memory (aborted: until their marker's ledger is trimmed;"
+                " committed: until their deadline + 20 s)",
                 labels=["topic"],
             )
             # How long the oldest open transaction has held back the topic's later messages: alert on
@@ -481,6 +496,7 @@ class _PodCollector(Collector):
                 kept.add_metric([topic], partition.buffer.ended_count)
                 oldest.add_metric([topic], round(partition.buffer.oldest_open_age_s(now), 3))
             yield from (published, open_txns, kept, oldest)
+            yield from topic_policy_metrics(pod.topics.partitions().items())
         protocol = pod._protocol
         if protocol is not None:
             stats = protocol.stats

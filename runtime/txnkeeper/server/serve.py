@@ -22,7 +22,7 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, srk_config, txn_config
+from txnkeeper.server import offload_settings, srk_config, topic_policies, txn_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--config",
         type=Path,
         default=env("CONFIG"),
-        help='JSON/YAML: batchedWrite settings and an "offload" section (PIP-76, Pulsar key names)',
+        help='JSON/YAML: batchedWrite and the sections "offload", "singleKeyTransactions", "topicPolicies"',
     )
     parser.add_argument(
         "--ports-file",
@@ -195,6 +195,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         offload = offload_settings.load(ns.config)
     except offload_settings.OffloadSettingsError as exc:
         raise ConfigError(str(exc)) from exc
+    try:
+        policies = topic_policies.load(ns.config)
+    except topic_policies.TopicPolicySettingsError as exc:
+        raise ConfigError(str(exc)) from exc
     single_key = srk_config.single_key_settings(ns, ns.config)
     txn_timeouts = txn_config.txn_timeouts(ns, ns.config)
     _gate_features(ns, offload, single_key.enabled)
@@ -219,6 +223,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         offload=offload,
         single_key=single_key,
         txn_timeouts=txn_timeouts,
+        topic_policies=policies,
     )
 
 

@@ -17,12 +17,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract.coordinator_settings import MAX_TIMEOUT_KEY, TRANSACTIONS_SECTION
 from txnkeeper.coordinator.timeouts import HARD_MAX_TIMEOUT_MS, TxnTimeoutPolicy
 from txnkeeper.server.config import ConfigError, env, load_document, section
 from txnkeeper.topicnames import name_problem
 
-SECTION = "transactions"
-_LIMIT_KEY = "maxTimeoutMs"
+SECTION = TRANSACTIONS_SECTION  # TransactionCoordinator.spec.transactions renders into it
+_LIMIT_KEY = MAX_TIMEOUT_KEY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

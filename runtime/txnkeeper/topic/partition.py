@@ -24,10 +24,13 @@ from pathlib import Path
 from typing import Protocol
 
 from txnkeeper.aio import failure_of, resolved, settle
-from txnkeeper.errors import DataUnreadableError, InvalidTxnStatusError
+from txnkeeper.errors import DataUnreadableError, InvalidTxnStatusError, UnavailableError
 from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Entry, Position
+from txnkeeper.ledger.retention import LedgerFacts, Retention
 from txnkeeper.topic import snapshot as snapshots
+from txnkeeper.topic.policies import HELD_CHECK_INTERVAL, NO_POLICIES, TopicPolicies
+from txnkeeper.topic.policy_checks import PolicyChecks
 from txnkeeper.topic.records import decode, encode_data, encode_marker, publish_time_ms
 from txnkeeper.topic.subscription import Subscription, after_text
 from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
@@ -51,7 +54,7 @@ WriteNotify = Callable[[Position | None, BaseException | None], None]
 REPLAY_BATCH = 1000
 TAIL_CACHE_ENTRIES = 20_000
 TAIL_CACHE_BYTES = 32 * 1024 * 1024
-HOUSEKEEPING_INTERVAL = 10.0  # seconds between trims of consumed ledgers
+HOUSEKEEPING_INTERVAL = 10.0  # seconds between policy checks (trims, TTL, backlog quota): the default
 # A snapshot of the transaction buffer is taken once this many entries were written since the last one
 # (and at housekeeping and close when anything was): a restart replays at most about this many entries
 # plus one housekeeping interval of traffic. With more outcomes kept than SNAPSHOT_GROWTH times that,
@@ -113,7 +116,11 @@ class PartitionLedger(Protocol):
 
     def ledger_ids(self) -> list[int]: ...
 
-    async def trim(self) -> list[int]: ...
+    def ledger_facts(self) -> list[LedgerFacts]: ...
+
+    async def trim(
+        self, retention: Retention | None = None, *, keep_from_ledger: int | None = None
+    ) -> list[int]: ...
 
     def last_confirmed_entry(self) -> Position | None: ...
 
@@ -129,8 +136,11 @@ class Partition:
         *,
         snapshot_every: int = SNAPSHOT_EVERY_ENTRIES,
         writers: WriterTable | None = None,
+        policies: Callable[[], TopicPolicies] | None = None,
     ) -> None:
         self.topic = topic
+        # The topic's retention, message TTL and backlog quota as they are now (looked up per check).
+        self._policies = policies or (lambda: NO_POLICIES)
         self.writers = writers if writers is not None else WriterTable(topic)
         self.block_stats = BlockStats()
         # Blocks queued to the ledger whose marker's outcome the buffer has not applied yet.
@@ -144,6 +154,12 @@ class Partition:
         )
         self.buffer = TransactionBuffer()
         self.subscriptions: dict[str, Subscription] = {}
+        # Message TTL and backlog quota checks; the quota's gate holds or refuses sends.
+        self.checks = PolicyChecks(
+            topic, self, ledger.ledger_facts, self.buffer.first_open_position, self.subscriptions
+        )
+        self.quota = self.checks.gate
+        self.policy_stats = self.checks.stats
         self._ending: dict[TxnID, asyncio.Future[None]] = {}
         # Ended txns whose outcome was forgotten (trimmed) before their deadline: still refused.
         self.late_fence = LateFence()
@@ -193,6 +209,7 @@ class Partition:
             )
             return None
         self.buffer.restore(loaded.ended, loaded.open)
+        self._next_block_least = max(self._next_block_least, loaded.next_block_txn)
         for row in loaded.writers:
             writer_id, last_number, last_first, ledger_id, entry_id, active = row
             mid = Position(ledger_id, entry_id) if ledger_id >= 0 and entry_id >= 0 else None
@@ -247,7 +264,8 @@ class Partition:
                             )
                     else:
                         if not self.buffer.is_open(txn_id):  # its first message: held back since then
-                            self.buffer.message_written(txn_id, publish_time_ms(data) / 1000 or None)
+                            self.buffer.message_written(txn_id, (publish_time_ms(data) or 0) / 1000 or None)
+                        self.buffer.message_durable(txn_id, position)
                         if txn_id.most == BLOCK_TXN_MOST:
                             block_starts.setdefault(txn_id, position)
                             self._saw_block_txn(txn_id)
@@ -289,7 +307,7 @@ class Partition:
         between them): before the pod reports ready, so no reader waits on it and its writer
         retransmits it (its last event number never covered it)."""
         _, opened = self.buffer.export()
-        for txn_id in opened:
+        for txn_id, _ in opened:
             if txn_id.most != BLOCK_TXN_MOST:
                 continue
             log.warning(
@@ -318,16 +336,17 @@ class Partition:
             done = flight.done
             if done.done() and not done.cancelled() and done.exception() is None:
                 settled.append(EndedTxn(txn_id, True, done.result(), 0))
-                if txn_id in opened:
-                    opened.remove(txn_id)
         if settled:
             ended += pack_ended(settled)
+            gone = {txn.txn_id for txn in settled}
+            opened = [(txn_id, first) for txn_id, first in opened if txn_id not in gone]
         return snapshots.BufferSnapshot(
             self.topic,
             covers,
             ended,
             opened,
             self.writers.snapshot_rows(),
+            self._next_block_least,
         )
 
     async def write_snapshot(self) -> bool:
@@ -368,6 +387,7 @@ class Partition:
 
     async def close(self) -> None:
         """Finish a background snapshot and take a last one, so a clean restart replays nothing."""
+        self.quota.fail_held(UnavailableError(f"topic {self.topic} is closing; nothing was written, retry"))
         if self._snapshot_task is not None:
             await asyncio.gather(self._snapshot_task, return_exceptions=True)
         if self._writing is not None:
@@ -423,6 +443,10 @@ class Partition:
         of an older one it must wait for)."""
         writers = self.writers
         validate_writer_key(producer_name)
+        if not self.quota.open:  # the backlog quota holds or refuses it (before it is decided)
+            held = self.quota.wait(len(payload))
+            if held is not None:
+                await held
         while True:  # a retransmission waits for its first send, then is decided again
             if epoch is not None:
                 writers.check_epoch(producer_name, epoch, producer=True)
@@ -467,6 +491,10 @@ class Partition:
         queues the block, as for ``publish_idempotent``)."""
         writers = self.writers
         last = first + len(events) - 1
+        if not self.quota.open:  # the backlog quota holds or refuses it (before it is decided)
+            held = self.quota.wait(size)
+            if held is not None:
+                await held
         while True:  # a retransmission waits for its block in flight, then is decided again
             if epoch is not None:
                 writers.check_epoch(writer_id, epoch)
@@ -534,11 +562,41 @@ class Partition:
         no future of its own.
         """
         if txn_id is not None:
-            if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
-                raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
+            self._check_accepts(txn_id)
+        if not self.quota.open and not self.quota.admit(
+            len(payload), partial(self._resume_publish, payload, key, txn_id, notify)
+        ):
+            return  # held by the backlog quota: written (or refused) by _resume_publish
+        self._write_message(payload, key, txn_id, notify)
+
+    def _check_accepts(self, txn_id: TxnID) -> None:
+        if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
+            raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}")
+
+    def _resume_publish(
+        self,
+        payload: bytes,
+        key: str,
+        txn_id: TxnID | None,
+        notify: WriteNotify,
+        failure: BaseException | None,
+    ) -> None:
+        """A send the backlog quota held: written now (its transaction checked again: it may have
+        ended meanwhile), or failed with ``failure``."""
+        try:
+            if failure is not None:
+                raise failure
+            if txn_id is not None:
+                self._check_accepts(txn_id)
+            self._write_message(payload, key, txn_id, notify)
+        except Exception as exc:
+            notify(None, exc)
+
+    def _write_message(self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify) -> None:
+        if txn_id is not None:
             self.buffer.message_written(txn_id)
         data = encode_data(payload, key, txn_id, int(time.time() * 1000))
-        written = partial(self._published, data, txn_id is None, notify)
+        written = partial(self._published, data, txn_id, notify)
         if self._add_notify is not None:
             self._add_notify(data, written)
         else:
@@ -547,7 +605,7 @@ class Partition:
     def _published(
         self,
         data: bytes,
-        plain: bool,
+        txn_id: TxnID | None,
         notify: WriteNotify,
         position: Position | None,
         failure: BaseException | None,
@@ -558,8 +616,10 @@ class Partition:
         self._remember(position, data)
         self.published_count += 1
         self._count_written()
-        if plain:  # a transaction's message is dispatched only once its commit marker is written
+        if txn_id is None:  # a transaction's message is dispatched only once its commit marker is written
             self._notify()
+        else:
+            self.buffer.message_durable(txn_id, position)
         notify(position, None)
 
     def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
@@ -616,22 +676,35 @@ class Partition:
         self._notify()
 
     async def housekeeping(self) -> None:
-        """Delete ledgers every subscription is done with, then forget the outcomes of transactions
-        whose markers were in them (their entries are gone for every reader, present or future).
-
-        Only with at least one subscription: without any, retained messages wait for a future one.
-        Also snapshots the transaction buffer if anything was written since the last snapshot.
-        """
+        """Apply the topic's policies (docs/contracts.md §6, "Topic policies"), in this order:
+        forget the committed outcomes no ticket can need any more; acknowledge, on every subscription,
+        what the message TTL expired; check the backlog quota (holding or refusing producers, or
+        evicting the slowest subscriptions); snapshot the transaction buffer if anything was written;
+        trim what every subscription is done with and retention lets go (never a ledger holding an open
+        transaction's message), and forget the aborted outcomes whose markers went with it."""
+        self.policy_stats.checks += 1
         self.writers.expire()
+        self.buffer.expire()
+        policies = self._policies()
+        if self.subscriptions and policies.message_ttl_seconds > 0:
+            await self.checks.expire_messages(policies.message_ttl_seconds)
+        await self.checks.check_backlog(policies.backlog_quota)
         snapshotted = True
         if self._since_snapshot:
             snapshotted = await self._snapshot_in_background()
-        if not self.subscriptions:
-            return
+        await self._trim(policies.retention, snapshotted)
+
+    async def _trim(self, retention: Retention | None, snapshotted: bool) -> None:
+        if retention is None and not self.subscriptions:
+            return  # no retention configured: retained messages wait for a future subscription
         if not snapshotted and self.writers.durable:
             # Writer state lives in the snapshot once its records are trimmed: trim next time.
             return
-        await self.ledger.trim()
+        first_open = self.buffer.first_open_position()
+        trimmed = await self.ledger.trim(
+            retention, keep_from_ledger=first_open.ledger_id if first_open is not None else None
+        )
+        self.policy_stats.trimmed_ledgers += len(trimmed)
         live = self.ledger.ledger_ids()
         if live:
             for txn_id, deadline_ms in self.buffer.forget_before(Position(live[0], -1)):
@@ -639,7 +712,8 @@ class Partition:
 
     async def housekeeping_forever(self, interval: float = HOUSEKEEPING_INTERVAL) -> None:
         while True:
-            await asyncio.sleep(interval)
+            # While the quota holds or refuses sends, a drained backlog lets them go within a second.
+            await asyncio.sleep(interval if self.quota.open else min(interval, HELD_CHECK_INTERVAL))
             try:
                 await self.housekeeping()
             except asyncio.CancelledError:

@@ -120,9 +120,12 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")
 
 
-def publish_time_ms(data: bytes) -> int:
-    """When the message ``data`` was written (ms since the epoch; 0 for a marker or an entry from
-    before the field). Parsed apart from ``decode``: only recovery needs it, once per open txn."""
+def publish_time_ms(data: bytes) -> int | None:
+    """A message entry's publish time (ms since the epoch); None for a marker (or an entry that is not
+    a partition record: dispatch refuses those, a time scan only passes them by)."""
     entry = api.PartitionEntry()
-    entry.ParseFromString(data)
-    return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else 0
+    try:
+        entry.ParseFromString(data)
+    except Exception:
+        return None
+    return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else None

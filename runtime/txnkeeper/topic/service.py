@@ -22,12 +22,14 @@ from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, DataUnreadableError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.partition import (
+    HOUSEKEEPING_INTERVAL,
     BlockResult,
     Partition,
     PartitionLedger,
     WriteNotify,
     notify_from_future,
 )
+from txnkeeper.topic.policies import NO_POLICIES, TopicPolicies
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
@@ -87,8 +89,18 @@ class TopicService:
         *,
         clock_ms: Callable[[], int] = _now_ms,
         single_key: SingleKeySettings | None = None,
+        policies: Callable[[str], TopicPolicies] | None = None,
+        check_interval: float = HOUSEKEEPING_INTERVAL,
+        stored_topics: Callable[[], list[str]] | None = None,
     ) -> None:
         self._registry_path = registry_path
+        # A topic's retention, message TTL and backlog quota now (server/topic_policies.py merges them).
+        self._policies = policies or (lambda _topic: NO_POLICIES)
+        self._check_interval = check_interval
+        # The topics with a managed ledger on disk (None: unknown): after a restart, those under a
+        # retention policy are opened too, so that retention trims them without waiting for a write.
+        self._stored_topics = stored_topics
+        self._opening_stored: asyncio.Task[None] | None = None
         self.single_key = single_key or SingleKeySettings()
         # Whether a topic's managed ledger exists on disk (without creating it); None: assume it does.
         self._ledger_exists = ledger_exists
@@ -124,8 +136,29 @@ class TopicService:
                 # again at its next use.
                 log.error("%s (left closed at start)", exc)
         self.recovered = True
+        if self._stored_topics is not None:  # after readiness: nothing waits for these
+            self._opening_stored = asyncio.get_running_loop().create_task(self._open_retained())
+
+    async def _open_retained(self) -> None:
+        """Open the topics on disk that no subscription or writer registered but a retention policy
+        covers (a topic nobody subscribed to is trimmed under retention, also after a restart)."""
+        assert self._stored_topics is not None
+        for topic in await asyncio.to_thread(self._stored_topics):
+            if topic in self._partitions or name_problem("topic", topic) is not None:
+                continue
+            if self._policies(topic).retention is None:
+                continue
+            try:
+                await self.partition(topic)
+            except DataUnreadableError as exc:  # stays closed, as a registered topic would (recover)
+                log.error("%s (left closed: its retention is applied once it opens)", exc)
+            except Exception:  # the topic stays as it is on disk; a write to it opens it again
+                log.exception("opening topic %s to apply its retention failed", topic)
 
     async def close(self) -> None:
+        if self._opening_stored is not None:
+            self._opening_stored.cancel()
+            await asyncio.gather(self._opening_stored, return_exceptions=True)
         for task in self._housekeepers:
             task.cancel()
         await asyncio.gather(*self._housekeepers, return_exceptions=True)
@@ -167,7 +200,13 @@ class TopicService:
         ledger = await self._open_ledger(topic)
         self._ledgers[topic] = ledger
         snapshot = snapshot_path(self._registry_path.parent / SNAPSHOT_DIR, topic)
-        partition = Partition(topic, ledger, snapshot, writers=self.single_key.table(topic))
+        partition = Partition(
+            topic,
+            ledger,
+            snapshot,
+            writers=self.single_key.table(topic),
+            policies=partial(self._policies, topic),
+        )
         try:
             await partition.recover()
         except DataUnreadableError as exc:
@@ -179,7 +218,9 @@ class TopicService:
             raise refusal from exc
         self._unopenable.pop(topic, None)
         self._partitions[topic] = partition
-        self._housekeepers.append(asyncio.get_running_loop().create_task(partition.housekeeping_forever()))
+        self._housekeepers.append(
+            asyncio.get_running_loop().create_task(partition.housekeeping_forever(self._check_interval))
+        )
         return partition
 
     async def _create_subscription(self, topic: str, name: str) -> Subscription:

@@ -12,8 +12,12 @@ records it was rebuilt from may since have been trimmed, so this copy is what ke
 across trims. Since version 3 the ended transactions are the buffer's packed rows
 (``txnbuffer.ENDED_ROW``), base64 in chunks of ``ROWS_PER_CHUNK`` rows, instead of one JSON array per
 transaction: a capture is then a copy of one bytes object and its encoding a few C calls, where the
-JSON rows cost a store pod 6-8 % of its CPU at 256 transactions in flight. Version 1 and 2 files are
-still read; an older release finds a version 3 file unreadable and rebuilds by a full replay.
+JSON rows cost a store pod 6-8 % of its CPU at 256 transactions in flight. Since version 4 each open
+transaction carries the position of its first message (a ledger holding it is never trimmed, and no
+cursor is moved past it) and the body the next store-local block's transaction number (committed block
+outcomes are no longer kept, so the ended rows no longer tell it). Versions 1 to 3 are still read
+(their open transactions' first positions count as unknown: they keep every ledger until they end);
+an older release finds a newer file unreadable and rebuilds by a full replay.
 
 The snapshot is a checksummed state file (txnkeeper.statefile), replaced atomically. It is derivable
 from the ledger, so one that is damaged, of another topic, or ahead of the ledger is never used: the
@@ -30,15 +34,15 @@ from pathlib import Path
 from txnkeeper import statefile
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.position import Position
-from txnkeeper.topic.txnbuffer import ENDED_ROW, check_ended_rows
+from txnkeeper.topic.txnbuffer import ENDED_ROW, UNKNOWN_FIRST, check_ended_rows
 from txnkeeper.topic.txnbuffer import EndedTxn as EndedTxn  # noqa: PLC0414 (re-exported: the readable row)
 from txnkeeper.topic.txnbuffer import pack_ended as pack_ended  # noqa: PLC0414 (re-exported)
 from txnkeeper.topic.txnbuffer import unpack_ended as unpack_ended  # noqa: PLC0414 (re-exported)
 from txnkeeper.txnid import TxnID
 
 KIND = "txn-buffer-snapshot"
-VERSION = 3
-READABLE = frozenset({1, 2, 3})
+VERSION = 4
+READABLE = frozenset({1, 2, 3, 4})
 # Ended rows per base64 string of a version 3 body: the state file's encoder gives up the GIL between
 # array slices, so one huge string would hold it for the whole encoding.
 ROWS_PER_CHUNK = 4096
@@ -56,9 +60,11 @@ class BufferSnapshot:
 
     topic: str
     covers: Position
-    ended: bytes  # txnbuffer.ENDED_ROW rows in marker order (pack_ended / unpack_ended)
-    open: list[TxnID]
+    ended: bytes  # txnbuffer.ENDED_ROW rows (pack_ended / unpack_ended); a later row of a txn counts
+    # open txns with their first durable message (None: not durable yet, so after ``covers``)
+    open: list[tuple[TxnID, Position | None]]
     writers: list[WriterRow] = field(default_factory=list)
+    next_block_txn: int = 0  # the lowest least bits a new store-local block may use (0: unknown)
 
 
 class SnapshotError(ValueError):
@@ -75,8 +81,12 @@ def encode_body(snapshot: BufferSnapshot) -> dict[str, object]:
         "topic": snapshot.topic,
         "covers": [snapshot.covers.ledger_id, snapshot.covers.entry_id],
         "ended": [base64.b64encode(rows[i : i + chunk]).decode("ascii") for i in range(0, len(rows), chunk)],
-        "open": [[t.most, t.least] for t in snapshot.open],
+        "open": [
+            [t.most, t.least, *((first.ledger_id, first.entry_id) if first is not None else (-1, -1))]
+            for t, first in snapshot.open
+        ],
         "writers": [list(row) for row in snapshot.writers],
+        "nextBlockTxn": snapshot.next_block_txn,
     }
 
 
@@ -138,22 +148,39 @@ def _decode_ended_chunks(value: object) -> bytes:
     return b"".join(chunks)
 
 
+def _decode_open(value: object, version: int) -> list[tuple[TxnID, Position | None]]:
+    opened: list[tuple[TxnID, Position | None]] = []
+    width = 4 if version >= 4 else 2
+    for i, row in enumerate(statefile.array(value, "open")):
+        fields = statefile.array(row, f"open[{i}]")
+        if len(fields) != width:
+            raise statefile.StateShapeError(
+                f"open[{i}] must be [most, least{', first ledger, first entry' if width == 4 else ''}]"
+            )
+        txn_id = TxnID(statefile.integer(fields[0], "open", 0), statefile.integer(fields[1], "open", 0))
+        first: Position | None = UNKNOWN_FIRST  # versions 1-3: somewhere before `covers`
+        if width == 4:
+            ledger_id, entry_id = (statefile.integer(f, f"open[{i}]", -1) for f in fields[2:])
+            if (ledger_id < 0) != (entry_id < 0):
+                raise statefile.StateShapeError(f"open[{i}] has half a position")
+            first = Position(ledger_id, entry_id) if ledger_id >= 0 else None
+        opened.append((txn_id, first))
+    return opened
+
+
 def _decode_body(body: object, version: int) -> BufferSnapshot:
     keys = {"topic", "covers", "ended", "open"} | ({"writers"} if version >= 2 else set())
+    if version >= 4:
+        keys.add("nextBlockTxn")
     doc = statefile.obj(body, "the snapshot", keys)
     ended = _decode_ended_chunks(doc["ended"]) if version >= 3 else _decode_ended_rows(doc["ended"])
-    opened: list[TxnID] = []
-    for i, row in enumerate(statefile.array(doc["open"], "open")):
-        fields = statefile.array(row, f"open[{i}]")
-        if len(fields) != 2:
-            raise statefile.StateShapeError(f"open[{i}] must be [most, least]")
-        opened.append(TxnID(statefile.integer(fields[0], "open", 0), statefile.integer(fields[1], "open", 0)))
     return BufferSnapshot(
         statefile.string(doc["topic"], "topic"),
         _position(doc["covers"], "covers"),
         ended,
-        opened,
+        _decode_open(doc["open"], version),
         _decode_writers(doc["writers"]) if version >= 2 else [],
+        statefile.integer(doc["nextBlockTxn"], "nextBlockTxn", 0) if version >= 4 else 0,
     )
 
 

@@ -355,6 +355,34 @@ class Subscription:
             for done in [p for p in self._unacked if p <= cumulative]:
                 self._forget(done)
 
+    # --- moves on the subscription's behalf (message TTL, backlog eviction) ---------------------------
+    def mark_delete_position(self) -> Position | None:
+        return self._cursor.mark_delete_position()
+
+    def is_acknowledged(self, position: Position) -> bool:
+        return self._cursor.is_deleted(position)
+
+    async def skip_through(self, position: Position) -> bool:
+        """Acknowledge everything up to ``position`` for the subscription (Pulsar's expiry and backlog
+        eviction mark-delete the cursor); whether the cursor moved. Messages out with consumers or
+        queued for redelivery up to there are forgotten (a consumer's late ack of one is accepted);
+        one pending in an open transaction stays deleted whatever that transaction does. The caller
+        never passes the first message of an open transaction (``policies.capped``)."""
+        current = self._cursor.mark_delete_position()
+        if current is not None and position <= current:
+            return False
+        await self._cursor.mark_delete(position)
+        for done in [p for p in self._unacked if p <= position]:
+            self._forget(done)
+        for done in [p for p in self._redeliver if p <= position]:
+            self._forget(done)
+        for done in [p for p in self._redelivery_counts if p <= position]:
+            del self._redelivery_counts[done]
+        if self._read_after is None or self._read_after < position:
+            self._read_after = position  # dispatch goes on after it (it would skip them anyway)
+        self._wake.set()
+        return True
+
     # --- stats ---------------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         return {
