@@ -180,6 +180,26 @@ def _resources(cr: Resource) -> dict[str, Any]:
     return {k: dict(section[k]) for k in ("requests", "limits") if section.get(k)}
 
 
+def _client_authentication(
+    cr: Resource,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts, env) giving store pods spec.clientAuthentication's token key as a file."""
+    secret = cr.section("clientAuthentication").get("tokenKeySecret") or {}
+    if cr.kind is not naming.PENDING_ACK_STORE or not secret.get("name"):
+        return [], [], []
+    volume = {
+        "name": "client-token-key",
+        "secret": {
+            "secretName": str(secret["name"]),
+            "items": [{"key": str(secret.get("key") or "key"), "path": "key"}],
+            "defaultMode": 0o440,
+        },
+    }
+    mount = {"name": "client-token-key", "mountPath": naming.CLIENT_TOKEN_KEY_DIR, "readOnly": True}
+    env = {"name": "TXNKEEPER_CLIENT_TOKEN_KEY_FILE", "value": naming.CLIENT_TOKEN_KEY_FILE}
+    return [volume], [mount], [env]
+
+
 def statefulset(cr: Resource, template: Template, settings: OperatorSettings) -> Manifest:
     storage = cr.section("storage")
     claim_spec: dict[str, Any] = {
@@ -190,6 +210,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
         claim_spec["storageClassName"] = storage["storageClassName"]
     selector = naming.selector_labels(cr.kind, cr.name)
     offload_volumes, offload_mounts = gated.offload_volumes(cr, template.version)
+    auth_volumes, auth_mounts, auth_env = _client_authentication(cr)
     container = {
         "name": "txnkeeper",
         "image": str(cr.spec.get("image") or settings.image),
@@ -202,6 +223,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             {"name": "TXNKEEPER_RELEASE", "value": template.version},
             *gated.offload_env(cr, template.version),
             *podsettings.connection_env(cr),
+            *auth_env,
         ],
         "ports": [
             {"name": "client", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
@@ -227,6 +249,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             {"name": "cluster-secret", "mountPath": naming.CLUSTER_SECRET_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             *offload_mounts,
+            *auth_mounts,
         ],
     }
     return {
@@ -265,6 +288,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
                         },
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                         *offload_volumes,
+                        *auth_volumes,
                     ],
                 },
             },

@@ -475,6 +475,37 @@ def _connection_limits() -> Schema:
     )
 
 
+def _client_authentication() -> Schema:
+    return _obj(
+        "Client authentication of the store pods (Pulsar's token authentication shape): with it, every "
+        "store pod checks the HS256 JWTs clients present (ClientAuth; txnkeeper.client's auth_token) "
+        "against the key in this Secret, and single-key writer ids and producer names belong to the "
+        "token's principal, so no other credential can take them over; SetupAppend then needs a token. "
+        "Create a key with `head -c 32 /dev/urandom | base64 > key && kubectl create secret generic NAME "
+        "--from-file=key=key` and tokens with `txnkeeper client-token create --key-file key --principal "
+        "P`. The key must hold at least 32 bytes (a pod refuses a shorter one at start and says so in "
+        "its log). Pods read it at start: a change reaches a pod when it restarts.",
+        {
+            "tokenKeySecret": _obj(
+                "The Secret holding the key (same namespace).",
+                {
+                    "name": _p("string", "Secret name.", minLength=1, maxLength=253),
+                    "key": _p(
+                        "string",
+                        "The Secret's key holding the token key.",
+                        default="key",
+                        minLength=1,
+                        maxLength=253,
+                        pattern=r"^[-._a-zA-Z0-9]+$",
+                    ),
+                },
+                required=["name"],
+            )
+        },
+        required=["tokenKeySecret"],
+    )
+
+
 def _storage() -> Schema:
     return _obj(
         "The persistent volume each pod keeps its ledgers on. Immutable: a StatefulSet cannot change its "
@@ -648,6 +679,7 @@ def _spec(kind: str) -> Schema:
     ]
     if not coordinator:
         props["offload"] = _offload()
+        props["clientAuthentication"] = _client_authentication()
         props["singleKeyTransactions"] = _single_key_transactions()
         props["topicPolicies"] = _topic_policies()
         rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS, "self.offload.enabled"))

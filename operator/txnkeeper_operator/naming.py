@@ -41,6 +41,9 @@ TOKEN_FILE = f"{TOKEN_DIR}/token"
 CLUSTER_SECRET = "txnkeeper-cluster-secret"
 CLUSTER_SECRET_DIR = "/etc/txnkeeper/cluster"
 CLUSTER_SECRET_FILE = f"{CLUSTER_SECRET_DIR}/secret"
+# spec.clientAuthentication's Secret key, mounted in store pods (serve --client-token-key-file).
+CLIENT_TOKEN_KEY_DIR = "/etc/txnkeeper/client-token-key"
+CLIENT_TOKEN_KEY_FILE = f"{CLIENT_TOKEN_KEY_DIR}/key"
 MARKERS_KEY = "markers.json"
 REPORT_KEY = "report.json"
 

@@ -607,3 +607,38 @@ def test_settings_the_pods_would_refuse_are_left_out_and_reported_never_raised(
         assert left_out not in doc
     # The other sections are rendered as usual.
     assert doc["batchedWrite"]["enabled"] is True
+
+
+def test_client_authentication_mounts_the_token_key_in_store_pods_only() -> None:
+    from txnkeeper.protocol.clientauth import KEY_ENV
+
+    auth = {"tokenKeySecret": {"name": "client-keys", "key": "hs256"}}
+    sts = builders.statefulset(store(clientAuthentication=auth), Template("3.0.0", ON), SETTINGS)
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[KEY_ENV] == naming.CLIENT_TOKEN_KEY_FILE  # the variable serve reads
+    volume = next(v for v in pod["volumes"] if v["name"] == "client-token-key")
+    assert volume["secret"]["secretName"] == "client-keys"
+    assert volume["secret"]["items"] == [{"key": "hs256", "path": "key"}]
+    assert naming.CLIENT_TOKEN_KEY_FILE.endswith("/key")
+    assert {
+        "name": "client-token-key",
+        "mountPath": naming.CLIENT_TOKEN_KEY_DIR,
+        "readOnly": True,
+    } in container["volumeMounts"]
+    for version in K8S_VERSIONS[::4]:
+        kubernetes_validate.validate(sts, version, strict=True)
+    # The key's default name, and nothing without the section or on a coordinator's pods.
+    default = builders.statefulset(
+        store(clientAuthentication={"tokenKeySecret": {"name": "k"}}), Template("3.0.0", ON), SETTINGS
+    )
+    (item,) = next(
+        v for v in default["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-token-key"
+    )["secret"]["items"]
+    assert item == {"key": "key", "path": "key"}
+    for cr in (store(), Resource.from_body(body(clientAuthentication=auth))):
+        plain = builders.statefulset(cr, Template("3.0.0", ON), SETTINGS)
+        names = {e["name"] for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert KEY_ENV not in names
+        assert all(v["name"] != "client-token-key" for v in plain["spec"]["template"]["spec"]["volumes"])

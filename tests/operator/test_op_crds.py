@@ -753,3 +753,16 @@ def test_connection_limits_at_the_edges_are_accepted(limits: dict[str, Any]) -> 
 def test_schema_refuses_connection_limits_the_pods_would_refuse(limits: dict[str, Any]) -> None:
     with pytest.raises(jsonschema.ValidationError):
         cel_errors(PAS, {"version": "2.0.0", "connectionLimits": limits})
+
+
+def test_client_authentication_needs_a_secret_name_and_a_plain_key() -> None:
+    ok = {"version": "3.0.0", "clientAuthentication": {"tokenKeySecret": {"name": "client-keys"}}}
+    assert cel_errors(PAS, ok) == []
+    for bad in (
+        {"version": "3.0.0", "clientAuthentication": {}},
+        {"version": "3.0.0", "clientAuthentication": {"tokenKeySecret": {"key": "key"}}},
+        {"version": "3.0.0", "clientAuthentication": {"tokenKeySecret": {"name": ""}}},
+        {"version": "3.0.0", "clientAuthentication": {"tokenKeySecret": {"name": "k", "key": "../etc"}}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            cel_errors(PAS, bad)
