@@ -72,6 +72,7 @@ WRITER_IDS = ("w0", "w1")
 PRODUCER_NAMES = ("p0", "p1")
 SEND_WINDOW = 8  # a named producer's sends in flight
 COMMIT_WINDOW = 4  # a single-key writer's commits in flight
+PACE = 0.005  # seconds between a writer's commits and between a named producer's sends
 INPUT_BACKLOG = 40  # inputs the input producer keeps ahead of the transactions consuming them
 ABORT_SHARE = 0.15  # full transactions the application aborts on purpose
 
@@ -452,7 +453,10 @@ class Workload:
             record.srk[(writer_id, instance, number)] = entry
             number += 1
             in_flight[asyncio.ensure_future(txn.commit())] = entry
-            await asyncio.sleep(0)  # one loop turn: the commit ends the transaction and numbers its block
+            # Paced (and at least one loop turn, in which the commit ends the transaction and numbers
+            # its block): the checker reads everything back after each cycle, and a flood of tiny
+            # commits would only slow it and the pods' restarts, not find more.
+            await asyncio.sleep(PACE)
             if len(in_flight) >= COMMIT_WINDOW:
                 done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 fenced = self.srk_answered(done, in_flight) or fenced
@@ -515,6 +519,7 @@ class Workload:
                 record.refused(exc, f"send of producer {name}")
                 fenced = isinstance(exc, ProducerFencedError)
                 break
+            await asyncio.sleep(PACE)
             if len(in_flight) >= SEND_WINDOW:
                 done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 failed, fenced = self.sends_answered(done, in_flight)
@@ -869,11 +874,12 @@ class Stats:
 
 
 async def kill_cycle(pods: Pods, rng: random.Random, stats: Stats) -> None:
-    """SIGKILL one pod (sometimes two or all) at a random moment, let the applications meet the dead pod for
-    a while, restart it on its data directory (sometimes killing it again during its recovery)."""
-    await asyncio.sleep(rng.uniform(0.05, 1.0))
+    """SIGKILL one pod, two or all of them at a random moment, let the applications meet the dead
+    pods for a while, restart them on their data directories (sometimes killing one again during its
+    recovery). Restarts run side by side, so a cycle with more victims costs little more time."""
+    await asyncio.sleep(rng.uniform(0.05, 0.8))
     roll = rng.random()
-    victims = rng.sample(pods.members, min(len(pods.members), 1 if roll < 0.45 else 2 if roll < 0.85 else 3))
+    victims = rng.sample(pods.members, min(len(pods.members), 1 if roll < 0.3 else 2 if roll < 0.65 else 3))
     for pod in victims:
         pod.kill()
         stats.kills += 1
@@ -889,7 +895,7 @@ async def kill_cycle(pods: Pods, rng: random.Random, stats: Stats) -> None:
             stats.kills_by_pod[pod.role] += 1
             pod.start()
     await asyncio.gather(*(pods.ready(pod) for pod in victims))
-    await asyncio.sleep(rng.uniform(0.0, 0.5))  # the applications reconnect and go on
+    await asyncio.sleep(rng.uniform(0.0, 0.3))  # the applications reconnect and go on
 
 
 def count_acknowledged(record: Record) -> Counter[str]:
@@ -1009,8 +1015,12 @@ def report(stats: Stats, seed: int, stores: int, started: float) -> dict[str, An
     }
 
 
-def cluster_soak(kills: int, seed: int, workdir: Path, stores: int = 2) -> dict[str, Any]:
-    """Run trials until ``kills`` SIGKILLs happened; returns the JSON verdict (see the module doc)."""
+def cluster_soak(
+    kills: int, seed: int, workdir: Path, stores: int = 2, progress: Path | None = None
+) -> dict[str, Any]:
+    """Run trials until ``kills`` SIGKILLs happened; returns the JSON verdict (see the module doc).
+    With ``progress``, the verdict so far is written there after each trial (a long run stopped
+    early still tells what it saw)."""
     stats = Stats()
     master = random.Random(seed)
     started = time.monotonic()
@@ -1018,6 +1028,10 @@ def cluster_soak(kills: int, seed: int, workdir: Path, stores: int = 2) -> dict[
     async def run() -> None:
         while stats.kills < kills:
             await run_trial(master.randrange(1 << 32), workdir, stats, stores, kills)
+            if progress is not None:
+                partial = progress.with_suffix(".tmp")
+                partial.write_text(json.dumps(report(stats, seed, stores, started), indent=1, sort_keys=True))
+                partial.replace(progress)
 
     asyncio.run(run())
     return report(stats, seed, stores, started)
@@ -1044,6 +1058,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trial-seed", type=int, default=None, help="replay one trial's random choices")
     parser.add_argument("--json", action="store_true", help="print only the JSON verdict")
     parser.add_argument("--workdir", type=Path, default=None, help="where trials run (default: a temp dir)")
+    parser.add_argument(
+        "--progress-file", type=Path, default=None, help="the verdict so far, after each trial"
+    )
     args = parser.parse_args(argv)
     # Refusals while a pod is down are expected, thousands of times: keep the output to the verdict.
     logging.getLogger("txnkeeper").setLevel(logging.CRITICAL)
@@ -1054,7 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.trial_seed is not None:
             result = replay(args.trial_seed, Path(tmp), args.stores)
         else:
-            result = cluster_soak(args.kills, seed, Path(tmp), args.stores)
+            result = cluster_soak(args.kills, seed, Path(tmp), args.stores, args.progress_file)
     if not args.json:
         print(
             f"cluster soak: {result['kills']} kills; failures are listed with their trial seed",
