@@ -15,6 +15,7 @@ from txnkeeper.errors import BadRequestError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.blocks import BlockEncodingError, decode_events, encode_events
+from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.records import decode, encode_data
 from txnkeeper.topic.snapshot import snapshot_path
@@ -303,3 +304,30 @@ def test_numbers_beyond_int64_are_refused_and_never_restored() -> None:
     assert not table.restore_row("old", 2**63, 2**63, None, 0)
     assert table.restore_row("ok", 5, 5, None, 0)
     assert sorted(table.durable) == ["ok"]
+
+
+async def test_a_block_begun_before_the_snapshot_and_committed_after_it_keeps_its_message_ids(
+    tmp_path: Path,
+) -> None:
+    """A snapshot that covers a block's first events but not its marker (the block open in it): after
+    a restart the replay meets the marker without having seen the block's first entry. The writer's
+    state must still know the block's first message id, so that the retransmission of a block whose
+    answer was lost is answered with its ids (found by the cluster soak: "block N..M is applied, but
+    the store no longer knows its message ids")."""
+    factory, partition = await _open(tmp_path)
+    written = await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 3)
+    assert written.first_message_id is not None
+    block = TxnID(BLOCK_TXN_MOST, partition._next_block_least - 1)
+    marker = partition.ledger.last_confirmed_entry()
+    assert marker is not None and marker.entry_id == written.first_message_id.entry_id + 3
+    await factory.close()
+    # The state a capture taken after the first event and before the marker would have held.
+    covers = Position(marker.ledger_id, written.first_message_id.entry_id)
+    snapshots.write(
+        snapshot_path(tmp_path / "snapshots", TOPIC), snapshots.BufferSnapshot(TOPIC, covers, b"", [block])
+    )
+
+    factory, partition = await _open(tmp_path)
+    again = await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 3)
+    assert again.duplicate and again.first_message_id == written.first_message_id
+    await factory.close()

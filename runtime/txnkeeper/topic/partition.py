@@ -234,6 +234,13 @@ class Partition:
                         self.buffer.ended(txn_id, record.commit, position, record.deadline_ms)
                         start = block_starts.pop(txn_id, None)
                         if record.writer_id and record.commit:
+                            # A block's events and marker are queued back to back in one ledger
+                            # (append_block), so its first event is its count of entries before the
+                            # marker: also when a snapshot covers some or all of them, which this
+                            # replay then never sees (their first entry seen here would be wrong).
+                            count = record.last_number - record.first_number + 1
+                            if position.entry_id >= count:
+                                start = Position(position.ledger_id, position.entry_id - count)
                             self.writers.observe(
                                 record.writer_id, record.first_number, record.last_number, start
                             )
