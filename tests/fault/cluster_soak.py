@@ -32,6 +32,7 @@ import json
 import logging
 import random
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -184,6 +185,7 @@ class Topics:
         return (self.inputs, self.outputs, self.srk, self.named)
 
 
+PORTS = random.SystemRandom()  # not a trial's generator: probing must not shift a replay's choices
 WORK = "work"  # the subscription the full transactions consume the inputs of
 
 
@@ -212,6 +214,7 @@ class Pods:
                 extra_args=list(extra),
             )
             pod.config_file.write_text(json.dumps(config))
+            pod.listen = f"127.0.0.1:{fixed_port()}"
             self.members.append(pod)
 
     @property
@@ -231,8 +234,6 @@ class Pods:
     @staticmethod
     async def ready(pod: RuntimeProcess) -> None:
         await pod.wait_started(START_TIMEOUT)
-        # Clients and the coordinator remember the address: a restart listens on the same one.
-        pod.listen = str(pod.client_address)
 
     def client(self) -> Client:
         return Client(
@@ -246,6 +247,23 @@ class Pods:
 
     async def stop(self) -> None:
         await asyncio.gather(*(pod.stop() for pod in self.members), return_exceptions=True)
+
+
+def fixed_port() -> int:
+    """A free port below the ephemeral range, for a pod's client port, which stays the same across
+    its restarts (clients and the coordinator remember it). Below the range, no outgoing connection is
+    given it as its local port while the pod is down (a port 0 answer would be in the range, and a
+    restart then found it taken now and then)."""
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(1000):
+        port = PORTS.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port found below the ephemeral range (which starts at {low})")
 
 
 # --- the applications -----------------------------------------------------------------------------
@@ -847,7 +865,8 @@ class Stats:
     cycles: int = 0
     trials: int = 0
     verifications: int = 0
-    takeovers: int = 0
+    takeovers: int = 0  # concurrent: a second instance opened while the first wrote
+    reopened: int = 0  # instances opened of a writer id or producer name that had one before
     acknowledged: Counter[str] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)  # verifications with such a finding
@@ -913,7 +932,9 @@ def count_acknowledged(record: Record) -> Counter[str]:
     )
 
 
-async def run_trial(trial_seed: int, workdir: Path, stats: Stats, stores: int, max_kills: int) -> None:
+async def run_trial(
+    trial_seed: int, workdir: Path, stats: Stats, stores: int, max_kills: int, *, concurrent: bool = True
+) -> None:
     """One trial: fresh pods, 3-8 kill/restart cycles each judged, then the pods are stopped."""
     rng = random.Random(trial_seed)
     stats.trials += 1
@@ -937,7 +958,10 @@ async def run_trial(trial_seed: int, workdir: Path, stats: Stats, stores: int, m
             stats.cycles += 1
             workload = Workload(pods, topics, record, rng, cycle)
             workload.start()
-            takeover = asyncio.get_running_loop().call_later(rng.uniform(0.05, 1.2), workload.take_over)
+            moment = rng.uniform(0.05, 1.2)  # drawn either way: a replay makes the same choices
+            takeover = asyncio.get_running_loop().call_later(
+                moment, workload.take_over if concurrent else int
+            )
             try:
                 with stats.phase("kill_and_restart"):
                     await kill_cycle(pods, rng, stats)
@@ -966,6 +990,7 @@ async def run_trial(trial_seed: int, workdir: Path, stats: Stats, stores: int, m
         await pods.stop()
         stats.acknowledged.update(count_acknowledged(record))
         stats.refusals.update(record.refusals)
+        stats.reopened += sum(count - 1 for count in record.instances.values())
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -1003,6 +1028,7 @@ def report(stats: Stats, seed: int, stores: int, started: float) -> dict[str, An
         "trials": stats.trials,
         "verifications": stats.verifications,
         "takeovers": stats.takeovers,
+        "reopened_instances": stats.reopened,
         "acknowledged": dict(sorted(stats.acknowledged.items())),
         "refusals_by_error": dict(sorted(stats.refusals.items())),
         **{category: stats.failures[category] for category in FAILURES},
@@ -1016,7 +1042,13 @@ def report(stats: Stats, seed: int, stores: int, started: float) -> dict[str, An
 
 
 def cluster_soak(
-    kills: int, seed: int, workdir: Path, stores: int = 2, progress: Path | None = None
+    kills: int,
+    seed: int,
+    workdir: Path,
+    stores: int = 2,
+    progress: Path | None = None,
+    *,
+    concurrent_takeovers: bool = True,
 ) -> dict[str, Any]:
     """Run trials until ``kills`` SIGKILLs happened; returns the JSON verdict (see the module doc).
     With ``progress``, the verdict so far is written there after each trial (a long run stopped
@@ -1027,7 +1059,9 @@ def cluster_soak(
 
     async def run() -> None:
         while stats.kills < kills:
-            await run_trial(master.randrange(1 << 32), workdir, stats, stores, kills)
+            await run_trial(
+                master.randrange(1 << 32), workdir, stats, stores, kills, concurrent=concurrent_takeovers
+            )
             if progress is not None:
                 partial = progress.with_suffix(".tmp")
                 partial.write_text(json.dumps(report(stats, seed, stores, started), indent=1, sort_keys=True))
@@ -1037,10 +1071,12 @@ def cluster_soak(
     return report(stats, seed, stores, started)
 
 
-def replay(trial_seed: int, workdir: Path, stores: int) -> dict[str, Any]:
+def replay(
+    trial_seed: int, workdir: Path, stores: int, *, concurrent_takeovers: bool = True
+) -> dict[str, Any]:
     stats = Stats()
     started = time.monotonic()
-    asyncio.run(run_trial(trial_seed, workdir, stats, stores, 1 << 30))
+    asyncio.run(run_trial(trial_seed, workdir, stats, stores, 1 << 30, concurrent=concurrent_takeovers))
     return {"trial_seed": trial_seed, **report(stats, trial_seed, stores, started)}
 
 
@@ -1059,6 +1095,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON verdict")
     parser.add_argument("--workdir", type=Path, default=None, help="where trials run (default: a temp dir)")
     parser.add_argument(
+        "--no-concurrent-takeovers",
+        dest="concurrent_takeovers",
+        action="store_false",
+        help="no second instance opens while the first still writes (applications still restart as new"
+        " instances each cycle)",
+    )
+    parser.add_argument(
         "--progress-file", type=Path, default=None, help="the verdict so far, after each trial"
     )
     args = parser.parse_args(argv)
@@ -1069,9 +1112,18 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     with tempfile.TemporaryDirectory(prefix="txnkeeper-cluster-soak-", dir=args.workdir) as tmp:
         if args.trial_seed is not None:
-            result = replay(args.trial_seed, Path(tmp), args.stores)
+            result = replay(
+                args.trial_seed, Path(tmp), args.stores, concurrent_takeovers=args.concurrent_takeovers
+            )
         else:
-            result = cluster_soak(args.kills, seed, Path(tmp), args.stores, args.progress_file)
+            result = cluster_soak(
+                args.kills,
+                seed,
+                Path(tmp),
+                args.stores,
+                args.progress_file,
+                concurrent_takeovers=args.concurrent_takeovers,
+            )
     if not args.json:
         print(
             f"cluster soak: {result['kills']} kills; failures are listed with their trial seed",
