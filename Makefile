@@ -86,9 +86,10 @@ image:
 kind-node: k8s-bins kind-components
 	bash e2e/kind/node-image.sh >/dev/null
 
-# A kind cluster with the project's images loaded; prints the environment to use it.
+# A kind cluster with the project's images loaded; prints the environment to use it (also written to
+# e2e/.state/kind.env: `eval "$$(cat e2e/.state/kind.env)"`).
 kind-up: kind-node
-	bash e2e/kind/up.sh
+	@bash e2e/kind/up.sh
 
 kind-down:
 	bash e2e/kind/down.sh
@@ -109,7 +110,7 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 # The e2e suite on kind: the cluster is created (reused if up), the suite runs, the cluster is deleted
 # (E2E_KEEP_CLUSTER=1 keeps it). KUBECONFIG, DOCKER_HOST and the image names come from up.sh.
 e2e: install helm kind-node
-	@mkdir -p $(E2E_STATE) && bash e2e/kind/up.sh >$(E2E_STATE)/kind.env.tmp && mv $(E2E_STATE)/kind.env.tmp $(E2E_STATE)/kind.env
+	@bash e2e/kind/up.sh >/dev/null
 	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(E2E_ARGS)) || status=$$?; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 

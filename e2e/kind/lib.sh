@@ -91,6 +91,8 @@ mark_built() {
     echo "$2" >"$STAMPS/${1//[\/:]/_}"
 }
 inputs_hash() { cat "$@" | sha256sum | cut -c1-32; }
+# The source directory of module@version in the Go module cache (downloaded if needed).
+module_dir() { go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'; }
 # The stamp of a debian_image build: how it builds (the function itself and the trust hook), what it
 # installs, and this machine's CAs and pip configuration (the image carries them). Not all of lib.sh:
 # an unrelated edit here must not rebuild a base every image layer sits on.

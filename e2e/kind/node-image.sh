@@ -20,7 +20,7 @@ ROOTFS=txnkeeper/kind-rootfs:$SUITE
 BASE=txnkeeper/kind-base:$SUITE
 K8S_BIN=$(bash "$REPO_ROOT/e2e/scripts/build-k8s.sh")
 COMP_BIN=$(bash "$KIND_DIR/components.sh")
-KIND_SRC=$(GOMODCACHE=$CACHE_DIR/go/mod GOFLAGS=-modcacherw go mod download -json "sigs.k8s.io/kind@$("$COMP_BIN/kind" version | awk '{print $2}')" | jq -r .Dir)
+KIND_SRC=$(GOMODCACHE=$CACHE_DIR/go/mod GOFLAGS=-modcacherw module_dir "sigs.k8s.io/kind@$("$COMP_BIN/kind" version | awk '{print $2}')")
 LPP_IMAGE=txnkeeper.local/local-path-provisioner:$(cut -d' ' -f1 "$COMP_BIN/.local-path-provisioner")
 HELPER_IMAGE=txnkeeper.local/local-path-helper:$SUITE
 eval "$(bash "$KIND_DIR/engine.sh" up)"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The kind cluster for E2E_CLUSTER=kind: a container engine (e2e/kind/engine.sh), the node image
+# The kind cluster of the e2e suite: a container engine (e2e/kind/engine.sh), the node image
 # (node-image.sh), the project's runtime and verifier images (image.sh), then `kind create cluster`,
-# the images loaded into the node (no registry involved) and the kubeconfig written to
-# e2e/.state/kind.kubeconfig. An existing cluster of the same name is reused (the images are loaded
-# again: a rebuilt image replaces the old one).
+# the images loaded into the node (no registry involved), the kubeconfig written to
+# e2e/.state/kind.kubeconfig and the environment to use it printed and written to e2e/.state/kind.env.
+# An existing cluster of the same name is reused (the images are loaded again: a rebuilt image
+# replaces the old one).
 #
 # Usage: up.sh   (E2E_IMAGE / E2E_VERIFIER_IMAGE name the project's images; KIND_CLUSTER the cluster)
 set -euo pipefail
@@ -22,6 +23,13 @@ node_image=$(bash "$KIND_DIR/node-image.sh")
 IMAGE=$IMAGE VERIFIER_IMAGE=$VERIFIER_IMAGE bash "$KIND_DIR/image.sh" >&2
 mkdir -p "$STATE"
 start=$SECONDS
+# A cluster left from an earlier run whose node container is no longer running (the machine or the
+# engine restarted since) cannot be reused: kind would still list it.
+if "$KIND" get clusters 2>/dev/null | grep -qx "$NAME" &&
+    [[ $(docker inspect -f '{{.State.Running}}' "$NAME-control-plane" 2>/dev/null) != true ]]; then
+    log "deleting cluster $NAME: its node container is not running"
+    "$KIND" delete cluster --name "$NAME" >&2
+fi
 if ! "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
     log "creating kind cluster $NAME from $node_image"
     "$KIND" create cluster --name "$NAME" --config "$KIND_DIR/kind-config.yaml" --image "$node_image" \
@@ -42,4 +50,6 @@ fi
 start=$SECONDS
 "$KIND" load docker-image --name "$NAME" "$IMAGE" "$VERIFIER_IMAGE" >&2
 log "loaded $IMAGE and $VERIFIER_IMAGE into $NAME in $((SECONDS - start)) s"
-echo "export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$KUBECONFIG_OUT E2E_CLUSTER=kind E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"
+env_line="export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$KUBECONFIG_OUT E2E_IMAGE=$IMAGE E2E_VERIFIER_IMAGE=$VERIFIER_IMAGE"
+echo "$env_line" >"$STATE/kind.env"
+echo "$env_line"

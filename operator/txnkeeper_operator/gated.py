@@ -21,6 +21,8 @@ from txnkeeper_operator.resource import Resource
 
 OFFLOAD_VOLUME = "offload"
 MAX_REPORTED_FINDINGS = 20
+MAX_REPORTED_UNREADABLE = 5  # unreadable tier data named in OffloadHealthy's message
+MAX_UNREADABLE_ERROR_CHARS = 300
 
 
 def refusals(cr: Resource, version: str) -> list[str]:
@@ -124,23 +126,40 @@ def offload_condition(
 ) -> Condition:
     """OffloadHealthy from each pod's (name, GET /admin/v1/offload/summary, error).
 
-    False with reason FailedSegments when a pod reports Failed segments (the blob store refused or was
-    unreachable; they are retried), SummaryUnavailable when a pod's summary could not be read."""
+    False, in this order: UnreadableTierData when a pod could not read tier data (damaged or missing
+    objects, an unreachable tier: its readers are refused until it is repaired), naming the pod, topic,
+    segment, object and problem; FailedSegments when a pod reports Failed segments (the blob store
+    refused or was unreachable; they are retried); SummaryUnavailable when a pod's summary could not be
+    read."""
     if not gated.used("offload", cr.spec):
         return Condition(
             "OffloadHealthy", ConditionStatus.UNKNOWN, "NotConfigured", "spec.offload is not set"
         )
     failed = []
     unreadable = []
+    damaged = []
     for name, summary, error in summaries:
         if summary is None:
             unreadable.append(f"{name}: {error or 'no answer'}")
             continue
+        damaged += [_unreadable_data(name, row) for row in summary.get("unreadableTierData") or []]
         count = int((summary.get("segments") or {}).get("Failed", 0))
         if count:
             failed.append(f"{name}: {count} Failed segment(s)")
         if summary.get("unreadable"):
             unreadable.append(f"{name}: {len(summary['unreadable'])} unreadable ledger metadata file(s)")
+    if damaged:
+        shown = damaged[:MAX_REPORTED_UNREADABLE]
+        more = len(damaged) - len(shown)
+        return Condition(
+            "OffloadHealthy",
+            ConditionStatus.FALSE,
+            "UnreadableTierData",
+            "; ".join(shown)
+            + (f"; and {more} more" if more else "")
+            + " (reads of these entries are refused, nothing wrong is served; restore the objects or "
+            "the tier, see `txnkeeper admin topics offload-status TOPIC` on the pod)",
+        )
     if failed:
         return Condition(
             "OffloadHealthy",
@@ -150,7 +169,26 @@ def offload_condition(
         )
     if unreadable:
         return Condition("OffloadHealthy", ConditionStatus.FALSE, "SummaryUnavailable", "; ".join(unreadable))
-    return Condition("OffloadHealthy", ConditionStatus.TRUE, "Healthy", "no pod reports a Failed segment")
+    return Condition(
+        "OffloadHealthy",
+        ConditionStatus.TRUE,
+        "Healthy",
+        "no pod reports a Failed segment or unreadable tier data",
+    )
+
+
+def _unreadable_data(pod: str, row: Any) -> str:
+    """One pod's unreadable tier data (a summary's ``unreadableTierData`` row) in a condition message."""
+    if not isinstance(row, Mapping):
+        return f"{pod}: unreadable tier data"
+    error = str(row.get("error", ""))
+    if len(error) > MAX_UNREADABLE_ERROR_CHARS:
+        error = error[:MAX_UNREADABLE_ERROR_CHARS] + "..."
+    segment = row.get("segment") or "(no segment holds them)"
+    return (
+        f"{pod}: topic {row.get('topic', '?')} segment {segment} (object {row.get('object') or '-'}, "
+        f"entries {row.get('entries', '?')}) {row.get('kind', 'unreadable')}: {error}"
+    )
 
 
 # ---- the offload audit (verify-offload CronJob) ---------------------------------------------------------

@@ -55,6 +55,13 @@ class ConsumerBusyError(ServiceError):
     code = api.CONSUMER_BUSY
 
 
+class DataUnreadableError(ServiceError):
+    """Stored entries cannot be read (offloaded tier data damaged or unreachable, ...): nothing is
+    served in their place; the store retries and serves them once they can be read."""
+
+    code = api.DATA_UNREADABLE
+
+
 class ConnectionClosedError(ServiceError):
     """The connection carrying a request went away before its response arrived."""
 
@@ -77,6 +84,7 @@ _BY_CODE: dict[int, type[ServiceError]] = {
         NotServedHereError,
         UnavailableError,
         ConsumerBusyError,
+        DataUnreadableError,
     )
 }
 

@@ -138,6 +138,46 @@ async def test_a_flipped_byte_in_a_block_is_a_clear_error_not_data(
     await factory.close()
 
 
+async def test_an_unreadable_read_shows_in_the_status_until_a_read_of_it_succeeds(
+    tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
+) -> None:
+    """Issue 25 item 9: a refused tier read left no trace (status SUCCESS, lastError ""). It is
+    recorded until a read of those entries succeeds, which the offloader tries itself every retry
+    interval, so a repaired tier clears without a reader; reads of other entries do not clear it."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    factory = opened(tmp_path / "data")
+    ml = await factory.open(NAME, ml_config(policy(tier, offloadRetryIntervalSeconds=1.0)))
+    await produce(ml, 15)
+    assert ml.offloader is not None
+    (segment,) = await ml.offloader.offload()
+    data = tier / segment.uuid
+    original = data.read_bytes()
+    raw = bytearray(original)
+    raw[128 + 12 + 1] ^= 0x01  # inside the first entry of the first block (ledger 1)
+    data.write_bytes(bytes(raw))
+    assert ml.offloader.status()["status"] == "SUCCESS"
+    with pytest.raises(OffloadCorruptionError):
+        await ml.read_entries(Position(1, 0), 10)
+    assert await ml.read_entry(Position(2, 0)) == b"m-10"  # another block of the segment: readable
+    status = ml.offloader.status()
+    assert status["status"] == "ERROR" and status["tierReadErrors"] == 1, status
+    assert status["lastError"].startswith(f"tier data unreadable: entries 1:0..1:9 (segment {segment.uuid}")
+    assert "block CRC-32 is" in status["lastError"]
+    (row,) = status["unreadableSegments"]
+    assert (row["segment"], row["object"], row["entries"], row["kind"], row["failedReads"]) == (
+        segment.uuid,
+        segment.uuid,
+        "1:0..1:9",
+        "corrupt",
+        1,
+    )
+    data.write_bytes(original)  # restored from a backup; no reader comes back
+    await wait_for(lambda: ml.offloader is not None and not ml.offloader.unreadable, "the re-read clears it")
+    assert ml.offloader.status()["status"] == "SUCCESS" and ml.offloader.status()["lastError"] == ""
+    await factory.close()
+
+
 async def test_objects_are_deleted_only_once_every_ledger_of_the_segment_is_trimmed(
     tmp_path: Path, opened: Callable[[Path], ManagedLedgerFactory]
 ) -> None:

@@ -252,6 +252,50 @@ def test_offload_healthy_condition_names_failed_segments_and_unreadable_pods() -
     assert gated.offload_condition(store(), []).reason == "NotConfigured"
 
 
+def test_offload_healthy_is_false_naming_pod_topic_and_segment_of_unreadable_tier_data() -> None:
+    """Issue 25 item 9: a pod that could not read tier data (its readers are refused) made no
+    difference to OffloadHealthy, which looked only at Failed uploads."""
+    cr = store(offload=OFFLOAD_FS)
+    healthy = {"segments": {"Offloaded": 3}, "tierOnlyLedgers": 2, "maxMetadataVersion": 2, "unreadable": []}
+    row = {
+        "topic": "persistent://public/default/orders",
+        "segment": "5c6081bb-7549-4156-a29d-5843405f2374",
+        "object": "5c6081bb-7549-4156-a29d-5843405f2374",
+        "entries": "7:30..7:33",
+        "kind": "corrupt",
+        "error": "offloaded segment 5c6081bb-... is corrupt: part 11, ...: block CRC-32 is d43098d8",
+        "since": 1.0,
+        "lastFailure": 2.0,
+        "failedReads": 4,
+    }
+    damaged = {**healthy, "segments": {"Offloaded": 3, "Failed": 1}, "unreadableTierData": [row]}
+    cond = gated.offload_condition(
+        cr, [("pas-0", {**healthy, "unreadableTierData": []}, None), ("pas-1", damaged, None)]
+    )
+    assert (cond.type, str(cond.status), cond.reason) == ("OffloadHealthy", "False", "UnreadableTierData")
+    assert (
+        "pas-1: topic persistent://public/default/orders segment 5c6081bb-7549-4156-a29d-5843405f2374"
+        in cond.message
+    )
+    assert "entries 7:30..7:33" in cond.message and "block CRC-32 is d43098d8" in cond.message
+    assert "pas-0" not in cond.message
+    # Many rows: the first few are named, with how many more; a huge error text is cut.
+    many = {
+        **healthy,
+        "unreadableTierData": [{**row, "segment": f"s{i}", "error": "x" * 5000} for i in range(9)],
+    }
+    cond = gated.offload_condition(cr, [("pas-2", many, None)])
+    assert (
+        "segment s4 " in cond.message and "segment s5 " not in cond.message and "and 4 more" in cond.message
+    )
+    assert len(cond.message) < 3000
+    # Once the pod reads the data again (the row is gone), the condition is back to True.
+    assert (
+        str(gated.offload_condition(cr, [("pas-1", {**healthy, "unreadableTierData": []}, None)]).status)
+        == "True"
+    )
+
+
 def test_disabled_offload_keeps_the_location_but_uploads_nothing_new() -> None:
     cr = store(offload={**OFFLOAD_S3, "enabled": False, "thresholdBytes": 0})
     doc = json.loads(builders.config_map(cr, ON, "3.0.0")["data"]["config.json"])

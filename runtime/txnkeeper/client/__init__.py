@@ -19,6 +19,7 @@ from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyTransaction, SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.errors import (
+    DataUnreadableError,
     InvalidTxnStatusError,
     ServiceError,
     TxnConflictError,
@@ -29,6 +30,7 @@ __all__ = [
     "Client",
     "ClientClosedError",
     "Consumer",
+    "DataUnreadableError",
     "InvalidTxnStatusError",
     "MaxTransactionSizeExceededError",
     "Message",

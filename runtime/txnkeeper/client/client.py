@@ -254,6 +254,10 @@ class Client:
             consumer = self._consumers.get(command.message.consumer_id)
             if consumer is not None:
                 consumer.on_message(conn, command.message)
+        elif command.HasField("consumer_error"):
+            consumer = self._consumers.get(command.consumer_error.consumer_id)
+            if consumer is not None:
+                consumer.on_error(conn, command.consumer_error)
 
     async def close(self) -> None:
         for consumer in list(self._consumers.values()):

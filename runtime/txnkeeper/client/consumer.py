@@ -2,7 +2,10 @@
 
 The consumer grants ``receiver_queue_size`` permits and tops them up as the application receives. If
 its connection is lost it resubscribes with backoff, dropping its local queue (the store redelivers
-everything that was not acknowledged).
+everything that was not acknowledged). When the store cannot read the subscription's next entries
+(offloaded tier data damaged or unreachable) it says so (a ConsumerError push, repeated while it lasts):
+``receive`` raises that error (``DataUnreadableError``, naming the position) once the messages received
+before it were handed out, and returns messages again when the store resumes delivery.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from txnkeeper.client.errors import ClientClosedError
 from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.errors import ServiceError, UnavailableError
+from txnkeeper.errors import ServiceError, UnavailableError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection
 
@@ -48,7 +51,9 @@ class Consumer:
         self.store_address = store_address
         self.consumer_id = consumer_id
         self._queue_size = queue_size
-        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        # None: the store's error (``_error``) comes next; at most one is queued, the newest error wins.
+        self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._error: ServiceError | None = None
         self._conn: RpcConnection | None = None
         self._consumed_since_flow = 0
         self._closed = False
@@ -81,8 +86,7 @@ class Consumer:
         if self._closed or conn is not self._conn:
             return
         self._conn = None
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._drop_queue()
         self._resubscriber = asyncio.get_running_loop().create_task(self._resubscribe())
 
     async def _resubscribe(self) -> None:
@@ -110,8 +114,29 @@ class Consumer:
             )
         )
 
+    def on_error(self, conn: RpcConnection, failure: api.ConsumerError) -> None:
+        """The store cannot read what comes next (pushed again while that lasts): ``receive`` raises it."""
+        if conn is not self._conn:
+            return
+        error = from_error_frame(failure.error)
+        if not str(error):
+            error = type(error)(
+                f"the store cannot deliver what comes next on {self.topic} (subscription "
+                f"{self.subscription!r}); it gave no reason",
+                error.code,
+            )
+        if self._error is None:
+            self._queue.put_nowait(None)
+        self._error = error
+
+    def _drop_queue(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._error = None
+
     async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
-        """The next message; raises TimeoutError after ``timeout`` seconds without one."""
+        """The next message; raises TimeoutError after ``timeout`` seconds without one, and the store's
+        ``DataUnreadableError`` when it cannot read the next entries (module docstring)."""
         if self._closed:
             raise ClientClosedError(f"consumer {self.subscription} of {self.topic} is closed")
         queue = self._queue
@@ -122,6 +147,10 @@ class Consumer:
             message = await queue.get()
         else:
             message = await asyncio.wait_for(queue.get(), timeout)
+        if message is None:
+            error, self._error = self._error, None
+            assert error is not None
+            raise error
         self._consumed_since_flow += 1
         if self._consumed_since_flow >= max(1, self._queue_size // 2) and self._conn is not None:
             self._conn.notify(
@@ -175,8 +204,7 @@ class Consumer:
         conn = self._conn
         if conn is None:
             return
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._drop_queue()
         await conn.request(api.Command(redeliver=api.RedeliverUnacknowledged(consumer_id=self.consumer_id)))
 
     async def close(self) -> None:

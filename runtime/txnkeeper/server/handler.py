@@ -182,6 +182,17 @@ class ConsumerEndpoint:
         message.topic = self.topic
         self._session.push(command)
 
+    def read_failed(self, after: Position | None, message: str) -> None:
+        command = api.Command()
+        failure = command.consumer_error
+        failure.consumer_id = self.client_consumer_id
+        failure.error.code = api.DATA_UNREADABLE
+        failure.error.message = message
+        if after is not None:
+            failure.after.ledger_id = after.ledger_id
+            failure.after.entry_id = after.entry_id
+        self._session.push(command)
+
 
 class PodHandler:
     """The ``CommandHandler`` of a pod (either role)."""

@@ -244,6 +244,11 @@ class TopicOffloads:
         segments = GaugeMetricFamily(
             "txnkeeper_offload_segments", "Offload segments by status", labels=[*labels, "status"]
         )
+        unreadable = GaugeMetricFamily(
+            "txnkeeper_offload_unreadable_segments",
+            "Segments (or ranges no segment holds) whose tier data the last read could not read",
+            labels=labels,
+        )
         for ledger in self._factory.open_ledgers():
             off = ledger.offloader
             if off is None:
@@ -258,6 +263,7 @@ class TopicOffloads:
             for name, summary_family in summaries.items():
                 summary = getattr(stats, name)
                 summary_family.add_metric(label, summary.count, summary.sum_us)
+            unreadable.add_metric(label, len(off.unreadable))
             with contextlib.suppress(Exception):  # a scrape never fails because one ledger is closing
                 lag.add_metric(label, off.lag_bytes())
                 for status, count in off.segment_counts().items():
@@ -265,7 +271,16 @@ class TopicOffloads:
         yield from counters.values()
         yield from rates.values()
         yield from summaries.values()
-        yield from (lag, segments)
+        yield from (lag, segments, unreadable)
+
+    def unreadable(self) -> list[dict[str, Any]]:
+        """Tier data the open topics' offloaders could not read (the pod's offload summary)."""
+        return [
+            {"topic": ledger.name, **failure.to_json()}
+            for ledger in self._factory.open_ledgers()
+            if ledger.offloader is not None
+            for failure in ledger.offloader.unreadable.failures()
+        ]
 
 
 def _namespace(topic: str) -> str:

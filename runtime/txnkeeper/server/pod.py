@@ -164,6 +164,7 @@ class PodRuntime:
             "restoreRequested": restore_requested(self.config.data_dir),
             "automaticOffload": self._automatic_offload(),
             **summary,
+            "unreadableTierData": self.offloads.unreadable() if self.offloads is not None else [],
         }
 
     def _automatic_offload(self) -> bool:

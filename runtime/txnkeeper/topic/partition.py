@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Protocol
 
 from txnkeeper.aio import failure_of, resolved, settle
-from txnkeeper.errors import InvalidTxnStatusError
+from txnkeeper.errors import DataUnreadableError, InvalidTxnStatusError
+from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.records import decode, encode_data, encode_marker, publish_time_ms
-from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.subscription import Subscription, after_text
 from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
@@ -222,7 +223,14 @@ class Partition:
         block_starts: dict[TxnID, Position] = {}  # a block's first entry, for its writer's state
         out_of_range: dict[str, list[tuple[Position, int]]] = {}  # producer -> its unusable sends
         while True:
-            entries = await self.read_after(after, REPLAY_BATCH)
+            try:
+                entries = await self.read_after(after, REPLAY_BATCH)
+            except OffloadError as exc:
+                # Never replayed around: a marker in the unreadable entries decides what may be read.
+                raise DataUnreadableError(
+                    f"topic {self.topic!r} cannot be opened: rebuilding its transaction state needs the "
+                    f"entries {after_text(after)}, and reading them from the offload tier failed: {exc}"
+                ) from exc
             if not entries:
                 break
             replayed += len(entries)

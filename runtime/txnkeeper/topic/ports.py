@@ -12,7 +12,8 @@ from txnkeeper.txnid import TxnID
 
 
 class Consumer(Protocol):
-    """A connected consumer of a subscription; ``deliver`` pushes one message to it."""
+    """A connected consumer of a subscription; ``deliver`` pushes one message to it, ``read_failed``
+    tells it why nothing more comes."""
 
     @property
     def consumer_id(self) -> int: ...
@@ -25,6 +26,9 @@ class Consumer(Protocol):
         ...
 
     def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None: ...
+
+    # The subscription cannot read the entries after ``after`` (None: from the first): say why.
+    def read_failed(self, after: Position | None, message: str) -> None: ...
 
 
 class Cursor(Protocol):

@@ -2,20 +2,24 @@
 
 Partitions and subscriptions are created on first use; a small durable registry (topic -> its
 subscriptions) lets a restarted pod reopen every subscription's cursor and pending-ack store before it
-reports ready, so pending acks are known before any consumer can be served.
+reports ready, so pending acks are known before any consumer can be served. A topic whose recovery
+cannot read its entries (offloaded tier data damaged or unreachable) is left closed instead of
+keeping the pod from starting: its requests are refused DATA_UNREADABLE naming why, and it is opened
+again at a later use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
-from txnkeeper.errors import BadRequestError, InvalidTxnStatusError
+from txnkeeper.errors import BadRequestError, DataUnreadableError, InvalidTxnStatusError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.partition import (
     BlockResult,
@@ -38,6 +42,8 @@ from txnkeeper.txnid import TxnID
 log = logging.getLogger(__name__)
 
 SNAPSHOT_DIR = "txnbuffer-snapshots"  # next to the registry: one snapshot file per topic
+# A topic whose recovery could not read its entries is tried again at a use at most this often.
+REOPEN_UNREADABLE_SECONDS = 5.0
 T = TypeVar("T")
 
 
@@ -102,13 +108,21 @@ class TopicService:
         self._registry_lock = asyncio.Lock()
         self._housekeepers: list[asyncio.Task[None]] = []
         self.recovered = False
+        # Topics whose recovery could not read their entries: (monotonic time to try again, refusal).
+        self._unopenable: dict[str, tuple[float, DataUnreadableError]] = {}
 
     async def recover(self) -> None:
         self._registry = load_registry(self._registry_path)
         for topic, subs in self._registry.items():
-            await self.partition(topic)
-            for sub in subs:
-                await self.subscription(topic, sub)
+            try:
+                await self.partition(topic)
+                for sub in subs:
+                    await self.subscription(topic, sub)
+            except DataUnreadableError as exc:
+                # One topic whose offloaded entries cannot be read must not keep the pod's other
+                # topics down: it stays closed, its requests are refused naming why, and it is opened
+                # again at its next use.
+                log.error("%s (left closed at start)", exc)
         self.recovered = True
 
     async def close(self) -> None:
@@ -128,6 +142,9 @@ class TopicService:
         if existing is not None:
             return existing
         validate_name("topic", topic)
+        refused = self._unopenable.get(topic)
+        if refused is not None and time.monotonic() < refused[0]:
+            raise refused[1]  # tried moments ago: not every request replays up to the damage again
         return await self._single_flight(("p", topic), lambda: self._create_partition(topic))
 
     async def subscription(self, topic: str, name: str) -> Subscription:
@@ -151,7 +168,16 @@ class TopicService:
         self._ledgers[topic] = ledger
         snapshot = snapshot_path(self._registry_path.parent / SNAPSHOT_DIR, topic)
         partition = Partition(topic, ledger, snapshot, writers=self.single_key.table(topic))
-        await partition.recover()
+        try:
+            await partition.recover()
+        except DataUnreadableError as exc:
+            refusal = DataUnreadableError(
+                f"{exc}; the pod's other topics are served, and this one is opened again at its next "
+                f"use (at most every {REOPEN_UNREADABLE_SECONDS:g} s) once the data can be read"
+            )
+            self._unopenable[topic] = (time.monotonic() + REOPEN_UNREADABLE_SECONDS, refusal)
+            raise refusal from exc
+        self._unopenable.pop(topic, None)
         self._partitions[topic] = partition
         self._housekeepers.append(asyncio.get_running_loop().create_task(partition.housekeeping_forever()))
         return partition

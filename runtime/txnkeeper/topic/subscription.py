@@ -12,6 +12,14 @@ is read again from the partition. A subscription therefore holds a few dozen byt
 message, not the message (a consumer that never read kept the whole topic in memory, issue 25). Pushes
 go only to consumers that are ``ready`` (their connection is not backed up): dispatch waits for one,
 and is woken by ``notify`` when one is.
+
+A read that fails because the stored entries cannot be read (offloaded tier data damaged or
+unreachable, a damaged local record) is never read around: dispatch stops at that position and
+retries with backoff (0.1 s doubling to 5 s). After 4 failed reads in a row the connected consumers
+are told (``Consumer.read_failed``, the wire's ConsumerError), and again after each later failed retry,
+so a consumer waiting in ``receive`` gets an error naming the position within seconds instead of
+waiting forever; delivery resumes by itself once a read succeeds. A redelivery's read that fails is
+handled alike.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
+from txnkeeper.ledger.errors import CorruptEntryError, NoSuchEntryError
+from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
@@ -38,6 +49,31 @@ log = logging.getLogger(__name__)
 READ_BATCH = 256
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
+# A failed read of the next entries (module docstring): retried after 0.1 s, doubling up to 5 s; the
+# consumers are told after the 4th failure in a row (0.7 s of waits plus the reads' own time).
+READ_RETRY_FIRST_SECONDS = 0.1
+READ_RETRY_MAX_SECONDS = 5.0
+READ_FAILURES_BEFORE_ERROR = 4
+# What makes a read fail that no retry soon may cure, and that a consumer must hear of.
+READ_FAILURES = (OffloadError, CorruptEntryError, NoSuchEntryError, OSError)
+
+
+def after_text(position: Position | None) -> str:
+    """A read position as users are told it: the entries after it (None: from the first)."""
+    return f"after {position}" if position is not None else "from the topic's first entry"
+
+
+@dataclass
+class _ReadFailure:
+    """The read of the entries after ``after`` failing, since ``since`` (loop time)."""
+
+    after: Position | None
+    since: float
+    failures: int = 0
+    # Until the retry timer fires. A flag, not a deadline compared with loop.time(): uvloop's timers
+    # fire on a millisecond clock, up to a rounding before such a deadline, and a retry refused then
+    # would wait for a wake that never comes.
+    waiting: bool = False
 
 
 class Subscription:
@@ -87,6 +123,7 @@ class Subscription:
         )
         self._closed = False
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._read_failure: _ReadFailure | None = None
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop this object serves on (the running one at first use)."""
@@ -357,12 +394,33 @@ class Subscription:
 
     async def _dispatch_once(self) -> bool:
         """Deliver what can be delivered now; True if another pass may deliver more."""
-        if self._redeliver and not await self._dispatch_redeliveries():
-            return self._has_permits()  # queued again meanwhile: another pass
+        failing = self._read_failure
+        if failing is not None and failing.waiting:
+            return False  # a timer wakes the retry: writes to the topic must not hurry it
+        if self._redeliver:
+            try:
+                if not await self._dispatch_redeliveries():
+                    return self._has_permits()  # queued again meanwhile: another pass
+            except READ_FAILURES as exc:
+                self._read_failed(exc)
+                return False
         budget = min(READ_BATCH, self._ready_permits())
         if budget <= 0:
             return False
-        entries = await self._reader.read_after(self._read_after, budget)
+        try:
+            entries = await self._reader.read_after(self._read_after, budget)
+        except READ_FAILURES as exc:
+            self._read_failed(exc)
+            return False
+        if failing is not None:
+            self._read_failure = None
+            log.warning(
+                "%s/%s: reading the entries %s succeeded again after %d failed read(s); delivery resumes",
+                self.topic,
+                self.name,
+                after_text(failing.after),
+                failing.failures,
+            )
         if not entries:
             return False
         auto_ack: list[Position] = []
@@ -441,6 +499,46 @@ class Subscription:
             while index < count and queued[index] <= read_to:
                 index += 1
         return not self._redeliver
+
+    def _read_failed(self, exc: Exception) -> None:
+        """Stop at the position that cannot be read, retry later, and tell the consumers once the
+        failure has lasted (module docstring); never skip it."""
+        loop = self._loop()
+        now = loop.time()
+        failure = self._read_failure
+        if failure is None or failure.after != self._read_after:
+            failure = self._read_failure = _ReadFailure(self._read_after, now)
+        failure.failures += 1
+        delay = min(READ_RETRY_FIRST_SECONDS * 2 ** (failure.failures - 1), READ_RETRY_MAX_SECONDS)
+        failure.waiting = True
+        loop.call_later(delay, self._retry_read, failure)
+        what = "offloaded tier data" if isinstance(exc, OffloadError) else "stored data"
+        if failure.failures == 1:
+            log.warning(
+                "%s/%s: reading the entries %s failed (%s unreadable), retrying: %s",
+                self.topic,
+                self.name,
+                after_text(failure.after),
+                what,
+                exc,
+            )
+        if failure.failures < READ_FAILURES_BEFORE_ERROR:
+            return
+        message = (
+            f"subscription {self.name!r} of {self.topic} cannot deliver the entries "
+            f"{after_text(failure.after)}: the {what} is unreadable ({failure.failures} failed reads in "
+            f"{now - failure.since:.0f} s): {exc}. Nothing after that position is delivered until it "
+            "can be read (nothing is skipped or served wrongly); the store retries every "
+            f"{READ_RETRY_MAX_SECONDS:g} s and resumes delivery by itself once it can"
+        )
+        if failure.failures == READ_FAILURES_BEFORE_ERROR:
+            log.error("%s; its consumers are told", message)
+        for consumer in self._consumers.values():
+            consumer.read_failed(failure.after, message)  # pushed even to a backed-up connection: it is small
+
+    def _retry_read(self, failure: _ReadFailure) -> None:
+        failure.waiting = False
+        self._wake.set()
 
     def _deliverable(self, position: Position) -> bool:
         return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)

@@ -44,6 +44,7 @@ from .errors import OffloadConfigError, OffloadError, OffloadRangeError
 from .filesystem import STREAMING_CATCH_UP_SLICE_BYTES, STREAMING_WRITE_SLICE_BYTES
 from .reader import IndexCache, SegmentReader
 from .stats import OffloaderStats
+from .unreadable import UnreadableTier
 from .writer import SegmentWriter, data_key, index_key
 
 log = logging.getLogger(__name__)
@@ -289,6 +290,10 @@ class Offloader:
         self._stream: _Stream | None = None
         self._retry_at = 0.0  # monotonic: automatic passes wait until then after a failure
         self.last_error: str | None = None
+        # Tier data a read could not read, until a read of it succeeds (reported by status(), the
+        # pod's metrics and its offload summary); re-read every retry interval (_probe_unreadable).
+        self.unreadable = UnreadableTier(self._clock)
+        self._probe_at = 0.0  # monotonic
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -348,11 +353,16 @@ class Offloader:
                 continue  # the store failed lately: appends must not turn into a retry storm
             with contextlib.suppress(OffloadError, OSError, CorruptEntryError):
                 await self._pass(manual=False)
+            if self.unreadable and time.monotonic() >= self._probe_at:
+                self._probe_at = time.monotonic() + self.policy.offloadRetryIntervalSeconds
+                await self._probe_unreadable()
             if self.policy.streams:
                 await asyncio.sleep(_STREAM_POLL_SECONDS)
 
     def _timeout(self) -> float:
         interval = self.policy.offloadRetryIntervalSeconds
+        if self.unreadable:
+            interval = max(0.01, min(interval, self._probe_at - time.monotonic()))
         if time.monotonic() < self._retry_at:
             return max(0.01, min(interval, self._retry_at - time.monotonic()))
         stream = self._stream
@@ -379,15 +389,26 @@ class Offloader:
         running = self._lock.locked()
         failed = any(s.status == "Failed" for s in meta.segments)
         first = self._first_unoffloaded(meta, include_open=self.policy.offloadMode == "streaming")
+        unreadable = self.unreadable.failures()
+        # Unreadable tier data is an error whatever a pass is doing: readers are refused until it is
+        # repaired. Its newest failure comes first in lastError, an upload's error after it.
+        errors = [unreadable[-1].describe()] if unreadable else []
+        errors += [self.last_error] if self.last_error else []
+        if unreadable:
+            state = "ERROR"
+        else:
+            state = "RUNNING" if running else ("ERROR" if failed or self.last_error else "SUCCESS")
         return {
-            "status": "RUNNING" if running else ("ERROR" if failed or self.last_error else "SUCCESS"),
-            "lastError": self.last_error or "",
+            "status": state,
+            "lastError": "; ".join(errors),
             "firstUnoffloadedMessage": str(first) if first is not None else "",
             "mode": self.policy.offloadMode,
             "currentSegment": self._stream.segment.uuid if self._stream is not None else "",
             "streamedUntil": str(self.streamed_until() or ""),
             "segmentsByStatus": self.segment_counts(),
             "lagBytes": self.lag_bytes(),
+            "unreadableSegments": [f.to_json() for f in unreadable],
+            "tierReadErrors": self.stats.read_offload_error,
         }
 
     def streamed_until(self) -> Position | None:
@@ -439,20 +460,42 @@ class Offloader:
         while entry <= last:
             segment = next((s for s in meta.segments if s.holds(ledger_id, entry)), None)
             if segment is None or segment.end is None:
-                raise OffloadRangeError(
+                missing = OffloadRangeError(
                     f"entry {ledger_id}:{entry} of managed ledger {self.host.name!r} is in no Offloaded "
                     "segment and its local file is gone; restore the ledger directory from a backup"
                 )
+                self.unreadable.failed("", ledger_id, entry, last, missing)
+                raise missing
             upto = last if segment.end.ledger_id != ledger_id else min(last, segment.end.entry_id)
             reader = SegmentReader(self.store, segment.uuid, cache=self._cache)
-            started = time.monotonic()
-            await reader.index()
-            self.stats.read_offload_index_latency.observe(time.monotonic() - started)
-            started = time.monotonic()
-            out.extend(await reader.read_entry_data(ledger_id, entry, upto))
-            self.stats.read_offload_data_latency.observe(time.monotonic() - started)
+            try:
+                started = time.monotonic()
+                await reader.index()
+                self.stats.read_offload_index_latency.observe(time.monotonic() - started)
+                started = time.monotonic()
+                out.extend(await reader.read_entry_data(ledger_id, entry, upto))
+                self.stats.read_offload_data_latency.observe(time.monotonic() - started)
+            except (OffloadError, OSError) as exc:
+                self.unreadable.failed(segment.uuid, ledger_id, entry, upto, exc)
+                raise
+            self.unreadable.read(segment.uuid, ledger_id, entry, upto)
             entry = upto + 1
+        self.unreadable.read("", ledger_id, first, last)
         return out
+
+    async def _probe_unreadable(self) -> None:
+        """Read again what could not be read (every retry interval while anything is unreadable), so
+        the status clears once the tier is repaired even if no reader comes back for those entries.
+        Records of segments or ledgers trimmed since are dropped."""
+        meta = self.host.offload_metadata()
+        segments = {s.uuid for s in meta.segments}
+        ledgers = {i.ledger_id for i in meta.ledgers}
+        for failure in self.unreadable.failures():
+            if (failure.segment and failure.segment not in segments) or failure.ledger_id not in ledgers:
+                self.unreadable.forget(failure.segment)
+                continue
+            with contextlib.suppress(OffloadError, OSError):  # recorded again by the read itself
+                await self.read(failure.ledger_id, failure.first, failure.last - failure.first + 1)
 
     # --- one pass -------------------------------------------------------------------------------------
 
@@ -513,6 +556,7 @@ class Offloader:
             raise
         self.stats.delete_offload_ops += 1
         self._cache.forget(self.store.location, uuid)
+        self.unreadable.forget(uuid)
 
     async def _delete_trimmed_segments(self) -> None:
         meta = self.host.offload_metadata()

@@ -1,9 +1,9 @@
 """Reading entries back from an offloaded segment, verified, fetching only the blocks needed.
 
 The index object is fetched once and cached (it is small and immutable); each read then issues one
-ranged read per block that holds requested entries (``BlobStore.read_checked``: the block's length, its
-CRC from the index and its structure are checked on the worker thread that read it), and only then
-returns entries. Anything that does not check out is an
+ranged read per block that holds requested entries (``BlobStore.read_checked``: the block is checked
+against the index on the worker thread that read it, by ``checks.check_block``, the same checks
+``txnkeeper inspect-offload`` applies), and only then returns entries. Anything that does not check out is an
 OffloadCorruptionError naming the segment uuid, the part and the object offset: corrupt bytes are
 never returned as entries.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from . import index as index_format
 from .blobstore import BlobStore
-from .block import block_crc, decode_block
+from .checks import BlockPlan, block_plans, check_block, check_index
 from .errors import BlobNotFound, OffloadCorruptionError, OffloadFormatError, OffloadRangeError
 from .index import IndexEntry, OffloadIndex
 from .writer import data_key, index_key
@@ -144,7 +144,7 @@ class IndexCache:
         """The segment's blocks in object order with their CRCs (computed once per cached index)."""
         order = self._orders.get((location, uuid))
         if order is None or order.index is not idx:
-            order = _BlockOrder(idx)
+            order = _BlockOrder(uuid, idx)
             if self._items.get((location, uuid)) is idx:
                 self._orders[(location, uuid)] = order
         return order
@@ -215,16 +215,19 @@ class IndexCache:
 
 
 class _BlockOrder:
-    """A segment's blocks in object order, each with its recorded CRC (None when the index has none),
-    and where each block sits in that order: what read-ahead walks."""
+    """A segment's blocks in object order, each as the index describes it (``checks.BlockPlan``), and
+    where each block sits in that order: what reads check blocks against and read-ahead walks."""
 
-    def __init__(self, index: OffloadIndex) -> None:
+    def __init__(self, uuid: str, index: OffloadIndex) -> None:
         self.index = index
-        crcs = {led.info.ledger_id: led.info.block_crcs() for led in index.ledgers}
-        self.blocks = [(e, crcs[e.ledger_id].get(e.part_id)) for e in index.blocks()]
-        self.position = {e.offset: n for n, (e, _) in enumerate(self.blocks)}
+        # The index was checked (with the reader's require_crc) before it was cached.
+        self.blocks = block_plans(uuid, index, require_crc=False)
+        self.position = {p.entry.offset: n for n, p in enumerate(self.blocks)}
 
-    def after(self, entry: IndexEntry, count: int) -> list[tuple[IndexEntry, int | None]]:
+    def plan(self, entry: IndexEntry) -> BlockPlan:
+        return self.blocks[self.position[entry.offset]]
+
+    def after(self, entry: IndexEntry, count: int) -> list[BlockPlan]:
         n = self.position[entry.offset] + 1
         return self.blocks[n : n + count]
 
@@ -260,29 +263,7 @@ class SegmentReader:
             raise OffloadCorruptionError(
                 self.uuid, None, 0, "the index exists but the data object is missing", data_key(self.uuid)
             ) from None
-        if data_length != idx.data_object_length:
-            raise OffloadCorruptionError(
-                self.uuid,
-                None,
-                8,
-                f"index says the data object is {idx.data_object_length} bytes, it is {data_length}",
-                key,
-            )
-        for led in idx.ledgers:
-            try:
-                crcs = led.info.block_crcs()
-            except OffloadFormatError as exc:
-                raise OffloadCorruptionError(self.uuid, None, 0, exc.problem, key) from None
-            for e in led.entries:
-                if e.part_id not in crcs and self.require_crc:
-                    raise OffloadCorruptionError(
-                        self.uuid,
-                        e.part_id,
-                        e.offset,
-                        "the index records no CRC for this block (not written by txnkeeper?); "
-                        "open the reader with require_crc=False to read it unverified",
-                        key,
-                    )
+        check_index(self.uuid, idx, data_length=data_length, require_crc=self.require_crc)
         self.cache.put(self.store.location, self.uuid, idx)
         return idx
 
@@ -319,12 +300,11 @@ class SegmentReader:
             and (i + 1 == len(led.entries) or led.entries[i + 1].first_entry_id > first_entry_id)
         ]
         order = self.cache.order(self.store.location, self.uuid, idx)
-        crcs = dict(order.blocks[order.position[e.offset]] for e in wanted)
         if self.cache.read_ahead_blocks:
             self._read_ahead(idx, order, wanted)
         out: list[bytes] = []
         for entry in wanted:
-            block = await self._read_block(idx, entry, crcs[entry])
+            block = await self._read_block(order.plan(entry))
             # A checked block holds consecutive ids from its first (decode_block refuses anything else).
             skip = max(first_entry_id - entry.first_entry_id, 0)
             out.extend(data for _, data in block[skip : last_entry_id - entry.first_entry_id + 1])
@@ -348,69 +328,34 @@ class SegmentReader:
         reserve = sum(
             idx.block_length(e) for e in wanted if self.cache.block(location, self.uuid, e.offset) is None
         )
-        for entry, crc in order.after(wanted[-1], self.cache.read_ahead_blocks):
-            length = idx.block_length(entry)
-            key = (location, self.uuid, entry.offset)
-            fetch = partial(self._fetch_block, idx, entry, crc)
-            if not self.cache.start_prefetch(key, length, fetch, keep, reserve):
+        for plan in order.after(wanted[-1], self.cache.read_ahead_blocks):
+            key = (location, self.uuid, plan.entry.offset)
+            fetch = partial(self._fetch_block, plan)
+            if not self.cache.start_prefetch(key, plan.length, fetch, keep, reserve):
                 return  # no room (or closed): the blocks after it would not fit either
             keep.add(key)
 
-    async def _read_block(self, idx: OffloadIndex, entry: IndexEntry, crc: int | None) -> BlockEntries:
+    async def _read_block(self, plan: BlockPlan) -> BlockEntries:
         location = self.store.location
-        cached = self.cache.block(location, self.uuid, entry.offset)
+        offset = plan.entry.offset
+        cached = self.cache.block(location, self.uuid, offset)
         if cached is not None:
             return cached
         epoch = self.cache.epoch
-        prefetch = self.cache.claim_prefetch(location, self.uuid, entry.offset)
+        prefetch = self.cache.claim_prefetch(location, self.uuid, offset)
         # A prefetch's error (corruption, store unavailable) is raised here, by the read of its block.
-        entries = await (prefetch if prefetch is not None else self._fetch_block(idx, entry, crc))
-        self.cache.put_block(location, self.uuid, entry.offset, idx.block_length(entry), entries, epoch=epoch)
+        entries = await (prefetch if prefetch is not None else self._fetch_block(plan))
+        self.cache.put_block(location, self.uuid, offset, plan.length, entries, epoch=epoch)
         return entries
 
-    async def _fetch_block(self, idx: OffloadIndex, entry: IndexEntry, crc: int | None) -> BlockEntries:
+    async def _fetch_block(self, plan: BlockPlan) -> BlockEntries:
         """Read one block, check it and decode it on a worker thread (one call where the driver can:
         the CRC of a block of megabytes and the copy of its entries are the costly part, and zlib
         releases the GIL for the CRC, so the loop hands entries out meanwhile)."""
-        length = idx.block_length(entry)
         return await self.store.read_checked(
-            data_key(self.uuid),
-            entry.offset,
-            length,
-            partial(self._check_block, entry=entry, length=length, crc=crc),
+            data_key(self.uuid), plan.entry.offset, plan.length, partial(self._check_block, plan=plan)
         )
 
-    def _check_block(
-        self, raw: memoryview, *, entry: IndexEntry, length: int, crc: int | None
-    ) -> BlockEntries:
-        """Length, CRC (from the index), structure and ids of one block, then its entries; any
-        deviation is an OffloadCorruptionError at the object offset where it is."""
-        key = data_key(self.uuid)
-
-        def corrupt(offset: int, problem: str) -> OffloadCorruptionError:
-            return OffloadCorruptionError(self.uuid, entry.part_id, offset, problem, key)
-
-        if len(raw) != length:
-            raise corrupt(
-                entry.offset + len(raw), f"object truncated: block needs {length} bytes, got {len(raw)}"
-            )
-        if crc is not None:
-            actual = block_crc(raw)
-            if actual != crc:
-                raise corrupt(entry.offset, f"block CRC-32 is {actual:08x}, the index recorded {crc:08x}")
-        elif self.require_crc:
-            raise corrupt(entry.offset, "the index records no CRC for this block")
-        try:
-            decoded = decode_block(raw)
-        except OffloadFormatError as exc:
-            raise corrupt(entry.offset + exc.offset, exc.problem) from None
-        if (
-            decoded.header.ledger_id != entry.ledger_id
-            or decoded.header.first_entry_id != entry.first_entry_id
-        ):
-            raise corrupt(
-                entry.offset,
-                f"block header holds {decoded.header.ledger_id}:{decoded.header.first_entry_id}, "
-                f"the index says {entry.ledger_id}:{entry.first_entry_id}",
-            )
-        return list(decoded.entries)
+    def _check_block(self, raw: memoryview, *, plan: BlockPlan) -> BlockEntries:
+        """The block checked against the index (``checks.check_block``), then its entries."""
+        return list(check_block(self.uuid, raw, plan, require_crc=self.require_crc).entries)
