@@ -276,13 +276,11 @@ class BlockAppender:
                 )
             )
             return
-        self._queue.popleft()
-        self._head_sent = False
         self._doubt_since = None
-        self.acknowledged_through = block.numbers.last_event_number
         if not answer.HasField("first_message_id"):
             # Not expected (only the head block is ever re-sent, and the store remembers the first id
-            # of a writer's last block): say so rather than invent ids.
+            # of a writer's last block): say so rather than invent ids. (_refused takes the block off
+            # the queue, and only it: the blocks behind it are answered in turn.)
             self._refused(
                 block,
                 ServiceError(
@@ -293,6 +291,9 @@ class BlockAppender:
                 applied=True,
             )
             return
+        self._queue.popleft()
+        self._head_sent = False
+        self.acknowledged_through = block.numbers.last_event_number
         first = answer.first_message_id
         # Contiguous by the store's rule (contracts §10): a block's entries never straddle a rollover.
         ids = [MessageId(first.ledger_id, first.entry_id + i) for i in range(block.numbers.event_count)]
