@@ -75,6 +75,34 @@ async def test_writer_state_survives_trimming_through_the_snapshot(tmp_path: Pat
     await factory.close()
 
 
+async def test_a_retransmission_is_a_duplicate_only_when_the_store_holds_its_events(tmp_path: Path) -> None:
+    """Numbers alone cannot tell a retransmission from another session's block with the same numbers
+    (a writer cut off before its block arrived, back after another instance of its id wrote): the
+    events at the last block's first message id decide, from the tail cache and read back after a
+    restart. Other events, another key, or a block reaching into the last one are refused fenced."""
+    factory, partition = await _open(tmp_path)
+    first = await partition.append_block("w", 0, [b"a", b"b"], "k", 10)
+    sent = await partition.publish_idempotent(b"x", "k", "prod", 4)
+    for restarted in (False, True):
+        if restarted:
+            await factory.close()
+            factory, partition = await _open(tmp_path)
+        again = await partition.append_block("w", 0, [b"a", b"b"], "k", 10)
+        assert again.duplicate and again.first_message_id == first.first_message_id
+        retry = await partition.publish_idempotent(b"x", "k", "prod", 4)
+        assert retry.duplicate and retry.first_message_id == sent.first_message_id
+        for events, key in [([b"a", b"c"], "k"), ([b"a", b"b"], "other-key")]:
+            with pytest.raises(WriterFencedError, match=r"last block the store .* but other"):
+                await partition.append_block("w", 0, events, key, 10)
+        with pytest.raises(WriterFencedError, match=r"1\.\.1 of 'w' .* is not a block this id wrote"):
+            await partition.append_block("w", 1, [b"b"], "k", 5)
+        with pytest.raises(WriterFencedError, match=r"sequence id 4 of 'prod' .* last send .* but other"):
+            await partition.publish_idempotent(b"y", "k", "prod", 4)
+    assert partition.writers.queued_last("w") == 1 and partition.writers.queued_last("prod") == 4
+    assert partition.published_count == 0  # nothing written since the restart
+    await factory.close()
+
+
 async def test_recovery_aborts_a_block_left_without_its_marker(tmp_path: Path) -> None:
     factory, partition = await _open(tmp_path)
     await partition.append_block("w", 0, [b"a"], "k", 5)
