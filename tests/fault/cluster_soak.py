@@ -1098,8 +1098,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-concurrent-takeovers",
         dest="concurrent_takeovers",
         action="store_false",
-        help="no second instance opens while the first still writes (applications still restart as new"
-        " instances each cycle)",
+        help="for diagnosis: no second instance opens while the first still writes (applications still"
+        " restart as new instances each cycle), to tell whether a finding needs one",
     )
     parser.add_argument(
         "--progress-file", type=Path, default=None, help="the verdict so far, after each trial"
