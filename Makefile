@@ -135,13 +135,19 @@ unit: $(if $(PREREQS_DONE),,test-prereqs)
 
 # Longer soak/crash runs than the bounded ones every test run includes: first the fault soak's JSON
 # verdict (tests/fault/soak.py: SOAK_KILLS SIGKILLs, bit flips and truncations of every file kind; it
-# fails if any silent loss, wrong data or bad refusal was seen), then every soak-marked test with
-# SOAK_SCALE times its bounded kills. SOAK_ARGS adds options (e.g. --seed N, --kinds routes).
+# fails if any silent loss, wrong data or bad refusal was seen), then the cluster soak's
+# (tests/fault/cluster_soak.py: CLUSTER_SOAK_KILLS SIGKILLs of real coordinator and store pods under
+# client-API load; docs/fault-testing.md says how long 1,000 take), then every soak-marked test with
+# SOAK_SCALE times its bounded kills. SOAK_ARGS and CLUSTER_SOAK_ARGS add options (e.g. --seed N).
 SOAK_KILLS ?= 1000
+CLUSTER_SOAK_KILLS ?= 1000
 SOAK_SCALE ?= 10
 SOAK_ARGS ?=
+CLUSTER_SOAK_ARGS ?=
 soak: install
 	@status=0; $(BIN)/python -m tests.fault.soak --kills $(SOAK_KILLS) --json $(SOAK_ARGS) || status=$$?; \
+	$(BIN)/python -m tests.fault.cluster_soak --kills $(CLUSTER_SOAK_KILLS) --json $(CLUSTER_SOAK_ARGS) \
+	  || status=$$?; \
 	SOAK_SCALE=$(SOAK_SCALE) $(BIN)/pytest -m soak $(PYTEST_ARGS) && exit $$status
 
 bench: install

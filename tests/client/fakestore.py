@@ -40,6 +40,7 @@ class FakeStore:
     refuse_next_blocks: int = 0  # refuse blocks as too large, without applying them
     old_release: bool = False  # refuse setup_append as a release without the feature does
     unparsable: bool = False  # drop the connection on setup_append, as a release that cannot parse it
+    duplicates_without_ids: bool = False  # answer a duplicate block as a store that lost its first id
     blocks_applied: int = 0
     duplicates: int = 0
 
@@ -84,7 +85,7 @@ class FakeStore:
         last = body.first_event_number + body.event_count - 1
         if last <= writer.last_event_number:
             self.duplicates += 1
-            known = last == writer.last_event_number
+            known = last == writer.last_event_number and not self.duplicates_without_ids
             return self._answer(session, last, writer.last_first_entry if known else None)
         if body.first_event_number != writer.last_event_number + 1:
             if writer.last_event_number == -1:

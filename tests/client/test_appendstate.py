@@ -56,3 +56,20 @@ def test_in_flight_blocks_must_follow_the_confirmed_events() -> None:
         BlockNumbers(1, 0)
     with pytest.raises(ValueError, match="from 0"):
         BlockNumbers(-1, 1)
+
+
+@pytest.mark.parametrize(("store_last", "outcomes"), [(10, [R, R, R]), (14, [A, R, R])])
+def test_with_one_block_on_the_wire_only_it_can_have_been_applied(
+    store_last: int, outcomes: list[Outcome]
+) -> None:
+    assert reconcile("w", 10, BLOCKS, store_last, sent=1) == outcomes
+
+
+@pytest.mark.parametrize("store_last", [15, 20, 21])
+def test_with_one_block_on_the_wire_a_store_beyond_it_means_another_session_used_the_id(
+    store_last: int,
+) -> None:
+    # The store's events beyond the head are another session's: taken as this writer's blocks, they
+    # would be answered with that session's message ids (the appender has one block on the wire).
+    with pytest.raises(WriterFencedError, match="sent only through 14: another session used"):
+        reconcile("w", 10, BLOCKS, store_last, sent=1)

@@ -121,6 +121,30 @@ async def test_a_block_applied_whose_answer_was_lost_is_not_applied_again(
     assert fake.blocks_applied == 2 and fake.duplicates == 1
 
 
+async def test_a_duplicate_answered_without_ids_fails_that_commit_only_and_the_next_goes_on(
+    store: tuple[FakeStore, Client],
+) -> None:
+    """The head block was applied, its answer lost; the store answers its retransmission as a
+    duplicate but no longer knows its message ids. That commit fails saying so; the commit queued
+    behind it is still sent and answered (it was once dropped unanswered with the head)."""
+    fake, client = store
+    writer = await client.create_single_key_writer(TOPIC, "k", txn_timeout_ms=10_000)
+    fake.drop_next_answers = 1
+    fake.duplicates_without_ids = True
+    head = writer.begin_transaction()
+    head.write(b"head")
+    head_commit = asyncio.ensure_future(head.commit())
+    await asyncio.sleep(0)  # one loop turn: the commit numbers its block and sends it
+    behind = writer.begin_transaction()
+    behind.write(b"behind")
+    behind_commit = asyncio.ensure_future(behind.commit())
+    with pytest.raises(ServiceError, match=r"block 0\.\.0 is applied, but the store no longer knows its"):
+        await asyncio.wait_for(head_commit, 10)
+    assert await asyncio.wait_for(behind_commit, 10) == [MessageId(LEDGER, 1)]
+    assert [m[1] for m in fake.messages] == [b"head", b"behind"]
+    assert writer.last_event_number == 1
+
+
 async def test_a_store_that_forgot_the_writer_fails_it_instead_of_reapplying(
     store: tuple[FakeStore, Client],
 ) -> None:

@@ -3,7 +3,8 @@
 Why: "the connection went away mid-block" and "the answer was lost" must be produced exactly, not
 hoped for by timing: the proxy counts the bytes it forwards and, once a rule matches, stops forwarding
 and closes both sides of that connection. Later connections are forwarded untouched unless a new rule
-is armed.
+is armed. ``refusing`` turns every new connection away (closed at once) until it is cleared, so a
+client's reconnects fail for as long as a test needs, e.g. while another client writes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class CutProxy:
         self._target = (host, int(port))
         self._server: asyncio.Server | None = None
         self._rule: CutRule | None = None
+        self.refusing = False
+        self.refused = 0  # connections turned away while refusing
         self.cuts = 0
         self.cut_done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -46,6 +49,10 @@ class CutProxy:
         self.cut_done.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            self.refused += 1
+            writer.transport.abort()
+            return
         up_reader, up_writer = await asyncio.open_connection(*self._target)
         self._writers.update((writer, up_writer))
         rule, self._rule = self._rule, None

@@ -16,6 +16,7 @@ from txnkeeper.errors import BadRequestError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from txnkeeper.ledger.position import Position
 from txnkeeper.protocol.blocks import BlockEncodingError, decode_events, encode_events
+from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.records import decode, encode_data
 from txnkeeper.topic.snapshot import snapshot_path
@@ -79,6 +80,34 @@ async def test_writer_state_survives_trimming_through_the_snapshot(tmp_path: Pat
     factory, partition = await _open(tmp_path)
     with pytest.raises(WriterStateLostError, match="no state for writer 'w'"):
         await partition.append_block("w", 3, [b"d"], "k", 10)
+    await factory.close()
+
+
+async def test_a_retransmission_is_a_duplicate_only_when_the_store_holds_its_events(tmp_path: Path) -> None:
+    """Numbers alone cannot tell a retransmission from another session's block with the same numbers
+    (a writer cut off before its block arrived, back after another instance of its id wrote): the
+    events at the last block's first message id decide, from the tail cache and read back after a
+    restart. Other events, another key, or a block reaching into the last one are refused fenced."""
+    factory, partition = await _open(tmp_path)
+    first = await partition.append_block("w", 0, [b"a", b"b"], "k", 10)
+    sent = await partition.publish_idempotent(b"x", "k", "prod", 4)
+    for restarted in (False, True):
+        if restarted:
+            await factory.close()
+            factory, partition = await _open(tmp_path)
+        again = await partition.append_block("w", 0, [b"a", b"b"], "k", 10)
+        assert again.duplicate and again.first_message_id == first.first_message_id
+        retry = await partition.publish_idempotent(b"x", "k", "prod", 4)
+        assert retry.duplicate and retry.first_message_id == sent.first_message_id
+        for events, key in [([b"a", b"c"], "k"), ([b"a", b"b"], "other-key")]:
+            with pytest.raises(WriterFencedError, match=r"last block the store .* but other"):
+                await partition.append_block("w", 0, events, key, 10)
+        with pytest.raises(WriterFencedError, match=r"1\.\.1 of 'w' .* is not a block this id wrote"):
+            await partition.append_block("w", 1, [b"b"], "k", 5)
+        with pytest.raises(WriterFencedError, match=r"sequence id 4 of 'prod' .* last send .* but other"):
+            await partition.publish_idempotent(b"y", "k", "prod", 4)
+    assert partition.writers.queued_last("w") == 1 and partition.writers.queued_last("prod") == 4
+    assert partition.published_count == 0  # nothing written since the restart
     await factory.close()
 
 
@@ -311,3 +340,31 @@ def test_numbers_beyond_int64_are_refused_and_never_restored() -> None:
     assert not table.restore_row("old", 2**63, 2**63, None, 0)
     assert table.restore_row("ok", 5, 5, None, 0)
     assert sorted(table.durable) == ["ok"]
+
+
+async def test_a_block_begun_before_the_snapshot_and_committed_after_it_keeps_its_message_ids(
+    tmp_path: Path,
+) -> None:
+    """A snapshot that covers a block's first events but not its marker (the block open in it): after
+    a restart the replay meets the marker without having seen the block's first entry. The writer's
+    state must still know the block's first message id, so that the retransmission of a block whose
+    answer was lost is answered with its ids (found by the cluster soak: "block N..M is applied, but
+    the store no longer knows its message ids")."""
+    factory, partition = await _open(tmp_path)
+    written = await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 3)
+    assert written.first_message_id is not None
+    block = TxnID(BLOCK_TXN_MOST, partition._next_block_least - 1)
+    marker = partition.ledger.last_confirmed_entry()
+    assert marker is not None and marker.entry_id == written.first_message_id.entry_id + 3
+    await factory.close()
+    # The state a capture taken after the first event and before the marker would have held.
+    covers = Position(marker.ledger_id, written.first_message_id.entry_id)
+    snapshots.write(
+        snapshot_path(tmp_path / "snapshots", TOPIC),
+        snapshots.BufferSnapshot(TOPIC, covers, b"", [(block, written.first_message_id)]),
+    )
+
+    factory, partition = await _open(tmp_path)
+    again = await partition.append_block("w", 0, [b"a", b"b", b"c"], "k", 3)
+    assert again.duplicate and again.first_message_id == written.first_message_id
+    await factory.close()

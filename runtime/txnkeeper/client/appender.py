@@ -22,6 +22,7 @@ import asyncio
 import logging
 import struct
 import time
+import uuid
 import zlib
 from collections import deque
 from dataclasses import dataclass
@@ -124,6 +125,9 @@ class BlockAppender:
         self._doubt_since: float | None = None
         self._failure: BaseException | None = None  # set once the writer can append no more
         self.resyncs = 0  # sessions opened after the first (tests count them)
+        # This writer instance's token: its reconnects resume the id, which the store refuses once
+        # another instance took the id over since (that one's blocks may carry this one's numbers).
+        self._instance = uuid.uuid4().hex
 
     @property
     def in_flight(self) -> int:
@@ -143,12 +147,12 @@ class BlockAppender:
     async def open(self) -> None:
         """Start the first session: the store says where this writer id's numbering stands."""
         try:
-            conn, store_last = await self._setup()
+            conn, store_last = await self._setup(resume=False)
         except ConnectionClosedError:
             # A release that does not know SetupAppend cannot parse it and drops the connection; one
             # more try tells that apart from a connection that was merely lost.
             try:
-                conn, store_last = await self._setup()
+                conn, store_last = await self._setup(resume=False)
             except ConnectionClosedError as exc:
                 if "cannot connect" in str(exc):
                     raise
@@ -276,13 +280,11 @@ class BlockAppender:
                 )
             )
             return
-        self._queue.popleft()
-        self._head_sent = False
         self._doubt_since = None
-        self.acknowledged_through = block.numbers.last_event_number
         if not answer.HasField("first_message_id"):
             # Not expected (only the head block is ever re-sent, and the store remembers the first id
-            # of a writer's last block): say so rather than invent ids.
+            # of a writer's last block): say so rather than invent ids. (_refused takes the block off
+            # the queue, and only it: the blocks behind it are answered in turn.)
             self._refused(
                 block,
                 ServiceError(
@@ -293,6 +295,9 @@ class BlockAppender:
                 applied=True,
             )
             return
+        self._queue.popleft()
+        self._head_sent = False
+        self.acknowledged_through = block.numbers.last_event_number
         first = answer.first_message_id
         # Contiguous by the store's rule (contracts §10): a block's entries never straddle a rollover.
         ids = [MessageId(first.ledger_id, first.entry_id + i) for i in range(block.numbers.event_count)]
@@ -324,7 +329,7 @@ class BlockAppender:
                 try:
                     if time.monotonic() > deadline:
                         raise RequestTimeoutError("no answer to the writer's blocks in time")
-                    conn, store_last = await self._setup()
+                    conn, store_last = await self._setup(resume=True)
                     break
                 except _DOUBTFUL as exc:
                     if time.monotonic() + delay > deadline:
@@ -340,7 +345,8 @@ class BlockAppender:
             # The outcome decides nothing to do here beyond refusing the impossible: an applied head
             # is sent again and answered from the store's writer state with its message ids; one not
             # applied is sent again and applied now.
-            reconcile(self.writer_id, self.acknowledged_through, [b.numbers for b in self._queue], store_last)
+            numbers = [b.numbers for b in self._queue]
+            reconcile(self.writer_id, self.acknowledged_through, numbers, store_last, sent=1)
         except ServiceError as exc:
             self._resyncing = None
             self._fail(writer_error(exc, f"writer {self.writer_id} of {self.topic}"))
@@ -351,11 +357,16 @@ class BlockAppender:
         self._use(conn)
         self._send_head()
 
-    async def _setup(self) -> tuple[RpcConnection, int]:
+    async def _setup(self, *, resume: bool) -> tuple[RpcConnection, int]:
+        """SetupAppend of the writer id as this instance: the first one takes the id over (fencing
+        every other instance), a reconnect (``resume``) is refused WRITER_FENCED once another instance
+        took it since."""
         conn = await self._connections.get(self.store_address)
         command = api.Command()
         command.setup_append.topic = self.topic
         command.setup_append.writer_id = self.writer_id
+        command.setup_append.producer_session = self._instance
+        command.setup_append.resume = resume
         try:
             response = await conn.request(command, self._resync_timeout)
         except BadRequestError as exc:

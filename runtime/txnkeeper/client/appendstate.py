@@ -41,16 +41,25 @@ class Outcome(enum.Enum):
 
 
 def reconcile(
-    writer_id: str, acknowledged_through: int, in_flight: Sequence[BlockNumbers], store_last: int
+    writer_id: str,
+    acknowledged_through: int,
+    in_flight: Sequence[BlockNumbers],
+    store_last: int,
+    *,
+    sent: int | None = None,
 ) -> list[Outcome]:
     """The outcome of each in-flight block (in order) given the store's ``store_last`` event number.
 
     Event numbers start at 0; ``-1`` means none (contracts §10). ``acknowledged_through`` is the last
     event number the store confirmed to this writer (-1: none);
-    ``in_flight`` are the blocks sent or to be sent since, contiguous from ``acknowledged_through + 1``.
+    ``in_flight`` are the blocks sent or to be sent since, contiguous from ``acknowledged_through + 1``;
+    ``sent`` how many of them, from the first, may have reached the store (default: all; the appender
+    has one block on the wire at a time, so 1).
     Raises ``WriterStateLostError`` when the store knows less than it already confirmed (its state for
     the writer expired or was trimmed) or reports a number inside a block (blocks are atomic), and
-    ``WriterFencedError`` when it holds more than this writer ever sent (another session used the id).
+    ``WriterFencedError`` when it holds more than this writer ever sent (another session used the id):
+    taking another session's events beyond the blocks this one sent for its own would answer those
+    blocks with the other session's message ids and drop their events.
     """
     expected = acknowledged_through + 1
     for block in in_flight:
@@ -60,7 +69,8 @@ def reconcile(
                 f"got {block.first_event_number}"
             )
         expected = block.last_event_number + 1
-    sent_through = expected - 1
+    may_have_reached = in_flight[:sent] if sent is not None else in_flight
+    sent_through = may_have_reached[-1].last_event_number if may_have_reached else acknowledged_through
     if store_last < acknowledged_through:
         raise WriterStateLostError(
             f"writer {writer_id}: the store knows its events only through {store_last} but had "

@@ -20,7 +20,7 @@ from txnkeeper.client.errors import ClientClosedError
 from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.errors import ServiceError, from_error_frame
+from txnkeeper.errors import ServiceError, UnavailableError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection
 
@@ -194,7 +194,8 @@ class Consumer:
     def _request_ack(self, command: api.Command) -> asyncio.Future[api.Command]:
         conn = self._conn
         if conn is None or not conn.is_open:
-            raise ServiceError(
+            # Typed and UNAVAILABLE: the application can tell "retry later" by the code.
+            raise UnavailableError(
                 f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
             )
         return conn.request(command)

@@ -70,6 +70,9 @@ class SequencedSends:
         self._doubt_since: float | None = None  # when the oldest unanswered doubt began
         self._failure: ServiceError | None = None
         self._instance = uuid.uuid4().hex  # this producer's token: its reconnects resume it
+        # After a resume, the sequence id of the store's last send when that is one of our unanswered
+        # sends: sent alone, the others wait for its answer (``_resend``).
+        self._probe: int | None = None
 
     async def open(self) -> None:
         """Take the name on the store (fencing older producers of it) and continue after its last
@@ -124,7 +127,9 @@ class SequencedSends:
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         self._unanswered[sequence_id] = (command, result)
         conn = self._conn
-        if self._resending is None and conn is not None and conn.is_open:
+        if self._probe is not None:
+            pass  # sent in order with the sends held back once the probe was answered (_answered)
+        elif self._resending is None and conn is not None and conn.is_open:
             self._send(conn, sequence_id, command)
         else:
             self._start_resend()
@@ -148,8 +153,20 @@ class SequencedSends:
         if isinstance(failure, _DOUBTFUL):
             self._start_resend()
             return
+        probe = self._probe == sequence_id
+        if probe:
+            self._probe = None
+            if failure is not None:
+                # Not ours (WRITER_FENCED), or the store could not tell: none of the sends held back
+                # can be answered as written, nor sent again (they would be taken for duplicates).
+                if not isinstance(failure, ServiceError):
+                    failure = ServiceError(f"producer {self.producer_name!r} of {self.topic}: {failure!r}")
+                self._fail(self._fenced(failure) if failure.code == api.WRITER_FENCED else failure)
+                return
         _, result = self._unanswered.pop(sequence_id)
         self._doubt_since = None
+        if probe and self._conn is not None and self._conn.is_open:
+            self._send_unanswered(self._conn)
         if isinstance(failure, ServiceError) and failure.code == api.WRITER_FENCED:
             # Refused before it was written; the sends still unanswered get their own answers (one
             # queued before the newer producer opened is written and answered as usual).
@@ -185,6 +202,7 @@ class SequencedSends:
     def _start_resend(self) -> None:
         if self._resending is None and self._failure is None:
             self._conn = None
+            self._probe = None  # the next resume decides again
             self._session += 1
             self._resending = asyncio.get_running_loop().create_task(self._resend())
 
@@ -234,6 +252,18 @@ class SequencedSends:
             return
         self._resending = None
         self._use(conn)
+        if persisted in self._unanswered:
+            # The store's last send has the sequence id of one of ours it never answered. Ours, if
+            # the store holds our message there (it compares, and refuses WRITER_FENCED otherwise);
+            # else another producer of the name wrote it while the store forgot who held the name
+            # (a restart), and our sends at or below it would all be taken for its duplicates. So
+            # that one goes alone first; the rest follow once it was answered as ours (``_answered``).
+            self._probe = persisted
+            self._send(conn, persisted, self._unanswered[persisted][0])
+            return
+        self._send_unanswered(conn)
+
+    def _send_unanswered(self, conn: RpcConnection) -> None:
         # In sequence order, with their original sequence ids: the store de-duplicates those it holds.
         for sequence_id, (command, _) in list(self._unanswered.items()):
             self._send(conn, sequence_id, command)

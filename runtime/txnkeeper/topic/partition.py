@@ -25,13 +25,14 @@ from typing import Protocol
 
 from txnkeeper.aio import failure_of, resolved, settle
 from txnkeeper.errors import DataUnreadableError, InvalidTxnStatusError, UnavailableError
+from txnkeeper.ledger.errors import LedgerError, NoSuchEntryError
 from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Entry, Position
 from txnkeeper.ledger.retention import LedgerFacts, Retention
 from txnkeeper.topic import snapshot as snapshots
 from txnkeeper.topic.policies import HELD_CHECK_INTERVAL, NO_POLICIES, TopicPolicies
 from txnkeeper.topic.policy_checks import PolicyChecks
-from txnkeeper.topic.records import decode, encode_data, encode_marker, publish_time_ms
+from txnkeeper.topic.records import CorruptRecordError, decode, encode_data, encode_marker, publish_time_ms
 from txnkeeper.topic.subscription import Subscription, after_text
 from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
@@ -41,8 +42,11 @@ from txnkeeper.topic.writers import (
     Duplicate,
     InFlight,
     WaitFor,
+    WriterFencedError,
+    WriterStateLostError,
     WriterTable,
     in_range,
+    shown,
     validate_writer_key,
 )
 from txnkeeper.txnid import TxnID
@@ -259,6 +263,13 @@ class Partition:
                         self.buffer.ended(txn_id, record.commit, position, record.deadline_ms)
                         start = block_starts.pop(txn_id, None)
                         if record.writer_id and record.commit:
+                            # A block's events and marker are queued back to back in one ledger
+                            # (append_block), so its first event is its count of entries before the
+                            # marker: also when a snapshot covers some or all of them, which this
+                            # replay then never sees (their first entry seen here would be wrong).
+                            count = record.last_number - record.first_number + 1
+                            if position.entry_id >= count:
+                                start = Position(position.ledger_id, position.entry_id - count)
                             self.writers.observe(
                                 record.writer_id, record.first_number, record.last_number, start
                             )
@@ -456,6 +467,10 @@ class Partition:
                 continue
             break
         if isinstance(decision, Duplicate):
+            if decision.first_message_id is not None:
+                what = f"send with sequence id {sequence_id}"
+                where = decision.first_message_id
+                await self._check_duplicate(producer_name, what, "send", where, events=[payload], key=key)
             self.block_stats.duplicate_sends += 1
             return BlockResult(decision.previous, decision.first_message_id, True)
         previous = writers.queued_last(producer_name)
@@ -504,6 +519,10 @@ class Partition:
                 continue
             break
         if isinstance(decision, Duplicate):
+            if decision.first_message_id is not None:
+                what = f"block {first}..{last}"
+                where = decision.first_message_id
+                await self._check_duplicate(writer_id, what, "block", where, events=events, key=key)
             self.block_stats.duplicate_blocks += 1
             return BlockResult(decision.previous, decision.first_message_id, True)
         previous = writers.queued_last(writer_id)
@@ -540,6 +559,64 @@ class Partition:
             self._count_written()
         self._notify()
         return BlockResult(previous, positions[0], False)
+
+    async def _check_duplicate(
+        self,
+        writer_id: str,
+        what: str,
+        kind: str,
+        first_message_id: Position,
+        *,
+        events: Sequence[bytes],
+        key: str,
+    ) -> None:
+        """``what`` has the numbers of ``writer_id``'s last block (send), written at
+        ``first_message_id``: it is that block's retransmission only if the entries there hold the
+        same events. Numbers alone cannot tell: a session of the id that was cut off before its block
+        reached the store, and came back after another session of the id wrote those numbers, would
+        be answered with the other one's message ids and its own events never written. So other
+        events are refused ``WRITER_FENCED``, and entries that cannot be read back (damaged, a tier
+        that fails) ``WRITER_STATE_LOST`` (outcome unknown), never answered as applied. Entries trimmed
+        since (every subscription acknowledged them and their ledger was deleted) cannot be compared:
+        the retransmission is then answered from the writer state by its numbers, as before this
+        check (the snapshot keeps that state across trimming; contracts §10 says what remains open)."""
+        live = self.ledger.ledger_ids()
+        if not live or first_message_id.ledger_id < live[0]:
+            return
+        try:
+            held = await self._entries_at(first_message_id, len(events))
+            records = [decode(data, self.topic, first_message_id) for data in held]
+        except (LedgerError, OffloadError, DataUnreadableError, CorruptRecordError, OSError) as exc:
+            raise WriterStateLostError(
+                f"{what} of {shown(writer_id)} on topic {self.topic!r} has the numbers of the last {kind}"
+                f" the store holds for this id (at {first_message_id.ledger_id}:{first_message_id.entry_id}),"
+                f" whose entries cannot be read back to tell whether it is the same ({exc}); nothing was"
+                " written and its outcome is unknown: read the topic, then continue with a new writer id"
+                " (producer name)"
+            ) from exc
+        if any(r.is_marker or r.payload != e or r.key != key for r, e in zip(records, events, strict=True)):
+            raise WriterFencedError(
+                f"{what} of {shown(writer_id)} on topic {self.topic!r} has the numbers of the last {kind}"
+                f" the store holds for this id (at {first_message_id.ledger_id}:{first_message_id.entry_id})"
+                " but other events: another session with the same writer id (or producer name) wrote"
+                " those numbers since this one sent them; nothing was written and this session is fenced"
+                " (run one instance per writer id or producer name)"
+            )
+
+    async def _entries_at(self, start: Position, count: int) -> list[bytes]:
+        """The ``count`` entries from ``start`` on in its ledger (the tail cache first)."""
+        wanted = [Position(start.ledger_id, start.entry_id + i) for i in range(count)]
+        tail = self._tail
+        if all(position in tail for position in wanted):
+            return [tail[position] for position in wanted]
+        entries = await self.ledger.read_entries(start, count)
+        if [entry.position for entry in entries] != wanted:
+            found = ", ".join(f"{e.position.ledger_id}:{e.position.entry_id}" for e in entries)
+            raise NoSuchEntryError(
+                f"entries {start.ledger_id}:{start.entry_id}..{start.entry_id + count - 1} are not in the"
+                f" topic's ledgers (a read from there found {found or 'nothing'})"
+            )
+        return [entry.data for entry in entries]
 
     async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
         return await self.publish_future(payload, key, txn_id)

@@ -116,7 +116,9 @@ class InFlight:
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:
-    """A block at or below the writer's last number: answered without writing."""
+    """A block at or below the writer's last number: answered without writing. With
+    ``first_message_id`` it has the numbers of the writer's last block, whose events are there to
+    compare with (``Partition`` answers it a duplicate only if they are the same)."""
 
     previous: int
     first_message_id: Position | None
@@ -212,9 +214,9 @@ class WriterTable:
         holder = self._owners.get(writer_id)
         if resume and owner and holder is not None and holder != owner:
             raise WriterFencedError(
-                f"producer {shown(writer_id)} of topic {self.topic!r} was taken over by another producer with"
-                " the same name since this one connected; this producer is fenced for good: close it"
-                " (run one producer per name)"
+                f"producer or writer {shown(writer_id)} of topic {self.topic!r} was taken over by another"
+                " producer or writer with the same name (id) since this one connected; this one is fenced"
+                " for good: close it (run one producer per name, one writer per id)"
             )
         if owner:
             self._owners[writer_id] = owner
@@ -295,8 +297,21 @@ class WriterTable:
                     return WaitFor(flight.done)
             writer = self.durable[writer_id]
             writer.last_active_ms = self._clock()
-            same = writer.last_first == first and writer.last == last
-            return Duplicate(writer.last, writer.first_message_id if same else None)
+            if writer.last_first == first and writer.last == last:
+                # The numbers of its last block: a duplicate only if the events are the same too,
+                # which the partition checks against the entries at first_message_id (numbers alone
+                # cannot tell this session's retransmission from another session's block).
+                return Duplicate(writer.last, writer.first_message_id)
+            if last >= writer.last_first:
+                # A single writer's blocks never overlap: a block reaching into the last block
+                # without being it was numbered by another session of the id.
+                raise WriterFencedError(
+                    f"block {first}..{last} of {shown(writer_id)} on topic {self.topic!r} is not a block this"
+                    f" id wrote: its last block is {writer.last_first}..{writer.last}, so another session"
+                    " with the same writer id (or producer name) wrote these numbers since this one sent"
+                    " them; nothing was written and this session is fenced (run one instance per id)"
+                )
+            return Duplicate(writer.last, None)
         if first == queued + 1:
             self._admit_writer(writer_id)
             return None
