@@ -41,6 +41,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import txn_e2e  # the same pods as the e2e bench (bench/ is on the path when run as a script)
+
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client, Consumer, Producer, ServiceError, SingleKeyWriter
 from txnkeeper.fleet.process import RuntimeProcess
@@ -49,7 +51,6 @@ from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.frames import encode_frame
 from txnkeeper.protocol.rpc import connect, split_address
 
-TOKEN = "bench-token"
 RELEASE = "3.0.0"  # single-key transactions need format level 3
 SUB_TOPIC = "persistent://bench/ns/with-subscription"
 NOSUB_TOPIC = "persistent://bench/ns/without-subscription"
@@ -76,21 +77,8 @@ OUTCOME_BYTES = 41
 
 
 def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> RuntimeProcess:
-    token = root / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)  # serve refuses a token file others can read
-    pod = RuntimeProcess(
-        name=name,
-        role=role,
-        data_dir=root / name,
-        work_dir=root,
-        release=RELEASE,
-        token_file=token,
-        extra_args=list(extra),
-    )
-    pod.config_file.write_text("{}")
-    pod.start()
-    return pod
+    """The e2e bench's pod launcher, at this soak's release."""
+    return txn_e2e.start_pod(root, name, role, extra, release=RELEASE)
 
 
 def rss_bytes(pid: int) -> int:

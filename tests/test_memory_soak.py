@@ -23,6 +23,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "memory_soak.py"
 
 
 def load_bench() -> ModuleType:
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))  # its sibling txn_e2e, as when run as a script
     spec = importlib.util.spec_from_file_location("memory_soak", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
