@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.helpers import Cluster, load_api, name_of, wait_for
+from e2e.helpers import Cluster, api_ready, load_api, name_of, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +26,8 @@ def cluster() -> Iterator[Cluster]:
             "what it prints"
         )
     api = load_api(kubeconfig)
+    # e2e/kind/up.sh waited for this too; a cluster kept up across runs may have stopped answering.
+    wait_for(lambda: api_ready(api), f"the API server of {kubeconfig} to answer", timeout=180)
     try:
         yield Cluster("kind", kubeconfig, api)
     finally:
@@ -91,6 +93,12 @@ def _remember_cluster(cluster: Cluster) -> Iterator[None]:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The containers the session's pods ran, with the runtime's container ids and the images' digests."""
     for cluster in _SESSION_CLUSTER:
+        terminalreporter.section("control-plane restarts since the cluster was created")
+        try:
+            for line in cluster.control_plane_restarts():
+                terminalreporter.write_line(line)
+        except Exception as err:  # a summary line must not turn a result into an error
+            terminalreporter.write_line(f"(not available: {type(err).__name__}: {err})")
         if cluster.containers_seen:
             terminalreporter.section(f"containers run on {cluster.kind} (id, image, image digest)")
             for line in cluster.containers_seen:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
+import urllib3
 from kubernetes import client, config
 
 T = TypeVar("T")
@@ -153,7 +154,22 @@ class Cluster:
     def kubectl(
         self, *args: str, input_text: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return _run([tool("kubectl"), *args], self.env(), input_text, check)
+        """kubectl, run again with back-off while the API server cannot be reached (see load_api);
+        `create` is not, since it may have been done before the connection broke."""
+        deadline = time.monotonic() + API_OUTAGE_S
+        pause = 1.0
+        while True:
+            proc = _run([tool("kubectl"), *args], self.env(), input_text, check=False)
+            unreachable = proc.returncode != 0 and _UNREACHABLE.search(proc.stderr)
+            if not unreachable or "create" in args or time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)  # back-off while the control plane restarts, not a synchronisation
+            pause = min(pause * 2, 15.0)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return _run([tool("helm"), *args], self.env(), None, check)
@@ -235,6 +251,23 @@ class Cluster:
                         f"image {cs.get('image')} {cs.get('imageID')}"
                     )
 
+    def control_plane_restarts(self) -> list[str]:
+        """Restarts of the node container and of kube-system's containers since the cluster was created:
+        printed at the session's end, so a run on a control plane that restarted under it says so."""
+        node = f"{os.environ.get('KIND_CLUSTER', 'txnkeeper-e2e')}-control-plane"
+        seen = _run(["docker", "inspect", "-f", "{{.RestartCount}}", node], dict(os.environ), None, False)
+        lines = [f"node container {node}: restarts {seen.stdout.strip() or seen.stderr.strip()}"]
+        for pod in self.core.list_namespaced_pod("kube-system").items:
+            status = to_json(self.api, pod.status) or {}
+            for cs in status.get("containerStatuses", []):
+                if cs.get("restartCount"):
+                    last = cs.get("lastState", {}).get("terminated", {})
+                    lines.append(
+                        f"kube-system/{name_of(pod)}/{cs['name']}: restarts {cs['restartCount']}, last "
+                        f"{last.get('reason')} exit {last.get('exitCode')} at {last.get('finishedAt')}"
+                    )
+        return lines
+
     def pod_logs(self, namespace: str, pod: str) -> str:
         """A pod's container output, from the kubelet through the API."""
         try:
@@ -276,6 +309,15 @@ def tool(name: str) -> str:
     return found
 
 
+# How long a client of the suite waits out an API server that cannot be reached (the retries of
+# load_api add up to about this), and how kubectl says it could not reach it.
+API_OUTAGE_S = 150.0
+_UNREACHABLE = re.compile(
+    r"Unable to connect to the server|connection refused|connection reset by peer|TLS handshake timeout"
+    r"|http2: client connection lost|: EOF\b|the server is currently unable to handle the request"
+)
+
+
 def _run(
     argv: list[str], env: dict[str, str], input_text: str | None, check: bool
 ) -> subprocess.CompletedProcess[str]:
@@ -297,8 +339,28 @@ def _run(
 # The kubernetes client's API classes and models are annotated, its ApiClient methods and config
 # functions are not: the casts below give the two whose results the tests use their real types.
 def load_api(kubeconfig: Path) -> client.ApiClient:
+    """A client of the cluster whose connections ride out a control-plane restart.
+
+    When the kubelet restarts the API server of a one-node kind control plane (a failed liveness
+    probe on a loaded machine, or a test's fault), the port the engine publishes resets connections
+    for about a minute. urllib3's default is three retries with no pause, all spent within a
+    millisecond, so the test that happened to ask failed. Here a refused or reset connection is
+    retried with back-off for about API_OUTAGE_S; once a request was sent, only idempotent methods are
+    retried (urllib3's default set), so a create is never sent twice.
+    """
+    configuration = client.Configuration()
+    configuration.retries = urllib3.Retry(total=10, connect=10, read=10, backoff_factor=0.5, backoff_max=30)
     new_client = cast(Callable[..., client.ApiClient], config.new_client_from_config)
-    return new_client(config_file=str(kubeconfig))
+    return new_client(config_file=str(kubeconfig), client_configuration=configuration)
+
+
+def api_ready(api: client.ApiClient) -> bool:
+    """Whether the API server serves a read from its storage here (any error: not yet)."""
+    try:
+        client.CoreV1Api(api).list_namespace(limit=1, _request_timeout=10)
+    except Exception:  # any failure to answer means "not ready", which the caller waits out
+        return False
+    return True
 
 
 def to_json(api: client.ApiClient, obj: object) -> Any:

@@ -30,13 +30,49 @@ if "$KIND" get clusters 2>/dev/null | grep -qx "$NAME" &&
     log "deleting cluster $NAME: its node container is not running"
     "$KIND" delete cluster --name "$NAME" >&2
 fi
-if ! "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
+create() {
     log "creating kind cluster $NAME from $node_image"
     "$KIND" create cluster --name "$NAME" --config "$KIND_DIR/kind-config.yaml" --image "$node_image" \
         --kubeconfig "$KUBECONFIG_OUT" --wait 240s >&2
     log "cluster $NAME up in $((SECONDS - start)) s"
+}
+# `kind create --wait` asks the API server from inside the node; the suite asks it from here, through
+# the port the engine publishes. Wait until that answers /readyz three times in a row (a control plane
+# that restarts a component right after coming up answers once, then resets connections).
+answers_here() {
+    local deadline=$((SECONDS + $1)) streak=0
+    while ((SECONDS < deadline)); do
+        if "$KUBECTL" --kubeconfig "$KUBECONFIG_OUT" --request-timeout=5s get --raw /readyz >/dev/null 2>&1; then
+            ((++streak >= 3)) && return 0
+        else
+            streak=0
+        fi
+        sleep 1
+    done
+    return 1
+}
+KUBECTL=$CACHE_DIR/k8s/v$K8S_VERSION/bin/kubectl
+reused=0
+if "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
+    reused=1
+else
+    create
 fi
 "$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
+if ! answers_here 120; then
+    if ((reused)); then
+        log "cluster $NAME does not answer from here within 120 s: deleting and creating it again"
+        "$KIND" delete cluster --name "$NAME" >&2
+        start=$SECONDS
+        create
+        "$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
+    fi
+    if ((!reused)) || ! answers_here 120; then
+        log "the API server of $NAME does not answer at $(sed -n 's/^ *server: //p' "$KUBECONFIG_OUT") from here"
+        bash "$KIND_DIR/diagnose.sh" >&2
+        exit 1
+    fi
+fi
 # The pod network, routed from this machine through the node container (as root), so that tests reach
 # pods at their pod IPs as in-cluster clients do; without it they use `kubectl port-forward`.
 node_ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$NAME-control-plane")

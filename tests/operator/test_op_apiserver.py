@@ -74,6 +74,8 @@ def _free_port() -> int:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.returncode is not None:  # reaped: its pid (the group's id) may already be another's
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:

@@ -164,5 +164,11 @@ class RuntimeProcess:
 
     def _signal(self, sig: int) -> None:
         assert self.proc is not None
+        # The group's id is the leader's pid, which stays ours only until the leader is reaped: after
+        # that the number may name another process group (pid_max is 32,768 here and wraps within
+        # minutes under a test run), and a SIGKILL sent there could hit anything, a container's shim
+        # included. An unreaped leader (running, or a zombie) still holds the number.
+        if self.proc.returncode is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
