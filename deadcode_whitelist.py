@@ -49,3 +49,6 @@ delete_offload_ops
 
 # Exception chaining set by hand where the error is returned rather than raised (client/errors.py).
 _.__cause__
+
+# Set on the kubernetes client's Configuration and read by its REST client (e2e/helpers.py load_api).
+_.retries
