@@ -36,7 +36,7 @@ from typing import Any
 
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client, Consumer, Producer
-from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper.fleet.process import RuntimeProcess, write_admin_token
 from txnkeeper.process_settings import ProcessSettings
 
 TOKEN = "bench-token"
@@ -54,19 +54,8 @@ def start_pod(
     root: Path, name: str, role: str, extra: tuple[str, ...] = (), release: str = "2.0.0"
 ) -> RuntimeProcess:
     """A ``txnkeeper serve`` process with default batch settings, started (the fleet's launcher)."""
-    token = root / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)  # serve refuses a token file others can read
-    pod = RuntimeProcess(
-        name=name,
-        role=role,
-        data_dir=root / name,
-        work_dir=root,
-        release=release,
-        token_file=token,
-        extra_args=list(extra),
-    )
-    pod.config_file.write_text("{}")
+    token = write_admin_token(root / "token", TOKEN)
+    pod = RuntimeProcess.in_work_dir(root, name, role, token_file=token, release=release, extra_args=extra)
     pod.start()
     return pod
 

@@ -55,7 +55,7 @@ from txnkeeper.client import (
     Transaction,
     WriterFencedError,
 )
-from txnkeeper.fleet.process import ProcessStartError, RuntimeProcess
+from txnkeeper.fleet.process import ProcessStartError, RuntimeProcess, write_admin_token
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 FAILURES = ("silent_loss", "wrong_data", "bad_refusal", "unexpected_errors")
@@ -196,24 +196,15 @@ class Pods:
     """One coordinator pod and ``stores`` store pods of a trial, each on its own data directory."""
 
     def __init__(self, root: Path, stores: int, config: dict[str, Any]) -> None:
-        token = root / "token"
-        token.write_text("soak-admin-token")
-        token.chmod(0o600)  # serve refuses a token file others can read
+        token = write_admin_token(root / "token", "soak-admin-token")
         self.members: list[RuntimeProcess] = []
         for name, role, extra in [
             ("tc-0", "coordinator", ()),
             *((f"pas-{i}", "store", STORE_ARGS) for i in range(stores)),
         ]:
-            pod = RuntimeProcess(
-                name=name,
-                role=role,
-                data_dir=root / name,
-                work_dir=root,
-                release=RELEASE,
-                token_file=token,
-                extra_args=list(extra),
+            pod = RuntimeProcess.in_work_dir(
+                root, name, role, token_file=token, release=RELEASE, extra_args=extra, config=config
             )
-            pod.config_file.write_text(json.dumps(config))
             pod.listen = f"127.0.0.1:{fixed_port()}"
             self.members.append(pod)
 

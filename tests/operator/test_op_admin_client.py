@@ -7,7 +7,6 @@ a level-1 pod refuses batching with 409, and a call without the token changes no
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import aiohttp
 import pytest
 
 from txnkeeper.contract.admin import AdminClient, AdminError, parse_batch_log
-from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper.fleet.process import RuntimeProcess, write_admin_token
 from txnkeeper_operator.engine import BatchSettings
 from txnkeeper_operator.naming import PENDING_ACK_STORE, TRANSACTION_COORDINATOR
 
@@ -24,19 +23,15 @@ ON = BatchSettings(enabled=True, max_records=64, max_size_bytes=65536, max_delay
 
 
 async def _start(tmp_path: Path, release: str, batch: dict[str, object]) -> RuntimeProcess:
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)  # serve refuses a token file others can read
-    proc = RuntimeProcess(
-        name="tc-0",
-        role="coordinator",
-        data_dir=tmp_path / "data",
-        work_dir=tmp_path,
+    proc = RuntimeProcess.in_work_dir(
+        tmp_path,
+        "tc-0",
+        "coordinator",
+        token_file=write_admin_token(tmp_path / "token", TOKEN),
         release=release,
-        token_file=token,
         extra_args=["--coordinators", "2", "--coordinator-ids", "0,1"],
+        config={"batchedWrite": batch},
     )
-    proc.config_file.write_text(json.dumps({"batchedWrite": batch}))
     proc.start()
     try:
         await proc.wait_started()

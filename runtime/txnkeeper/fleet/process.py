@@ -27,6 +27,13 @@ class ProcessStartError(RuntimeError):
     """The runtime process exited or never became ready; carries the tail of its log."""
 
 
+def write_admin_token(path: Path, token: str) -> Path:
+    """The admin token file members read, readable by its owner only (serve refuses any other)."""
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
 @dataclass
 class RuntimeProcess:
     name: str
@@ -42,6 +49,32 @@ class RuntimeProcess:
     proc: subprocess.Popen[bytes] | None = None
     client_address: str | None = None
     admin_address: str | None = None
+
+    @classmethod
+    def in_work_dir(
+        cls,
+        work_dir: Path,
+        name: str,
+        role: str,
+        *,
+        token_file: Path,
+        release: str,
+        extra_args: tuple[str, ...] | list[str] = (),
+        config: dict[str, object] | None = None,
+    ) -> RuntimeProcess:
+        """A member whose data directory is ``work_dir/name``, its start-up config file written
+        (``config``, else empty: the defaults). Not started."""
+        member = cls(
+            name=name,
+            role=role,
+            data_dir=work_dir / name,
+            work_dir=work_dir,
+            release=release,
+            token_file=token_file,
+            extra_args=list(extra_args),
+        )
+        member.config_file.write_text(json.dumps(config or {}))
+        return member
 
     @property
     def config_file(self) -> Path:

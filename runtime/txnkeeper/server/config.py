@@ -134,6 +134,14 @@ def section(doc: dict[str, Any], name: str, source: object = "config file") -> d
     return _object(doc[name], f"{source}: section {name}")
 
 
+def file_section(path: Path | None, name: str) -> dict[str, Any] | None:
+    """Section ``name`` of the --config file at ``path``: None when there is no file or no such
+    section; ConfigError names the file and what is wrong with it."""
+    if path is None:
+        return None
+    return section(load_document(path), name, path)
+
+
 def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:
     """(transaction log, pending ack) settings from a config file.
 

@@ -151,10 +151,8 @@ def load(path: Path | None) -> dict[str, Any] | None:
     The file is read through server/config.py's ``load_document`` (the one JSON/YAML reader), so a
     bad file is refused the same way for every section.
     """
-    if path is None:
-        return None
     try:
-        raw = config.section(config.load_document(path), SECTION, path)
+        raw = config.file_section(path, SECTION)
     except config.ConfigError as exc:
         raise OffloadSettingsError(str(exc)) from exc
     if raw is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.contract import store_settings
-from txnkeeper.server.config import ConfigError, env, load_document, section
+from txnkeeper.server.config import ConfigError, env, file_section
 from txnkeeper.topic.writers import SingleKeySettings
 
 SECTION = "singleKeyTransactions"
@@ -89,10 +89,9 @@ def _bounded(value: object, what: str, low: int, high: int) -> int:
 def single_key_settings(ns: argparse.Namespace, path: Path | None) -> SingleKeySettings:
     """Settings from the config file's section, overridden by the flags (or their environment)."""
     values: dict[str, Any] = {}
-    if path is not None:
-        raw = section(load_document(path), SECTION, path)
-        if raw is not None:
-            values = section_settings(raw, f"{path}: {SECTION}")
+    raw = file_section(path, SECTION)
+    if raw is not None:
+        values = section_settings(raw, f"{path}: {SECTION}")
     if ns.srk_enabled is not None:
         if ns.srk_enabled not in ("true", "false"):
             raise ConfigError(f"--srk-enabled must be true or false, got {ns.srk_enabled!r}")

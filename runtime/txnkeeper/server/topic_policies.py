@@ -123,10 +123,8 @@ def parse_section(raw: object, where: str) -> PodTopicPolicies:
 
 def load(path: Path | None) -> PodTopicPolicies | None:
     """The ``topicPolicies`` section of the ``--config`` file (None: no file or no section), checked."""
-    if path is None:
-        return None
     try:
-        raw = config.section(config.load_document(path), SECTION, path)
+        raw = config.file_section(path, SECTION)
     except config.ConfigError as exc:
         raise TopicPolicySettingsError(str(exc)) from exc
     if raw is None:

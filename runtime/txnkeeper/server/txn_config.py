@@ -19,7 +19,7 @@ from typing import Any
 
 from txnkeeper.contract.coordinator_settings import MAX_TIMEOUT_KEY, TRANSACTIONS_SECTION
 from txnkeeper.coordinator.timeouts import HARD_MAX_TIMEOUT_MS, TxnTimeoutPolicy
-from txnkeeper.server.config import ConfigError, env, load_document, section
+from txnkeeper.server.config import ConfigError, env, file_section
 from txnkeeper.topicnames import name_problem
 
 SECTION = TRANSACTIONS_SECTION  # TransactionCoordinator.spec.transactions renders into it
@@ -74,12 +74,8 @@ def _limits(raw: object, where: str, kind: str, process_max: int) -> dict[str, i
 
 def txn_timeouts(ns: argparse.Namespace, path: Path | None) -> TxnTimeoutPolicy:
     """The policy from the config file's section, its process maximum overridden by the flag."""
-    raw: dict[str, Any] = {}
     where = f"{path}: {SECTION}"
-    if path is not None:
-        found = section(load_document(path), SECTION, path)
-        if found is not None:
-            raw = found
+    raw: dict[str, Any] = file_section(path, SECTION) or {}
     unknown = sorted(set(raw) - {_LIMIT_KEY, "namespaces", "topics"})
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {[_LIMIT_KEY, 'namespaces', 'topics']}")
