@@ -144,6 +144,27 @@ def test_ack_set_words_round_trip(batch_size: int, deleted: set[int]) -> None:
     assert words_to_mask([w & ((1 << 64) - 1) for w in words], batch_size) == mask  # unsigned accepted
 
 
+async def test_close_returns_after_every_change_a_write_already_covered(tmp_path: Path) -> None:
+    """The first change's write covers all the others, which still wait for the write lock; a close
+    at that moment must not return before they do (it did, on a loaded machine)."""
+    factory = ManagedLedgerFactory(tmp_path)
+    ml = await factory.open("log")
+    ps = [await ml.add_entry(b"x") for _ in range(10)]
+    cursor = await ml.open_cursor("c")
+    changes = [asyncio.ensure_future(cursor.delete([p])) for p in ps]
+    await asyncio.sleep(0)  # every change accepted: applied in memory, the first one's write started
+    assert cursor._persisted < cursor._changes
+    for _ in range(100_000):  # until the first write is on disk and recorded as covering every change
+        if cursor._persisted >= cursor._changes:
+            break
+        await asyncio.sleep(0)
+    assert cursor._persisted >= cursor._changes, "the first write never finished"
+    assert not all(c.done() for c in changes), "no change was still waiting: nothing to test"
+    await cursor.close()
+    assert all(c.done() and c.exception() is None for c in changes)
+    await factory.close()
+
+
 async def test_close_waits_for_every_accepted_cursor_change(tmp_path: Path) -> None:
     factory = ManagedLedgerFactory(tmp_path)
     ml = await factory.open("log")

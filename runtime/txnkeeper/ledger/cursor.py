@@ -445,6 +445,10 @@ class ManagedCursor:
     async def close(self) -> None:
         """Refuse new changes and wait until every accepted one is on disk (or its write failed)."""
         self._closed = True
+        # Behind every change waiting for the write lock: when a write already covered them all,
+        # _persist below returns at once, and their callers would still be waiting after close.
+        async with self._lock:
+            pass
         try:
             await self._persist(changed=False)
         except LedgerWriteError as exc:
