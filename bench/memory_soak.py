@@ -420,10 +420,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.seconds < 6 * args.interval or args.rate <= 0 or args.in_flight <= 0:
         parser.error("--seconds must cover at least 6 samples; --rate and --in-flight must be positive")
-    try:
-        settings = ProcessSettings.from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = ProcessSettings.from_args_or_exit(parser, args)
     gcpolicy.freeze_startup_state()
     with tempfile.TemporaryDirectory(prefix="txnkeeper-memory-soak-") as tmp:
         result = settings.run(soak(args, Path(tmp)))

@@ -200,10 +200,7 @@ def main() -> int:
         parser.error(f"--modes {ns.modes!r}: choose from {','.join(MODES)}")
     if not levels or min(levels) < 1 or ns.rounds < 1 or ns.seconds <= 0:
         parser.error("--levels must be positive counts, --rounds >= 1 and --seconds > 0")
-    try:
-        settings = ProcessSettings.from_args(ns)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = ProcessSettings.from_args_or_exit(parser, ns)
     gcpolicy.freeze_startup_state()
     with tempfile.TemporaryDirectory(prefix="srk-txn-") as tmp:
         result = settings.run(bench(levels, ns.seconds, ns.rounds, Path(tmp), modes))

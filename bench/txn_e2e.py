@@ -315,10 +315,7 @@ def main() -> int:
         parser.error(
             f"--pods {ns.pods!r}: give two positive counts, coordinator pods and store pods, e.g. 3,3"
         )
-    try:
-        settings = ProcessSettings.from_args(ns)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = ProcessSettings.from_args_or_exit(parser, ns)
     gcpolicy.freeze_startup_state()
     levels = [int(x) for x in ns.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="txn-e2e-") as tmp:

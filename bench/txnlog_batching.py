@@ -478,10 +478,7 @@ def main() -> int:
     for mode in args.modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode!r}: use some of {','.join(MODES)}")
-    try:
-        settings = ProcessSettings.from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = ProcessSettings.from_args_or_exit(parser, args)
     gcpolicy.freeze_startup_state()
     args.loop_name = settings.event_loop
     print(json.dumps(settings.run(main_async(args)), indent=2))

@@ -62,6 +62,14 @@ class ProcessSettings:
             eventloop.check_switch_interval(ns.switch_interval_ms / 1000),
         )
 
+    @classmethod
+    def from_args_or_exit(cls, parser: argparse.ArgumentParser, ns: argparse.Namespace) -> ProcessSettings:
+        """:meth:`from_args` for a command line tool: a bad flag exits through ``parser.error``."""
+        try:
+            return cls.from_args(ns)
+        except ValueError as exc:
+            parser.error(str(exc))
+
     def run(self, main: Coroutine[Any, Any, T]) -> T:
         """Apply the GC thresholds, then run ``main`` on the chosen loop with the switch interval."""
         gcpolicy.apply(self.gc_thresholds)
