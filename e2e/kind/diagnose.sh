@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 NAME=${KIND_CLUSTER:-txnkeeper-e2e}
 NODE=$NAME-control-plane
 KUBECONFIG_FILE=$REPO_ROOT/e2e/.state/kind.kubeconfig
-KUBECTL=$CACHE_DIR/k8s/v$K8S_VERSION/bin/kubectl
+KUBECTL=$K8S_BIN/kubectl
 
 section() { printf '\n----- %s -----\n' "$*"; }
 bounded() { timeout 20 "$@" 2>&1; }

@@ -9,6 +9,8 @@ SUITE=bookworm
 # Kubernetes release of the node image: the one the wrapper module pins (the same as the API server
 # the operator's unit tests run against).
 K8S_VERSION=$(sed -n 's/^require k8s\.io\/kubernetes v//p' "$REPO_ROOT/e2e/k8s/go.mod")
+# Where e2e/scripts/build-k8s.sh puts that release's binaries (kubectl among them).
+K8S_BIN=$CACHE_DIR/k8s/v$K8S_VERSION/bin
 
 log() { echo "$(basename "$0"): $*" >&2; }
 

@@ -51,7 +51,7 @@ answers_here() {
     done
     return 1
 }
-KUBECTL=$CACHE_DIR/k8s/v$K8S_VERSION/bin/kubectl
+KUBECTL=$K8S_BIN/kubectl
 reused=0
 if "$KIND" get clusters 2>/dev/null | grep -qx "$NAME"; then
     reused=1
