@@ -13,6 +13,8 @@ INSTALLED := $(VENV)/.installed
 GENERATED := runtime/txnkeeper/pb/.generated
 PROTOS := $(wildcard proto/*.proto)
 PYTEST_ARGS ?=
+# Each pytest run's JUnit report, read by the digest at the end of `make test`.
+REPORTS := build/test-reports
 
 .PHONY: all install proto lint deadcode typecheck unit test demo soak bench bench-pulsar clean
 .PHONY: k8s-bins kind-components image kind-node kind-up kind-down image-down cluster-down
@@ -53,15 +55,18 @@ typecheck: install
 # The 25 slowest tests are listed at the end: the suite's wall time is what keeps a warm `make test`
 # under 20 minutes, and this is where it goes.
 unit: install
-	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 --junitxml=$(REPORTS)/unit.xml $(PYTEST_ARGS)
 
 # The README's test command: lint, strict typing, every build the tests need, then every test (soak
 # tests in their bounded form) side by side with the cluster tests on kind when this machine can run
 # them: the e2e suite mostly waits on pods, rollouts and Spark, the unit suite mostly computes, so
 # together they take little longer than the longer of the two. Each one's output is printed whole when
-# it ends (-O); the run fails if either does.
+# it ends (-O); the run fails if either does. Last comes the digest of both (tests/tools/failure_digest.py):
+# counts, and each failed test with its error, where a CI log that keeps only its end still shows them.
 test: lint typecheck test-prereqs
-	@$(MAKE) --no-print-directory -j2 -O unit e2e-if-possible PREREQS_DONE=1
+	@rm -f $(REPORTS)/unit.xml $(REPORTS)/e2e.xml; status=0; \
+	$(MAKE) --no-print-directory -j2 -O unit e2e-if-possible PREREQS_DONE=1 || status=$$?; \
+	$(BIN)/python tests/tools/failure_digest.py unit=$(REPORTS)/unit.xml e2e=$(REPORTS)/e2e.xml; exit $$status
 
 # --- Containers and cluster tests (e2e/README.md): images, a kind cluster, the e2e suite -----------
 # Every Go build (Kubernetes, kind and its component images, helm, MinIO) shares one module cache and
@@ -114,7 +119,7 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 # suite fails, the cluster's state (node container, control-plane restarts and logs) is printed first.
 e2e: install helm kind-node
 	@bash e2e/kind/up.sh >/dev/null
-	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(E2E_ARGS)) || status=$$?; \
+	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
 	if [ $$status -ne 0 ]; then bash e2e/kind/diagnose.sh; fi; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 

@@ -1,0 +1,71 @@
+"""The test digest read from the JUnit report pytest itself writes (not a hand-made XML)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from failure_digest import main, read_report, render
+
+SUITE = '''
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("the fixture could not reach the cluster")
+
+def test_passes():
+    assert True
+
+def test_fails():
+    ledger_entries = 3
+    assert ledger_entries == 4, "entry 3 of ledger 7 was lost"
+
+def test_errors(broken):
+    pass
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+'''
+
+
+def junit_report(tmp_path: Path) -> Path:
+    (tmp_path / "test_sample.py").write_text(SUITE)
+    report = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         f"--junitxml={report}", str(tmp_path / "test_sample.py")],
+        cwd=tmp_path, capture_output=True, timeout=120, check=False,
+    )
+    return report
+
+
+def test_counts_and_each_failure_with_its_assertion(tmp_path: Path) -> None:
+    digest = read_report("unit", junit_report(tmp_path))
+    assert (digest.tests, digest.failed, digest.errors, digest.skipped) == (4, 1, 1, 1)
+    assert digest.headline().startswith("unit: 1 passed, 1 failed, 1 errors, 1 skipped in ")
+    by_id = dict(digest.failures)
+    assert any("entry 3 of ledger 7 was lost" in line for line in by_id["test_sample::test_fails"])
+    errored = by_id["test_sample::test_errors (error in set-up or tear-down)"]
+    assert any("the fixture could not reach the cluster" in line for line in errored)
+
+
+def test_a_missing_or_cut_report_is_said_not_raised(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.xml"
+    cut.write_text("<testsuites><testsuite tests='3'")
+    lines = render([("e2e", tmp_path / "absent.xml"), ("unit", cut)])
+    assert any(line.startswith("e2e: no report at") for line in lines)
+    assert any(line.startswith("unit: unreadable report") for line in lines)
+
+
+def test_the_command_line_names_each_report(tmp_path: Path) -> None:
+    report = junit_report(tmp_path)
+    assert main([f"unit={report}"]) == 0
+    try:
+        main([str(report)])
+    except SystemExit as exc:
+        assert "expected NAME=REPORT.xml" in str(exc)
+    else:
+        raise AssertionError("a report without a name was accepted")
