@@ -8,7 +8,7 @@ from pathlib import Path
 
 from failure_digest import main, read_report, render
 
-SUITE = '''
+SUITE = """
 import pytest
 
 @pytest.fixture
@@ -28,16 +28,29 @@ def test_errors(broken):
 @pytest.mark.skip(reason="not here")
 def test_skipped():
     pass
-'''
+"""
 
 
 def junit_report(tmp_path: Path) -> Path:
     (tmp_path / "test_sample.py").write_text(SUITE)
     report = tmp_path / "report.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         f"--junitxml={report}", str(tmp_path / "test_sample.py")],
-        cwd=tmp_path, capture_output=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            f"--junitxml={report}",
+            str(tmp_path / "test_sample.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+        check=False,
     )
     return report
 
