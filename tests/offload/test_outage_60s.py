@@ -25,7 +25,7 @@ from txnkeeper.ledger.offload.offloader import Offloader, OffloadPolicy
 
 from .conftest import Clock, wait_for
 
-pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.soak, pytest.mark.wallclock, pytest.mark.timeout(600)]
 
 NAME = "persistent://public/default/outage"
 OUTAGE_SECONDS = 60.0

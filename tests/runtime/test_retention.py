@@ -87,6 +87,7 @@ async def test_retention_size_keeps_consumed_ledgers_up_to_the_limit(
     assert first not in ledger_ids(store, topic)
 
 
+@pytest.mark.wallclock
 async def test_retention_time_keeps_consumed_ledgers_until_they_are_older(
     pods: Callable[..., ServePod],
 ) -> None:
