@@ -85,7 +85,24 @@ def test_the_gate_waits_for_the_commit_in_flight_to_end(page: CommitActivity) ->
     assert in_flight == 0 and last_end > 0
 
 
-def test_a_stuck_page_delays_a_slice_by_the_bound_only(page: CommitActivity) -> None:
+class SteppedClock:
+    """The page's and the gate's clock, moved only by the gate's own polls: what the gate decides then
+    depends on the rule alone, not on how long a loaded machine takes between two lines of the test."""
+
+    def __init__(self) -> None:
+        self.ns = time.monotonic_ns()
+
+    def monotonic_ns(self) -> int:
+        return self.ns
+
+    def sleep(self, seconds: float) -> None:
+        self.ns += max(1, int(seconds * 1e9))
+
+
+def test_a_stuck_page_delays_a_slice_by_the_bound_only(
+    page: CommitActivity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(commit_activity, "time", SteppedClock())
     gate = SliceGate(os.dup(page.fd))
     page.begin()  # a commit that never ends (a page nobody updates any more)
     bound = 20_000_000
