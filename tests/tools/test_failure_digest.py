@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from failure_digest import main, read_report, render
 
 SUITE = """
@@ -31,7 +32,10 @@ def test_skipped():
 """
 
 
-def junit_report(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def junit_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One pytest run of SUITE for the whole module (a subprocess: a few seconds)."""
+    tmp_path = tmp_path_factory.mktemp("sample")
     (tmp_path / "test_sample.py").write_text(SUITE)
     report = tmp_path / "report.xml"
     subprocess.run(
@@ -55,8 +59,8 @@ def junit_report(tmp_path: Path) -> Path:
     return report
 
 
-def test_counts_and_each_failure_with_its_assertion(tmp_path: Path) -> None:
-    digest = read_report("unit", junit_report(tmp_path))
+def test_counts_and_each_failure_with_its_assertion(junit_report: Path) -> None:
+    digest = read_report("unit", junit_report)
     assert (digest.tests, digest.failed, digest.errors, digest.skipped) == (4, 1, 1, 1)
     assert digest.headline().startswith("unit: 1 passed, 1 failed, 1 errors, 1 skipped in ")
     by_id = dict(digest.failures)
@@ -73,12 +77,8 @@ def test_a_missing_or_cut_report_is_said_not_raised(tmp_path: Path) -> None:
     assert any(line.startswith("unit: unreadable report") for line in lines)
 
 
-def test_the_command_line_names_each_report(tmp_path: Path) -> None:
-    report = junit_report(tmp_path)
-    assert main([f"unit={report}"]) == 0
-    try:
-        main([str(report)])
-    except SystemExit as exc:
-        assert "expected NAME=REPORT.xml" in str(exc)
-    else:
-        raise AssertionError("a report without a name was accepted")
+def test_the_command_line_names_each_report(junit_report: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"unit={junit_report}"]) == 0
+    assert "unit: 1 passed, 1 failed, 1 errors, 1 skipped in " in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"expected NAME=REPORT\.xml"):
+        main([str(junit_report)])
