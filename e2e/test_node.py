@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +170,45 @@ def test_api_server_is_the_pinned_release_with_one_ready_node(cluster: Cluster) 
     status = nodes[0].status
     assert status is not None and status.conditions is not None
     assert any(c.type == "Ready" and c.status == "True" for c in status.conditions)
+
+
+def _bridges() -> set[str]:
+    out = subprocess.run(
+        ["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True, check=True
+    )
+    return {line.split(": ")[1] for line in out.stdout.splitlines()}
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="adding bridges needs root and ip"
+)
+def test_a_dead_bridge_hiding_the_kind_network_is_deleted_by_the_engine_script(cluster: Cluster) -> None:
+    """A bridge another data root's dockerd left (same subnet, no port) made the node unreachable once.
+
+    engine.sh up deletes such a bridge, and only such: one on another subnet stays."""
+    inspect = ["docker", "network", "inspect", "kind", "-f", "{{range .IPAM.Config}}{{.Subnet}} {{end}}"]
+    subnets = subprocess.run(inspect, capture_output=True, text=True, check=True).stdout.split()
+    kind_net = next(ipaddress.ip_network(s) for s in subnets if ipaddress.ip_network(s).version == 4)
+    hiding, unrelated = "br-0badc0ffee00", "br-0badc0ffee01"
+    script = Path(__file__).parent / "kind" / "engine.sh"
+    try:
+        for dev, address in (
+            (hiding, f"{next(kind_net.hosts())}/{kind_net.prefixlen}"),
+            (unrelated, "10.254.77.1/24"),
+        ):
+            subprocess.run(["ip", "link", "add", dev, "type", "bridge"], check=True)
+            # Up with no port (NO-CARRIER) as a dead engine's bridge is, so that its route exists; the
+            # metric keeps that route behind the live one while it does.
+            subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+            subprocess.run(["ip", "addr", "add", address, "dev", dev, "metric", "4242"], check=True)
+        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, check=True)
+        assert f"deleting bridge {hiding}" in up.stderr
+        assert hiding not in _bridges() and unrelated in _bridges()
+        assert up.stdout.startswith("export DOCKER_HOST=")
+        assert len(cluster.core.list_node().items) == 1
+    finally:
+        for dev in (hiding, unrelated):
+            subprocess.run(["ip", "link", "delete", dev], capture_output=True, check=False)
 
 
 def test_invalid_builtin_object_is_rejected_with_the_field_and_reason(

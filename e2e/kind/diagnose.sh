@@ -34,6 +34,11 @@ for url in ${server:+$server/readyz} ${node_ip:+https://$node_ip:6443/readyz}; d
     printf '%s: ' "$url"
     curl -sk --max-time 5 -o /dev/null -w '%{http_code}\n' "$url" 2>&1 || echo "curl exit $?"
 done
+if [[ -n $node_ip ]]; then
+    section "this machine's route to the node, and its bridges (a dead one on the same subnet hides it)"
+    ip route get "$node_ip" 2>&1 || true
+    ip -br link show type bridge 2>&1 || true
+fi
 env | grep -i '_proxy=' | sed 's/=.*@/=<credentials>@/' || true
 if [[ -x $KUBECTL && -f $KUBECONFIG_FILE ]]; then
     section "nodes and kube-system pods"

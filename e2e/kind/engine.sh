@@ -53,9 +53,37 @@ lacks_sys_resource() {
     (((0x$bnd >> 24) & 1)) && return 1 || return 0
 }
 
+# A bridge left by an engine that no longer runs (another data root: an earlier CACHE_DIR, a dockerd
+# since stopped) keeps its address and its kernel route. When its subnet is one this engine uses (kind's
+# network is 172.18.0.0/16 in every data root), that dead route can come first: the node container
+# becomes unreachable from here, its published API-server port resets every connection, and the
+# cluster looks up inside while the suite cannot reach it. Such a bridge is deleted: one with no port
+# attached, not a network of this engine, with a subnet of one of this engine's.
+clear_stale_bridges() {
+    [[ $(id -u) == 0 ]] && command -v ip >/dev/null 2>&1 || return 0
+    local ours subnets dev subnet
+    ours=$(DOCKER_HOST=$1 docker network ls -q --no-trunc --filter driver=bridge 2>/dev/null) || return 0
+    # shellcheck disable=SC2086 # one argument per network id
+    subnets=$(DOCKER_HOST=$1 docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}}{{"\n"}}{{end}}' \
+        $ours 2>/dev/null) || return 0
+    for dev in $(ip -o link show type bridge | awk -F': ' '$2 ~ /^br-/ {print $2}'); do
+        grep -q "^${dev#br-}" <<<"$ours" && continue
+        [[ -d /sys/class/net/$dev/brif && -z $(ls -A "/sys/class/net/$dev/brif") ]] || continue
+        for subnet in $(ip -4 route show dev "$dev" proto kernel | awk '{print $1}'); do
+            if grep -qxF "$subnet" <<<"$subnets"; then
+                echo "engine: deleting bridge $dev: no engine here uses it, and its route to $subnet" \
+                    "hides the engine's own network" >&2
+                ip link delete "$dev" || true
+                break
+            fi
+        done
+    done
+}
+
 up() {
     local host
     if host=$(existing); then
+        clear_stale_bridges "$host"
         echo "export DOCKER_HOST=$host"
         return 0
     fi
@@ -91,6 +119,7 @@ up() {
         fi
         sleep 0.5
     done
+    clear_stale_bridges "$OURS"
     echo "export DOCKER_HOST=$OURS"
 }
 
