@@ -128,8 +128,11 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 # The e2e suite on kind: the cluster is created (reused if up), the suite runs, the cluster is deleted
 # (E2E_KEEP_CLUSTER=1 keeps it). KUBECONFIG, DOCKER_HOST and the image names come from up.sh. When the
 # suite fails, the cluster's state (node container, control-plane restarts and logs) is printed first.
+# up.sh's progress lines also go to $(REPORTS)/e2e.setup.log: when the cluster cannot be set up, the
+# test digest quotes why from there.
 e2e: install helm kind-node
-	@bash e2e/kind/up.sh >/dev/null
+	@mkdir -p $(REPORTS); rm -f $(REPORTS)/e2e.setup.log
+	@E2E_SETUP_LOG=$(REPORTS)/e2e.setup.log bash e2e/kind/up.sh >/dev/null
 	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
 	if [ $$status -ne 0 ]; then bash e2e/kind/diagnose.sh; fi; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status

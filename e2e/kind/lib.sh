@@ -12,7 +12,12 @@ K8S_VERSION=$(sed -n 's/^require k8s\.io\/kubernetes v//p' "$REPO_ROOT/e2e/k8s/g
 # Where e2e/scripts/build-k8s.sh puts that release's binaries (kubectl among them).
 K8S_BIN=$CACHE_DIR/k8s/v$K8S_VERSION/bin
 
-log() { echo "$(basename "$0"): $*" >&2; }
+# Each line also goes to $E2E_SETUP_LOG when set (`make e2e` sets it): when the cluster cannot be set
+# up, the test digest at the end of `make test` shows why from there.
+log() {
+    echo "$(basename "$0"): $*" >&2
+    if [[ -n ${E2E_SETUP_LOG:-} ]]; then echo "$(basename "$0"): $*" >>"$E2E_SETUP_LOG"; fi
+}
 
 # mmdebstrap's mirror arguments: this machine's own Debian sources when it is Debian $SUITE (they may
 # point at a snapshot or a local mirror that is the only one reachable), else deb.debian.org.

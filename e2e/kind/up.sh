@@ -7,7 +7,7 @@
 # replaces the old one).
 #
 # Usage: up.sh   (E2E_IMAGE / E2E_VERIFIER_IMAGE name the project's images; KIND_CLUSTER the cluster)
-set -euo pipefail
+set -Eeuo pipefail
 # shellcheck source=e2e/kind/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 NAME=${KIND_CLUSTER:-txnkeeper-e2e}
@@ -16,6 +16,10 @@ VERIFIER_IMAGE=${E2E_VERIFIER_IMAGE:-txnkeeper-verifier:e2e}
 STATE=$REPO_ROOT/e2e/.state
 KUBECONFIG_OUT=$STATE/kind.kubeconfig
 POD_CIDR=10.244.0.0/16 # kind's podSubnet; the node image's bridge CNI hands out 10.244.0.0/24 of it
+# Any failing step says which it was (also into $E2E_SETUP_LOG, for the test digest).
+# -E carries the trap into functions, where it fires first; the guard keeps the call site's second firing quiet.
+failed_step=""
+trap 'rc=$?; [[ -n $failed_step ]] || { failed_step=$LINENO; log "failed (exit $rc) at line $LINENO: $BASH_COMMAND"; }' ERR
 eval "$(bash "$KIND_DIR/engine.sh" up)"
 export DOCKER_HOST
 KIND=$(bash "$KIND_DIR/components.sh")/kind
@@ -38,14 +42,17 @@ create() {
 }
 # `kind create --wait` asks the API server from inside the node; the suite asks it from here, through
 # the port the engine publishes. Wait until that answers /readyz three times in a row (a control plane
-# that restarts a component right after coming up answers once, then resets connections).
+# that restarts a component right after coming up answers once, then resets connections). The last
+# refusal is kept in $last_refusal: it is what the failure message quotes.
+last_refusal=""
 answers_here() {
-    local deadline=$((SECONDS + $1)) streak=0
+    local deadline=$((SECONDS + $1)) streak=0 out
     while ((SECONDS < deadline)); do
-        if "$KUBECTL" --kubeconfig "$KUBECONFIG_OUT" --request-timeout=5s get --raw /readyz >/dev/null 2>&1; then
+        if out=$("$KUBECTL" --kubeconfig "$KUBECONFIG_OUT" --request-timeout=5s get --raw /readyz 2>&1); then
             ((++streak >= 3)) && return 0
         else
             streak=0
+            last_refusal=$(tail -n 1 <<<"$out" | cut -c1-300)
         fi
         sleep 1
     done
@@ -59,17 +66,23 @@ else
     create
 fi
 "$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
+# A cluster that does not answer from here is deleted and created once more: a reused one may belong
+# to an engine that restarted, and a fresh one's control plane can fail to settle when the machine is
+# saturated (the unit suite computes beside it). The first failure's diagnostics are printed before
+# the cluster is deleted, as they would be lost with it.
 if ! answers_here 120; then
-    if ((reused)); then
-        log "cluster $NAME does not answer from here within 120 s: deleting and creating it again"
-        "$KIND" delete cluster --name "$NAME" >&2
-        start=$SECONDS
-        create
-        "$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
-    fi
-    if ((!reused)) || ! answers_here 120; then
-        log "the API server of $NAME does not answer at $(sed -n 's/^ *server: //p' "$KUBECONFIG_OUT") from here"
+    log "cluster $NAME does not answer from here within 120 s (${last_refusal:-no answer}):" \
+        "deleting and creating it again"
+    ((reused)) || bash "$KIND_DIR/diagnose.sh" >&2
+    "$KIND" delete cluster --name "$NAME" >&2
+    start=$SECONDS
+    create
+    "$KIND" get kubeconfig --name "$NAME" >"$KUBECONFIG_OUT"
+    if ! answers_here 180; then
+        log "the API server of $NAME does not answer at $(sed -n 's/^ *server: //p' "$KUBECONFIG_OUT")" \
+            "from here within 180 s of a second creation (${last_refusal:-no answer})"
         bash "$KIND_DIR/diagnose.sh" >&2
+        trap - ERR
         exit 1
     fi
 fi

@@ -18,6 +18,7 @@ from pathlib import Path
 MAX_FAILURES_SHOWN = 8
 ERROR_LINES_SHOWN = 6
 LINE_WIDTH = 220
+SETUP_LINES_SHOWN = 6
 
 
 @dataclass
@@ -70,11 +71,26 @@ def read_report(name: str, path: Path) -> SuiteDigest:
     return digest
 
 
+def setup_log_tail(report: Path) -> list[str]:
+    """The last lines of the suite's set-up log beside its report (`e2e.setup.log` for `e2e.xml`).
+
+    A suite that never started wrote no report; its set-up (for e2e: the kind cluster) says why there.
+    """
+    log = report.with_suffix(".setup.log")
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    tail = [line[:LINE_WIDTH] for line in text.splitlines() if line.strip()][-SETUP_LINES_SHOWN:]
+    return [f"set-up log {log}:"] + [f"  {line}" for line in tail] if tail else []
+
+
 def render(named_reports: list[tuple[str, Path]]) -> list[str]:
     lines = ["", "===== test digest (each suite's full output is above) ====="]
     for name, path in named_reports:
         if not path.is_file():
             lines.append(f"{name}: no report at {path} (the suite was skipped or did not start; see above)")
+            lines.extend(f"  {line}" for line in setup_log_tail(path))
             continue
         try:
             digest = read_report(name, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,22 @@ def test_the_command_line_names_each_report(junit_report: Path, capsys: pytest.C
     assert "unit: 1 passed, 1 failed, 1 errors, 1 skipped in " in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"expected NAME=REPORT\.xml"):
         main([str(junit_report)])
+
+
+def test_a_suite_that_never_started_is_explained_by_its_set_up_log(tmp_path: Path) -> None:
+    """The kind scripts' `log` lines land in the set-up log the digest quotes, the last ones last."""
+    setup_log = tmp_path / "e2e.setup.log"
+    lib = Path(__file__).resolve().parents[2] / "e2e" / "kind" / "lib.sh"
+    steps = 'for i in $(seq 1 9); do log "step $i"; done; log "the API server does not answer"'
+    script = f'source "{lib}"; {steps}'
+    subprocess.run(
+        ["bash", "-c", script],
+        check=True,
+        env={**os.environ, "E2E_SETUP_LOG": str(setup_log)},
+        capture_output=True,
+    )
+    lines = render([("e2e", tmp_path / "e2e.xml")])
+    assert lines[-1].endswith("the API server does not answer")
+    assert any(line.endswith("step 9") for line in lines)
+    assert not any(line.endswith("step 1") for line in lines)
+    assert any(line.strip() == f"set-up log {setup_log}:" for line in lines)
