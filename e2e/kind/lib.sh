@@ -15,8 +15,10 @@ K8S_BIN=$CACHE_DIR/k8s/v$K8S_VERSION/bin
 # Each line also goes to $E2E_SETUP_LOG when set (`make e2e` sets it): when the cluster cannot be set
 # up, the test digest at the end of `make test` shows why from there.
 log() {
-    echo "$(basename "$0"): $*" >&2
-    if [[ -n ${E2E_SETUP_LOG:-} ]]; then echo "$(basename "$0"): $*" >>"$E2E_SETUP_LOG"; fi
+    local line
+    line="$(basename "$0"): $*"
+    echo "$line" >&2
+    if [[ -n ${E2E_SETUP_LOG:-} ]]; then echo "$line" >>"$E2E_SETUP_LOG"; fi
 }
 
 # mmdebstrap's mirror arguments: this machine's own Debian sources when it is Debian $SUITE (they may

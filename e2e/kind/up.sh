@@ -82,7 +82,6 @@ if ! answers_here 120; then
         log "the API server of $NAME does not answer at $(sed -n 's/^ *server: //p' "$KUBECONFIG_OUT")" \
             "from here within 180 s of a second creation (${last_refusal:-no answer})"
         bash "$KIND_DIR/diagnose.sh" >&2
-        trap - ERR
         exit 1
     fi
 fi
