@@ -107,6 +107,23 @@ async def test_a_flipped_byte_in_a_ledger_file_is_refused_and_never_uploaded(
     assert (await ml.add_entry(b"still producing")).ledger_id > 2  # producing is unaffected
 
 
+def process_state(pid: int) -> str:
+    """The one-letter state in /proc/<pid>/stat ("T": stopped by a signal)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def stop_process(pid: int, limit: float = 120.0) -> None:
+    """SIGSTOP ``pid`` and return once it is stopped. The signal only takes effect when the process
+    next runs: a worker at SCHED_IDLE on a loaded machine can first read a request written after the
+    kill (a pipe read takes waiting data before it looks at signals) and stop with it consumed, never
+    queued. Measured beside ``stress-ng --cpu 2``: 35 of 40 requests written at once were consumed."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + limit
+    while process_state(pid) not in ("T", "t"):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {limit} s"
+        time.sleep(0.002)
+
+
 def queued_input(pid: int) -> int:
     """Bytes waiting in the process's stdin pipe (a request it has not read yet)."""
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
@@ -138,7 +155,7 @@ async def test_a_read_back_worker_killed_mid_call_fails_the_segment_and_a_new_wo
     begin = off.segments()[0].begin
     pid = shared_worker().pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # the next request waits in its pipe ...
+    stop_process(pid)  # the next request waits in its pipe ...
     acked += [await ml.add_entry(data(n)) for n in range(3, 15)]  # producing never waits for offload
     await wait_for(lambda: queued_input(pid) > 0, "a read-back request sent to the stopped worker")
     os.kill(pid, signal.SIGKILL)  # ... and the worker dies with it unanswered

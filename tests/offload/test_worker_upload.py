@@ -24,7 +24,7 @@ from txnkeeper.ledger.offload.filesystem import _FileUpload
 from txnkeeper.ledger.readback import run_when_idle, shared_worker
 
 from .conftest import Clock, wait_for
-from .test_readback import data, gone_or_zombie, queued_input
+from .test_readback import data, gone_or_zombie, queued_input, stop_process
 from .test_streaming import NAME, ml_config, policy, tier_of
 
 
@@ -58,7 +58,7 @@ class StoppingStore(FileSystemBlobStore):
     def stop_and_kill_worker(self) -> None:
         pid = shared_worker().pid
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)  # blocking, on the upload's thread: the request is sent only once it stopped
 
         def kill_once_queued() -> None:
             try:
