@@ -95,7 +95,11 @@ GAUGES = (
     "txnkeeper_server_unsent_bytes",
     "txnkeeper_server_open_connections",
     "txnkeeper_coordinator_ongoing_transactions",
+    "txnkeeper_store_tail_cache_bytes",
+    "txnkeeper_process_heap_bytes",
 )
+# Where the memory is, per process, at the mark and at the end: what grew (docs/performance.md).
+PARTS = ("heap in_use", "heap free", "heap mmapped", "txnkeeper_store_tail_cache_bytes")
 
 
 def scrape(admin: str) -> dict[str, float]:
@@ -106,6 +110,10 @@ def scrape(admin: str) -> dict[str, float]:
     for name, labels, value in _METRIC.findall(text):
         if name in GAUGES:
             found[name] = found.get(name, 0.0) + float(value)
+            if name == "txnkeeper_process_heap_bytes":
+                state = re.search(r'state="([^"]*)"', labels or "")
+                if state:
+                    found[f"heap {state.group(1)}"] = float(value)
             if name == "txnkeeper_topic_kept_txn_outcomes":
                 topic = re.search(r'topic="([^"]*)"', labels or "")
                 if topic:
@@ -325,6 +333,17 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
             },
             "mb_explained_by_kept_outcomes": round(explained, 1),
             "mb_unexplained": round(rss_growth - explained, 1),
+        },
+        "memory_parts_mb": {
+            role: {
+                part: {
+                    "at_mark": round(mark.get(role, {}).get(part, 0.0) / 2**20, 1),
+                    "last": round(samples[-1].get(role, {}).get(part, 0.0) / 2**20, 1),
+                }
+                for part in PARTS
+                if part in samples[-1].get(role, {})
+            }
+            for role in ("coordinator", "store")
         },
         "verdict": {
             "flat": all(p["flat"] for p in processes.values()),

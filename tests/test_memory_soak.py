@@ -96,3 +96,7 @@ def test_two_minutes_of_the_soak_mix_stay_under_the_budgets(tmp_path: Path) -> N
     assert counts["setup_appends_never_written"] > 0 and counts["setup_appends_refused"] == 0, counts
     assert counts["single_key_commits"] > 0, counts
     assert result["achieved_txn_per_s"] > 0
+    # Where the memory went: both processes' C heaps, the store's tail cache (within its budget).
+    parts = result["memory_parts_mb"]
+    assert parts["coordinator"]["heap in_use"]["last"] > 0 and parts["store"]["heap in_use"]["last"] > 0
+    assert 0 < parts["store"]["txnkeeper_store_tail_cache_bytes"]["last"] <= 64, parts

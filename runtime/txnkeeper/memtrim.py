@@ -8,6 +8,8 @@ the middle of its heaps too, not only the top). Measured on a store pod after cu
 that never read (docs/contracts.md §6): see there.
 
 Only glibc has it; elsewhere (musl, macOS) ``trim`` does nothing and says so by returning False.
+``heap_usage`` reads glibc's own account of its heaps (``mallinfo2``): what is in use and what is
+free but kept, the figures that tell growth of live objects from fragmentation (a metric of every pod).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def _load() -> Callable[[int], int] | None:
@@ -33,6 +36,59 @@ def _load() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _load()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",  # bytes the heaps took from the system with brk/mmap (not mmapped chunks)
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",  # bytes in chunks mmapped one by one (large allocations)
+            "usmblks",
+            "fsmblks",  # bytes in free fastbin chunks
+            "uordblks",  # bytes in use in the heaps
+            "fordblks",  # bytes free in the heaps
+            "keepcost",
+        )
+    ]
+
+
+def _load_mallinfo2() -> Callable[[], _MallInfo2] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = getattr(ctypes.CDLL(None), "mallinfo2", None)  # glibc 2.33 and later
+    except OSError:
+        return None
+    if function is None:
+        return None
+    function.argtypes = []
+    function.restype = _MallInfo2
+    return function  # type: ignore[no-any-return]
+
+
+_MALLINFO2 = _load_mallinfo2()
+
+
+@dataclass(frozen=True)
+class HeapUsage:
+    """What glibc's heaps hold (all arenas): ``free`` is memory freed by the program that the heap keeps
+    between live chunks, which a trim returns only where whole pages are free (fragmentation)."""
+
+    in_use: int
+    free: int
+    mmapped: int  # large chunks, each its own mapping: returned to the system when freed
+
+
+def heap_usage() -> HeapUsage | None:
+    """The C heap's bytes in use, free and mmapped, or None where glibc's ``mallinfo2`` is missing."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return HeapUsage(in_use=info.uordblks, free=info.fordblks + info.fsmblks, mmapped=info.hblkhd)
 
 
 def available() -> bool:

@@ -19,6 +19,7 @@ from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
+from txnkeeper.topic.tailcache import DEFAULT_MAX_BYTES as DEFAULT_TAIL_CACHE_BYTES
 from txnkeeper.topic.writers import SingleKeySettings
 
 ROLES = ("coordinator", "store")
@@ -65,6 +66,8 @@ class ServeConfig:
     txn_timeouts: TxnTimeoutPolicy = field(default_factory=TxnTimeoutPolicy)  # server/txn_config.py
     # the config file's "topicPolicies" section (parsed by server/topic_policies.py)
     topic_policies: PodTopicPolicies | None = None
+    # All topics' tail caches together (topic/tailcache.py); store pods only.
+    tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
 
 
 def env(name: str, default: str | None = None) -> str | None:

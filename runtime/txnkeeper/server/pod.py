@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from txnkeeper import memtrim
 from txnkeeper.admin.app import HttpServerLog, build_admin_app
 from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
@@ -58,6 +59,7 @@ from txnkeeper.server.topic_policies import collect as topic_policy_metrics
 from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
+from txnkeeper.topic.tailcache import TailCacheBudget
 from txnkeeper.txnid import TxnID
 from txnkeeper.txnlog import TransactionLogStore, transaction_log_name
 
@@ -274,6 +276,7 @@ class PodRuntime:
             policies=policies.policies_of,
             check_interval=policies.pod.check_interval_seconds,
             stored_topics=factory.list_names,  # (pending-ack logs are skipped by their name)
+            tail_cache=TailCacheBudget(self.config.tail_cache_bytes),
         )
         await self.topics.recover()
         self.policies = policies
@@ -546,13 +549,48 @@ class _PodCollector(Collector):
             yield from (refused, closed)
         if pod.offloads is not None:
             yield from pod.offloads.collect()
+        yield from _heap_metrics()
         if pod.topics is not None:
+            yield from _tail_cache_metrics(pod.topics.tail_cache)
             yield from _srk_metrics(pod.topics)
             yield GaugeMetricFamily(
                 "txnkeeper_store_txn_fences",
                 "Txns ended on topics/subscriptions this pod does not hold, fenced until their deadline",
                 value=pod.topics.fence_count,
             )
+
+
+def _heap_metrics() -> Iterator[Metric]:
+    """txnkeeper_process_heap_bytes: the C heap in use, free (kept between live chunks) and mmapped."""
+    usage = memtrim.heap_usage()
+    if usage is None:
+        return
+    heap = GaugeMetricFamily(
+        "txnkeeper_process_heap_bytes",
+        "The C heap (glibc mallinfo2, every object over 512 bytes): in use, free but kept, mmapped",
+        labels=["state"],
+    )
+    heap.add_metric(["in_use"], usage.in_use)
+    heap.add_metric(["free"], usage.free)
+    heap.add_metric(["mmapped"], usage.mmapped)
+    yield heap
+
+
+def _tail_cache_metrics(budget: TailCacheBudget) -> Iterator[Metric]:
+    """txnkeeper_store_tail_cache_*: all topics' recently written entries kept in memory."""
+    yield GaugeMetricFamily(
+        "txnkeeper_store_tail_cache_bytes",
+        "Payloads plus 240 bytes each of the entries all topics keep in memory (--tail-cache-bytes)",
+        value=budget.bytes,
+    )
+    yield GaugeMetricFamily(
+        "txnkeeper_store_tail_cache_entries", "Entries all topics keep in memory", value=budget.entries
+    )
+    yield CounterMetricFamily(
+        "txnkeeper_store_tail_cache_evicted_entries",
+        "Entries dropped from memory to stay within the budget (their readers read the disk)",
+        value=budget.evicted,
+    )
 
 
 def _srk_metrics(topics: TopicService) -> Iterator[Metric]:

@@ -32,6 +32,7 @@ from txnkeeper.server.config import (
     default_pod_name,
     env,
 )
+from txnkeeper.topic.tailcache import DEFAULT_MAX_BYTES as DEFAULT_TAIL_CACHE_BYTES
 
 log = logging.getLogger("txnkeeper.serve")
 
@@ -147,6 +148,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=env("MAX_CONNECTIONS_PER_ADDRESS", str(defaults.max_connections_per_address)),
         help="connections one peer address may hold open; more are refused with an error frame",
     )
+    parser.add_argument(
+        "--tail-cache-bytes",
+        type=int,
+        default=env("TAIL_CACHE_BYTES", str(DEFAULT_TAIL_CACHE_BYTES)),
+        help="bytes of recently written entries all topics together keep in memory for consumers that"
+        " keep up (each entry counts its payload plus 240); the oldest go first; 0: read from disk",
+    )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     srk_config.add_arguments(parser)
     txn_config.add_arguments(parser)
@@ -202,6 +210,11 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     single_key = srk_config.single_key_settings(ns, ns.config)
     txn_timeouts = txn_config.txn_timeouts(ns, ns.config)
     _gate_features(ns, offload, single_key.enabled)
+    if ns.tail_cache_bytes < 0:
+        raise ConfigError(
+            f"--tail-cache-bytes (or TXNKEEPER_TAIL_CACHE_BYTES) is {ns.tail_cache_bytes}: give 0 (no"
+            f" tail cache: consumers read from disk) or more bytes (default {DEFAULT_TAIL_CACHE_BYTES})"
+        )
     pod_name = ns.pod_name or default_pod_name()
     return ServeConfig(
         role=ns.role,
@@ -224,6 +237,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         single_key=single_key,
         txn_timeouts=txn_timeouts,
         topic_policies=policies,
+        tail_cache_bytes=ns.tail_cache_bytes,
     )
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from txnkeeper.aio import failure_of, resolved, settle
 from txnkeeper.errors import DataUnreadableError, InvalidTxnStatusError, UnavailableError
@@ -34,6 +33,7 @@ from txnkeeper.topic.policies import HELD_CHECK_INTERVAL, NO_POLICIES, TopicPoli
 from txnkeeper.topic.policy_checks import PolicyChecks
 from txnkeeper.topic.records import CorruptRecordError, decode, encode_data, encode_marker, publish_time_ms
 from txnkeeper.topic.subscription import Subscription, after_text
+from txnkeeper.topic.tailcache import TailCacheBudget
 from txnkeeper.topic.txnbuffer import EndedTxn, TransactionBuffer, pack_ended
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.topic.writers import (
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 WriteNotify = Callable[[Position | None, BaseException | None], None]
 
 REPLAY_BATCH = 1000
-TAIL_CACHE_ENTRIES = 20_000
-TAIL_CACHE_BYTES = 32 * 1024 * 1024
 HOUSEKEEPING_INTERVAL = 10.0  # seconds between policy checks (trims, TTL, backlog quota): the default
 # A snapshot of the transaction buffer is taken once this many entries were written since the last one
 # (and at housekeeping and close when anything was): a restart replays at most about this many entries
@@ -141,6 +139,7 @@ class Partition:
         snapshot_every: int = SNAPSHOT_EVERY_ENTRIES,
         writers: WriterTable | None = None,
         policies: Callable[[], TopicPolicies] | None = None,
+        tail_cache: TailCacheBudget | None = None,
     ) -> None:
         self.topic = topic
         # The topic's retention, message TTL and backlog quota as they are now (looked up per check).
@@ -168,9 +167,9 @@ class Partition:
         # Ended txns whose outcome was forgotten (trimmed) before their deadline: still refused.
         self.late_fence = LateFence()
         self.published_count = 0
-        # Recently written entries: subscriptions that keep up read the tail from memory, not disk.
-        self._tail: OrderedDict[Position, bytes] = OrderedDict()
-        self._tail_bytes = 0
+        # Recently written entries: subscriptions that keep up read the tail from memory, not disk
+        # (the process's budget bounds all topics' together; a partition alone gets its own).
+        self._tail = (tail_cache or TailCacheBudget()).cache()
         # Transaction buffer snapshots (None: never taken, every restart replays all live entries).
         self._snapshot_path = snapshot_path
         self._snapshot_every = snapshot_every
@@ -405,6 +404,7 @@ class Partition:
             await asyncio.wait([self._writing])
         if self._since_snapshot:
             await self._snapshot_in_background()
+        self._tail.close()
 
     async def read_after(self, position: Position | None, max_entries: int) -> list[tuple[Position, bytes]]:
         """Up to ``max_entries`` durable entries after ``position`` (None: from the oldest live entry)."""
@@ -415,12 +415,14 @@ class Partition:
             start = Position(ledgers[0], 0)
         else:
             start = Position(position.ledger_id, position.entry_id + 1)
-        if start in self._tail:
+        tail = self._tail
+        data = tail.get(start)
+        if data is not None:
             cached: list[tuple[Position, bytes]] = []
-            tail = self._tail
-            while start in tail and len(cached) < max_entries:
-                cached.append((start, tail[start]))
+            while data is not None and len(cached) < max_entries:
+                cached.append((start, data))
                 start = Position(start.ledger_id, start.entry_id + 1)
+                data = tail.get(start)
             return cached
         last = self.ledger.last_confirmed_entry()
         if last is None or start > last:
@@ -606,9 +608,9 @@ class Partition:
     async def _entries_at(self, start: Position, count: int) -> list[bytes]:
         """The ``count`` entries from ``start`` on in its ledger (the tail cache first)."""
         wanted = [Position(start.ledger_id, start.entry_id + i) for i in range(count)]
-        tail = self._tail
-        if all(position in tail for position in wanted):
-            return [tail[position] for position in wanted]
+        cached = [self._tail.get(position) for position in wanted]
+        if None not in cached:
+            return cast(list[bytes], cached)
         entries = await self.ledger.read_entries(start, count)
         if [entry.position for entry in entries] != wanted:
             found = ", ".join(f"{e.position.ledger_id}:{e.position.entry_id}" for e in entries)
@@ -799,12 +801,7 @@ class Partition:
                 log.exception("housekeeping of partition %s failed; retrying later", self.topic)
 
     def _remember(self, position: Position, data: bytes) -> None:
-        tail = self._tail
-        tail[position] = data
-        self._tail_bytes += len(data)
-        while tail and (len(tail) > TAIL_CACHE_ENTRIES or self._tail_bytes > TAIL_CACHE_BYTES):
-            _, evicted = tail.popitem(last=False)
-            self._tail_bytes -= len(evicted)
+        self._tail.remember(position, data)
 
     def attach(self, subscription: Subscription) -> None:
         self.subscriptions[subscription.name] = subscription

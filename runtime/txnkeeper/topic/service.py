@@ -35,6 +35,7 @@ from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
 from txnkeeper.topic.snapshot import snapshot_path
 from txnkeeper.topic.subscription import Subscription
+from txnkeeper.topic.tailcache import TailCacheBudget
 from txnkeeper.topic.txnfence import FENCE_GRACE_MS
 from txnkeeper.topic.txnfence import now_ms as _now_ms
 from txnkeeper.topic.writers import SingleKeySettings
@@ -92,8 +93,11 @@ class TopicService:
         policies: Callable[[str], TopicPolicies] | None = None,
         check_interval: float = HOUSEKEEPING_INTERVAL,
         stored_topics: Callable[[], list[str]] | None = None,
+        tail_cache: TailCacheBudget | None = None,
     ) -> None:
         self._registry_path = registry_path
+        # Every partition's recently written entries draw on this one budget (topic/tailcache.py).
+        self.tail_cache = tail_cache or TailCacheBudget()
         # A topic's retention, message TTL and backlog quota now (server/topic_policies.py merges them).
         self._policies = policies or (lambda _topic: NO_POLICIES)
         self._check_interval = check_interval
@@ -206,6 +210,7 @@ class TopicService:
             snapshot,
             writers=self.single_key.table(topic),
             policies=partial(self._policies, topic),
+            tail_cache=self.tail_cache,
         )
         try:
             await partition.recover()
