@@ -17,22 +17,23 @@ def parse(argv: list[str]) -> ProcessSettings:
 
 
 def test_defaults_are_the_runtime_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("GC_THRESHOLD", "EVENT_LOOP", "SWITCH_INTERVAL_MS"):
+    for name in ("GC_THRESHOLD", "EVENT_LOOP", "SWITCH_INTERVAL_MS", "MALLOC_POLICY"):
         monkeypatch.delenv(f"TXNKEEPER_{name}", raising=False)
     settings = parse([])
     assert settings.gc_thresholds == gcpolicy.RUNTIME_THRESHOLDS
     assert settings.event_loop == eventloop.resolve("auto")
     assert settings.switch_interval_s == pytest.approx(eventloop.IO_SWITCH_INTERVAL_S)
+    assert settings.malloc_policy == "fixed"
 
 
 def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TXNKEEPER_GC_THRESHOLD", "default")
     monkeypatch.setenv("TXNKEEPER_EVENT_LOOP", "asyncio")
     monkeypatch.setenv("TXNKEEPER_SWITCH_INTERVAL_MS", "2")
-    assert parse([]) == ProcessSettings((700, 10, 10), "asyncio", 0.002)
-    assert parse(["--gc-threshold", "1000,5,7", "--switch-interval-ms", "1"]) == ProcessSettings(
-        (1000, 5, 7), "asyncio", 0.001
-    )
+    monkeypatch.setenv("TXNKEEPER_MALLOC_POLICY", "glibc")
+    assert parse([]) == ProcessSettings((700, 10, 10), "asyncio", 0.002, "glibc")
+    argv = ["--gc-threshold", "1000,5,7", "--switch-interval-ms", "1", "--malloc-policy", "fixed"]
+    assert parse(argv) == ProcessSettings((1000, 5, 7), "asyncio", 0.001, "fixed")
 
 
 @pytest.mark.parametrize(
@@ -41,6 +42,7 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         ("GC_THRESHOLD", "1,2", "three positive integers"),
         ("EVENT_LOOP", "trio", "is unknown"),
         ("SWITCH_INTERVAL_MS", "0", "out of range"),
+        ("MALLOC_POLICY", "jemalloc", "'fixed' .* or 'glibc'"),
     ],
 )
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str) -> None:

@@ -1,11 +1,11 @@
 """The settings every runtime process shares, as command-line flags: GC policy, event loop, GIL switch
-interval.
+interval, C heap policy.
 
 Why it exists: ``txnkeeper serve`` and the benchmarks (which must run as serve runs, or their figures say
 nothing about a pod) each declared, checked and applied the same three settings; this is the one place
 that does. Defaults come from ``TXNKEEPER_GC_THRESHOLD``, ``TXNKEEPER_EVENT_LOOP`` and
-``TXNKEEPER_SWITCH_INTERVAL_MS`` (what the operator's StatefulSet can set), then from the runtime's own
-policy (``gcpolicy``, ``eventloop``).
+``TXNKEEPER_SWITCH_INTERVAL_MS``, ``TXNKEEPER_MALLOC_POLICY`` (what the operator's StatefulSet can
+set), then from the runtime's own policy (``gcpolicy``, ``eventloop``, ``memtrim``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from txnkeeper import eventloop, gcpolicy
+from txnkeeper import eventloop, gcpolicy, memtrim
 
 T = TypeVar("T")
 
@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("GC_THRESHOLD"),
         help="garbage-collector thresholds gen0,gen1,gen2 (default 50000,20,100; 'default' for CPython's)",
     )
+    parser.add_argument(
+        "--malloc-policy",
+        default=_env("MALLOC_POLICY") or "fixed",
+        help="fixed (large allocations mapped on their own from 128 KiB, 2 arenas: keeps the C heap from"
+        " fragmenting) or glibc (its defaults)",
+    )
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class ProcessSettings:
     gc_thresholds: tuple[int, int, int]
     event_loop: str  # "uvloop" or "asyncio", resolved
     switch_interval_s: float
+    malloc_policy: str = "fixed"
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ProcessSettings:
@@ -60,6 +67,7 @@ class ProcessSettings:
             gcpolicy.parse_thresholds(ns.gc_threshold),
             eventloop.resolve(ns.event_loop),
             eventloop.check_switch_interval(ns.switch_interval_ms / 1000),
+            memtrim.check_policy(ns.malloc_policy),
         )
 
     @classmethod
@@ -71,6 +79,8 @@ class ProcessSettings:
             parser.error(str(exc))
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
-        """Apply the GC thresholds, then run ``main`` on the chosen loop with the switch interval."""
+        """Apply the heap policy and the GC thresholds, then run ``main`` on the chosen loop with the
+        switch interval."""
+        memtrim.apply_policy(self.malloc_policy)
         gcpolicy.apply(self.gc_thresholds)
         return eventloop.run(main, self.event_loop, switch_interval_s=self.switch_interval_s)
