@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -440,6 +441,9 @@ def main() -> int:
     if args.seconds < 6 * args.interval or args.rate <= 0 or args.in_flight <= 0:
         parser.error("--seconds must cover at least 6 samples; --rate and --in-flight must be positive")
     settings = ProcessSettings.from_args_or_exit(parser, args)
+    # A soak stopped with SIGTERM (kill, a CI timeout) stops its pods too: they run in their own
+    # sessions, and the default action would end this process without the cleanup that stops them.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(128 + signal.SIGTERM))
     gcpolicy.freeze_startup_state()
     with tempfile.TemporaryDirectory(prefix="txnkeeper-memory-soak-") as tmp:
         result = settings.run(soak(args, Path(tmp)))

@@ -9,8 +9,11 @@ here asserts speed, and flatness is judged only by the long run (two minutes are
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +103,32 @@ def test_two_minutes_of_the_soak_mix_stay_under_the_budgets(tmp_path: Path) -> N
     parts = result["memory_parts_mb"]
     assert parts["coordinator"]["heap in_use"]["last"] > 0 and parts["store"]["heap in_use"]["last"] > 0
     assert 0 < parts["store"]["txnkeeper_store_tail_cache_bytes"]["last"] <= 64, parts
+
+
+@pytest.mark.timeout(300)
+def test_a_soak_stopped_with_sigterm_stops_its_pods(tmp_path: Path) -> None:
+    soak = subprocess.Popen(
+        [sys.executable, str(BENCH), "--seconds", "600", "--interval", "5", "--rate", "20", "--progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert soak.stderr is not None
+    first_sample = soak.stderr.readline()  # printed once both pods answered
+    assert first_sample.startswith("{"), first_sample + soak.stderr.read()[-3000:]
+    pods = [int(pid) for pid in Path(f"/proc/{soak.pid}/task/{soak.pid}/children").read_text().split()]
+    assert len(pods) == 2, pods
+    try:
+        soak.send_signal(signal.SIGTERM)
+        assert soak.wait(timeout=120) == 128 + signal.SIGTERM
+        for pid in pods:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                continue  # gone and reaped
+            assert state == "Z", f"pod {pid} still runs after its soak was stopped"
+    finally:
+        for pid in pods:  # a failed run leaves no pods behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
