@@ -223,6 +223,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             {"name": "TXNKEEPER_RELEASE", "value": template.version},
             *gated.offload_env(cr, template.version),
             *podsettings.connection_env(cr),
+            *podsettings.memory_env(cr),
             *auth_env,
         ],
         "ports": [

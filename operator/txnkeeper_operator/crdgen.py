@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from txnkeeper.contract import batching as limits
-from txnkeeper.contract import connections
+from txnkeeper.contract import connections, memory
 from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
@@ -455,9 +455,10 @@ def _transactions() -> Schema:
     )
 
 
-def _connection_limits() -> Schema:
+def _numbers(table: dict[str, connections.ConnectionLimit]) -> dict[str, Schema]:
+    """A section of numbers rendered as the pods' environment: types, floors, ceilings, defaults said."""
     props: dict[str, Schema] = {}
-    for field, limit in connections.CONNECTION_LIMITS.items():
+    for field, limit in table.items():
         bounds: dict[str, Any] = {"minimum": limit.minimum}
         if limit.maximum is not None:
             bounds["maximum"] = limit.maximum
@@ -466,6 +467,21 @@ def _connection_limits() -> Schema:
             f"{limit.description} Default {limit.default_text}.",
             **bounds,
         )
+    return props
+
+
+def _memory() -> Schema:
+    return _obj(
+        "Memory a store pod spends on its own choice (issue 25: bounded memory whatever clients do), "
+        "passed as the pods' TXNKEEPER_* environment (txnkeeper serve's --tail-cache-bytes); a field "
+        "left out keeps the runtime's default. Pods read them at start, so a change reaches a pod when "
+        "it restarts.",
+        _numbers(memory.MEMORY_SETTINGS),
+    )
+
+
+def _connection_limits() -> Schema:
+    props = _numbers(connections.CONNECTION_LIMITS)
     return _obj(
         "Limits of the client protocol server of each pod (issue 25: bounded memory under any client), "
         "passed as the pods' TXNKEEPER_* environment (txnkeeper serve's --max-connections and so on); a "
@@ -682,6 +698,7 @@ def _spec(kind: str) -> Schema:
         props["clientAuthentication"] = _client_authentication()
         props["singleKeyTransactions"] = _single_key_transactions()
         props["topicPolicies"] = _topic_policies()
+        props[memory.MEMORY_SECTION] = _memory()
         rules.append(_release_rule("offload", Feature.OFFLOAD_SEGMENTS, "self.offload.enabled"))
         rules.append(
             _release_rule(

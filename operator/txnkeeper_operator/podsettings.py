@@ -1,6 +1,7 @@
 """Pod settings every release reads, as the operator renders and reports them: a PendingAckStore's
 ``spec.topicPolicies`` and a TransactionCoordinator's ``spec.transactions`` (sections of the pod config
-file) and both kinds' ``spec.connectionLimits`` (the pod's environment).
+file), both kinds' ``spec.connectionLimits`` and a PendingAckStore's ``spec.memory`` (the pod's
+environment).
 
 Why a module: the ConfigMap, the StatefulSet's env and the SettingsValid condition must ask the same
 question of the same rules (``txnkeeper.contract``: the runtime's own limits). The CRD refuses every
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from txnkeeper.contract import connections, coordinator_settings, store_settings
+from txnkeeper.contract import connections, coordinator_settings, memory, store_settings
 from txnkeeper_operator import naming
 from txnkeeper_operator.engine import Condition, ConditionStatus
 from txnkeeper_operator.resource import Resource
@@ -28,6 +29,7 @@ _CHECKS: dict[str, tuple[naming.Kind | None, Callable[[object], list[str]]]] = {
         coordinator_settings.transactions_problems,
     ),
     "connectionLimits": (None, connections.connection_limit_problems),
+    memory.MEMORY_SECTION: (naming.PENDING_ACK_STORE, memory.memory_problems),
 }
 
 
@@ -67,6 +69,15 @@ def connection_env(cr: Resource) -> list[dict[str, Any]]:
     return [
         {"name": name, "value": value}
         for name, value in connections.connection_env(cr.section("connectionLimits"))
+    ]
+
+
+def memory_env(cr: Resource) -> list[dict[str, Any]]:
+    """A store pod's environment for the memory settings the spec sets (all or none, as above)."""
+    if cr.kind is not naming.PENDING_ACK_STORE or not _valid(cr, memory.MEMORY_SECTION):
+        return []
+    return [
+        {"name": name, "value": value} for name, value in memory.memory_env(cr.section(memory.MEMORY_SECTION))
     ]
 
 

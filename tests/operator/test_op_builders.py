@@ -591,6 +591,9 @@ def test_settings_condition_is_true_for_valid_or_absent_settings() -> None:
             "spec.connectionLimits.maxConnections",
             "env",
         ),
+        (store(memory={"tailCacheBytes": -1}), "spec.memory.tailCacheBytes must be in 0..", "env"),
+        (store(memory={"tailCacheBytes": 1.5}), "spec.memory.tailCacheBytes must be an integer", "env"),
+        (store(memory={"tailCache": 1}), "spec.memory.tailCache is not a field", "env"),
     ],
 )
 def test_settings_the_pods_would_refuse_are_left_out_and_reported_never_raised(
@@ -602,7 +605,9 @@ def test_settings_the_pods_would_refuse_are_left_out_and_reported_never_raised(
     doc = _config(cr)
     env = _env(cr)
     if left_out == "env":
-        assert not [name for name in env if name.startswith("TXNKEEPER_MAX") or "TIMEOUT" in name]
+        assert not [
+            name for name in env if name.startswith("TXNKEEPER_MAX") or "TIMEOUT" in name or "CACHE" in name
+        ]
     else:
         assert left_out not in doc
     # The other sections are rendered as usual.

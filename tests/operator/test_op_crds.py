@@ -22,7 +22,7 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
-from txnkeeper.contract import batching, connections, coordinator_settings, names, store_settings
+from txnkeeper.contract import batching, connections, coordinator_settings, memory, names, store_settings
 from txnkeeper_operator.crdgen import definitions, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -718,6 +718,21 @@ def test_connection_limit_fields_are_the_runtimes_flags_with_its_floors() -> Non
             assert schema["minimum"] == limit.minimum and "default" not in schema, field
             assert schema.get("maximum") == limit.maximum, field
             assert f"Default {limit.default_text}" in schema["description"], field
+
+
+def test_memory_fields_are_the_store_runtimes_flags_with_its_floors() -> None:
+    assert "memory" not in _schema(TC, "spec")["properties"]  # coordinators keep no tail cache
+    fields = _schema(PAS, "spec")["properties"]["memory"]["properties"]
+    assert set(fields) == set(memory.MEMORY_SETTINGS)
+    for field, setting in memory.MEMORY_SETTINGS.items():
+        schema = fields[field]
+        assert schema["type"] == "integer" and "default" not in schema, field
+        assert (schema["minimum"], schema["maximum"]) == (setting.minimum, setting.maximum), field
+        assert f"Default {setting.default_text}" in schema["description"], field
+    assert cel_errors(PAS, {"version": "1.0.0", "memory": {"tailCacheBytes": 0}}) == []
+    for bad in (-1, 1.5, "64Mi", 2**40 + 1):
+        with pytest.raises(jsonschema.ValidationError):
+            cel_errors(PAS, {"version": "1.0.0", "memory": {"tailCacheBytes": bad}})
 
 
 @pytest.mark.parametrize(

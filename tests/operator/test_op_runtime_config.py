@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from txnkeeper.contract import connections, coordinator_settings, names, store_settings
+from txnkeeper.contract import connections, coordinator_settings, memory, names, store_settings
 from txnkeeper.coordinator import timeouts
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.server import offload_settings, serve, srk_config, topic_policies
-from txnkeeper.server.config import ConfigError
+from txnkeeper.server.config import ConfigError, ServeConfig
+from txnkeeper.topic import tailcache
 from txnkeeper.topic.writers import SingleKeySettings
 from txnkeeper_operator import builders
 from txnkeeper_operator.engine import BatchSettings, Template
@@ -304,6 +305,12 @@ def _limits_env(cr: Resource) -> dict[str, str]:
 def _limits_read(
     env: dict[str, str], path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> ConnectionLimits:
+    return _store_config_read(env, path, monkeypatch, tmp_path).connection_limits
+
+
+def _store_config_read(
+    env: dict[str, str], path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> ServeConfig:
     for name in [n for n in os.environ if n.startswith("TXNKEEPER_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():
@@ -323,7 +330,27 @@ def _limits_read(
             str(path),
         ]
     )
-    return serve.build_config(ns).connection_limits
+    return serve.build_config(ns)
+
+
+@pytest.mark.parametrize("which", ["minimum", "maximum"])
+def test_rendered_memory_settings_are_what_the_store_reads_at_the_crds_edges(
+    which: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = SPEC["properties"][memory.MEMORY_SECTION]["properties"]
+    assert set(fields) == set(memory.MEMORY_SETTINGS)
+    cr = _store("3.0.0", memory={"tailCacheBytes": fields["tailCacheBytes"][which]})
+    config = _store_config_read(_limits_env(cr), _rendered(tmp_path, cr, "3.0.0"), monkeypatch, tmp_path)
+    assert config.tail_cache_bytes == fields["tailCacheBytes"][which]
+
+
+def test_memory_defaults_are_the_runtimes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert memory.MEMORY_SETTINGS["tailCacheBytes"].default == tailcache.DEFAULT_MAX_BYTES
+    cr = _store("3.0.0")  # no spec.memory: no variable, the runtime's default
+    env = _limits_env(cr)
+    assert "TXNKEEPER_TAIL_CACHE_BYTES" not in env
+    config = _store_config_read(env, _rendered(tmp_path, cr, "3.0.0"), monkeypatch, tmp_path)
+    assert config.tail_cache_bytes == tailcache.DEFAULT_MAX_BYTES
 
 
 _LIMIT_ATTRS = {

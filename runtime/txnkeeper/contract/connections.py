@@ -113,9 +113,9 @@ CONNECTION_LIMITS: dict[str, ConnectionLimit] = {
 }
 
 
-def _problem(field: str, value: object) -> str | None:
-    limit = CONNECTION_LIMITS[field]
-    what = f"spec.connectionLimits.{field}"
+def _problem(section: str, table: Mapping[str, ConnectionLimit], field: str, value: object) -> str | None:
+    limit = table[field]
+    what = f"spec.{section}.{field}"
     ceiling = "" if limit.maximum is None else f"..{number_text(limit.maximum)}"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{what} must be a number, got {value!r:.60}"
@@ -128,29 +128,39 @@ def _problem(field: str, value: object) -> str | None:
     return None
 
 
-def connection_limit_problems(spec: object) -> list[str]:
-    """What a pod would refuse in a CR's ``spec.connectionLimits`` (empty: nothing), naming the field."""
+def section_problems(section: str, table: Mapping[str, ConnectionLimit], spec: object) -> list[str]:
+    """What a pod would refuse in a CR's ``spec.<section>``, a section of numbers rendered as the
+    pods' environment by ``table`` (empty: nothing), naming the field."""
     if not isinstance(spec, Mapping):
-        return [f"spec.connectionLimits must be an object, got {type(spec).__name__}"]
+        return [f"spec.{section} must be an object, got {type(spec).__name__}"]
     problems = []
     for field, value in spec.items():
-        if field not in CONNECTION_LIMITS:
-            problems.append(
-                f"spec.connectionLimits.{field} is not a field; the fields are {', '.join(CONNECTION_LIMITS)}"
-            )
-        elif value is not None and (problem := _problem(field, value)) is not None:
+        if field not in table:
+            problems.append(f"spec.{section}.{field} is not a field; the fields are {', '.join(table)}")
+        elif value is not None and (problem := _problem(section, table, field, value)) is not None:
             problems.append(problem)
     return problems
 
 
-def connection_env(spec: Mapping[str, object]) -> list[tuple[str, str]]:
-    """(environment variable, value) for each limit the CR sets, in the table's order (checked first
-    with ``connection_limit_problems``)."""
+def section_env(table: Mapping[str, ConnectionLimit], spec: Mapping[str, object]) -> list[tuple[str, str]]:
+    """(environment variable, value) for each field of ``table`` the CR sets, in the table's order
+    (checked first with ``section_problems``)."""
     out = []
-    for field, limit in CONNECTION_LIMITS.items():
+    for field, limit in table.items():
         value = spec.get(field)
         if value is None:
             continue
         assert isinstance(value, int | float)
         out.append((limit.env, number_text(value)))
     return out
+
+
+def connection_limit_problems(spec: object) -> list[str]:
+    """What a pod would refuse in a CR's ``spec.connectionLimits`` (empty: nothing), naming the field."""
+    return section_problems("connectionLimits", CONNECTION_LIMITS, spec)
+
+
+def connection_env(spec: Mapping[str, object]) -> list[tuple[str, str]]:
+    """(environment variable, value) for each limit the CR sets (checked first with
+    ``connection_limit_problems``)."""
+    return section_env(CONNECTION_LIMITS, spec)
