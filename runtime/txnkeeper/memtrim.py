@@ -29,24 +29,27 @@ import ctypes
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
-def _load() -> Callable[[int], int] | None:
+def _libc_function(name: str, argtypes: list[Any], restype: Any) -> Any | None:
+    """glibc's function ``name`` typed as given, or None where it is missing (not Linux, not glibc, an
+    older glibc)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None)  # the C library the interpreter itself runs on
     except OSError:
         return None
-    function = getattr(libc, "malloc_trim", None)
+    function = getattr(libc, name, None)
     if function is None:
         return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
 
 
-_MALLOC_TRIM = _load()
+_MALLOC_TRIM: Callable[[int], int] | None = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -67,21 +70,7 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _load_mallinfo2() -> Callable[[], _MallInfo2] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = getattr(ctypes.CDLL(None), "mallinfo2", None)  # glibc 2.33 and later
-    except OSError:
-        return None
-    if function is None:
-        return None
-    function.argtypes = []
-    function.restype = _MallInfo2
-    return function  # type: ignore[no-any-return]
-
-
-_MALLINFO2 = _load_mallinfo2()
+_MALLINFO2: Callable[[], _MallInfo2] | None = _libc_function("mallinfo2", [], _MallInfo2)  # glibc >= 2.33
 
 
 @dataclass(frozen=True)
@@ -102,21 +91,9 @@ ARENA_MAX = 2
 POLICIES = ("fixed", "glibc")
 
 
-def _load_mallopt() -> Callable[[int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = getattr(ctypes.CDLL(None), "mallopt", None)
-    except OSError:
-        return None
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
-
-
-_MALLOPT = _load_mallopt()
+_MALLOPT: Callable[[int, int], int] | None = _libc_function(
+    "mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int
+)
 
 
 def check_policy(name: str) -> str:
