@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -154,6 +155,21 @@ class ServePod:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+def pod_metric(pod: ServePod, name: str, labels: str = "") -> float | None:
+    """The value of sample ``name{labels}`` on the pod's /metrics now, or None when it has none."""
+    status, text = http("GET", f"{pod.admin_url()}/metrics")
+    assert status == 200
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+]+)"
+    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def pod_gauge(pod: ServePod, name: str, labels: str = "") -> float:
+    """``pod_metric``, a sample not exported yet read as 0 (a counter or gauge nothing moved)."""
+    value = pod_metric(pod, name, labels)
+    return 0.0 if value is None else value
 
 
 def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, Any]:

@@ -10,12 +10,11 @@ Real ``txnkeeper serve`` pods, real sockets.
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 from collections.abc import Callable
 
 import pytest
-from runtime_pods import ServePod, http
+from runtime_pods import ServePod, pod_gauge
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client
@@ -27,18 +26,10 @@ pytestmark = pytest.mark.timeout(300)
 TOPIC = "persistent://t/ns/handshake"
 
 
-def _metric(pod: ServePod, name: str, labels: str = "") -> float:
-    status, text = http("GET", f"{pod.admin_url()}/metrics")
-    assert status == 200
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+]+)"
-    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
 def _refused(pod: ServePod) -> float:
     refused = "txnkeeper_server_refused_connections_total"
     reasons = ("max_connections", "max_connections_per_address")
-    return sum(_metric(pod, refused, f'reason="{why}"') for why in reasons)
+    return sum(pod_gauge(pod, refused, f'reason="{why}"') for why in reasons)
 
 
 def _idle(address: str, source: str = "127.0.0.1") -> socket.socket | None:
@@ -81,7 +72,7 @@ async def test_idle_connections_cannot_lock_other_clients_out(pods: Callable[...
     flood = [sock for sock in (_idle(store.listen) for _ in range(1_024)) if sock is not None]
 
     async def settled() -> bool:
-        accepted = _metric(store, "txnkeeper_server_accepted_connections_total")
+        accepted = pod_gauge(store, "txnkeeper_server_accepted_connections_total")
         return accepted + _refused(store) >= len(flood)
 
     await wait_until(settled, 60, "the flood of idle connections to be accepted or refused")
@@ -90,8 +81,8 @@ async def test_idle_connections_cannot_lock_other_clients_out(pods: Callable[...
     await asyncio.wait_for(_serves(store, b"first"), 60)
     await asyncio.wait_for(_serves(store, b"second"), 60)
     # The flood holds at most the handshaking cap (64 by default) of the pod's connections.
-    assert _metric(store, "txnkeeper_server_handshaking_connections") <= 64
-    evicted = _metric(store, "txnkeeper_server_closed_connections_total", 'reason="handshake_evicted"')
+    assert pod_gauge(store, "txnkeeper_server_handshaking_connections") <= 64
+    evicted = pod_gauge(store, "txnkeeper_server_closed_connections_total", 'reason="handshake_evicted"')
     assert evicted + _refused(store) >= len(flood) - 64, (evicted, _refused(store))
     for sock in flood:
         sock.close()
@@ -118,7 +109,8 @@ async def test_a_connection_that_never_completes_a_request_is_closed_at_the_hand
     assert receipt[0].WhichOneof("body") == "produce_receipt", receipt
 
     async def both_timed_out() -> bool:
-        return _metric(store, "txnkeeper_server_closed_connections_total", 'reason="handshake_timeout"') >= 2
+        closed = pod_gauge(store, "txnkeeper_server_closed_connections_total", 'reason="handshake_timeout"')
+        return closed >= 2
 
     await wait_until(both_timed_out, 20, "both handshakes to time out")
     answered.setblocking(False)
@@ -145,7 +137,7 @@ async def test_each_peer_address_has_its_own_connection_limit(pods: Callable[...
     other.settimeout(10)
     assert FrameDecoder().feed(other.recv(65536))[0].WhichOneof("body") == "produce_receipt"
     assert (
-        _metric(store, "txnkeeper_server_refused_connections_total", 'reason="max_connections_per_address"')
+        pod_gauge(store, "txnkeeper_server_refused_connections_total", 'reason="max_connections_per_address"')
         == 1
     )
     for sock in [*kept, fifth, other]:

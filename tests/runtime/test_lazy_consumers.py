@@ -10,12 +10,11 @@ the server cut them (every message pushed was kept for redelivery, payload and a
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 from collections.abc import Callable
 
 import pytest
-from runtime_pods import ServePod, http
+from runtime_pods import ServePod, pod_gauge
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client, MessageId
@@ -40,17 +39,9 @@ def _payload(index: int) -> bytes:
     return index.to_bytes(4, "big") + b"x" * (PAYLOAD_BYTES - 4)
 
 
-def _metric(pod: ServePod, name: str, labels: str = "") -> float:
-    status, text = http("GET", f"{pod.admin_url()}/metrics")
-    assert status == 200
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+]+)"
-    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
 def _cut_connections(pod: ServePod) -> float:
     closed = "txnkeeper_server_closed_connections_total"
-    return sum(_metric(pod, closed, f'reason="{why}"') for why in ("write_timeout", "max_unsent_bytes"))
+    return sum(pod_gauge(pod, closed, f'reason="{why}"') for why in ("write_timeout", "max_unsent_bytes"))
 
 
 async def _fill_topic(pod: ServePod) -> dict[MessageId, int]:
@@ -129,9 +120,9 @@ async def test_a_process_wide_budget_pauses_pushes_but_not_for_consumers_that_re
 
     async def budget_held() -> bool:
         nonlocal highest
-        unsent = _metric(store, "txnkeeper_server_unsent_bytes")
+        unsent = pod_gauge(store, "txnkeeper_server_unsent_bytes")
         highest = max(highest, unsent)
-        return _metric(store, "txnkeeper_server_push_paused_connections") >= LAZY
+        return pod_gauge(store, "txnkeeper_server_push_paused_connections") >= LAZY
 
     await wait_until(budget_held, 60, "every lazy consumer's pushes to be paused")
     # Over the budget a connection may still be pushed to while it holds under 64 KiB (so a consumer
@@ -139,6 +130,6 @@ async def test_a_process_wide_budget_pauses_pushes_but_not_for_consumers_that_re
     assert highest <= budget + LAZY * 64 * 1024 + 64 * 1024, highest
     # The lazy consumers hold the budget, and a consumer that reads still gets everything.
     await _read_everything(store, "reader", written)
-    assert _metric(store, "txnkeeper_server_unsent_bytes") <= budget + LAZY * 64 * 1024 + 64 * 1024
+    assert pod_gauge(store, "txnkeeper_server_unsent_bytes") <= budget + LAZY * 64 * 1024 + 64 * 1024
     for sock in lazy:
         sock.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import signal
 import socket
 import struct
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from runtime_pods import ServePod, coordinator_connection, http
+from runtime_pods import ServePod, coordinator_connection, pod_gauge
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client
@@ -238,14 +237,6 @@ async def test_without_a_cluster_secret_transactions_are_refused_naming_the_flag
 
 
 # --- resource limits ---------------------------------------------------------------------------------
-def _metric(pod: ServePod, name: str, labels: str = "") -> float:
-    status, text = http("GET", f"{pod.admin_url()}/metrics")
-    assert status == 200
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+]+)"
-    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
 async def _open_raw(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = split_address(address)
     return await asyncio.open_connection(host, port)
@@ -284,8 +275,8 @@ async def test_partial_large_frames_do_not_grow_memory(pods: Callable[..., Serve
     await asyncio.gather(*(fill(writer) for _, writer in opened))
 
     async def settled() -> bool:
-        return _metric(store, "txnkeeper_server_pending_bytes") <= budget and (
-            _metric(store, "txnkeeper_server_closed_connections_total", 'reason="max_pending_bytes"')
+        return pod_gauge(store, "txnkeeper_server_pending_bytes") <= budget and (
+            pod_gauge(store, "txnkeeper_server_closed_connections_total", 'reason="max_pending_bytes"')
             >= connections - budget // sent_per_connection - 1
         )
 
@@ -362,7 +353,7 @@ async def test_a_client_that_reads_no_answers_cannot_grow_the_server(pods: Calla
     async def stopped_reading() -> bool:
         assert not requests.task.done(), f"the server read all {requests.sent} requests"
         return (
-            _metric(tc, "txnkeeper_server_write_paused_connections") == 1
+            pod_gauge(tc, "txnkeeper_server_write_paused_connections") == 1
             and _server_receive_queue(server_port, client_port) >= 256 * 1024
         )
 
@@ -378,7 +369,7 @@ async def test_a_client_that_reads_no_answers_cannot_grow_the_server(pods: Calla
         for command in decoder.feed(data):
             answered += 1
             assert command.request_id == answered and command.WhichOneof("body") == "txn_status", command
-    assert _metric(tc, "txnkeeper_server_write_paused_connections") == 0
+    assert pod_gauge(tc, "txnkeeper_server_write_paused_connections") == 0
     writer.close()
 
 
@@ -390,13 +381,13 @@ async def test_a_client_that_stays_unread_is_cut_after_the_write_timeout(
     requests = _UnreadRequests(writer, limit=10_000_000)
 
     async def cut() -> bool:
-        return _metric(tc, "txnkeeper_server_closed_connections_total", 'reason="write_timeout"') >= 1
+        return pod_gauge(tc, "txnkeeper_server_closed_connections_total", 'reason="write_timeout"') >= 1
 
     await wait_until(cut, 120, "the server to abort a connection that reads none of its answers")
     await requests.stop()
     writer.close()
     assert "has not read its answers" in tc.log() and "write timeout 1s" in tc.log()
-    assert _metric(tc, "txnkeeper_server_write_paused_connections") == 0
+    assert pod_gauge(tc, "txnkeeper_server_write_paused_connections") == 0
     async with Client(coordinators=[tc.listen], stores=[]) as client:
         txn = await client.new_transaction(timeout_ms=60_000)  # the pod still serves
         await txn.abort()
@@ -424,8 +415,8 @@ async def test_half_sent_frame_and_idle_connection_are_closed_consumers_stay(
         async with Client(coordinators=[], stores=[store.listen]) as producer_side:
             await (await producer_side.create_producer(TOPIC)).send(b"to a quiet consumer")
         assert (await consumer.receive(timeout=10)).data == b"to a quiet consumer"
-    assert _metric(store, "txnkeeper_server_closed_connections_total", 'reason="frame_timeout"') >= 1
-    assert _metric(store, "txnkeeper_server_closed_connections_total", 'reason="idle_timeout"') >= 1
+    assert pod_gauge(store, "txnkeeper_server_closed_connections_total", 'reason="frame_timeout"') >= 1
+    assert pod_gauge(store, "txnkeeper_server_closed_connections_total", 'reason="idle_timeout"') >= 1
 
 
 async def test_a_connection_waiting_for_an_answer_is_not_idle(pods: Callable[..., ServePod]) -> None:
@@ -459,7 +450,7 @@ async def test_connections_beyond_the_limit_are_refused(pods: Callable[..., Serv
     reader, _ = await _open_raw(store.listen)
     refused = await _closed_with_error(reader, 10)
     assert refused.error.code == api.RESOURCE_LIMIT and "max connections" in refused.error.message
-    assert _metric(store, "txnkeeper_server_refused_connections_total", 'reason="max_connections"') == 1
+    assert pod_gauge(store, "txnkeeper_server_refused_connections_total", 'reason="max_connections"') == 1
     kept[0].close()
 
     async def slot_free() -> bool:

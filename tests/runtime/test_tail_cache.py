@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from runtime_pods import ServePod
-from test_lazy_consumers import _metric
+from runtime_pods import ServePod, pod_gauge
 
 from txnkeeper.client import Client, MessageId
 from txnkeeper.ledger.position import Position
@@ -126,9 +125,9 @@ async def test_many_topics_written_stay_within_the_pods_budget_and_read_intact(
             producer = await client.create_producer(topic)
             ids = await asyncio.gather(*(producer.send(_payload(n, i)) for i in range(PER_TOPIC)))
             written[topic] = dict(zip(ids, range(PER_TOPIC), strict=True))
-            held = _metric(store, "txnkeeper_store_tail_cache_bytes")
+            held = pod_gauge(store, "txnkeeper_store_tail_cache_bytes")
             assert 0 < held <= BUDGET, f"the tail cache holds {held:.0f} bytes after topic {n}"
-        assert _metric(store, "txnkeeper_store_tail_cache_evicted_entries_total") > 0
+        assert pod_gauge(store, "txnkeeper_store_tail_cache_evicted_entries_total") > 0
         # The first topic's entries left memory long ago; the last topic's are still there. Both read
         # back every message, in order, with its own payload.
         for n in (0, TOPICS - 1):
@@ -137,4 +136,4 @@ async def test_many_topics_written_stay_within_the_pods_budget_and_read_intact(
                 message = await consumer.receive(timeout=30)
                 assert message.message_id == message_id
                 assert message.data == _payload(n, written[topics[n]][message_id])
-    assert _metric(store, "txnkeeper_process_heap_bytes", 'state="in_use"') > 0
+    assert pod_gauge(store, "txnkeeper_process_heap_bytes", 'state="in_use"') > 0

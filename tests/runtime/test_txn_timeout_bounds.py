@@ -12,7 +12,6 @@ Real ``txnkeeper serve`` pods over real sockets; the CLI runs as a subprocess.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import urllib.request
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_pods import TOKEN, ServePod, http
+from runtime_pods import TOKEN, ServePod, http, pod_metric
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client
@@ -31,14 +30,6 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 pytestmark = pytest.mark.timeout(180)
 TOPIC = "persistent://t/ns/held"
 BATCH = {"enabled": True, "maxRecords": 512, "maxSizeBytes": 4194304, "maxDelayMillis": 1}
-
-
-def _metric(pod: ServePod, name: str, labels: str = "") -> float | None:
-    status, text = http("GET", f"{pod.admin_url()}/metrics")
-    assert status == 200
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+]+)"
-    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
-    return float(found.group(1)) if found else None
 
 
 def _admin_cli(pod: ServePod, *args: str) -> subprocess.CompletedProcess[str]:
@@ -172,7 +163,7 @@ async def test_an_operator_aborts_a_transaction_that_holds_a_topic(
         await producer.send(b"plain, after it")
 
         async def held_for_a_while() -> bool:
-            age = _metric(store, "txnkeeper_topic_oldest_open_txn_age_seconds", f'topic="{TOPIC}"')
+            age = pod_metric(store, "txnkeeper_topic_oldest_open_txn_age_seconds", f'topic="{TOPIC}"')
             return age is not None and age >= 1.0
 
         await wait_until(held_for_a_while, 30, "the oldest open transaction's age to show on the store")
@@ -186,7 +177,7 @@ async def test_an_operator_aborts_a_transaction_that_holds_a_topic(
         assert answer == {"txnId": txn_id, "status": "ABORTED", "alreadyEnded": False}, answer
 
         assert (await consumer.receive(timeout=20)).data == b"plain, after it"
-        assert _metric(store, "txnkeeper_topic_oldest_open_txn_age_seconds", f'topic="{TOPIC}"') == 0.0
+        assert pod_metric(store, "txnkeeper_topic_oldest_open_txn_age_seconds", f'topic="{TOPIC}"') == 0.0
         # The client learns why when it tries to commit.
         with pytest.raises(ServiceError) as caught:
             await long_txn.commit()
