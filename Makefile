@@ -12,6 +12,12 @@ export CACHE_DIR
 INSTALLED := $(VENV)/.installed
 GENERATED := runtime/txnkeeper/pb/.generated
 PROTOS := $(wildcard proto/*.proto)
+# Pulsar's wire protocol (docs/pulsar-protocol.md): PulsarApi.proto as Apache ships it in the Go client's
+# module, taken from the Go module proxy (pinned by version and hash, cached in $(CACHE_DIR)) into
+# proto/pulsar/ (not committed; the image build copies proto/ whole). Only its package line is changed.
+PULSAR_GO_VERSION := v0.19.0
+PULSAR_GO_SHA256 := 1e7c5dffd32240e24dcb31dd52480010b9a0009c21c3ccc2d5b5b73764b696fb
+PULSAR_API_PROTO := proto/pulsar/PulsarApi.proto
 PYTEST_ARGS ?=
 # Each pytest run's JUnit report, read by the digest at the end of `make test`.
 REPORTS := build/test-reports
@@ -30,9 +36,12 @@ $(INSTALLED): pyproject.toml
 
 install: $(INSTALLED) $(GENERATED)
 
-$(GENERATED): $(PROTOS) $(INSTALLED) runtime/txnkeeper/pb/generate.py
+$(GENERATED): $(PROTOS) $(PULSAR_API_PROTO) $(INSTALLED) runtime/txnkeeper/pb/generate.py
 	$(BIN)/python -m txnkeeper.pb.generate --proto-dir proto --out-root runtime
 	@touch $@
+
+$(PULSAR_API_PROTO): proto/fetch_pulsar_api.sh
+	bash proto/fetch_pulsar_api.sh $(PULSAR_GO_VERSION) $(PULSAR_GO_SHA256) $@
 
 proto: $(GENERATED)
 
@@ -97,7 +106,7 @@ kind-components:
 	bash e2e/kind/components.sh >/dev/null
 
 # The runtime and verifier images (a container engine is started as root where none runs).
-image:
+image: $(PULSAR_API_PROTO)
 	bash e2e/kind/image.sh
 
 # The kind node image kindest/node:v<release>, assembled from the builds above.
@@ -196,7 +205,7 @@ bench-pulsar: install $(PULSAR_PEER_STAMP)
 	$(BIN)/python bench/pulsar_peer/run.py --lib $(PULSAR_PEER_LIB) $(PULSAR_PEER_ARGS)
 
 clean:
-	rm -rf $(VENV) $(E2E_STATE) runtime/txnkeeper/pb/*_pb2.py runtime/txnkeeper/pb/*_pb2.pyi $(GENERATED) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(E2E_STATE) proto/pulsar runtime/txnkeeper/pb/*_pb2.py runtime/txnkeeper/pb/*_pb2.pyi $(GENERATED) .mypy_cache .ruff_cache .pytest_cache
 
 # --- Chart checks (tests/chart): a real helm, built from the Go module proxy into $(CACHE_DIR)/bin ----
 HELM_VERSION ?= v3.21.4

@@ -52,3 +52,12 @@ _.__cause__
 
 # Set on the kubernetes client's Configuration and read by its REST client (e2e/helpers.py load_api).
 _.retries
+
+# Fields of Pulsar's protobuf messages, set by name and read by Pulsar's clients on the wire
+# (server/pulsar_handler.py, tests/runtime/pulsar_wire.py).
+_.publish_time
+_.server_version
+_.brokerServiceUrl
+_.authoritative
+_.producer_ready
+_.client_version

@@ -96,7 +96,9 @@ async def test_a_connection_that_never_completes_a_request_is_closed_at_the_hand
     assert silent is not None
     half = _idle(store.listen)
     assert half is not None
-    half.sendall(b"\x00\x00\x01\x00" + b"\x00" * 10)  # a frame started, never completed
+    # A frame started, never completed. Its body starts with a protobuf tag (0x08): a first byte 0 would
+    # make it a Pulsar frame (the port serves both wires, protocol/server.py ServerConnection).
+    half.sendall(b"\x00\x00\x01\x00" + b"\x08" * 10)
     answered = _idle(store.listen)
     assert answered is not None
     answered.sendall(encode_frame(api.Command(request_id=1, produce=api.Produce(topic=TOPIC, payload=b"x"))))

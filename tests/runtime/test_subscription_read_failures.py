@@ -15,7 +15,7 @@ import pytest
 from txnkeeper.ledger.offload import OffloadCorruptionError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic import subscription as subscription_module
-from txnkeeper.topic.records import encode_data
+from txnkeeper.topic.records import DecodedRecord, encode_data
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
 from txnkeeper.txnid import TxnID
@@ -81,8 +81,8 @@ class Consumer:
         self.changed = asyncio.Event()
         self.subscription: Subscription | None = None
 
-    def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
-        self.received.append(payload)
+    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+        self.received.append(record.payload)
         self.changed.set()
         assert self.subscription is not None
         # Each message received grants one more (a client's flow), so reads stay PERMITS small.

@@ -1,7 +1,9 @@
 """Generate the protobuf modules of ``txnkeeper.pb`` from ``proto/``.
 
 It exists so that the Makefile, the Docker build and the drift test all generate the same way: the
-.proto files are the source of truth and the Python code is a build product.
+.proto files are the source of truth and the Python code is a build product. ``proto/pulsar/`` holds
+Pulsar's PulsarApi.proto once ``make proto`` fetched it (proto/fetch_pulsar_api.sh); it is compiled
+with the others.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ def generate(proto_dir: Path, out_root: Path) -> list[Path]:
     protos = sorted(proto_dir.glob("*.proto"))
     if not protos:
         raise SystemExit(f"no .proto files in {proto_dir}: run from the repository root")
+    pulsar_dir = proto_dir / "pulsar"
+    pulsar = sorted(pulsar_dir.glob("*.proto"))
+    if not pulsar:
+        raise SystemExit(
+            f"no {pulsar_dir}/PulsarApi.proto: `make proto` fetches it (proto/fetch_pulsar_api.sh)"
+        )
     (out_root / "txnkeeper" / "pb").mkdir(parents=True, exist_ok=True)
     include = str(Path(protoc.__file__).parent / "_proto")
     # The virtual include path makes generated imports read `from txnkeeper.pb import X_pb2`.
@@ -26,10 +34,11 @@ def generate(proto_dir: Path, out_root: Path) -> list[Path]:
         "protoc",
         f"--plugin=protoc-gen-mypy={plugin}",
         f"-Itxnkeeper/pb={proto_dir}",
+        f"-Itxnkeeper/pb={pulsar_dir}",
         f"-I{include}",
         f"--python_out={out_root}",
         f"--mypy_out={out_root}",
-        *[f"txnkeeper/pb/{p.name}" for p in protos],
+        *[f"txnkeeper/pb/{p.name}" for p in protos + pulsar],
     ]
     if protoc.main(args) != 0:
         raise SystemExit(f"protoc failed for {proto_dir}")

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
+from txnkeeper.protocol.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    FrameError,
+    encode_error,
+    encode_frame,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +36,29 @@ CLIENT_FLUSH_EVERY = 64
 SERVER_FLUSH_EVERY = 64
 
 
-class FrameConnection(asyncio.Protocol):
-    """Base protocol: decode incoming frames into ``on_command``; ``send`` queues outgoing ones."""
+CommandT = TypeVar("CommandT")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, flush_every: int = 0) -> None:
+
+class Decoder(Protocol[CommandT]):
+    """An incremental frame decoder: txnkeeper's own (frames.FrameDecoder) or Pulsar's
+    (pulsar_frames.PulsarFrameDecoder). ``feed`` raises ``FrameError`` on bad input."""
+
+    def feed(self, data: bytes) -> list[CommandT]: ...
+
+    @property
+    def buffered(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+
+class WireConnection(asyncio.Protocol, Generic[CommandT]):
+    """Base protocol of either wire: decode incoming frames into ``on_command``; ``send_frame``
+    queues outgoing ones (coalesced, see the module docstring)."""
+
+    def __init__(self, decoder: Decoder[CommandT], flush_every: int = 0) -> None:
         if flush_every < 0:
             raise ValueError(f"flush_every must be >= 0 (0: once per loop turn), got {flush_every}")
-        self._decoder = FrameDecoder(max_frame_size)
+        self._decoder = decoder
         self._flush_every = flush_every
         self._transport: asyncio.Transport | None = None
         self._outgoing: list[bytes] = []
@@ -64,7 +86,7 @@ class FrameConnection(asyncio.Protocol):
             commands = self._decoder.feed(data)
         except FrameError as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
-            self.send(api.Command(request_id=0, error=api.Error(code=exc.code, message=str(exc))))  # type: ignore[arg-type]
+            self.send_error_frame(exc.code, str(exc))
             self.close()
             return
         for command in commands:
@@ -80,11 +102,6 @@ class FrameConnection(asyncio.Protocol):
         self.on_lost(exc)
 
     # --- outgoing ----------------------------------------------------------------------------------
-    def send(self, command: api.Command) -> None:
-        if self._transport is None:
-            return
-        self.send_frame(encode_frame(command))
-
     def send_frame(self, frame: bytes) -> None:
         """Queue one encoded frame (``send`` for a caller that needs the frame's size first)."""
         outgoing = self._outgoing
@@ -126,8 +143,28 @@ class FrameConnection(asyncio.Protocol):
     def on_open(self) -> None:
         """Called once the transport is connected."""
 
-    def on_command(self, command: api.Command) -> None:
+    def on_command(self, command: CommandT) -> None:
+        raise NotImplementedError
+
+    def send_error_frame(self, code: int, message: str) -> None:
+        """Queue the wire's connection-level error (``code``: txnkeeper's ErrorCode) for the peer."""
         raise NotImplementedError
 
     def on_lost(self, exc: Exception | None) -> None:
         """Called once when the connection is gone."""
+
+
+class FrameConnection(WireConnection[api.Command]):
+    """A connection speaking txnkeeper's own frames (``[uint32 length][Command]``)."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, flush_every: int = 0) -> None:
+        super().__init__(FrameDecoder(max_frame_size), flush_every)
+
+    def send(self, command: api.Command) -> None:
+        if self._transport is None:
+            return
+        self.send_frame(encode_frame(command))
+
+    def send_error_frame(self, code: int, message: str) -> None:
+        if self._transport is not None:
+            self.send_frame(encode_error(code, message))

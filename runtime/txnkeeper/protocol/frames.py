@@ -30,6 +30,11 @@ def encode_frame(command: api.Command) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+def encode_error(code: int, message: str) -> bytes:
+    """A connection-level error frame (request id 0): why the connection is refused or closed."""
+    return encode_frame(api.Command(request_id=0, error=api.Error(code=code, message=message)))  # type: ignore[arg-type]
+
+
 class FrameDecoder:
     """Accumulates bytes and yields whole commands in arrival order."""
 

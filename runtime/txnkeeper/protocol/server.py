@@ -21,13 +21,13 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, Generic, Protocol, cast
 
 from txnkeeper import memtrim
 from txnkeeper.errors import BadRequestError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.connection import SERVER_FLUSH_EVERY, FrameConnection
-from txnkeeper.protocol.frames import FrameError, encode_frame
+from txnkeeper.protocol.connection import SERVER_FLUSH_EVERY, CommandT, Decoder, WireConnection
+from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_error, encode_frame
 from txnkeeper.protocol.limits import (
     BAD_FRAME,
     HANDSHAKE_EVICTED,
@@ -73,22 +73,28 @@ class Session(Protocol):
     def is_open(self) -> bool: ...
 
 
-class CommandHandler(Protocol):
-    """A service edge: answers one command; told when a session ends so it can release its state."""
+class SessionHandler(Protocol):
+    """What the connection machinery tells a service edge about its sessions, whichever wire they
+    speak (a session is that wire's ``Session``, hence ``Any`` here)."""
 
-    def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult: ...
+    def session_closed(self, session: Any) -> None: ...
 
-    def session_closed(self, session: Session) -> None: ...
-
-    def session_holds_state(self, session: Session) -> bool:
+    def session_holds_state(self, session: Any) -> bool:
         """True while closing the session would lose something (a subscribed consumer): then it is
         not closed for being idle."""
         ...
 
-    def session_writable(self, session: Session) -> None:
+    def session_writable(self, session: Any) -> None:
         """The session's peer read enough (or the process-wide budget freed) that pushes refused by
         ``ready_for_push`` may resume."""
         ...
+
+
+class CommandHandler(SessionHandler, Protocol):
+    """A service edge of txnkeeper's own protocol: answers one command; told when a session ends so
+    it can release its state."""
+
+    def handle(self, session: Session, body_name: str, command: api.Command) -> HandlerResult: ...
 
 
 def _success() -> api.Command:
@@ -119,14 +125,13 @@ class ConnectionBook:
     """What one server's connections share: the open ones, those still handshaking (oldest first),
     the count per peer address, the counters, and the limits they are held to."""
 
-    __slots__ = ("_last_trim", "_trim_at", "handler", "handshaking", "limits", "open", "per_address", "stats")
+    __slots__ = ("_last_trim", "_trim_at", "handshaking", "limits", "open", "per_address", "stats")
 
-    def __init__(self, handler: CommandHandler, limits: ConnectionLimits, stats: ServerStats) -> None:
-        self.handler = handler
+    def __init__(self, limits: ConnectionLimits, stats: ServerStats) -> None:
         self.limits = limits
         self.stats = stats
-        self.open: set[ServerConnection] = set()
-        self.handshaking: OrderedDict[ServerConnection, float] = OrderedDict()  # -> accepted at
+        self.open: set[BaseServerConnection[Any]] = set()
+        self.handshaking: OrderedDict[BaseServerConnection[Any], float] = OrderedDict()  # -> accepted at
         self.per_address: Counter[str] = Counter()
         self._trim_at: float | None = None
         self._last_trim = float("-inf")
@@ -157,17 +162,18 @@ def _trim_done(future: asyncio.Future[bool]) -> None:
         log.warning("returning free memory to the OS failed: %s", future.exception())
 
 
-class ServerConnection(FrameConnection):
-    """One accepted connection; a ``Session`` for the handler."""
+class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
+    """One accepted connection of either wire, held to the server's ``ConnectionLimits``: what the
+    wire's connection class adds is how it answers its commands and says why it refuses."""
 
     _next_id = 0
 
-    def __init__(self, book: ConnectionBook) -> None:
-        super().__init__(book.limits.max_frame_size, SERVER_FLUSH_EVERY)
-        ServerConnection._next_id += 1
-        self.session_id = ServerConnection._next_id
+    def __init__(self, book: ConnectionBook, decoder: Decoder[CommandT], sessions: SessionHandler) -> None:
+        super().__init__(decoder, SERVER_FLUSH_EVERY)
+        BaseServerConnection._next_id += 1
+        self.session_id = BaseServerConnection._next_id
         self._book = book
-        self._handler = book.handler
+        self.sessions = sessions
         self._limits = book.limits
         self._stats = book.stats
         self._counted = 0  # this connection's bytes in stats.pending_bytes
@@ -249,7 +255,7 @@ class ServerConnection(FrameConnection):
 
     def refuse(self, code: int, message: str) -> None:
         """Tell the peer why in an error frame (request id 0), then close."""
-        self.send(api.Command(request_id=0, error=api.Error(code=code, message=message)))  # type: ignore[arg-type]
+        self.send_error_frame(code, message)
         self.close()
 
     def close_for(self, reason: str, code: int, message: str) -> None:
@@ -365,7 +371,7 @@ class ServerConnection(FrameConnection):
             return
         self._release_push_hold()
         try:
-            self._handler.session_writable(self)
+            self.sessions.session_writable(self)
         except Exception:
             log.exception("resuming pushes failed")
 
@@ -418,22 +424,126 @@ class ServerConnection(FrameConnection):
         self._stats.pending_bytes -= self._counted
         self._counted = 0
 
-    def push(self, command: api.Command) -> None:
+    def push_frame(self, frame: bytes) -> None:
+        """Queue a frame the peer did not ask for (a message for its consumer), counted as unsent."""
         if self._transport is None:
             return
-        frame = encode_frame(command)
         # Counted before it is written, so that a burst of pushes in one turn sees itself.
         size = len(frame)
         self._unsent += size
         self._add_unsent(size)
         self.send_frame(frame)
 
+    def hand_over(self, successor: BaseServerConnection[Any], data: bytes) -> None:
+        """Give this accepted connection's socket, and its place among the server's connections, to
+        ``successor`` (the connection of the wire its first bytes showed), then feed it ``data``."""
+        transport = self._transport
+        if transport is None:
+            return
+        book = self._book
+        book.open.discard(self)
+        book.open.add(successor)
+        since = book.handshaking.pop(self, None)
+        if since is not None:
+            book.handshaking[successor] = since
+        successor.adopt(transport, self)
+        self._transport = None
+        self._closing = True
+        transport.set_protocol(successor)
+        successor.data_received(data)
+
+    def adopt(self, transport: asyncio.Transport, previous: BaseServerConnection[Any]) -> None:
+        """Take over ``previous``'s socket (``hand_over``): already accepted and counted."""
+        self._transport = transport
+        self.peer, self.peer_host = previous.peer, previous.peer_host
+        self.last_received = previous.last_received
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self._uncount()
+        self._handshake_done()
+        self._release_push_hold()
+        if self.write_paused_since is not None:
+            self.write_paused_since = None
+            self._stats.write_paused -= 1
+        book = self._book
+        if self not in book.open:
+            return  # refused at accept: the handler never saw it
+        book.open.discard(self)
+        self._stats.open_connections = len(book.open)
+        left = book.per_address[self.peer_host] - 1
+        if left > 0:
+            book.per_address[self.peer_host] = left
+        else:
+            del book.per_address[self.peer_host]
+        # Its unsent bytes are gone with the transport: room for the others' pushes.
+        self._set_unsent(0)
+        try:
+            self.sessions.session_closed(self)
+        except Exception:
+            log.exception("session cleanup failed")
+        if self._backlogged:
+            book.trim_memory_soon(self._loop)
+
+
+# The first bytes of a connection tell the wires apart (``ServerConnection.data_received``).
+SNIFF_BYTES = 5
+
+
+class ServerConnection(BaseServerConnection[api.Command]):
+    """One accepted connection of txnkeeper's own protocol; a ``Session`` for the handler.
+
+    With ``other_wire`` (Pulsar's protocol, protocol/pulsar_server.py) one port serves both: the fifth
+    byte of a Pulsar frame is the high byte of its command size (always 0: commands are far below 16
+    MiB), while an own-protocol frame's fifth byte starts a protobuf field tag, which is never 0. The
+    connection waits for five bytes (any real first frame has them; until then the handshake and frame
+    timeouts apply as to any partial frame), then either goes on or hands itself over.
+    """
+
+    def __init__(
+        self,
+        book: ConnectionBook,
+        handler: CommandHandler,
+        other_wire: Callable[[ConnectionBook], BaseServerConnection[Any]] | None = None,
+    ) -> None:
+        super().__init__(book, FrameDecoder(book.limits.max_frame_size), handler)
+        self._commands = handler
+        self._other_wire = other_wire
+        self._sniffed = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self._other_wire is None:
+            super().data_received(data)
+            return
+        sniffed = self._sniffed + data
+        if len(sniffed) < SNIFF_BYTES:
+            self._sniffed = sniffed
+            self.last_received = self._loop.time()
+            if self.frame_started is None:
+                self.frame_started = self.last_received
+            return
+        other_wire, self._other_wire, self._sniffed = self._other_wire, None, b""
+        if sniffed[4] == 0:
+            self.hand_over(other_wire(self._book), sniffed)
+        else:
+            super().data_received(sniffed)
+
+    def send(self, command: api.Command) -> None:
+        if self._transport is not None:
+            self.send_frame(encode_frame(command))
+
+    def send_error_frame(self, code: int, message: str) -> None:
+        if self._transport is not None:
+            self.send_frame(encode_error(code, message))
+
+    def push(self, command: api.Command) -> None:
+        self.push_frame(encode_frame(command))
+
     def on_command(self, command: api.Command) -> None:
         request_id = command.request_id
         body = command.WhichOneof("body")
         assert body is not None
         try:
-            result = self._handler.handle(self, body, command)
+            result = self._commands.handle(self, body, command)
         except Exception as exc:
             self._reply(request_id, error_response(exc))
             return
@@ -467,48 +577,29 @@ class ServerConnection(FrameConnection):
         response.request_id = request_id
         self.send(response)
 
-    def on_lost(self, exc: Exception | None) -> None:
-        self._uncount()
-        self._handshake_done()
-        self._release_push_hold()
-        if self.write_paused_since is not None:
-            self.write_paused_since = None
-            self._stats.write_paused -= 1
-        book = self._book
-        if self not in book.open:
-            return  # refused at accept: the handler never saw it
-        book.open.discard(self)
-        self._stats.open_connections = len(book.open)
-        left = book.per_address[self.peer_host] - 1
-        if left > 0:
-            book.per_address[self.peer_host] = left
-        else:
-            del book.per_address[self.peer_host]
-        # Its unsent bytes are gone with the transport: room for the others' pushes.
-        self._set_unsent(0)
-        try:
-            self._handler.session_closed(self)
-        except Exception:
-            log.exception("session cleanup failed")
-        if self._backlogged:
-            book.trim_memory_soon(self._loop)
-
 
 class ProtocolServer:
     """Listens on one address; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, handler: CommandHandler, limits: ConnectionLimits | None = None) -> None:
-        self._handler = handler
+    def __init__(
+        self,
+        handler: CommandHandler,
+        limits: ConnectionLimits | None = None,
+        *,
+        other_wire: Callable[[ConnectionBook], BaseServerConnection[Any]] | None = None,
+    ) -> None:
+        """``other_wire`` makes the connection of a second wire served on the same port (Pulsar's:
+        pulsar_server.pulsar_wire); ``ServerConnection`` says how a connection's wire is told."""
         self.limits = limits or ConnectionLimits()
         self.stats = ServerStats()
-        self._book = ConnectionBook(handler, self.limits, self.stats)
+        self._book = ConnectionBook(self.limits, self.stats)
+        self._connections = partial(ServerConnection, handler=handler, other_wire=other_wire)
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        book = self._book
-        factory: Callable[[], ServerConnection] = lambda: ServerConnection(book)  # noqa: E731
+        factory = partial(self._connections, self._book)
         self._server = await loop.create_server(factory, host, port, reuse_address=True)
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
 
@@ -577,9 +668,9 @@ class ProtocolServer:
                 )
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
 
-    def _holds_state(self, conn: ServerConnection) -> bool:
+    def _holds_state(self, conn: BaseServerConnection[Any]) -> bool:
         try:
-            return self._handler.session_holds_state(conn)
+            return conn.sessions.session_holds_state(conn)
         except Exception:
             log.exception("session state check failed")
             return True

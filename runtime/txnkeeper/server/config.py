@@ -68,6 +68,8 @@ class ServeConfig:
     topic_policies: PodTopicPolicies | None = None
     # All topics' tail caches together (topic/tailcache.py); store pods only.
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
+    # pulsar://host:port of every store pod in ordinal order (server/pulsar_config.py); () = this pod
+    pulsar_urls: tuple[str, ...] = ()
 
 
 def env(name: str, default: str | None = None) -> str | None:

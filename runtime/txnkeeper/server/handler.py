@@ -26,6 +26,7 @@ from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.server.blocks import BlockAppender, PendingBudget
 from txnkeeper.server.client_auth import ClientPrincipals
+from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.settled import when_all
 from txnkeeper.topic.subscription import Subscription
@@ -168,7 +169,7 @@ class ConsumerEndpoint:
     def ready(self) -> bool:
         return self._session.ready_for_push()
 
-    def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None:
+    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
         # Filled in place: building the parts and passing them as arguments copies each (3x slower).
         command = api.Command()
         message = command.message
@@ -176,8 +177,8 @@ class ConsumerEndpoint:
         message_id = message.message_id
         message_id.ledger_id = position.ledger_id
         message_id.entry_id = position.entry_id
-        message.payload = payload
-        message.key = key
+        message.payload = record.payload
+        message.key = record.key
         message.redelivery_count = redelivery_count
         message.topic = self.topic
         self._session.push(command)

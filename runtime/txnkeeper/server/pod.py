@@ -45,6 +45,7 @@ from txnkeeper.ledger.offload.restore import (
 )
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
+from txnkeeper.protocol.pulsar_server import pulsar_wire
 from txnkeeper.protocol.rpc import split_address
 from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
@@ -53,6 +54,7 @@ from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
+from txnkeeper.server.pulsar_handler import PulsarStoreHandler, owner_by_hash
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.server.topic_policies import TopicPolicyStore
 from txnkeeper.server.topic_policies import collect as topic_policy_metrics
@@ -102,6 +104,8 @@ class PodRuntime:
         self.policies: TopicPolicyStore | None = None  # store pods: retention, message TTL, backlog quota
         self.client_address = ""
         self.admin_address = ""
+        urls = config.pulsar_urls
+        self._pulsar_placement = owner_by_hash(list(urls)) if urls else None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,7 +132,15 @@ class PodRuntime:
             handler = PodHandler(
                 self.coordinators, self.topics, self._secret, client_key=self.config.client_token_key
             )
-            self._protocol = ProtocolServer(handler, self.config.connection_limits)
+            pulsar_handler = PulsarStoreHandler(
+                self.topics,
+                self._pulsar_owner,
+                client_key=self.config.client_token_key,
+                pod_name=self.pod_name,
+            )
+            self._protocol = ProtocolServer(
+                handler, self.config.connection_limits, other_wire=pulsar_wire(pulsar_handler)
+            )
             handler.share_pending_budget(
                 PendingBudget(self._protocol.stats, self.config.connection_limits.max_pending_bytes)
             )
@@ -142,6 +154,13 @@ class PodRuntime:
         except BaseException as exc:
             self._not_ready = f"start failed: {exc}"
             raise
+
+    def _pulsar_owner(self, topic: str) -> str:
+        """The Pulsar service URL of the store pod that holds ``topic`` (server/pulsar_config.py)."""
+        if self._pulsar_placement is not None:
+            return self._pulsar_placement(topic)
+        host, _, port = self.client_address.rpartition(":")
+        return f"pulsar://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
 
     def _check_data_features(self, root: Path) -> None:
         """Refuse data this release cannot read (docs/contracts.md §4), before any ledger is opened."""

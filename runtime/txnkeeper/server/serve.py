@@ -22,7 +22,7 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, srk_config, topic_policies, txn_config
+from txnkeeper.server import offload_settings, pulsar_config, srk_config, topic_policies, txn_config
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -158,6 +158,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     srk_config.add_arguments(parser)
     txn_config.add_arguments(parser)
+    pulsar_config.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -238,6 +239,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         txn_timeouts=txn_timeouts,
         topic_policies=policies,
         tail_cache_bytes=ns.tail_cache_bytes,
+        pulsar_urls=pulsar_config.pulsar_urls(ns),
     )
 
 

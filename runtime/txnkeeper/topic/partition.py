@@ -623,14 +623,18 @@ class Partition:
     async def publish(self, payload: bytes, key: str, txn_id: TxnID | None) -> Position:
         return await self.publish_future(payload, key, txn_id)
 
-    def publish_future(self, payload: bytes, key: str, txn_id: TxnID | None) -> asyncio.Future[Position]:
+    def publish_future(
+        self, payload: bytes, key: str, txn_id: TxnID | None, metadata: bytes = b""
+    ) -> asyncio.Future[Position]:
         """Write one message; the future resolves with its position once it is durable (refusals
         raise at the call)."""
         done: asyncio.Future[Position] = self._loop().create_future()
-        self.publish_notify(payload, key, txn_id, partial(_settle_write, done))
+        self.publish_notify(payload, key, txn_id, partial(_settle_write, done), metadata=metadata)
         return done
 
-    def publish_notify(self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify) -> None:
+    def publish_notify(
+        self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify, *, metadata: bytes = b""
+    ) -> None:
         """Write one message; ``notify(position, None)`` once it is durable, ``notify(None, error)``
         if the write failed. Refusals raise at the call.
 
@@ -643,10 +647,10 @@ class Partition:
         if txn_id is not None:
             self._check_accepts(txn_id)
         if not self.quota.open and not self.quota.admit(
-            len(payload), partial(self._resume_publish, payload, key, txn_id, notify)
+            len(payload), partial(self._resume_publish, (payload, key, metadata), txn_id, notify)
         ):
             return  # held by the backlog quota: written (or refused) by _resume_publish
-        self._write_message(payload, key, txn_id, notify)
+        self._write_message(payload, key, txn_id, notify, metadata)
 
     def _check_accepts(self, txn_id: TxnID) -> None:
         if not self.buffer.accepts_message(txn_id) or self.late_fence.holds(txn_id):
@@ -654,27 +658,29 @@ class Partition:
 
     def _resume_publish(
         self,
-        payload: bytes,
-        key: str,
+        message: tuple[bytes, str, bytes],
         txn_id: TxnID | None,
         notify: WriteNotify,
         failure: BaseException | None,
     ) -> None:
-        """A send the backlog quota held: written now (its transaction checked again: it may have
-        ended meanwhile), or failed with ``failure``."""
+        """A send the backlog quota held (``message``: payload, key, Pulsar metadata): written now (its
+        transaction checked again: it may have ended meanwhile), or failed with ``failure``."""
         try:
             if failure is not None:
                 raise failure
             if txn_id is not None:
                 self._check_accepts(txn_id)
-            self._write_message(payload, key, txn_id, notify)
+            payload, key, metadata = message
+            self._write_message(payload, key, txn_id, notify, metadata)
         except Exception as exc:
             notify(None, exc)
 
-    def _write_message(self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify) -> None:
+    def _write_message(
+        self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify, metadata: bytes = b""
+    ) -> None:
         if txn_id is not None:
             self.buffer.message_written(txn_id)
-        data = encode_data(payload, key, txn_id, int(time.time() * 1000))
+        data = encode_data(payload, key, txn_id, int(time.time() * 1000), metadata=metadata)
         written = partial(self._published, data, txn_id, notify)
         if self._add_notify is not None:
             self._add_notify(data, written)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from txnkeeper.ledger.position import Position
+from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.txnid import TxnID
 
 
@@ -25,7 +26,9 @@ class Consumer(Protocol):
         again)."""
         ...
 
-    def deliver(self, position: Position, payload: bytes, key: str, redelivery_count: int) -> None: ...
+    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+        """Push the message ``record`` (a data record: payload, key, and Pulsar metadata if any)."""
+        ...
 
     # The subscription cannot read the entries after ``after`` (None: from the first): say why.
     def read_failed(self, after: Position | None, message: str) -> None: ...

@@ -29,6 +29,10 @@ class DecodedRecord(NamedTuple):
     writer_id: str = ""
     first_number: int = -1  # a block's first event number; a send's sequence id
     last_number: int = -1
+    # messages only: Pulsar's MessageMetadata of a message sent over Pulsar's protocol (b"" otherwise),
+    # and the time the store wrote it
+    metadata: bytes = b""
+    publish_time_ms: int = 0
 
 
 # Both fill the entry in place: building the parts and passing them as arguments copies each of them
@@ -41,12 +45,15 @@ def encode_data(
     *,
     producer_name: str = "",
     sequence_id: int = 0,
+    metadata: bytes = b"",
 ) -> bytes:
     entry = api.PartitionEntry()
     record = entry.data
     record.payload = payload
     record.key = key
     record.publish_time_ms = publish_time_ms
+    if metadata:
+        record.pulsar_metadata = metadata
     if txn_id is not None:
         record.txn_id.most = txn_id.most
         record.txn_id.least = txn_id.least
@@ -104,8 +111,17 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
                 writer_id=data_record.producer_name,
                 first_number=data_record.sequence_id,
                 last_number=data_record.sequence_id,
+                metadata=data_record.pulsar_metadata,
+                publish_time_ms=data_record.publish_time_ms,
             )
-        return DecodedRecord(False, txn, data_record.payload, data_record.key)
+        return DecodedRecord(
+            False,
+            txn,
+            data_record.payload,
+            data_record.key,
+            metadata=data_record.pulsar_metadata,
+            publish_time_ms=data_record.publish_time_ms,
+        )
     if kind == "marker":
         marker = entry.marker
         return DecodedRecord(

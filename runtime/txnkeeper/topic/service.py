@@ -184,12 +184,17 @@ class TopicService:
             raise refused[1]  # tried moments ago: not every request replays up to the damage again
         return await self._single_flight(("p", topic), lambda: self._create_partition(topic))
 
-    async def subscription(self, topic: str, name: str) -> Subscription:
+    async def subscription(self, topic: str, name: str, *, from_latest: bool = False) -> Subscription:
+        """The subscription ``name`` of ``topic``, created if it does not exist: then it starts at the
+        topic's first message, or with ``from_latest`` after its last entry (Pulsar's initial position
+        Latest). An existing subscription keeps its position either way."""
         existing = self._subscriptions.get((topic, name))
         if existing is not None:
             return existing
         validate_name("subscription", name)
-        return await self._single_flight(("s", topic, name), lambda: self._create_subscription(topic, name))
+        return await self._single_flight(
+            ("s", topic, name), lambda: self._create_subscription(topic, name, from_latest)
+        )
 
     def partitions(self) -> dict[str, Partition]:
         return self._partitions
@@ -228,7 +233,7 @@ class TopicService:
         )
         return partition
 
-    async def _create_subscription(self, topic: str, name: str) -> Subscription:
+    async def _create_subscription(self, topic: str, name: str, from_latest: bool) -> Subscription:
         partition = await self.partition(topic)
         ledger = self._ledgers[topic]
         if name in self._registry.get(topic, []):
@@ -239,6 +244,10 @@ class TopicService:
             # Cursor and pending-ack log first, the registry entry last: a registered subscription
             # always has its cursor file, so a missing one is a loss to refuse, not a crash between.
             cursor = await ledger.open_cursor(name)
+            last = ledger.last_confirmed_entry() if from_latest else None
+            start = cursor.mark_delete_position()
+            if last is not None and (start is None or start < last):
+                await cursor.mark_delete(last)
             handle = await self._open_pending_ack(topic, name)
             try:
                 await self._register(topic, name)
@@ -289,20 +298,37 @@ class TopicService:
         return await partition.publish_future(payload, key, txn_id)
 
     def publish_notify(
-        self, topic: str, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify
+        self,
+        topic: str,
+        payload: bytes,
+        key: str,
+        txn_id: TxnID | None,
+        notify: WriteNotify,
+        *,
+        metadata: bytes = b"",
     ) -> None:
         """``publish`` settled by a callback (``Partition.publish_notify``): an open partition (the
         usual case) queues the message at the call and costs no coroutine, task or future; refusals
         then raise at the call. A partition not open yet is opened by a task, which reports its
-        refusals to ``notify``."""
+        refusals to ``notify``. ``metadata``: Pulsar's MessageMetadata of a message sent over Pulsar's
+        protocol, stored with it."""
         partition = self._partitions.get(topic)
         if partition is None:
-            opening = asyncio.ensure_future(self.publish(topic, payload, key, txn_id))
+            opening = asyncio.ensure_future(self._open_then_publish(topic, (payload, key, metadata), txn_id))
             opening.add_done_callback(partial(notify_from_future, notify))
             return
         if txn_id is not None:
             self.check_fence(topic, "", txn_id)
-        partition.publish_notify(payload, key, txn_id, notify)
+        partition.publish_notify(payload, key, txn_id, notify, metadata=metadata)
+
+    async def _open_then_publish(
+        self, topic: str, message: tuple[bytes, str, bytes], txn_id: TxnID | None
+    ) -> Position:
+        if txn_id is not None and self._fences:
+            self.check_fence(topic, "", txn_id)
+        partition = await self.partition(topic)
+        payload, key, metadata = message
+        return await partition.publish_future(payload, key, txn_id, metadata)
 
     async def publish_idempotent(
         self,

@@ -39,7 +39,7 @@ from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
 from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
-from txnkeeper.topic.records import decode
+from txnkeeper.topic.records import DecodedRecord, decode
 from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.txnid import TxnID
@@ -97,6 +97,7 @@ class Subscription:
         self._pending_log = pending_log
         self._pending = PendingAcks()
         self._consumers: OrderedDict[int, Consumer] = OrderedDict()
+        self._exclusive = False  # its one consumer is an Exclusive one (add_consumer)
         self._permits: dict[int, int] = {}
         self._unacked: dict[Position, int] = {}  # message out -> the consumer id it went to
         self._redeliver: set[Position] = set()  # to go out again, read again from the partition
@@ -165,9 +166,22 @@ class Subscription:
         self._wake.set()
 
     # --- consumers ---------------------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer, permits: int) -> None:
+    def add_consumer(self, consumer: Consumer, permits: int, *, exclusive: bool = False) -> None:
+        """``exclusive``: Pulsar's Exclusive subscription type, refused unless the subscription has no
+        consumer, and then refusing every other consumer until it leaves."""
         if consumer.consumer_id in self._consumers:
             raise ConsumerBusyError(f"consumer id {consumer.consumer_id} already subscribed to {self.name}")
+        if self._exclusive:
+            raise ConsumerBusyError(
+                f"subscription {self.name!r} of {self.topic} has an exclusive consumer: use another"
+                " subscription, or wait until that consumer closes"
+            )
+        if exclusive and self._consumers:
+            raise ConsumerBusyError(
+                f"subscription {self.name!r} of {self.topic} has {len(self._consumers)} consumer(s): an"
+                " Exclusive consumer must be its only one (use Shared to consume beside them)"
+            )
+        self._exclusive = exclusive
         self._consumers[consumer.consumer_id] = consumer
         self._permits[consumer.consumer_id] = permits
         self._wake.set()
@@ -176,6 +190,8 @@ class Subscription:
         """The consumer left: its unacknowledged messages go to the others."""
         if self._consumers.pop(consumer_id, None) is None:
             return
+        if not self._consumers:
+            self._exclusive = False
         self._permits.pop(consumer_id, None)
         self._redeliver_where(consumer_id)
 
@@ -186,6 +202,16 @@ class Subscription:
 
     def redeliver_unacknowledged(self, consumer_id: int) -> None:
         self._redeliver_where(consumer_id)
+
+    def redeliver(self, consumer_id: int, positions: list[Position]) -> None:
+        """Those of ``positions`` out with ``consumer_id`` go out again (Pulsar's negative ack);
+        others (acknowledged meanwhile, or out with another consumer) are left alone."""
+        for position in positions:
+            if self._unacked.get(position) == consumer_id:
+                del self._unacked[position]
+                self._redeliver.add(position)
+                self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
+        self._wake.set()
 
     # --- acks --------------------------------------------------------------------------------------
     def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:
@@ -466,11 +492,11 @@ class Subscription:
                 elif self._fresh(position):
                     if not self._has_permits():
                         break
-                    self._deliver(position, record.payload, record.key)
+                    self._deliver(position, record)
             elif self._fresh(position):
                 if not self._has_permits():
                     break
-                self._deliver(position, record.payload, record.key)
+                self._deliver(position, record)
             self._read_after = position
             progressed = True
         for position in auto_ack:
@@ -521,8 +547,7 @@ class Subscription:
                     return False
                 self._redeliver.discard(position)
                 if self._deliverable(position):
-                    record = decode(data, self.topic, position)
-                    self._deliver(position, record.payload, record.key)
+                    self._deliver(position, decode(data, self.topic, position))
             read_to = entries[-1][0]
             while index < count and queued[index] <= read_to:
                 index += 1
@@ -577,7 +602,7 @@ class Subscription:
             position not in self._unacked and position not in self._redeliver and self._deliverable(position)
         )
 
-    def _deliver(self, position: Position, payload: bytes, key: str) -> None:
+    def _deliver(self, position: Position, record: DecodedRecord) -> None:
         permits = self._permits
         # No copy of the consumers per message: the loop ends right after the one change it makes.
         for consumer_id, consumer in self._consumers.items():
@@ -586,7 +611,7 @@ class Subscription:
                 # round robin: the chosen consumer goes to the back
                 self._consumers.move_to_end(consumer_id)
                 self._unacked[position] = consumer_id
-                consumer.deliver(position, payload, key, self._redelivery_counts.get(position, 0))
+                consumer.deliver(position, record, self._redelivery_counts.get(position, 0))
                 return
         self._redeliver.add(position)
 

@@ -1,0 +1,595 @@
+"""Pulsar's binary protocol on a store pod: what unmodified Pulsar clients send, served by the topics.
+
+Why a handler of its own beside ``PodHandler``: Pulsar's commands differ in shape (a producer and a
+consumer are opened by id and then addressed by it; receipts name the producer's sequence id; a
+message carries Pulsar's MessageMetadata, kept verbatim with it), but they act on the same
+``TopicService``: a message sent by a Pulsar producer is read by txnkeeper's own consumers and the
+other way round (docs/pulsar-protocol.md).
+
+Every command is checked before it acts (docs/pulsar-protocol.md, "Hostile input"): nothing but
+CONNECT before CONNECT, ids unique per connection, names by the one topic-name rule, a SEND whose
+checksum does not match its bytes is refused with ChecksumError and nothing is written. What is not
+served yet is answered with Pulsar's NotAllowedError and a message saying so, never left unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from txnkeeper import __version__
+from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError, UnavailableError
+from txnkeeper.ledger.position import Position
+from txnkeeper.pb import PulsarApi_pb2 as pulsar
+from txnkeeper.protocol.auth import UnauthorizedError
+from txnkeeper.protocol.clientauth import ClientTokenKey
+from txnkeeper.protocol.pulsar_frames import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PulsarFrame,
+    encode_command,
+    encode_payload_command,
+)
+from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command, server_error
+from txnkeeper.topic.records import DecodedRecord
+from txnkeeper.topic.service import TopicService, validate_name
+from txnkeeper.topic.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+T = pulsar.BaseCommand
+# The newest protocol version this server speaks (v20: topic migration, which it never sends).
+SERVER_PROTOCOL_VERSION = 20
+MAX_PERMITS = 100_000
+SCHEMA_BYTES = 0  # Schema.Type None: raw bytes (what a client without a schema sends, if anything)
+SCHEMA_STRING = 1
+
+
+def _command(kind: int) -> pulsar.BaseCommand:
+    return pulsar.BaseCommand(type=kind)  # type: ignore[arg-type]
+
+
+def _success(request_id: int) -> bytes:
+    command = _command(T.SUCCESS)
+    command.success.request_id = request_id
+    return encode_command(command)
+
+
+class NotAllowedError(ServiceError):
+    """Something Pulsar's protocol has that this server does not serve (yet): Pulsar's NotAllowedError."""
+
+
+class ChecksumError(ServiceError):
+    """A SEND whose CRC32C does not match its metadata and payload (Pulsar's ChecksumError)."""
+
+
+def _pulsar_error(exc: BaseException) -> tuple[int, str]:
+    """Pulsar's ServerError and message for a command that failed with ``exc``."""
+    if isinstance(exc, NotAllowedError):
+        return pulsar.NotAllowedError, str(exc)
+    if isinstance(exc, ChecksumError):
+        return pulsar.ChecksumError, str(exc)
+    if isinstance(exc, ServiceError):
+        return server_error(exc.code), str(exc)
+    log.error("a Pulsar command failed unexpectedly", exc_info=exc)
+    return pulsar.UnknownError, f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Send:
+    """A SEND waiting for its write: receipts go out in the order the sends came (Pulsar's producers
+    match each receipt with their oldest pending send)."""
+
+    sequence_id: int
+    highest_sequence_id: int
+    position: Position | None = None
+    failure: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class _Producer:
+    session: PulsarSession
+    producer_id: int
+    topic: str
+    name: str
+    sends: deque[_Send] = field(default_factory=deque)
+
+
+@dataclass
+class _Connection:
+    """What the handler keeps per Pulsar connection."""
+
+    protocol_version: int = -1  # -1: CONNECT not received yet
+    principal: str = ""
+    producers: dict[int, _Producer] = field(default_factory=dict)
+    consumers: dict[int, PulsarConsumer] = field(default_factory=dict)
+
+
+class PulsarConsumer:
+    """A Pulsar consumer as a subscription sees it: MESSAGE frames over its connection."""
+
+    __slots__ = ("_session", "client_consumer_id", "consumer_id", "subscription", "topic")
+    _ids = itertools.count(1 << 40)  # apart from PodHandler's endpoints, which share subscriptions
+
+    def __init__(
+        self, session: PulsarSession, client_consumer_id: int, topic: str, subscription: Subscription
+    ) -> None:
+        self._session = session
+        self.consumer_id = next(PulsarConsumer._ids)
+        self.client_consumer_id = client_consumer_id
+        self.topic = topic
+        self.subscription = subscription
+
+    @property
+    def ready(self) -> bool:
+        return self._session.ready_for_push()
+
+    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+        command = _command(T.MESSAGE)
+        message = command.message
+        message.consumer_id = self.client_consumer_id
+        message.message_id.ledgerId = position.ledger_id
+        message.message_id.entryId = position.entry_id
+        if redelivery_count:
+            message.redelivery_count = redelivery_count
+        metadata = record.metadata or _metadata_of(record)
+        self._session.push_frame(encode_payload_command(command, metadata, record.payload))
+
+    def read_failed(self, after: Position | None, message: str) -> None:
+        # Pulsar's protocol has no push for "the next entries cannot be read": the consumer waits
+        # (nothing wrong is served) and the pod's log, metrics and offload status say why.
+        log.warning("Pulsar consumer %d of %s: %s", self.client_consumer_id, self.topic, message)
+
+
+def _metadata_of(record: DecodedRecord) -> bytes:
+    """MessageMetadata for a message written by txnkeeper's own protocol (it has none stored)."""
+    metadata = pulsar.MessageMetadata()
+    metadata.producer_name = record.writer_id or "txnkeeper"
+    metadata.sequence_id = max(record.first_number, 0)
+    metadata.publish_time = record.publish_time_ms
+    if record.key:
+        metadata.partition_key = record.key
+    return metadata.SerializeToString()
+
+
+class PulsarStoreHandler:
+    """The ``PulsarHandler`` of a pod: a store pod serves producers and consumers; lookups on any pod
+    name the store pod that holds the topic (``owner_url``)."""
+
+    def __init__(
+        self,
+        topics: TopicService | None,
+        owner_url: Callable[[str], str],
+        *,
+        client_key: ClientTokenKey | None = None,
+        pod_name: str = "txnkeeper",
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self._topics = topics
+        self._owner_url = owner_url
+        self._client_key = client_key
+        self._pod_name = pod_name
+        self._max_message_size = max_message_size
+        self._connections: dict[int, _Connection] = {}
+        self._producer_names = itertools.count()
+        self._routes: dict[int, Callable[[PulsarSession, _Connection, PulsarFrame], PulsarResult]] = {
+            T.PING: self._ping,
+            T.PONG: self._pong,
+            T.PARTITIONED_METADATA: self._partitioned_metadata,
+            T.LOOKUP: self._lookup,
+            T.PRODUCER: self._producer,
+            T.SEND: self._send,
+            T.CLOSE_PRODUCER: self._close_producer,
+            T.SUBSCRIBE: self._subscribe,
+            T.FLOW: self._flow,
+            T.ACK: self._ack,
+            T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver,
+            T.CLOSE_CONSUMER: self._close_consumer,
+        }
+
+    # --- PulsarHandler -------------------------------------------------------------------------------
+    def handle(self, session: PulsarSession, frame: PulsarFrame) -> PulsarResult:
+        command = frame.command
+        connection = self._connections.get(session.session_id)
+        if command.type == T.CONNECT:
+            return self._connect(session, connection, command.connect)
+        if connection is None:
+            session.close_for_protocol(
+                f"{T.Type.Name(command.type) if command.type in T.Type.values() else command.type}"
+                " before CONNECT: a Pulsar connection starts with CONNECT"
+            )
+            return None
+        route = self._routes.get(command.type)
+        if route is None:
+            raise NotAllowedError(_unsupported(command.type))
+        return route(session, connection, frame)
+
+    def error_reply(self, frame: PulsarFrame, exc: BaseException) -> bytes | None:
+        error, message = _pulsar_error(exc)
+        command = frame.command
+        kind = command.type
+        if kind == T.SEND:
+            answer = _command(T.SEND_ERROR)
+            answer.send_error.producer_id = command.send.producer_id
+            answer.send_error.sequence_id = command.send.sequence_id
+            answer.send_error.error = error  # type: ignore[assignment]
+            answer.send_error.message = message
+            return encode_command(answer)
+        if kind == T.PARTITIONED_METADATA:
+            answer = _command(T.PARTITIONED_METADATA_RESPONSE)
+            response = answer.partitionMetadataResponse
+            response.request_id = command.partitionMetadata.request_id
+            response.response = pulsar.CommandPartitionedTopicMetadataResponse.Failed
+            response.error = error  # type: ignore[assignment]
+            response.message = message
+            return encode_command(answer)
+        if kind == T.LOOKUP:
+            answer = _command(T.LOOKUP_RESPONSE)
+            lookup = answer.lookupTopicResponse
+            lookup.request_id = command.lookupTopic.request_id
+            lookup.response = pulsar.CommandLookupTopicResponse.Failed
+            lookup.error = error  # type: ignore[assignment]
+            lookup.message = message
+            return encode_command(answer)
+        if kind == T.ACK:
+            if not command.ack.HasField("request_id"):
+                log.warning("a Pulsar ack without a request id failed: %s", message)
+                return None
+            answer = _command(T.ACK_RESPONSE)
+            ack_response = answer.ackResponse
+            ack_response.consumer_id = command.ack.consumer_id
+            ack_response.request_id = command.ack.request_id
+            ack_response.error = error  # type: ignore[assignment]
+            ack_response.message = message
+            return encode_command(answer)
+        request_id = _request_id(command)
+        if request_id is None:  # FLOW, PING...: nothing to answer; the failure is logged
+            log.warning("Pulsar %s failed: %s", T.Type.Name(kind), message)
+            return None
+        return encode_command(error_command(request_id, error, message))
+
+    def session_closed(self, session: PulsarSession) -> None:
+        connection = self._connections.pop(session.session_id, None)
+        if connection is None:
+            return
+        for consumer in connection.consumers.values():
+            consumer.subscription.remove_consumer(consumer.consumer_id)
+
+    def session_holds_state(self, session: PulsarSession) -> bool:
+        connection = self._connections.get(session.session_id)
+        return connection is not None and bool(connection.consumers or connection.producers)
+
+    def session_writable(self, session: PulsarSession) -> None:
+        connection = self._connections.get(session.session_id)
+        if connection is not None:
+            for consumer in connection.consumers.values():
+                consumer.subscription.notify()
+
+    # --- connection ------------------------------------------------------------------------------
+    def _connect(
+        self, session: PulsarSession, connection: _Connection | None, body: pulsar.CommandConnect
+    ) -> PulsarResult:
+        if connection is not None:
+            session.close_for_protocol("a second CONNECT on one connection")
+            return None
+        principal = ""
+        if self._client_key is not None:
+            if body.auth_method_name != "token" or not body.auth_data:
+                answer = error_command(
+                    0,
+                    pulsar.AuthenticationError,
+                    "this server authenticates clients with tokens: configure the client with"
+                    " AuthenticationToken (auth method 'token')",
+                )
+                session.send_frame(encode_command(answer))
+                session.close_for_protocol("CONNECT without a token")
+                return None
+            try:
+                token = body.auth_data.decode("utf-8", "replace")
+                principal = self._client_key.principal_of(token, time.time())
+            except UnauthorizedError as exc:
+                session.send_frame(encode_command(error_command(0, pulsar.AuthenticationError, str(exc))))
+                session.close_for_protocol(f"CONNECT with a token that does not check: {exc}")
+                return None
+        version = min(max(body.protocol_version, 0), SERVER_PROTOCOL_VERSION)
+        self._connections[session.session_id] = _Connection(version, principal)
+        answer = _command(T.CONNECTED)
+        answer.connected.server_version = f"txnkeeper-{__version__}"
+        answer.connected.protocol_version = version
+        answer.connected.max_message_size = self._max_message_size
+        answer.connected.feature_flags.SetInParent()
+        return encode_command(answer)
+
+    def _ping(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        return encode_command(_command(T.PONG))
+
+    def _pong(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        return None
+
+    # --- lookup ----------------------------------------------------------------------------------
+    def _partitioned_metadata(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        body = frame.command.partitionMetadata
+        validate_name("topic", body.topic)
+        answer = _command(T.PARTITIONED_METADATA_RESPONSE)
+        response = answer.partitionMetadataResponse
+        response.request_id = body.request_id
+        response.partitions = 0  # every topic is one partition (partitioned topics: not yet)
+        response.response = pulsar.CommandPartitionedTopicMetadataResponse.Success
+        return encode_command(answer)
+
+    def _lookup(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.lookupTopic
+        validate_name("topic", body.topic)
+        answer = _command(T.LOOKUP_RESPONSE)
+        response = answer.lookupTopicResponse
+        response.request_id = body.request_id
+        response.brokerServiceUrl = self._owner_url(body.topic)
+        response.response = pulsar.CommandLookupTopicResponse.Connect
+        response.authoritative = True
+        return encode_command(answer)
+
+    # --- producers -------------------------------------------------------------------------------
+    def _store(self) -> TopicService:
+        if self._topics is None:
+            raise NotServedHereError("this pod serves no topics (role coordinator): look the topic up first")
+        if not self._topics.recovered:
+            raise UnavailableError("store is still recovering")
+        return self._topics
+
+    def _producer(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.producer
+        self._store()
+        validate_name("topic", body.topic)
+        if body.producer_id in connection.producers:
+            raise BadRequestError(f"producer id {body.producer_id} is already open on this connection")
+        if body.producer_access_mode != pulsar.Shared:
+            raise NotAllowedError(
+                f"producer access mode {pulsar.ProducerAccessMode.Name(body.producer_access_mode)} is not"
+                " served: use Shared (the default)"
+            )
+        _check_schema(body)
+        name = body.producer_name or f"{self._pod_name}-{next(self._producer_names)}"
+        connection.producers[body.producer_id] = _Producer(session, body.producer_id, body.topic, name)
+        answer = _command(T.PRODUCER_SUCCESS)
+        success = answer.producer_success
+        success.request_id = body.request_id
+        success.producer_name = name
+        success.last_sequence_id = -1
+        success.producer_ready = True
+        return encode_command(answer)
+
+    def _send(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.send
+        producer = connection.producers.get(body.producer_id)
+        if producer is None:
+            raise BadRequestError(f"producer {body.producer_id} is not open on this connection")
+        if not frame.has_payload:
+            raise BadRequestError("SEND without a message: a SEND carries its metadata and payload")
+        if not frame.checksum_ok:
+            raise ChecksumError("the message's CRC32C does not match its bytes; nothing was written")
+        if body.txnid_most_bits or body.txnid_least_bits:
+            raise NotAllowedError("transactional sends over Pulsar's protocol are not served yet")
+        if body.marker:
+            raise NotAllowedError("marker messages are written by brokers, not producers")
+        metadata = pulsar.MessageMetadata()
+        try:
+            metadata.ParseFromString(frame.metadata)
+        except DecodeError as exc:
+            raise BadRequestError(f"the SEND's MessageMetadata does not parse: {exc}") from exc
+        topics = self._store()
+        send = _Send(body.sequence_id, body.highest_sequence_id)
+        producer.sends.append(send)
+        key = metadata.partition_key if metadata.HasField("partition_key") else ""
+        try:
+            topics.publish_notify(
+                producer.topic,
+                frame.payload,
+                key,
+                None,
+                partial(_written, producer, send),
+                metadata=frame.metadata,
+            )
+        except BaseException:
+            producer.sends.remove(send)
+            raise
+        return None
+
+    def _close_producer(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        body = frame.command.close_producer
+        connection.producers.pop(body.producer_id, None)
+        return _success(body.request_id)
+
+    # --- consumers -------------------------------------------------------------------------------
+    def _subscribe(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.subscribe
+        topics = self._store()
+        validate_name("topic", body.topic)
+        validate_name("subscription", body.subscription)
+        if body.consumer_id in connection.consumers:
+            raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
+        if body.subType not in (pulsar.CommandSubscribe.Shared, pulsar.CommandSubscribe.Exclusive):
+            raise NotAllowedError(
+                f"subscription type {pulsar.CommandSubscribe.SubType.Name(body.subType)} is not served yet:"
+                " use Exclusive or Shared"
+            )
+        if not body.durable:
+            raise NotAllowedError("non-durable subscriptions (readers) are not served yet")
+        if body.HasField("start_message_id") or body.start_message_rollback_duration_sec:
+            raise NotAllowedError("a start message id or rollback duration is not served yet")
+        if body.HasField("schema") and body.schema.type not in (SCHEMA_BYTES, SCHEMA_STRING):
+            raise NotAllowedError("schemas other than bytes and string are not served")
+        return self._subscribe_async(session, connection, topics, body)
+
+    async def _subscribe_async(
+        self,
+        session: PulsarSession,
+        connection: _Connection,
+        topics: TopicService,
+        body: pulsar.CommandSubscribe,
+    ) -> bytes | None:
+        from_latest = body.initialPosition == pulsar.CommandSubscribe.Latest
+        subscription = await topics.subscription(body.topic, body.subscription, from_latest=from_latest)
+        if not session.is_open:
+            return None
+        if body.consumer_id in connection.consumers:
+            raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
+        consumer = PulsarConsumer(session, body.consumer_id, body.topic, subscription)
+        exclusive = body.subType == pulsar.CommandSubscribe.Exclusive
+        subscription.add_consumer(consumer, 0, exclusive=exclusive)
+        connection.consumers[body.consumer_id] = consumer
+        return _success(body.request_id)
+
+    def _consumer(self, connection: _Connection, consumer_id: int) -> PulsarConsumer:
+        consumer = connection.consumers.get(consumer_id)
+        if consumer is None:
+            raise BadRequestError(f"consumer {consumer_id} is not open on this connection")
+        return consumer
+
+    def _flow(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.flow
+        consumer = self._consumer(connection, body.consumer_id)
+        consumer.subscription.flow(consumer.consumer_id, min(body.messagePermits, MAX_PERMITS))
+        return None
+
+    def _ack(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.ack
+        consumer = self._consumer(connection, body.consumer_id)
+        if body.txnid_most_bits or body.txnid_least_bits:
+            raise NotAllowedError("transactional acks over Pulsar's protocol are not served yet")
+        if not body.message_id:
+            raise BadRequestError("ACK names no message")
+        positions = [
+            Position(m.ledgerId, m.entryId)
+            for m in body.message_id
+            # An ack set names the batch's messages still unacknowledged: the entry is done only
+            # when none is left (batch-index acks: not yet; the client acks the entry once all are).
+            if not any(m.ack_set)
+        ]
+        cumulative = body.ack_type == pulsar.CommandAck.Cumulative
+        done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
+        if not body.HasField("request_id"):
+            asyncio.ensure_future(done).add_done_callback(partial(_log_ack_failure, consumer.topic))
+            return None
+        return self._ack_response(done, body.consumer_id, body.request_id)
+
+    @staticmethod
+    async def _ack_response(done: Awaitable[None], consumer_id: int, request_id: int) -> bytes:
+        await done
+        answer = _command(T.ACK_RESPONSE)
+        answer.ackResponse.consumer_id = consumer_id
+        answer.ackResponse.request_id = request_id
+        return encode_command(answer)
+
+    def _redeliver(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.redeliverUnacknowledgedMessages
+        consumer = self._consumer(connection, body.consumer_id)
+        if body.message_ids:
+            positions = [Position(m.ledgerId, m.entryId) for m in body.message_ids]
+            consumer.subscription.redeliver(consumer.consumer_id, positions)
+        else:
+            consumer.subscription.redeliver_unacknowledged(consumer.consumer_id)
+        return None
+
+    def _close_consumer(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        body = frame.command.close_consumer
+        consumer = connection.consumers.pop(body.consumer_id, None)
+        if consumer is not None:
+            consumer.subscription.remove_consumer(consumer.consumer_id)
+        return _success(body.request_id)
+
+
+def _written(
+    producer: _Producer, send: _Send, position: Position | None, failure: BaseException | None
+) -> None:
+    send.position, send.failure, send.done = position, failure, True
+    sends = producer.sends
+    session = producer.session
+    while sends and sends[0].done:
+        head = sends.popleft()
+        if session.is_open:
+            session.send_frame(_receipt(producer.producer_id, head))
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _log_ack_failure(topic: str, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.warning("a Pulsar consumer's ack on %s failed: %s", topic, exc)
+
+
+def _receipt(producer_id: int, send: _Send) -> bytes:
+    if send.position is None:
+        failure = send.failure or UnavailableError("the message was not written")
+        error, message = _pulsar_error(failure)
+        answer = _command(T.SEND_ERROR)
+        answer.send_error.producer_id = producer_id
+        answer.send_error.sequence_id = send.sequence_id
+        answer.send_error.error = error  # type: ignore[assignment]
+        answer.send_error.message = message
+        return encode_command(answer)
+    answer = _command(T.SEND_RECEIPT)
+    receipt = answer.send_receipt
+    receipt.producer_id = producer_id
+    receipt.sequence_id = send.sequence_id
+    if send.highest_sequence_id:
+        receipt.highest_sequence_id = send.highest_sequence_id
+    receipt.message_id.ledgerId = send.position.ledger_id
+    receipt.message_id.entryId = send.position.entry_id
+    return encode_command(answer)
+
+
+def _check_schema(body: pulsar.CommandProducer) -> None:
+    if body.HasField("schema") and body.schema.type not in (SCHEMA_BYTES, SCHEMA_STRING):
+        raise NotAllowedError(
+            f"schema type {pulsar.Schema.Type.Name(body.schema.type)} is not served: only bytes and"
+            " string (the schema registry is not implemented)"
+        )
+
+
+def _request_id(command: pulsar.BaseCommand) -> int | None:
+    """The request id a failed command is answered under, if it has one."""
+    kind = command.type
+    if kind not in T.Type.values():
+        return None
+    for descriptor, value in command.ListFields():
+        if descriptor.name in ("type",):
+            continue
+        if hasattr(value, "request_id") and value.HasField("request_id"):
+            return int(value.request_id)
+    return None
+
+
+def _unsupported(kind: int) -> str:
+    name = T.Type.Name(kind) if kind in T.Type.values() else f"command type {kind}"  # type: ignore[arg-type]
+    return f"{name} is not served by txnkeeper (docs/pulsar-protocol.md lists what is)"
+
+
+def owner_by_hash(urls: list[str]) -> Callable[[str], str]:
+    """Which store pod's Pulsar URL holds ``topic``: the placement txnkeeper's own clients use
+    (crc32 of the topic name over the store pods in ordinal order)."""
+
+    def owner(topic: str) -> str:
+        return urls[zlib.crc32(topic.encode()) % len(urls)]
+
+    return owner

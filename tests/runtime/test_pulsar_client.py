@@ -1,0 +1,182 @@
+"""Apache Pulsar's own Python client (the ``pulsar-client`` wheel, the C++ client inside), unmodified,
+against a real store pod (issue 26): produce and consume with and without batching, subscription
+types, initial positions, negative acks, and messages crossing between Pulsar's protocol and
+txnkeeper's own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import pulsar
+import pytest
+from runtime_pods import ServePod
+
+from txnkeeper.client import Client as OwnClient
+
+
+@pytest.fixture
+def store(pods: Callable[..., ServePod]) -> ServePod:
+    return pods("pas-0", "store")
+
+
+@pytest.fixture
+def client(store: ServePod) -> Iterator[pulsar.Client]:
+    pulsar_client = pulsar.Client(f"pulsar://{store.listen}", operation_timeout_seconds=15)
+    yield pulsar_client
+    pulsar_client.close()
+
+
+def _drain(consumer: pulsar.Consumer, count: int, *, ack: bool = True) -> list[pulsar.Message]:
+    received = []
+    for _ in range(count):
+        message = consumer.receive(timeout_millis=10_000)
+        received.append(message)
+        if ack:
+            consumer.acknowledge(message)
+    return received
+
+
+def _nothing_more(consumer: pulsar.Consumer, wait_ms: int = 500) -> bool:
+    try:
+        consumer.receive(timeout_millis=wait_ms)
+    except pulsar.Timeout:
+        return True
+    return False
+
+
+def test_unbatched_messages_keep_payload_key_properties_and_event_time(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/plain"
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(topic, batching_enabled=False)
+    sent = [
+        producer.send(
+            f"m{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i}", event_timestamp=1000 + i
+        )
+        for i in range(20)
+    ]
+    received = _drain(consumer, 20)
+    assert [m.data() for m in received] == [f"m{i}".encode() for i in range(20)]
+    assert [m.properties() for m in received] == [{"i": str(i)} for i in range(20)]
+    assert [m.partition_key() for m in received] == [f"k{i}" for i in range(20)]
+    assert [m.event_timestamp() for m in received] == [1000 + i for i in range(20)]
+    assert [str(m.message_id()) for m in received] == [str(s) for s in sent]
+    assert all(m.publish_timestamp() > 0 for m in received)
+    assert _nothing_more(consumer)
+
+
+def test_batched_messages_arrive_each_once_in_order(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/batched"
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=20
+    )
+    receipts: list[pulsar.MessageId] = []
+    for i in range(95):
+        producer.send_async(f"b{i}".encode(), lambda result, message_id: receipts.append(message_id))
+    producer.flush()
+    received = _drain(consumer, 95)
+    assert [m.data() for m in received] == [f"b{i}".encode() for i in range(95)]
+    batch_indexes = {m.message_id().batch_index() for m in received}
+    assert max(batch_indexes) > 0, "the producer batched, so messages share entries"
+    assert len(receipts) == 95
+    assert _nothing_more(consumer)
+
+
+def test_an_exclusive_subscription_refuses_a_second_consumer(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/exclusive"
+    first = client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Exclusive)
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Exclusive)
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Shared)
+    first.close()
+    client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Exclusive).close()
+
+
+def test_shared_consumers_split_the_messages_and_a_closed_ones_go_to_the_other(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/shared"
+    one = client.subscribe(
+        topic,
+        "work",
+        consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=5,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    two = client.subscribe(
+        topic,
+        "work",
+        consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=5,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(40):
+        producer.send(f"w{i}".encode())
+    from_one = [m.data() for m in _drain(one, 10)]
+    one.close()  # with messages still out to it, unacknowledged: they go to the other consumer
+    from_two = [m.data() for m in _drain(two, 30)]
+    assert sorted(from_one + from_two) == sorted(f"w{i}".encode() for i in range(40))
+    assert _nothing_more(two)
+
+
+def test_a_negative_ack_redelivers_the_message(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/nack"
+    consumer = client.subscribe(
+        topic,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"retry me")
+    first = consumer.receive(timeout_millis=10_000)
+    consumer.negative_acknowledge(first)
+    again = consumer.receive(timeout_millis=10_000)
+    assert again.data() == b"retry me" and str(again.message_id()) == str(first.message_id())
+    assert again.redelivery_count() == 1
+    consumer.acknowledge(again)
+    assert _nothing_more(consumer)
+
+
+def test_initial_position_latest_skips_what_was_written_before(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/latest"
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"before")
+    latest = client.subscribe(topic, "latest", initial_position=pulsar.InitialPosition.Latest)
+    earliest = client.subscribe(topic, "earliest", initial_position=pulsar.InitialPosition.Earliest)
+    producer.send(b"after")
+    assert [m.data() for m in _drain(latest, 1)] == [b"after"]
+    assert [m.data() for m in _drain(earliest, 2)] == [b"before", b"after"]
+    assert _nothing_more(latest)
+
+
+def test_messages_cross_between_pulsars_protocol_and_txnkeepers_own(
+    client: pulsar.Client, store: ServePod
+) -> None:
+    topic = "persistent://public/default/crossing"
+    pulsar_consumer = client.subscribe(topic, "pulsar-side", initial_position=pulsar.InitialPosition.Earliest)
+    client.create_producer(topic, batching_enabled=False).send(b"from pulsar", partition_key="pk")
+
+    async def own_side() -> tuple[bytes, str]:
+        own = OwnClient(coordinators=[], stores=[store.listen])
+        try:
+            producer = await own.create_producer(topic)
+            await producer.send(b"from txnkeeper", key="own-key")
+            consumer = await own.subscribe(topic, "own-side")
+            message = await consumer.receive(10)
+            return message.data, message.key
+        finally:
+            await own.close()
+
+    assert asyncio.run(own_side()) == (b"from pulsar", "pk")
+    received = _drain(pulsar_consumer, 2)
+    assert [m.data() for m in received] == [b"from pulsar", b"from txnkeeper"]
+    assert received[1].partition_key() == "own-key"
+
+
+def test_what_is_not_served_is_refused_with_an_error_not_a_hang(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/unserved"
+    with pytest.raises(pulsar.NotAllowedError):
+        client.subscribe(topic, "f", consumer_type=pulsar.ConsumerType.KeyShared)
