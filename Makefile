@@ -158,7 +158,7 @@ e2e-if-possible:
 test-prereqs:
 	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
 	  "the chart, S3 offload and API-server tests will be skipped"; \
-	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) k8s-bins kind-components \
+	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PULSAR_GO_PEER_STAMP) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
 # `make unit` alone builds them first; `make test` has (PREREQS_DONE), before running unit and e2e
@@ -248,4 +248,17 @@ $(MINIO_STAMP):
 minio:
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(MINIO_STAMP); \
 	else echo "minio: SKIPPED: Go is not installed, so MinIO cannot be built; the S3 offload tests will be skipped"; fi
+
+# --- Pulsar's Go client as a test peer (tests/peers/pulsar-go): transactions driven by Apache's own Go
+# client (tests/runtime/test_pulsar_go.py). Built from the Go module proxy into $(CACHE_DIR)/bin; the
+# stamp names the hash of the program and its go.sum, so an edit rebuilds it.
+PULSAR_GO_PEER := $(CACHE_DIR)/bin/pulsar-txnpeer
+PULSAR_GO_PEER_STAMP := $(CACHE_DIR)/bin/.pulsar-txnpeer-$(shell cat tests/peers/pulsar-go/*.go tests/peers/pulsar-go/go.sum | sha256sum | cut -c1-16)
+export PULSAR_GO_PEER
+
+$(PULSAR_GO_PEER_STAMP):
+	@mkdir -p $(CACHE_DIR)/bin
+	cd tests/peers/pulsar-go && GOFLAGS=-modcacherw GOTOOLCHAIN=local nice -n 19 go build -mod=readonly \
+	  -trimpath -o $(PULSAR_GO_PEER) .
+	@rm -f $(CACHE_DIR)/bin/.pulsar-txnpeer-* && touch $@
 

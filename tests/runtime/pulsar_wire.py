@@ -114,3 +114,20 @@ def send_frame(
 def frame_of_size(total: int) -> bytes:
     """Only the first 8 bytes of a frame claiming ``total`` bytes (a size header, a command size)."""
     return struct.pack(">II", total, 4)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the pods of a test must know each other's before they start)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def placement_flags(store_port: int, coordinator_port: int) -> list[str]:
+    """Serve flags of one store pod and one coordinator pod that tell Pulsar clients where each is."""
+    return [
+        "--pulsar-urls",
+        f"pulsar://127.0.0.1:{store_port}",
+        "--pulsar-coordinator-urls",
+        f"pulsar://127.0.0.1:{coordinator_port}",
+    ]

@@ -19,6 +19,7 @@ from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
+from txnkeeper.server.pulsar_placement import PulsarPlacement
 from txnkeeper.topic.tailcache import DEFAULT_MAX_BYTES as DEFAULT_TAIL_CACHE_BYTES
 from txnkeeper.topic.writers import SingleKeySettings
 
@@ -68,8 +69,8 @@ class ServeConfig:
     topic_policies: PodTopicPolicies | None = None
     # All topics' tail caches together (topic/tailcache.py); store pods only.
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
-    # pulsar://host:port of every store pod in ordinal order (server/pulsar_config.py); () = this pod
-    pulsar_urls: tuple[str, ...] = ()
+    # Where Pulsar's clients are sent (server/pulsar_config.py); no URLs: this pod itself
+    pulsar: PulsarPlacement = field(default_factory=PulsarPlacement)
 
 
 def env(name: str, default: str | None = None) -> str | None:

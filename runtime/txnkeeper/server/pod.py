@@ -54,7 +54,9 @@ from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
-from txnkeeper.server.pulsar_handler import PulsarStoreHandler, owner_by_hash
+from txnkeeper.server.pulsar_coordinator import PulsarCoordinators
+from txnkeeper.server.pulsar_handler import PulsarPodHandler
+from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.server.topic_policies import TopicPolicyStore
 from txnkeeper.server.topic_policies import collect as topic_policy_metrics
@@ -104,8 +106,7 @@ class PodRuntime:
         self.policies: TopicPolicyStore | None = None  # store pods: retention, message TTL, backlog quota
         self.client_address = ""
         self.admin_address = ""
-        urls = config.pulsar_urls
-        self._pulsar_placement = owner_by_hash(list(urls)) if urls else None
+        self._registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,9 +133,21 @@ class PodRuntime:
             handler = PodHandler(
                 self.coordinators, self.topics, self._secret, client_key=self.config.client_token_key
             )
-            pulsar_handler = PulsarStoreHandler(
+            placement = self.config.pulsar
+            pulsar_coordinators = PulsarCoordinators(
+                self.coordinators,
+                placement,
+                lambda: self.client_address,
+                authenticates=self.config.client_token_key is not None,
+            )
+            if self.topics is not None:
+                self._registrations = TxnRegistrations(self._secret, placement, self._store_address)
+            pulsar_handler = PulsarPodHandler(
                 self.topics,
-                self._pulsar_owner,
+                pulsar_coordinators,
+                placement,
+                self._pulsar_url,
+                registrations=self._registrations,
                 client_key=self.config.client_token_key,
                 pod_name=self.pod_name,
             )
@@ -155,12 +168,17 @@ class PodRuntime:
             self._not_ready = f"start failed: {exc}"
             raise
 
-    def _pulsar_owner(self, topic: str) -> str:
-        """The Pulsar service URL of the store pod that holds ``topic`` (server/pulsar_config.py)."""
-        if self._pulsar_placement is not None:
-            return self._pulsar_placement(topic)
+    def _pulsar_url(self) -> str:
+        """This pod's Pulsar service URL when no --pulsar-urls name the pods (server/pulsar_config.py)."""
+        return f"pulsar://{self._reachable_address()}"
+
+    def _reachable_address(self) -> str:
         host, _, port = self.client_address.rpartition(":")
-        return f"pulsar://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+        return f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+
+    def _store_address(self, topic: str) -> str:
+        """This store pod's address for ``topic`` as coordinators reach it (where ends go)."""
+        return self.config.pulsar.store_address(topic) or self._reachable_address()
 
     def _check_data_features(self, root: Path) -> None:
         """Refuse data this release cannot read (docs/contracts.md §4), before any ledger is opened."""
@@ -319,6 +337,8 @@ class PodRuntime:
         for coordinator in self.coordinators.values():
             await coordinator.close()
         await self._peers.close()
+        if self._registrations is not None:
+            await self._registrations.close()
         if self.topics is not None:
             await self.topics.close()
         for coordinator_id, snapshots in self._snapshots.items():

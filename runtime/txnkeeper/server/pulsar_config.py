@@ -1,13 +1,18 @@
-"""Settings of the Pulsar protocol on a pod: the ``--pulsar-urls`` serve flag.
+"""Where Pulsar's clients are sent: the ``--pulsar-urls`` and ``--pulsar-coordinator-urls`` serve flags,
+and the placement rules that answer lookups from them.
 
-Pulsar's clients find the pod that holds a topic by asking any pod (LOOKUP), so every pod must know
-the store pods' addresses as clients reach them: ``pulsar://<host>:<port>`` of each store pod, in
-ordinal order (the operator fills them with the pods' DNS names behind the headless Service). A topic
-is held by the store pod txnkeeper's own clients place it on (crc32 of its name over the store pods),
-so both protocols meet on the same pod. Without the flag a pod answers lookups with its own address
-(one store pod, or a local run).
+Pulsar's clients find the pod that holds a topic by asking any pod (LOOKUP), and find transaction
+coordinator ``c`` by looking up partition ``c`` of ``persistent://pulsar/system/
+transaction_coordinator_assign``. So every pod must know the pods' addresses as clients reach them:
+``pulsar://<host>:<port>`` of each store pod and of each coordinator pod, in ordinal order (the
+operator fills them with the pods' DNS names behind their headless Services). A topic is held by the
+store pod txnkeeper's own clients place it on (crc32 of its name over the store pods), so both
+protocols meet on the same pod; coordinator ``c`` lives on coordinator pod ``c mod pods`` (the
+``--coordinator-ids auto`` rule). The port of those URLs serves txnkeeper's own protocol too, so the
+same addresses reach the pods over it (a store pod asking a coordinator to register a partition).
+Without the flags a pod answers lookups with its own address (one pod of each role, a local run).
 
-Why its own module: like ``txn_config``, one self-contained flag with its own validation.
+Why its own module: like ``txn_config``, self-contained flags with their own validation.
 """
 
 from __future__ import annotations
@@ -16,8 +21,7 @@ import argparse
 from urllib.parse import urlsplit
 
 from txnkeeper.server.config import ConfigError, env
-
-_FLAG = "--pulsar-urls (or TXNKEEPER_PULSAR_URLS)"
+from txnkeeper.server.pulsar_placement import PulsarPlacement
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,19 +29,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pulsar-urls",
         default=env("PULSAR_URLS"),
         help="comma-separated pulsar://host:port of every store pod in ordinal order: what Pulsar"
-        " lookups answer (default: this pod's own address)",
+        " lookups of topics answer (default: this pod's own address)",
+    )
+    parser.add_argument(
+        "--pulsar-coordinator-urls",
+        default=env("PULSAR_COORDINATOR_URLS"),
+        help="comma-separated pulsar://host:port of every coordinator pod in ordinal order: where Pulsar"
+        " clients find transaction coordinators, and store pods register their transactions",
     )
 
 
-def pulsar_urls(ns: argparse.Namespace) -> tuple[str, ...]:
-    text = ns.pulsar_urls
+def placement(ns: argparse.Namespace) -> PulsarPlacement:
+    return PulsarPlacement(
+        _urls(ns.pulsar_urls, "--pulsar-urls (or TXNKEEPER_PULSAR_URLS)"),
+        _urls(ns.pulsar_coordinator_urls, "--pulsar-coordinator-urls (or TXNKEEPER_PULSAR_COORDINATOR_URLS)"),
+        ns.coordinators if ns.coordinators is not None else 1,
+    )
+
+
+def _urls(text: str | None, flag: str) -> tuple[str, ...]:
     if text is None or not text.strip():
         return ()
     urls = tuple(part.strip() for part in text.split(","))
     for url in urls:
         problem = url_problem(url)
         if problem is not None:
-            raise ConfigError(f"{_FLAG}: {problem}")
+            raise ConfigError(f"{flag}: {problem}")
     return urls
 
 

@@ -1,4 +1,5 @@
-"""Pulsar's binary protocol on a store pod: what unmodified Pulsar clients send, served by the topics.
+"""Pulsar's binary protocol on a pod: what unmodified Pulsar clients send, served by the topics (store
+pods) and the transaction coordinators (coordinator pods, through server/pulsar_coordinator.py).
 
 Why a handler of its own beside ``PodHandler``: Pulsar's commands differ in shape (a producer and a
 consumer are opened by id and then addressed by it; receipts name the producer's sequence id; a
@@ -18,12 +19,11 @@ import asyncio
 import itertools
 import logging
 import time
-import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -40,9 +40,17 @@ from txnkeeper.protocol.pulsar_frames import (
     encode_payload_command,
 )
 from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command, server_error
+from txnkeeper.server.pulsar_coordinator import (
+    CoordinatorNotFoundError,
+    PulsarCoordinators,
+    response_error,
+)
+from txnkeeper.server.pulsar_placement import TC_ASSIGN_TOPIC, PulsarPlacement, coordinator_partition
+from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService, validate_name
 from txnkeeper.topic.subscription import Subscription
+from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +86,8 @@ def _pulsar_error(exc: BaseException) -> tuple[int, str]:
         return pulsar.NotAllowedError, str(exc)
     if isinstance(exc, ChecksumError):
         return pulsar.ChecksumError, str(exc)
+    if isinstance(exc, CoordinatorNotFoundError):
+        return pulsar.TransactionCoordinatorNotFound, str(exc)
     if isinstance(exc, ServiceError):
         return server_error(exc.code), str(exc)
     log.error("a Pulsar command failed unexpectedly", exc_info=exc)
@@ -162,21 +172,29 @@ def _metadata_of(record: DecodedRecord) -> bytes:
     return metadata.SerializeToString()
 
 
-class PulsarStoreHandler:
-    """The ``PulsarHandler`` of a pod: a store pod serves producers and consumers; lookups on any pod
-    name the store pod that holds the topic (``owner_url``)."""
+class PulsarPodHandler:
+    """The ``PulsarHandler`` of a pod: a store pod serves producers and consumers, a coordinator pod
+    transactions; lookups on any pod name the pod that serves the topic or coordinator."""
 
     def __init__(
         self,
         topics: TopicService | None,
-        owner_url: Callable[[str], str],
+        coordinators: PulsarCoordinators,
+        placement: PulsarPlacement,
+        own_url: Callable[[], str],
         *,
+        registrations: TxnRegistrations | None = None,
         client_key: ClientTokenKey | None = None,
         pod_name: str = "txnkeeper",
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
+        """``own_url``: this pod's Pulsar URL (lookups answer it when no URLs are configured);
+        ``registrations``: how a store pod confirms a transaction's partitions with its coordinator."""
         self._topics = topics
-        self._owner_url = owner_url
+        self._coordinators = coordinators
+        self._placement = placement
+        self._own_url = own_url
+        self._registrations = registrations
         self._client_key = client_key
         self._pod_name = pod_name
         self._max_message_size = max_message_size
@@ -195,6 +213,11 @@ class PulsarStoreHandler:
             T.ACK: self._ack,
             T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver,
             T.CLOSE_CONSUMER: self._close_consumer,
+            T.TC_CLIENT_CONNECT_REQUEST: self._tc_connect,
+            T.NEW_TXN: self._new_txn,
+            T.ADD_PARTITION_TO_TXN: self._add_partitions,
+            T.ADD_SUBSCRIPTION_TO_TXN: self._add_subscriptions,
+            T.END_TXN: self._end_txn,
         }
 
     # --- PulsarHandler -------------------------------------------------------------------------------
@@ -241,6 +264,9 @@ class PulsarStoreHandler:
             lookup.error = error  # type: ignore[assignment]
             lookup.message = message
             return encode_command(answer)
+        transactional = _txn_response(command, error, message)
+        if transactional is not None:
+            return transactional
         if kind == T.ACK:
             if not command.ack.HasField("request_id"):
                 log.warning("a Pulsar ack without a request id failed: %s", message)
@@ -325,7 +351,9 @@ class PulsarStoreHandler:
         answer = _command(T.PARTITIONED_METADATA_RESPONSE)
         response = answer.partitionMetadataResponse
         response.request_id = body.request_id
-        response.partitions = 0  # every topic is one partition (partitioned topics: not yet)
+        # One partition per transaction coordinator for the coordinator-assign topic (Pulsar's
+        # clients find coordinator c as its partition c); every other topic is not partitioned.
+        response.partitions = self._placement.coordinators if body.topic == TC_ASSIGN_TOPIC else 0
         response.response = pulsar.CommandPartitionedTopicMetadataResponse.Success
         return encode_command(answer)
 
@@ -335,7 +363,11 @@ class PulsarStoreHandler:
         answer = _command(T.LOOKUP_RESPONSE)
         response = answer.lookupTopicResponse
         response.request_id = body.request_id
-        response.brokerServiceUrl = self._owner_url(body.topic)
+        coordinator = coordinator_partition(body.topic)
+        if coordinator is not None:
+            response.brokerServiceUrl = self._placement.coordinator_url(coordinator, self._own_url())
+        else:
+            response.brokerServiceUrl = self._placement.store_url(body.topic, self._own_url())
         response.response = pulsar.CommandLookupTopicResponse.Connect
         response.authoritative = True
         return encode_command(answer)
@@ -379,8 +411,6 @@ class PulsarStoreHandler:
             raise BadRequestError("SEND without a message: a SEND carries its metadata and payload")
         if not frame.checksum_ok:
             raise ChecksumError("the message's CRC32C does not match its bytes; nothing was written")
-        if body.txnid_most_bits or body.txnid_least_bits:
-            raise NotAllowedError("transactional sends over Pulsar's protocol are not served yet")
         if body.marker:
             raise NotAllowedError("marker messages are written by brokers, not producers")
         metadata = pulsar.MessageMetadata()
@@ -389,22 +419,27 @@ class PulsarStoreHandler:
         except DecodeError as exc:
             raise BadRequestError(f"the SEND's MessageMetadata does not parse: {exc}") from exc
         topics = self._store()
+        txn = _txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
+        registered = None if txn is None else self._registration(txn, producer.topic, "")
         send = _Send(body.sequence_id, body.highest_sequence_id)
         producer.sends.append(send)
         key = metadata.partition_key if metadata.HasField("partition_key") else ""
-        try:
-            topics.publish_notify(
-                producer.topic,
-                frame.payload,
-                key,
-                None,
-                partial(_written, producer, send),
-                metadata=frame.metadata,
-            )
-        except BaseException:
-            producer.sends.remove(send)
-            raise
+        write = _Write(topics, producer, send, (frame.payload, key, frame.metadata), txn)
+        if registered is None or (isinstance(registered, asyncio.Future) and _succeeded(registered)):
+            try:
+                _publish(write)
+            except BaseException:
+                producer.sends.remove(send)
+                raise
+            return None
+        # The write waits for the coordinator's confirmation; the receipt keeps its place in order.
+        asyncio.ensure_future(registered).add_done_callback(partial(_publish_registered, write))
         return None
+
+    def _registration(self, txn: TxnID, topic: str, subscription: str) -> Awaitable[None]:
+        if self._registrations is None:
+            raise NotServedHereError("this pod serves no topics (role coordinator)")
+        return self._registrations.ensure(txn, topic, subscription)
 
     def _close_producer(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
@@ -468,8 +503,6 @@ class PulsarStoreHandler:
     def _ack(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.ack
         consumer = self._consumer(connection, body.consumer_id)
-        if body.txnid_most_bits or body.txnid_least_bits:
-            raise NotAllowedError("transactional acks over Pulsar's protocol are not served yet")
         if not body.message_id:
             raise BadRequestError("ACK names no message")
         positions = [
@@ -480,11 +513,47 @@ class PulsarStoreHandler:
             if not any(m.ack_set)
         ]
         cumulative = body.ack_type == pulsar.CommandAck.Cumulative
-        done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
+        txn = _txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
+        if txn is not None:
+            done: Awaitable[None] = self._txn_ack(consumer, positions, cumulative, txn)
+        else:
+            done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
         if not body.HasField("request_id"):
             asyncio.ensure_future(done).add_done_callback(partial(_log_ack_failure, consumer.topic))
             return None
         return self._ack_response(done, body.consumer_id, body.request_id)
+
+    async def _txn_ack(
+        self, consumer: PulsarConsumer, positions: list[Position], cumulative: bool, txn: TxnID
+    ) -> None:
+        subscription = consumer.subscription
+        await self._registration(txn, consumer.topic, subscription.name)
+        if not positions:
+            return
+        self._store().check_fence(consumer.topic, subscription.name, txn)
+        await subscription.ack(positions, cumulative, txn)
+
+    # --- transactions (coordinator pods) ---------------------------------------------------------
+    def _tc_connect(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        return self._coordinators.tc_client_connect(frame.command.tcClientConnectRequest)
+
+    def _new_txn(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        return self._coordinators.new_txn(frame.command.newTxn, connection.principal)
+
+    def _add_partitions(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        return self._coordinators.add_partitions(frame.command.addPartitionToTxn, connection.principal)
+
+    def _add_subscriptions(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        return self._coordinators.add_subscriptions(frame.command.addSubscriptionToTxn, connection.principal)
+
+    def _end_txn(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        return self._coordinators.end_txn(frame.command.endTxn, connection.principal)
 
     @staticmethod
     async def _ack_response(done: Awaitable[None], consumer_id: int, request_id: int) -> bytes:
@@ -512,6 +581,43 @@ class PulsarStoreHandler:
         if consumer is not None:
             consumer.subscription.remove_consumer(consumer.consumer_id)
         return _success(body.request_id)
+
+
+def _txn_of(most: int, least: int, present: bool) -> TxnID | None:
+    return TxnID(most, least) if present or most or least else None
+
+
+def _succeeded(future: asyncio.Future[None]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+class _Write(NamedTuple):
+    """A SEND to be written: where, what (payload, key, Pulsar metadata), in which transaction."""
+
+    topics: TopicService
+    producer: _Producer
+    send: _Send
+    message: tuple[bytes, str, bytes]
+    txn: TxnID | None
+
+
+def _publish(write: _Write) -> None:
+    payload, key, metadata = write.message
+    notify = partial(_written, write.producer, write.send)
+    write.topics.publish_notify(write.producer.topic, payload, key, write.txn, notify, metadata=metadata)
+
+
+def _publish_registered(write: _Write, registered: asyncio.Future[None]) -> None:
+    """A transactional SEND whose registration the coordinator answered: written now, or failed."""
+    try:
+        if registered.cancelled():
+            raise UnavailableError("the server is closing")
+        failure = registered.exception()
+        if failure is not None:
+            raise failure
+        _publish(write)
+    except Exception as exc:
+        _written(write.producer, write.send, None, exc)
 
 
 def _written(
@@ -559,6 +665,27 @@ def _receipt(producer_id: int, send: _Send) -> bytes:
     return encode_command(answer)
 
 
+def _txn_response(command: pulsar.BaseCommand, error: int, message: str) -> bytes | None:
+    """The failure answer of a transaction command (its own response type), or None for others."""
+    kind = command.type
+    if kind == T.NEW_TXN:
+        request_id, txn = command.newTxn.request_id, (0, 0)
+    elif kind == T.TC_CLIENT_CONNECT_REQUEST:
+        request_id, txn = command.tcClientConnectRequest.request_id, (0, 0)
+    elif kind == T.ADD_PARTITION_TO_TXN:
+        body = command.addPartitionToTxn
+        request_id, txn = body.request_id, (body.txnid_most_bits, body.txnid_least_bits)
+    elif kind == T.ADD_SUBSCRIPTION_TO_TXN:
+        subs = command.addSubscriptionToTxn
+        request_id, txn = subs.request_id, (subs.txnid_most_bits, subs.txnid_least_bits)
+    elif kind == T.END_TXN:
+        end = command.endTxn
+        request_id, txn = end.request_id, (end.txnid_most_bits, end.txnid_least_bits)
+    else:
+        return None
+    return response_error(kind, request_id, txn, error, message)
+
+
 def _check_schema(body: pulsar.CommandProducer) -> None:
     if body.HasField("schema") and body.schema.type not in (SCHEMA_BYTES, SCHEMA_STRING):
         raise NotAllowedError(
@@ -583,13 +710,3 @@ def _request_id(command: pulsar.BaseCommand) -> int | None:
 def _unsupported(kind: int) -> str:
     name = T.Type.Name(kind) if kind in T.Type.values() else f"command type {kind}"  # type: ignore[arg-type]
     return f"{name} is not served by txnkeeper (docs/pulsar-protocol.md lists what is)"
-
-
-def owner_by_hash(urls: list[str]) -> Callable[[str], str]:
-    """Which store pod's Pulsar URL holds ``topic``: the placement txnkeeper's own clients use
-    (crc32 of the topic name over the store pods in ordinal order)."""
-
-    def owner(topic: str) -> str:
-        return urls[zlib.crc32(topic.encode()) % len(urls)]
-
-    return owner

@@ -1,0 +1,192 @@
+"""Pulsar's transaction commands on a coordinator pod: TC_CLIENT_CONNECT, NEW_TXN, ADD_PARTITION_TO_TXN,
+ADD_SUBSCRIPTION_TO_TXN and END_TXN, served by the pod's ``TransactionCoordinator``s.
+
+Why apart from the store commands (server/pulsar_handler.py): they act on coordinators only, and
+carry what Pulsar's protocol lacks and txnkeeper's own has: the own protocol proves a client began a
+transaction with an owner token, Pulsar's clients send none. Pulsar itself checks ownership only by
+the authenticated role; so does this: on a pod that authenticates clients (a client token key), a
+transaction may be extended and ended only by the principal that began it (remembered here, in
+memory: after a coordinator pod restart, transactions begun before it are open to any authenticated
+principal until they end). Without authentication anyone who knows a transaction id may end it, as
+in Pulsar; docs/pulsar-protocol.md says so.
+
+A Pulsar client does not say which store pod holds a partition; the coordinator places it by
+``PulsarPlacement`` (the pods' URLs, server/pulsar_config.py), as lookups do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+from txnkeeper.coordinator.coordinator import TransactionCoordinator
+from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError
+from txnkeeper.pb import PulsarApi_pb2 as pulsar
+from txnkeeper.protocol.auth import UnauthorizedError
+from txnkeeper.protocol.pulsar_frames import encode_command
+from txnkeeper.server.pulsar_placement import PulsarPlacement
+from txnkeeper.txnid import TxnID
+
+T = pulsar.BaseCommand
+OWNERS_MEMORY = 1_000_000  # transactions whose owning principal is remembered (oldest forgotten first)
+
+
+class CoordinatorNotFoundError(ServiceError):
+    """Pulsar's TransactionCoordinatorNotFound: the client looks the coordinator up again."""
+
+
+def _txn(most: int, least: int) -> TxnID:
+    return TxnID(most, least)
+
+
+class PulsarCoordinators:
+    """The transaction commands of Pulsar's protocol for the coordinators hosted on one pod."""
+
+    def __init__(
+        self,
+        coordinators: dict[int, TransactionCoordinator],
+        placement: PulsarPlacement,
+        own_store_address: Callable[[], str],
+        *,
+        authenticates: bool,
+    ) -> None:
+        self._coordinators = coordinators
+        self._placement = placement
+        self._own_store_address = own_store_address
+        self._authenticates = authenticates
+        self._owners: OrderedDict[TxnID, str] = OrderedDict()
+
+    def _coordinator(self, coordinator_id: int) -> TransactionCoordinator:
+        coordinator = self._coordinators.get(coordinator_id)
+        if coordinator is None:
+            if not self._coordinators:
+                raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
+            raise CoordinatorNotFoundError(
+                f"transaction coordinator {coordinator_id} is not hosted on this pod: look up"
+                f" partition {coordinator_id} of the coordinator-assign topic"
+            )
+        return coordinator
+
+    def _store_address(self, topic: str) -> str:
+        address = self._placement.store_address(topic)
+        if address is not None:
+            return address
+        if self._placement.store_urls:
+            raise BadRequestError(f"no store pod for {topic}")
+        return self._own_store_address()
+
+    def _owned(self, txn: TxnID, principal: str) -> TransactionCoordinator:
+        coordinator = self._coordinator(txn.most)
+        if self._authenticates:
+            owner = self._owners.get(txn)
+            if owner is not None and owner != principal:
+                raise UnauthorizedError(
+                    f"transaction {txn} was begun by another principal: only its owner may extend or end it"
+                )
+        return coordinator
+
+    # --- commands ------------------------------------------------------------------------------
+    def tc_client_connect(self, body: pulsar.CommandTcClientConnectRequest) -> bytes:
+        self._coordinator(body.tc_id)
+        answer = pulsar.BaseCommand(type=T.TC_CLIENT_CONNECT_RESPONSE)
+        answer.tcClientConnectResponse.request_id = body.request_id
+        return encode_command(answer)
+
+    def new_txn(self, body: pulsar.CommandNewTxn, principal: str) -> Awaitable[bytes]:
+        coordinator = self._coordinator(body.tc_id)
+        # Pulsar's clients put the timeout in milliseconds into the field named txn_ttl_seconds.
+        timeout_ms = body.txn_ttl_seconds
+        if timeout_ms <= 0:
+            raise BadRequestError("NEW_TXN needs a positive transaction timeout")
+        request_id = body.request_id
+
+        def answer(txn: TxnID, deadline_ms: int) -> bytes:
+            if self._authenticates:
+                self._owners[txn] = principal
+                while len(self._owners) > OWNERS_MEMORY:
+                    self._owners.popitem(last=False)
+            command = pulsar.BaseCommand(type=T.NEW_TXN_RESPONSE)
+            response = command.newTxnResponse
+            response.request_id = request_id
+            response.txnid_most_bits = txn.most
+            response.txnid_least_bits = txn.least
+            return encode_command(command)
+
+        return coordinator.begin(timeout_ms, None, None, "", answer=answer)
+
+    def add_partitions(self, body: pulsar.CommandAddPartitionToTxn, principal: str) -> Awaitable[bytes]:
+        txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
+        coordinator = self._owned(txn, principal)
+        topics = list(dict.fromkeys(body.partitions))
+        if not topics:
+            raise BadRequestError("ADD_PARTITION_TO_TXN names no partition")
+        by_store: dict[str, list[str]] = {}
+        for topic in topics:
+            by_store.setdefault(self._store_address(topic), []).append(topic)
+        added = [coordinator.add_partitions(txn, names, store) for store, names in by_store.items()]
+        command = pulsar.BaseCommand(type=T.ADD_PARTITION_TO_TXN_RESPONSE)
+        response = command.addPartitionToTxnResponse
+        response.request_id = body.request_id
+        response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
+        return _after(added, encode_command(command))
+
+    def add_subscriptions(self, body: pulsar.CommandAddSubscriptionToTxn, principal: str) -> Awaitable[bytes]:
+        txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
+        coordinator = self._owned(txn, principal)
+        pairs = list(dict.fromkeys((s.topic, s.subscription) for s in body.subscription))
+        if not pairs:
+            raise BadRequestError("ADD_SUBSCRIPTION_TO_TXN names no subscription")
+        by_store: dict[str, list[tuple[str, str]]] = {}
+        for topic, subscription in pairs:
+            by_store.setdefault(self._store_address(topic), []).append((topic, subscription))
+        added = [coordinator.add_subscriptions(txn, subs, store) for store, subs in by_store.items()]
+        command = pulsar.BaseCommand(type=T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE)
+        response = command.addSubscriptionToTxnResponse
+        response.request_id = body.request_id
+        response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
+        return _after(added, encode_command(command))
+
+    def end_txn(self, body: pulsar.CommandEndTxn, principal: str) -> Awaitable[bytes]:
+        txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
+        if not body.HasField("txn_action"):
+            raise BadRequestError("END_TXN needs txn_action (COMMIT or ABORT)")
+        coordinator = self._owned(txn, principal)
+        ended = coordinator.end_txn(txn, body.txn_action == pulsar.COMMIT)
+        command = pulsar.BaseCommand(type=T.END_TXN_RESPONSE)
+        response = command.endTxnResponse
+        response.request_id = body.request_id
+        response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
+        return _after([ended], encode_command(command))
+
+
+async def _after(waiting: list[Awaitable[object]], answer: bytes) -> bytes:
+    await asyncio.gather(*waiting)
+    return answer
+
+
+def response_error(
+    kind: int, request_id: int, txn: tuple[int, int], error: int, message: str
+) -> bytes | None:
+    """The failure answer of a transaction command (each has a response type of its own, which is
+    what Pulsar's clients wait for); None for a command that is not one of them."""
+    field_by_type: dict[int, tuple[int, str]] = {
+        T.NEW_TXN: (T.NEW_TXN_RESPONSE, "newTxnResponse"),
+        T.ADD_PARTITION_TO_TXN: (T.ADD_PARTITION_TO_TXN_RESPONSE, "addPartitionToTxnResponse"),
+        T.ADD_SUBSCRIPTION_TO_TXN: (T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, "addSubscriptionToTxnResponse"),
+        T.END_TXN: (T.END_TXN_RESPONSE, "endTxnResponse"),
+        T.TC_CLIENT_CONNECT_REQUEST: (T.TC_CLIENT_CONNECT_RESPONSE, "tcClientConnectResponse"),
+    }
+    found = field_by_type.get(kind)
+    if found is None:
+        return None
+    response_type, field = found
+    command = pulsar.BaseCommand()
+    command.type = response_type  # type: ignore[assignment]
+    response = getattr(command, field)
+    response.request_id = request_id
+    if field != "tcClientConnectResponse":
+        response.txnid_most_bits, response.txnid_least_bits = txn
+    response.error = error
+    response.message = message
+    return encode_command(command)
