@@ -180,3 +180,33 @@ def test_what_is_not_served_is_refused_with_an_error_not_a_hang(client: pulsar.C
     topic = "persistent://public/default/unserved"
     with pytest.raises(pulsar.NotAllowedError):
         client.subscribe(topic, "f", consumer_type=pulsar.ConsumerType.KeyShared)
+
+
+def test_failover_delivers_to_one_consumer_and_the_next_takes_over(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/failover"
+    first = client.subscribe(
+        topic,
+        "fo",
+        consumer_type=pulsar.ConsumerType.Failover,
+        consumer_name="a",
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    second = client.subscribe(
+        topic,
+        "fo",
+        consumer_type=pulsar.ConsumerType.Failover,
+        consumer_name="b",
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        producer.send(f"f{i}".encode())
+    got_first = _drain(first, 6)
+    got_first += _drain(first, 2, ack=False)  # received, never acknowledged
+    assert _nothing_more(second), "the standby consumer got a message while the first was active"
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Shared)
+    first.close()
+    rest = [m.data() for m in _drain(second, 4)]
+    assert rest == [b"f6", b"f7", b"f8", b"f9"]
+    assert [m.data() for m in got_first] == [f"f{i}".encode() for i in range(8)]

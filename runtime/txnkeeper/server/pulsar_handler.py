@@ -456,10 +456,9 @@ class PulsarPodHandler:
         validate_name("subscription", body.subscription)
         if body.consumer_id in connection.consumers:
             raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
-        if body.subType not in (pulsar.CommandSubscribe.Shared, pulsar.CommandSubscribe.Exclusive):
+        if body.subType == pulsar.CommandSubscribe.Key_Shared:
             raise NotAllowedError(
-                f"subscription type {pulsar.CommandSubscribe.SubType.Name(body.subType)} is not served yet:"
-                " use Exclusive or Shared"
+                "subscription type Key_Shared is not served yet: use Exclusive, Shared or Failover"
             )
         if not body.durable:
             raise NotAllowedError("non-durable subscriptions (readers) are not served yet")
@@ -483,8 +482,8 @@ class PulsarPodHandler:
         if body.consumer_id in connection.consumers:
             raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
         consumer = PulsarConsumer(session, body.consumer_id, body.topic, subscription)
-        exclusive = body.subType == pulsar.CommandSubscribe.Exclusive
-        subscription.add_consumer(consumer, 0, exclusive=exclusive)
+        mode = pulsar.CommandSubscribe.SubType.Name(body.subType)
+        subscription.add_consumer(consumer, 0, mode=mode, priority=body.priority_level)
         connection.consumers[body.consumer_id] = consumer
         return _success(body.request_id)
 

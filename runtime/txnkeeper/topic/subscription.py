@@ -46,6 +46,9 @@ from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
 
+# Pulsar's subscription types (CommandSubscribe.SubType), as add_consumer takes them.
+EXCLUSIVE, SHARED, FAILOVER = "Exclusive", "Shared", "Failover"
+MODES = (EXCLUSIVE, SHARED, FAILOVER)
 READ_BATCH = 256
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
@@ -96,8 +99,14 @@ class Subscription:
         self._buffer = buffer
         self._pending_log = pending_log
         self._pending = PendingAcks()
+        # The consumers dispatch may deliver to (in Failover, only the active one).
         self._consumers: OrderedDict[int, Consumer] = OrderedDict()
-        self._exclusive = False  # its one consumer is an Exclusive one (add_consumer)
+        # Pulsar's subscription type while it has consumers (add_consumer): all of them share it.
+        self._mode: str | None = None
+        # Failover: the consumers waiting to become active, by (priority level, arrival).
+        self._standby: list[tuple[int, int, Consumer]] = []
+        self._active_rank = (0, 0)  # Failover: the active consumer's (priority, arrival)
+        self._arrivals = 0
         self._permits: dict[int, int] = {}
         self._unacked: dict[Position, int] = {}  # message out -> the consumer id it went to
         self._redeliver: set[Position] = set()  # to go out again, read again from the partition
@@ -166,34 +175,78 @@ class Subscription:
         self._wake.set()
 
     # --- consumers ---------------------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer, permits: int, *, exclusive: bool = False) -> None:
-        """``exclusive``: Pulsar's Exclusive subscription type, refused unless the subscription has no
-        consumer, and then refusing every other consumer until it leaves."""
-        if consumer.consumer_id in self._consumers:
-            raise ConsumerBusyError(f"consumer id {consumer.consumer_id} already subscribed to {self.name}")
-        if self._exclusive:
+    def add_consumer(
+        self, consumer: Consumer, permits: int, *, mode: str = SHARED, priority: int = 0
+    ) -> None:
+        """``mode``: Pulsar's subscription type (txnkeeper's own consumers are Shared). Every consumer
+        of a subscription has the same one; Exclusive admits one consumer. Failover delivers to one
+        active consumer, the first by ``priority`` (lower first) then arrival; the others wait and
+        the next one takes over, with whatever the previous one had not acknowledged, when it leaves."""
+        consumer_id = consumer.consumer_id
+        if consumer_id in self._consumers or any(c.consumer_id == consumer_id for _, _, c in self._standby):
+            raise ConsumerBusyError(f"consumer id {consumer_id} already subscribed to {self.name}")
+        if mode not in MODES:
+            raise BadRequestError(f"subscription type {mode!r} is not one of {', '.join(MODES)}")
+        current = self._mode
+        if current == EXCLUSIVE:
             raise ConsumerBusyError(
                 f"subscription {self.name!r} of {self.topic} has an exclusive consumer: use another"
                 " subscription, or wait until that consumer closes"
             )
-        if exclusive and self._consumers:
+        if current is not None and mode != current:
             raise ConsumerBusyError(
-                f"subscription {self.name!r} of {self.topic} has {len(self._consumers)} consumer(s): an"
-                " Exclusive consumer must be its only one (use Shared to consume beside them)"
+                f"subscription {self.name!r} of {self.topic} is {current} while it has consumers: a"
+                f" {mode} consumer cannot join it (use the same type, or another subscription)"
             )
-        self._exclusive = exclusive
-        self._consumers[consumer.consumer_id] = consumer
-        self._permits[consumer.consumer_id] = permits
+        self._mode = mode
+        self._permits[consumer_id] = permits
+        self._arrivals += 1
+        if mode == FAILOVER:
+            self._standby.append((priority, self._arrivals, consumer))
+            self._standby.sort(key=lambda waiting: waiting[:2])
+            self._elect()
+        else:
+            self._consumers[consumer_id] = consumer
         self._wake.set()
 
     def remove_consumer(self, consumer_id: int) -> None:
         """The consumer left: its unacknowledged messages go to the others."""
+        standby = [w for w in self._standby if w[2].consumer_id != consumer_id]
+        if len(standby) != len(self._standby):
+            self._standby = standby
+            self._permits.pop(consumer_id, None)
+            self._forget_mode_if_empty()
+            return
         if self._consumers.pop(consumer_id, None) is None:
             return
-        if not self._consumers:
-            self._exclusive = False
         self._permits.pop(consumer_id, None)
         self._redeliver_where(consumer_id)
+        if self._mode == FAILOVER:
+            self._elect()
+        self._forget_mode_if_empty()
+
+    def _forget_mode_if_empty(self) -> None:
+        if not self._consumers and not self._standby:
+            self._mode = None
+
+    def _elect(self) -> None:
+        """Failover: the first waiting consumer becomes the active one if it ranks before the active
+        one (or there is none); a replaced active consumer's unacknowledged messages go out again."""
+        if not self._standby:
+            return
+        priority, arrival, first = self._standby[0]
+        active = next(iter(self._consumers.values()), None)
+        if active is not None:
+            if self._active_rank <= (priority, arrival):
+                return
+            del self._consumers[active.consumer_id]
+            self._redeliver_where(active.consumer_id)
+            self._standby.append((*self._active_rank, active))
+            self._standby.sort(key=lambda waiting: waiting[:2])
+        self._standby.remove((priority, arrival, first))
+        self._consumers[first.consumer_id] = first
+        self._active_rank = (priority, arrival)
+        self._wake.set()
 
     def flow(self, consumer_id: int, permits: int) -> None:
         if consumer_id in self._permits:
