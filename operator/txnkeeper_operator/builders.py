@@ -124,7 +124,8 @@ def headless_service(cr: Resource) -> Manifest:
             "publishNotReadyAddresses": True,
             "selector": naming.selector_labels(cr.kind, cr.name),
             "ports": [
-                {"name": "client", "port": naming.CLIENT_PORT, "targetPort": "client"},
+                # Pulsar's conventional name and port: both wires are served on it (pulsar://<svc>:6650).
+                {"name": "pulsar", "port": naming.CLIENT_PORT, "targetPort": "pulsar"},
                 {"name": "admin", "port": naming.ADMIN_PORT, "targetPort": "admin"},
             ],
         },
@@ -227,7 +228,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             *auth_env,
         ],
         "ports": [
-            {"name": "client", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
+            {"name": "pulsar", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
             {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
