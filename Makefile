@@ -127,6 +127,9 @@ image-down: kind-down
 
 cluster-down: image-down
 
+# Why the Java client peer cannot be built here (empty: it can): it needs a JDK and Maven.
+JAVA_SKIP := $(shell command -v javac >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1 || \
+  echo "javac or mvn is not installed, so the Pulsar Java client tests will be skipped")
 # Why this machine cannot build the Kubernetes binaries (empty: it can). Go builds them all.
 CLUSTER_SKIP := $(shell command -v go >/dev/null 2>&1 || \
   echo "Go is not installed, so Kubernetes cannot be built from the Go module proxy")
@@ -158,7 +161,8 @@ e2e-if-possible:
 test-prereqs:
 	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
 	  "the chart, S3 offload and API-server tests will be skipped"; \
-	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PULSAR_GO_PEER_STAMP) k8s-bins kind-components \
+	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PULSAR_GO_PEER_STAMP) \
+	  $(if $(JAVA_SKIP),,$(PULSAR_JAVA_STAMP)) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
 # `make unit` alone builds them first; `make test` has (PREREQS_DONE), before running unit and e2e
@@ -255,6 +259,19 @@ minio:
 PULSAR_GO_PEER := $(CACHE_DIR)/bin/pulsar-txnpeer
 PULSAR_GO_PEER_STAMP := $(CACHE_DIR)/bin/.pulsar-txnpeer-$(shell cat tests/peers/pulsar-go/*.go tests/peers/pulsar-go/go.sum | sha256sum | cut -c1-16)
 export PULSAR_GO_PEER
+
+# Pulsar's Java client as a test peer (tests/peers/pulsar-java, tests/runtime/test_pulsar_java.py):
+# Maven Central only, into $(CACHE_DIR)/pulsar-java/lib, TxnPeer.java compiled against it.
+PULSAR_JAVA_DIR := $(CACHE_DIR)/pulsar-java
+PULSAR_JAVA_STAMP := $(PULSAR_JAVA_DIR)/.built-$(shell cat tests/peers/pulsar-java/pom.xml tests/peers/pulsar-java/*.java | sha256sum | cut -c1-16)
+export PULSAR_JAVA_PEER_CP := $(PULSAR_JAVA_DIR)/classes:$(PULSAR_JAVA_DIR)/lib/*
+
+$(PULSAR_JAVA_STAMP): bench/pulsar_peer/settings.xml
+	@rm -rf $(PULSAR_JAVA_DIR) && mkdir -p $(PULSAR_JAVA_DIR)/classes
+	nice -n 19 mvn -B -q -s bench/pulsar_peer/settings.xml -f tests/peers/pulsar-java/pom.xml \
+	  dependency:copy-dependencies -DoutputDirectory=$(PULSAR_JAVA_DIR)/lib
+	nice -n 19 javac -d $(PULSAR_JAVA_DIR)/classes -cp '$(PULSAR_JAVA_DIR)/lib/*' tests/peers/pulsar-java/TxnPeer.java
+	@touch $@
 
 $(PULSAR_GO_PEER_STAMP):
 	@mkdir -p $(CACHE_DIR)/bin

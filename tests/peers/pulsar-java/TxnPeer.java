@@ -1,0 +1,188 @@
+// TxnPeer drives txnkeeper with Apache Pulsar's Java client (org.apache.pulsar:pulsar-client),
+// unmodified. Modes:
+//   basic URL            subscription types with batching off and on, cumulative acks, redelivery
+//                        after a negative ack and after the ack timeout; Key_Shared must be refused
+//   txn URL PREFIX N     fills PREFIX-in with N messages, then consumes, transforms and produces each
+//                        into PREFIX-out inside a transaction (ack and send in it, commit); failed
+//                        transactions are aborted and the input comes back. Prints "committed K" as it
+//                        goes (the test kills pods meanwhile), then reads PREFIX-out from the start.
+// Each mode prints one JSON line last and exits 1 when what must hold did not.
+import java.util.*;
+import java.util.concurrent.TimeUnit;
+import org.apache.pulsar.client.api.*;
+import org.apache.pulsar.client.api.transaction.Transaction;
+
+public class TxnPeer {
+    static final List<String> failures = new ArrayList<>();
+
+    static void check(boolean ok, String what) {
+        if (!ok) failures.add(what);
+    }
+
+    static List<String> drain(Consumer<byte[]> consumer, int count, boolean ack) throws Exception {
+        List<String> got = new ArrayList<>();
+        for (int i = 0; i < count; i++) {
+            Message<byte[]> m = consumer.receive(15, TimeUnit.SECONDS);
+            if (m == null) break;
+            got.add(new String(m.getValue()));
+            if (ack) consumer.acknowledge(m);
+        }
+        return got;
+    }
+
+    static boolean quiet(Consumer<byte[]> consumer, int ms) throws Exception {
+        Message<byte[]> m = consumer.receive(ms, TimeUnit.MILLISECONDS);
+        return m == null;
+    }
+
+    static List<String> expected(String prefix, int n) {
+        List<String> all = new ArrayList<>();
+        for (int i = 0; i < n; i++) all.add(prefix + i);
+        return all;
+    }
+
+    static void basic(PulsarClient client) throws Exception {
+        String base = "persistent://public/default/java-basic-" + System.nanoTime();
+        for (SubscriptionType type : new SubscriptionType[] {
+                SubscriptionType.Exclusive, SubscriptionType.Shared, SubscriptionType.Failover}) {
+            for (boolean batching : new boolean[] {false, true}) {
+                String topic = base + "-" + type + "-" + batching;
+                Consumer<byte[]> consumer = client.newConsumer().topic(topic).subscriptionName("s")
+                        .subscriptionType(type).subscriptionInitialPosition(SubscriptionInitialPosition.Earliest)
+                        .subscribe();
+                Producer<byte[]> producer = client.newProducer().topic(topic).enableBatching(batching)
+                        .batchingMaxMessages(10).batchingMaxPublishDelay(5, TimeUnit.MILLISECONDS).create();
+                for (int i = 0; i < 50; i++) producer.sendAsync(("m" + i).getBytes());
+                producer.flush();
+                List<String> got = drain(consumer, 50, true);
+                check(got.equals(expected("m", 50)), type + " batching=" + batching + " got " + got);
+                check(quiet(consumer, 300), type + " batching=" + batching + " more than sent");
+                producer.close();
+                consumer.close();
+            }
+        }
+        try {
+            client.newConsumer().topic(base + "-ks").subscriptionName("k")
+                    .subscriptionType(SubscriptionType.Key_Shared).subscribe().close();
+            failures.add("Key_Shared was accepted, but it is not served");
+        } catch (PulsarClientException.NotAllowedException expectedRefusal) {
+            // refused with NotAllowedError, as documented
+        }
+        // cumulative ack: nothing up to the acked message comes back
+        String topic = base + "-cumulative";
+        Producer<byte[]> producer = client.newProducer().topic(topic).enableBatching(false).create();
+        Consumer<byte[]> consumer = client.newConsumer().topic(topic).subscriptionName("c")
+                .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
+        for (int i = 0; i < 10; i++) producer.send(("c" + i).getBytes());
+        Message<byte[]> last = null;
+        for (int i = 0; i < 6; i++) last = consumer.receive(15, TimeUnit.SECONDS);
+        consumer.acknowledgeCumulative(last);
+        consumer.close();
+        consumer = client.newConsumer().topic(topic).subscriptionName("c").subscribe();
+        List<String> rest = drain(consumer, 4, true);
+        check(rest.equals(List.of("c6", "c7", "c8", "c9")), "after a cumulative ack of c5 got " + rest);
+        consumer.close();
+        // negative ack, then the ack timeout: the message comes back, counted
+        topic = base + "-redeliver";
+        producer = client.newProducer().topic(topic).enableBatching(false).create();
+        consumer = client.newConsumer().topic(topic).subscriptionName("r").subscriptionType(SubscriptionType.Shared)
+                .negativeAckRedeliveryDelay(100, TimeUnit.MILLISECONDS).ackTimeout(1, TimeUnit.SECONDS)
+                .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
+        producer.send("again".getBytes());
+        Message<byte[]> first = consumer.receive(15, TimeUnit.SECONDS);
+        consumer.negativeAcknowledge(first);
+        Message<byte[]> second = consumer.receive(15, TimeUnit.SECONDS);
+        check(second != null && second.getMessageId().equals(first.getMessageId()) && second.getRedeliveryCount() >= 1,
+                "negative ack did not redeliver");
+        Message<byte[]> third = consumer.receive(15, TimeUnit.SECONDS);  // not acked: the ack timeout
+        check(third != null && third.getMessageId().equals(first.getMessageId()), "ack timeout did not redeliver");
+        consumer.acknowledge(third);
+        check(quiet(consumer, 2500), "redelivered after the ack");
+        System.out.println("{\"mode\": \"basic\", \"failures\": " + json(failures) + "}");
+    }
+
+    static void txn(PulsarClient client, String prefix, int n) throws Exception {
+        String in = prefix + "-in", out = prefix + "-out";
+        Consumer<byte[]> verify = client.newConsumer().topic(out).subscriptionName("verify")
+                .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
+        Consumer<byte[]> input = client.newConsumer().topic(in).subscriptionName("transform")
+                .subscriptionType(SubscriptionType.Shared).receiverQueueSize(20)
+                .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
+        Producer<byte[]> filler = client.newProducer().topic(in).enableBatching(false).create();
+        for (int i = 0; i < n; i++) filler.send(("in-" + i).getBytes());
+        Producer<byte[]> output = client.newProducer().topic(out).enableBatching(false)
+                .sendTimeout(0, TimeUnit.SECONDS).create();
+        int committed = 0, aborted = 0, failedCommits = 0;
+        long deadline = System.currentTimeMillis() + 240_000;
+        Set<String> done = new HashSet<>();
+        while (done.size() < n && System.currentTimeMillis() < deadline) {
+            Message<byte[]> m;
+            try {
+                m = input.receive(5, TimeUnit.SECONDS);
+            } catch (PulsarClientException e) {
+                continue;
+            }
+            if (m == null) continue;
+            Transaction txn = null;
+            try {
+                txn = client.newTransaction().withTransactionTimeout(30, TimeUnit.SECONDS).build().get(20, TimeUnit.SECONDS);
+                output.newMessage(txn).value(("t-" + new String(m.getValue())).getBytes()).send();
+                input.acknowledgeAsync(m.getMessageId(), txn).get(20, TimeUnit.SECONDS);
+                txn.commit().get(30, TimeUnit.SECONDS);
+                committed++;
+                done.add(new String(m.getValue()));
+                System.out.println("committed " + committed);
+            } catch (Exception e) {
+                failedCommits++;
+                if (txn != null) {
+                    try {
+                        txn.abort().get(30, TimeUnit.SECONDS);
+                        aborted++;
+                    } catch (Exception ignored) {
+                        // ended by its coordinator (timeout) or already decided: the store learns the outcome
+                    }
+                }
+                input.negativeAcknowledge(m);
+            }
+        }
+        List<String> seen = new ArrayList<>();
+        while (true) {
+            Message<byte[]> m = verify.receive(5, TimeUnit.SECONDS);
+            if (m == null) break;
+            seen.add(new String(m.getValue()));
+            verify.acknowledge(m);
+        }
+        Map<String, Integer> counts = new TreeMap<>();
+        for (String s : seen) counts.merge(s, 1, Integer::sum);
+        List<String> duplicated = new ArrayList<>(), missing = new ArrayList<>();
+        for (Map.Entry<String, Integer> e : counts.entrySet()) if (e.getValue() > 1) duplicated.add(e.getKey());
+        for (int i = 0; i < n; i++) if (!counts.containsKey("t-in-" + i)) missing.add("t-in-" + i);
+        check(duplicated.isEmpty(), "duplicated outputs " + duplicated);
+        check(missing.isEmpty(), "missing outputs " + missing);
+        System.out.println("{\"mode\": \"txn\", \"committed\": " + committed + ", \"aborted\": " + aborted
+                + ", \"failed_attempts\": " + failedCommits + ", \"outputs\": " + seen.size()
+                + ", \"failures\": " + json(failures) + "}");
+    }
+
+    static String json(List<String> items) {
+        StringBuilder b = new StringBuilder("[");
+        for (int i = 0; i < items.size(); i++) {
+            if (i > 0) b.append(", ");
+            b.append('"').append(items.get(i).replace("\\", "\\\\").replace("\"", "'")).append('"');
+        }
+        return b.append(']').toString();
+    }
+
+    public static void main(String[] args) throws Exception {
+        String mode = args[0], url = args[1];
+        PulsarClient client = PulsarClient.builder().serviceUrl(url).enableTransaction(mode.equals("txn"))
+                .operationTimeout(30, TimeUnit.SECONDS).build();
+        try {
+            if (mode.equals("basic")) basic(client);
+            else txn(client, args[2], Integer.parseInt(args[3]));
+        } finally {
+            client.close();
+        }
+        System.exit(failures.isEmpty() ? 0 : 1);
+    }
+}

@@ -1,0 +1,129 @@
+"""Apache Pulsar's Java client (org.apache.pulsar:pulsar-client 4.2.4 from Maven Central, unmodified;
+tests/peers/pulsar-java/TxnPeer.java) against real pods (issue 26): the subscription types with
+batching off and on, cumulative acks, redelivery after a negative ack and after the ack timeout, and
+a consume-transform-produce loop in transactions that stays exactly once while the store pod and the
+coordinator pod are SIGKILLed and restarted under it. `make test` builds the peer (Makefile,
+PULSAR_JAVA_PEER_CP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pulsar_wire import free_port, placement_flags
+from runtime_pods import ServePod
+
+CLASSPATH = os.environ.get("PULSAR_JAVA_PEER_CP", "")
+BUILT = bool(CLASSPATH) and Path(CLASSPATH.split(":")[0], "TxnPeer.class").exists()
+pytestmark = [
+    pytest.mark.skipif(
+        not BUILT or shutil.which("java") is None,
+        reason="the Java peer is not built: `make test` builds it (needs a JDK, Maven and Maven Central)",
+    ),
+    pytest.mark.timeout(600),
+]
+
+
+@pytest.fixture
+def pulsar_pods(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod]:
+    store_port, coordinator_port = free_port(), free_port()
+    flags = placement_flags(store_port, coordinator_port)
+    coordinator = pods("tc-0", "coordinator", extra=[*flags, "--listen", f"127.0.0.1:{coordinator_port}"])
+    store = pods("pas-0", "store", extra=[*flags, "--listen", f"127.0.0.1:{store_port}"])
+    return coordinator, store
+
+
+class Peer:
+    """The Java peer as a child process whose output lines are read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        command = [
+            "java",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp",
+            CLASSPATH,
+            "TxnPeer",
+            *args,
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, prefix: str, deadline_s: float) -> str:
+        """The first output line starting with ``prefix`` (skipping others), within the deadline."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line.startswith(prefix):
+                return line
+        raise TimeoutError(f"no {prefix!r} line within {deadline_s}s:\n{''.join(self.output[-40:])}")
+
+    def result(self, timeout: float) -> dict[str, object]:
+        self.process.wait(timeout)
+        last = [line for line in self.output if line.startswith("{")]
+        assert last, "".join(self.output[-60:])
+        return dict(json.loads(last[-1]))
+
+
+@pytest.fixture
+def peers() -> Iterator[Callable[..., Peer]]:
+    started: list[Peer] = []
+
+    def start(*args: str) -> Peer:
+        peer = Peer(*args)
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        if peer.process.poll() is None:
+            peer.process.kill()
+            peer.process.wait(10)
+
+
+def test_subscription_types_batching_acks_and_redelivery(
+    pulsar_pods: tuple[ServePod, ServePod], peers: Callable[..., Peer]
+) -> None:
+    _, store = pulsar_pods
+    peer = peers("basic", f"pulsar://{store.listen}")
+    outcome = peer.result(300)
+    assert outcome["failures"] == [], "".join(peer.output[-60:])
+    assert peer.process.returncode == 0
+
+
+def test_consume_transform_produce_stays_exactly_once_through_pod_kills(
+    pulsar_pods: tuple[ServePod, ServePod], peers: Callable[..., Peer]
+) -> None:
+    coordinator, store = pulsar_pods
+    count = 200
+    peer = peers("txn", f"pulsar://{store.listen}", "persistent://public/default/java-ctp", str(count))
+    peer.wait_for("committed 40", 120)
+    store.restart()  # SIGKILL, then the same ports again
+    peer.wait_for("committed 100", 180)
+    coordinator.restart()
+    peer.wait_for("committed 150", 180)
+    outcome = peer.result(400)
+    print(json.dumps(outcome))  # committed, aborted and failed attempts: what the kills cost
+    assert outcome["failures"] == [], "".join(peer.output[-60:])
+    assert outcome["outputs"] == count  # every input transformed exactly once, no aborted output
+    assert peer.process.returncode == 0
