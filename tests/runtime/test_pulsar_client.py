@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 
 import pulsar
 import pytest
+from pulsar_wire import RawPulsar, T, command
 from runtime_pods import ServePod
 
 from txnkeeper.client import Client as OwnClient
+from txnkeeper.pb import PulsarApi_pb2 as pulsar_api
 
 
 @pytest.fixture
@@ -210,3 +212,29 @@ def test_failover_delivers_to_one_consumer_and_the_next_takes_over(client: pulsa
     rest = [m.data() for m in _drain(second, 4)]
     assert rest == [b"f6", b"f7", b"f8", b"f9"]
     assert [m.data() for m in got_first] == [f"f{i}".encode() for i in range(8)]
+
+
+def test_a_partitioned_topic_spreads_over_its_partitions(pods: Callable[..., ServePod]) -> None:
+    topic = "persistent://public/default/parts"
+    store = pods("pas-1", "store", config={"pulsar": {"partitionedTopics": {topic: 3}}})
+    partitioned = pulsar.Client(f"pulsar://{store.listen}", operation_timeout_seconds=15)
+    try:
+        consumer = partitioned.subscribe(topic, "all", initial_position=pulsar.InitialPosition.Earliest)
+        producer = partitioned.create_producer(topic, batching_enabled=False)
+        for i in range(30):
+            producer.send(f"p{i}".encode(), partition_key=f"key-{i}")
+        received = _drain(consumer, 30)
+        assert sorted(m.data() for m in received) == sorted(f"p{i}".encode() for i in range(30))
+        partitions = {m.topic_name() for m in received}
+        assert partitions <= {f"{topic}-partition-{i}" for i in range(3)} and len(partitions) >= 2, partitions
+        # The base name is not a topic of its own: a producer on it is refused (Pulsar's clients
+        # never open one; a raw frame does).
+        raw = RawPulsar(store.listen)
+        raw.handshake()
+        cmd = command(T.PRODUCER)
+        cmd.producer.topic, cmd.producer.producer_id, cmd.producer.request_id = topic, 1, 1
+        raw.send(cmd)
+        error = raw.expect(T.ERROR).error
+        assert error.error == pulsar_api.NotAllowedError and "partitioned topic" in error.message, error
+    finally:
+        partitioned.close()

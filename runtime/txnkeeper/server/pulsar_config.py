@@ -12,16 +12,27 @@ protocols meet on the same pod; coordinator ``c`` lives on coordinator pod ``c m
 same addresses reach the pods over it (a store pod asking a coordinator to register a partition).
 Without the flags a pod answers lookups with its own address (one pod of each role, a local run).
 
-Why its own module: like ``txn_config``, self-contained flags with their own validation.
+Partitioned topics come from the config file's ``pulsar`` section, the same on every pod (the
+operator renders it from the CR): ``{"pulsar": {"partitionedTopics": {"persistent://t/ns/orders": 4}}}``.
+Pulsar's clients then use ``persistent://t/ns/orders-partition-0`` .. ``-partition-3``, each a topic of
+its own placed like any other; the base name itself is refused for producers and consumers, as a
+Pulsar broker refuses it.
+
+Why its own module: like ``txn_config``, self-contained settings with their own validation.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from txnkeeper.server.config import ConfigError, env
+from txnkeeper.server.config import ConfigError, env, file_section
 from txnkeeper.server.pulsar_placement import PulsarPlacement
+from txnkeeper.topicnames import name_problem
+
+SECTION = "pulsar"
+MAX_PARTITIONS = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,12 +50,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def placement(ns: argparse.Namespace) -> PulsarPlacement:
+def placement(ns: argparse.Namespace, config: Path | None = None) -> PulsarPlacement:
     return PulsarPlacement(
         _urls(ns.pulsar_urls, "--pulsar-urls (or TXNKEEPER_PULSAR_URLS)"),
         _urls(ns.pulsar_coordinator_urls, "--pulsar-coordinator-urls (or TXNKEEPER_PULSAR_COORDINATOR_URLS)"),
         ns.coordinators if ns.coordinators is not None else 1,
+        partitioned_topics(config),
     )
+
+
+def partitioned_topics(config: Path | None) -> dict[str, int]:
+    section = file_section(config, SECTION) or {}
+    unknown = sorted(set(section) - {"partitionedTopics"})
+    if unknown:
+        raise ConfigError(
+            f"{config}: section {SECTION}: unknown key(s) {unknown}; it holds partitionedTopics"
+        )
+    topics = section.get("partitionedTopics", {})
+    where = f"{config}: {SECTION}.partitionedTopics"
+    if not isinstance(topics, dict):
+        raise ConfigError(f"{where} must map topic names to partition counts")
+    out: dict[str, int] = {}
+    for topic, count in topics.items():
+        problem = name_problem("topic", topic)
+        if problem is not None:
+            raise ConfigError(f"{where}: {problem}")
+        if "-partition-" in topic:
+            raise ConfigError(f"{where}: {topic!r} is itself a partition's name; give the base name")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
+            raise ConfigError(
+                f"{where}: {topic} has {count!r} partitions; give an integer 1..{MAX_PARTITIONS}"
+            )
+        out[topic] = count
+    return out
 
 
 def _urls(text: str | None, flag: str) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ from txnkeeper.server.pulsar_coordinator import (
     PulsarCoordinators,
     response_error,
 )
-from txnkeeper.server.pulsar_placement import TC_ASSIGN_TOPIC, PulsarPlacement, coordinator_partition
+from txnkeeper.server.pulsar_placement import PulsarPlacement, coordinator_partition
 from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService, validate_name
@@ -352,8 +352,8 @@ class PulsarPodHandler:
         response = answer.partitionMetadataResponse
         response.request_id = body.request_id
         # One partition per transaction coordinator for the coordinator-assign topic (Pulsar's
-        # clients find coordinator c as its partition c); every other topic is not partitioned.
-        response.partitions = self._placement.coordinators if body.topic == TC_ASSIGN_TOPIC else 0
+        # clients find coordinator c as its partition c), the configured count for partitioned topics.
+        response.partitions = self._placement.partitions(body.topic)
         response.response = pulsar.CommandPartitionedTopicMetadataResponse.Success
         return encode_command(answer)
 
@@ -380,10 +380,19 @@ class PulsarPodHandler:
             raise UnavailableError("store is still recovering")
         return self._topics
 
+    def _topic(self, topic: str) -> None:
+        """Refuse a name no producer or consumer may use (a partitioned topic's base name)."""
+        validate_name("topic", topic)
+        if self._placement.partitioned.get(topic):
+            raise NotAllowedError(
+                f"{topic} is a partitioned topic: produce to and consume from its partitions"
+                f" ({topic}-partition-0 ..); Pulsar's clients do that by themselves"
+            )
+
     def _producer(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.producer
         self._store()
-        validate_name("topic", body.topic)
+        self._topic(body.topic)
         if body.producer_id in connection.producers:
             raise BadRequestError(f"producer id {body.producer_id} is already open on this connection")
         if body.producer_access_mode != pulsar.Shared:
@@ -452,7 +461,7 @@ class PulsarPodHandler:
     def _subscribe(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.subscribe
         topics = self._store()
-        validate_name("topic", body.topic)
+        self._topic(body.topic)
         validate_name("subscription", body.subscription)
         if body.consumer_id in connection.consumers:
             raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")

@@ -7,7 +7,7 @@ hold it without importing the flag parsing.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 TC_ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
@@ -21,6 +21,15 @@ class PulsarPlacement:
     store_urls: tuple[str, ...] = ()
     coordinator_urls: tuple[str, ...] = ()
     coordinators: int = 1  # coordinator ids 0..coordinators-1 exist
+    # Partitioned topics (Pulsar's): base name -> partitions, each "<base>-partition-<i>" a topic of
+    # its own, placed like any other.
+    partitioned: dict[str, int] = field(default_factory=dict)
+
+    def partitions(self, topic: str) -> int:
+        """What PARTITIONED_METADATA answers for ``topic``: its partitions, 0 if not partitioned."""
+        if topic == TC_ASSIGN_TOPIC:
+            return self.coordinators
+        return self.partitioned.get(topic, 0)
 
     def store_url(self, topic: str, own: str) -> str:
         urls = self.store_urls

@@ -239,7 +239,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         txn_timeouts=txn_timeouts,
         topic_policies=policies,
         tail_cache_bytes=ns.tail_cache_bytes,
-        pulsar=pulsar_config.placement(ns),
+        pulsar=pulsar_config.placement(ns, ns.config),
     )
 
 
