@@ -238,3 +238,16 @@ def test_a_partitioned_topic_spreads_over_its_partitions(pods: Callable[..., Ser
         assert error.error == pulsar_api.NotAllowedError and "partitioned topic" in error.message, error
     finally:
         partitioned.close()
+
+
+def test_the_largest_message_the_server_announces_goes_through(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/large"
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(topic, batching_enabled=False)
+    largest = 5 * 1024 * 1024 - 10 * 1024 - 4096  # under max_message_size with room for the metadata
+    producer.send(b"x" * largest)
+    assert len(consumer.receive(timeout_millis=20_000).data()) == largest
+    # Just under 5 MiB would not fit a 5 MiB frame with its framing: the announced size keeps the
+    # client from sending it (else the server would have to close the connection on it).
+    with pytest.raises(pulsar.MessageTooBig):
+        producer.send(b"x" * (5 * 1024 * 1024 - 100))

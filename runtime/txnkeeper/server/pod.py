@@ -45,6 +45,7 @@ from txnkeeper.ledger.offload.restore import (
 )
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.protocol.auth import SECRET_FLAG, ClusterSecret
+from txnkeeper.protocol.pulsar_frames import FRAME_PADDING
 from txnkeeper.protocol.pulsar_server import pulsar_wire
 from txnkeeper.protocol.rpc import split_address
 from txnkeeper.protocol.server import ProtocolServer
@@ -150,6 +151,8 @@ class PodRuntime:
                 registrations=self._registrations,
                 client_key=self.config.client_token_key,
                 pod_name=self.pod_name,
+                # A frame holds the message plus Pulsar's framing: clients are told what fits.
+                max_message_size=max(1, self.config.connection_limits.max_frame_size - FRAME_PADDING),
             )
             self._protocol = ProtocolServer(
                 handler, self.config.connection_limits, other_wire=pulsar_wire(pulsar_handler)
