@@ -178,10 +178,36 @@ def test_messages_cross_between_pulsars_protocol_and_txnkeepers_own(
     assert received[1].partition_key() == "own-key"
 
 
-def test_what_is_not_served_is_refused_with_an_error_not_a_hang(client: pulsar.Client) -> None:
-    topic = "persistent://public/default/unserved"
-    with pytest.raises(pulsar.NotAllowedError):
-        client.subscribe(topic, "f", consumer_type=pulsar.ConsumerType.KeyShared)
+def test_key_shared_keeps_each_key_on_one_consumer_in_order(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/key-shared"
+    options = {
+        "consumer_type": pulsar.ConsumerType.KeyShared,
+        "initial_position": pulsar.InitialPosition.Earliest,
+        "receiver_queue_size": 10,
+    }
+    one = client.subscribe(topic, "ks", **options)
+    two = client.subscribe(topic, "ks", **options)
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(60):
+        producer.send(f"{i % 6}:{i}".encode(), partition_key=f"key-{i % 6}")
+    by_consumer: dict[str, list[str]] = {"one": [], "two": []}
+    for _ in range(60):
+        for name, consumer in (("one", one), ("two", two)):
+            try:
+                message = consumer.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            by_consumer[name].append(message.data().decode())
+            consumer.acknowledge(message)
+    got = by_consumer["one"] + by_consumer["two"]
+    assert sorted(got) == sorted(f"{i % 6}:{i}" for i in range(60))
+    keys_one = {m.split(":")[0] for m in by_consumer["one"]}
+    keys_two = {m.split(":")[0] for m in by_consumer["two"]}
+    assert not keys_one & keys_two, "a key went to both consumers"
+    for messages in by_consumer.values():
+        for key in {m.split(":")[0] for m in messages}:
+            order = [int(m.split(":")[1]) for m in messages if m.startswith(f"{key}:")]
+            assert order == sorted(order), f"key {key} out of order: {order}"
 
 
 def test_failover_delivers_to_one_consumer_and_the_next_takes_over(client: pulsar.Client) -> None:
@@ -251,3 +277,37 @@ def test_the_largest_message_the_server_announces_goes_through(client: pulsar.Cl
     # client from sending it (else the server would have to close the connection on it).
     with pytest.raises(pulsar.MessageTooBig):
         producer.send(b"x" * (5 * 1024 * 1024 - 100))
+
+
+def test_key_shared_keeps_key_order_when_a_consumer_leaves_with_messages_out(client: pulsar.Client) -> None:
+    topic = "persistent://public/default/key-shared-leave"
+    options = {
+        "consumer_type": pulsar.ConsumerType.KeyShared,
+        "initial_position": pulsar.InitialPosition.Earliest,
+        "receiver_queue_size": 5,
+    }
+    leaving = client.subscribe(topic, "ks", **options)
+    staying = client.subscribe(topic, "ks", **options)
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(40):
+        producer.send(f"{i % 4}:{i}".encode(), partition_key=f"key-{i % 4}")
+    held = []
+    for _ in range(3):  # received by the leaving consumer and never acknowledged
+        try:
+            held.append(leaving.receive(timeout_millis=2000).data().decode())
+        except pulsar.Timeout:
+            break
+    leaving.close()
+    got: list[str] = []
+    while True:
+        try:
+            message = staying.receive(timeout_millis=1500)
+        except pulsar.Timeout:
+            break
+        got.append(message.data().decode())
+        staying.acknowledge(message)
+    assert sorted(set(got)) == sorted(f"{i % 4}:{i}" for i in range(40)), (held, got)
+    for key in range(4):
+        order = [int(m.split(":")[1]) for m in got if m.startswith(f"{key}:")]
+        first_seen = list(dict.fromkeys(order))
+        assert first_seen == sorted(first_seen), f"key {key} out of order: {order}"

@@ -465,9 +465,10 @@ class PulsarPodHandler:
         validate_name("subscription", body.subscription)
         if body.consumer_id in connection.consumers:
             raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
-        if body.subType == pulsar.CommandSubscribe.Key_Shared:
+        if body.HasField("keySharedMeta") and body.keySharedMeta.keySharedMode == pulsar.STICKY:
             raise NotAllowedError(
-                "subscription type Key_Shared is not served yet: use Exclusive, Shared or Failover"
+                "Key_Shared in STICKY mode (hash ranges chosen by the consumer) is not served: use the"
+                " default AUTO_SPLIT"
             )
         if not body.durable:
             raise NotAllowedError("non-durable subscriptions (readers) are not served yet")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -47,8 +48,8 @@ from txnkeeper.txnid import TxnID
 log = logging.getLogger(__name__)
 
 # Pulsar's subscription types (CommandSubscribe.SubType), as add_consumer takes them.
-EXCLUSIVE, SHARED, FAILOVER = "Exclusive", "Shared", "Failover"
-MODES = (EXCLUSIVE, SHARED, FAILOVER)
+EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = "Exclusive", "Shared", "Failover", "Key_Shared"
+MODES = (EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED)
 READ_BATCH = 256
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
@@ -106,6 +107,12 @@ class Subscription:
         # Failover: the consumers waiting to become active, by (priority level, arrival).
         self._standby: list[tuple[int, int, Consumer]] = []
         self._active_rank = (0, 0)  # Failover: the active consumer's (priority, arrival)
+        # Key_Shared: the consumers in arrival order (a key's consumer is crc32(key) mod their count),
+        # and the messages out when they last changed: no new message goes out until those are
+        # acknowledged or back, so a key that moved never overtakes its earlier messages.
+        self._key_shared = False
+        self._key_owners: list[int] = []
+        self._key_fence: set[Position] = set()
         self._arrivals = 0
         self._permits: dict[int, int] = {}
         self._unacked: dict[Position, int] = {}  # message out -> the consumer id it went to
@@ -207,6 +214,10 @@ class Subscription:
             self._elect()
         else:
             self._consumers[consumer_id] = consumer
+        if mode == KEY_SHARED:
+            self._key_shared = True
+            self._key_owners.append(consumer_id)
+            self._key_fence = set(self._unacked)
         self._wake.set()
 
     def remove_consumer(self, consumer_id: int) -> None:
@@ -220,6 +231,9 @@ class Subscription:
         if self._consumers.pop(consumer_id, None) is None:
             return
         self._permits.pop(consumer_id, None)
+        if self._key_shared:
+            self._key_owners.remove(consumer_id)
+            self._key_fence = {p for p, c in self._unacked.items() if c != consumer_id}
         self._redeliver_where(consumer_id)
         if self._mode == FAILOVER:
             self._elect()
@@ -228,6 +242,8 @@ class Subscription:
     def _forget_mode_if_empty(self) -> None:
         if not self._consumers and not self._standby:
             self._mode = None
+            self._key_shared = False
+            self._key_fence.clear()
 
     def _elect(self) -> None:
         """Failover: the first waiting consumer becomes the active one if it ranks before the active
@@ -512,7 +528,7 @@ class Subscription:
                 self._read_failed(exc)
                 return False
         budget = min(READ_BATCH, self._ready_permits())
-        if budget <= 0:
+        if budget <= 0 or (self._key_fence and not self._fence_passed()):
             return False
         try:
             entries = await self._reader.read_after(self._read_after, budget)
@@ -543,11 +559,11 @@ class Subscription:
                 if outcome is TxnOutcome.ABORTED:
                     auto_ack.append(position)
                 elif self._fresh(position):
-                    if not self._has_permits():
+                    if not self._can_take(record):
                         break
                     self._deliver(position, record)
             elif self._fresh(position):
-                if not self._has_permits():
+                if not self._can_take(record):
                     break
                 self._deliver(position, record)
             self._read_after = position
@@ -596,11 +612,12 @@ class Subscription:
             for position, data in entries:
                 if position not in self._redeliver:
                     continue  # acknowledged, or pending in a transaction, since it was queued
-                if not self._has_permits():
+                record = decode(data, self.topic, position)
+                if not self._can_take(record):
                     return False
                 self._redeliver.discard(position)
                 if self._deliverable(position):
-                    self._deliver(position, decode(data, self.topic, position))
+                    self._deliver(position, record)
             read_to = entries[-1][0]
             while index < count and queued[index] <= read_to:
                 index += 1
@@ -655,8 +672,34 @@ class Subscription:
             position not in self._unacked and position not in self._redeliver and self._deliverable(position)
         )
 
+    def _can_take(self, record: DecodedRecord) -> bool:
+        """Whether the next message can go out now: any consumer with permits, or in Key_Shared its
+        key's consumer (else dispatch waits: a key's messages never overtake one another)."""
+        if not self._key_shared:
+            return self._has_permits()
+        owner = self._key_owner(record.key)
+        return self._permits.get(owner, 0) > 0 and self._consumers[owner].ready
+
+    def _key_owner(self, key: str) -> int:
+        owners = self._key_owners
+        return owners[zlib.crc32(key.encode()) % len(owners)]
+
+    def _fence_passed(self) -> bool:
+        """Key_Shared: whether every message out when the consumers last changed is acknowledged or
+        queued to go out again (then to its key's present consumer, before anything newer)."""
+        fence = self._key_fence
+        for position in [p for p in fence if p not in self._unacked]:
+            fence.discard(position)
+        return not fence
+
     def _deliver(self, position: Position, record: DecodedRecord) -> None:
         permits = self._permits
+        if self._key_shared:
+            owner = self._key_owner(record.key)
+            permits[owner] -= 1
+            self._unacked[position] = owner
+            self._consumers[owner].deliver(position, record, self._redelivery_counts.get(position, 0))
+            return
         # No copy of the consumers per message: the loop ends right after the one change it makes.
         for consumer_id, consumer in self._consumers.items():
             if permits.get(consumer_id, 0) > 0 and consumer.ready:
@@ -684,6 +727,10 @@ class Subscription:
 
     def _forget(self, position: Position) -> None:
         self._unacked.pop(position, None)
+        if self._key_fence:
+            self._key_fence.discard(position)
+            if not self._key_fence:
+                self._wake.set()
         self._redeliver.discard(position)
         self._redelivery_counts.pop(position, None)
 

@@ -1,7 +1,8 @@
 // TxnPeer drives txnkeeper with Apache Pulsar's Java client (org.apache.pulsar:pulsar-client),
 // unmodified. Modes:
-//   basic URL            subscription types with batching off and on, cumulative acks, redelivery
-//                        after a negative ack and after the ack timeout; Key_Shared must be refused
+//   basic URL            subscription types with batching off and on, Key_Shared (each key on one
+//                        consumer, in order), cumulative acks, redelivery after a negative ack and
+//                        after the ack timeout
 //   txn URL PREFIX N     fills PREFIX-in with N messages, then consumes, transforms and produces each
 //                        into PREFIX-out inside a transaction (ack and send in it, commit); failed
 //                        transactions are aborted and the input comes back. Prints "committed K" as it
@@ -61,13 +62,39 @@ public class TxnPeer {
                 consumer.close();
             }
         }
-        try {
-            client.newConsumer().topic(base + "-ks").subscriptionName("k")
-                    .subscriptionType(SubscriptionType.Key_Shared).subscribe().close();
-            failures.add("Key_Shared was accepted, but it is not served");
-        } catch (PulsarClientException.NotAllowedException expectedRefusal) {
-            // refused with NotAllowedError, as documented
+        // Key_Shared: each key on one consumer, in order
+        String ks = base + "-ks";
+        Consumer<byte[]> k1 = client.newConsumer().topic(ks).subscriptionName("k").receiverQueueSize(10)
+                .subscriptionType(SubscriptionType.Key_Shared).subscriptionInitialPosition(SubscriptionInitialPosition.Earliest)
+                .subscribe();
+        Consumer<byte[]> k2 = client.newConsumer().topic(ks).subscriptionName("k").receiverQueueSize(10)
+                .subscriptionType(SubscriptionType.Key_Shared).subscriptionInitialPosition(SubscriptionInitialPosition.Earliest)
+                .subscribe();
+        Producer<byte[]> kp = client.newProducer().topic(ks).enableBatching(false).create();
+        for (int i = 0; i < 60; i++) kp.newMessage().key("key-" + (i % 6)).value((i % 6 + ":" + i).getBytes()).send();
+        Map<String, List<Integer>> seenBy1 = new TreeMap<>(), seenBy2 = new TreeMap<>();
+        int total = 0;
+        for (int round = 0; round < 200 && total < 60; round++) {
+            for (int c = 0; c < 2; c++) {
+                Consumer<byte[]> kc = c == 0 ? k1 : k2;
+                Message<byte[]> m = kc.receive(50, TimeUnit.MILLISECONDS);
+                if (m == null) continue;
+                String[] parts = new String(m.getValue()).split(":");
+                (c == 0 ? seenBy1 : seenBy2).computeIfAbsent(parts[0], x -> new ArrayList<>()).add(Integer.parseInt(parts[1]));
+                kc.acknowledge(m);
+                total++;
+            }
         }
+        check(total == 60, "Key_Shared delivered " + total + " of 60");
+        for (String key : seenBy1.keySet()) check(!seenBy2.containsKey(key), "key " + key + " went to both consumers");
+        for (Map<String, List<Integer>> seen : List.of(seenBy1, seenBy2))
+            for (Map.Entry<String, List<Integer>> e : seen.entrySet()) {
+                List<Integer> sorted = new ArrayList<>(e.getValue());
+                Collections.sort(sorted);
+                check(sorted.equals(e.getValue()), "key " + e.getKey() + " out of order " + e.getValue());
+            }
+        k1.close();
+        k2.close();
         // cumulative ack: nothing up to the acked message comes back
         String topic = base + "-cumulative";
         Producer<byte[]> producer = client.newProducer().topic(topic).enableBatching(false).create();
