@@ -311,3 +311,25 @@ def test_key_shared_keeps_key_order_when_a_consumer_leaves_with_messages_out(cli
         order = [int(m.split(":")[1]) for m in got if m.startswith(f"{key}:")]
         first_seen = list(dict.fromkeys(order))
         assert first_seen == sorted(first_seen), f"key {key} out of order: {order}"
+
+
+def test_readers_start_where_asked_and_leave_nothing_behind(client: pulsar.Client, store: ServePod) -> None:
+    topic = "persistent://public/default/readers"
+    producer = client.create_producer(topic, batching_enabled=False)
+    ids = [producer.send(f"r{i}".encode()) for i in range(10)]
+    earliest = client.create_reader(topic, pulsar.MessageId.earliest)
+    got = []
+    while earliest.has_message_available():
+        got.append(earliest.read_next(timeout_millis=10_000).data())
+    assert got == [f"r{i}".encode() for i in range(10)]
+    from_fourth = client.create_reader(topic, ids[3])
+    assert from_fourth.read_next(timeout_millis=10_000).data() == b"r4"  # what comes after the id
+    latest = client.create_reader(topic, pulsar.MessageId.latest)
+    assert not latest.has_message_available()
+    producer.send(b"new")
+    assert latest.read_next(timeout_millis=10_000).data() == b"new"
+    for reader in (earliest, from_fourth, latest):
+        reader.close()
+    # Nothing persisted: the topic has no cursor (its only readers were non-durable).
+    cursors = [p for p in (store.data_dir / "ledgers").rglob("*") if p.parent.name == "cursors"]
+    assert cursors == []

@@ -128,7 +128,7 @@ class _Connection:
 class PulsarConsumer:
     """A Pulsar consumer as a subscription sees it: MESSAGE frames over its connection."""
 
-    __slots__ = ("_session", "client_consumer_id", "consumer_id", "subscription", "topic")
+    __slots__ = ("_session", "client_consumer_id", "consumer_id", "reader", "subscription", "topic")
     _ids = itertools.count(1 << 40)  # apart from PodHandler's endpoints, which share subscriptions
 
     def __init__(
@@ -139,6 +139,7 @@ class PulsarConsumer:
         self.client_consumer_id = client_consumer_id
         self.topic = topic
         self.subscription = subscription
+        self.reader = False  # a non-durable subscription of its own, closed with the consumer
 
     @property
     def ready(self) -> bool:
@@ -213,6 +214,7 @@ class PulsarPodHandler:
             T.ACK: self._ack,
             T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver,
             T.CLOSE_CONSUMER: self._close_consumer,
+            T.GET_LAST_MESSAGE_ID: self._last_message_id,
             T.TC_CLIENT_CONNECT_REQUEST: self._tc_connect,
             T.NEW_TXN: self._new_txn,
             T.ADD_PARTITION_TO_TXN: self._add_partitions,
@@ -289,7 +291,13 @@ class PulsarPodHandler:
         if connection is None:
             return
         for consumer in connection.consumers.values():
-            consumer.subscription.remove_consumer(consumer.consumer_id)
+            self._release(consumer)
+
+    def _release(self, consumer: PulsarConsumer) -> None:
+        consumer.subscription.remove_consumer(consumer.consumer_id)
+        if consumer.reader and self._topics is not None:
+            closing = asyncio.ensure_future(self._topics.close_reader(consumer.subscription))
+            closing.add_done_callback(partial(_log_failure, f"closing a reader of {consumer.topic}"))
 
     def session_holds_state(self, session: PulsarSession) -> bool:
         connection = self._connections.get(session.session_id)
@@ -470,10 +478,10 @@ class PulsarPodHandler:
                 "Key_Shared in STICKY mode (hash ranges chosen by the consumer) is not served: use the"
                 " default AUTO_SPLIT"
             )
-        if not body.durable:
-            raise NotAllowedError("non-durable subscriptions (readers) are not served yet")
-        if body.HasField("start_message_id") or body.start_message_rollback_duration_sec:
-            raise NotAllowedError("a start message id or rollback duration is not served yet")
+        if body.start_message_rollback_duration_sec:
+            raise NotAllowedError("a start message rollback duration is not served")
+        if body.durable and body.HasField("start_message_id"):
+            raise NotAllowedError("a start message id is served for readers (non-durable subscriptions) only")
         if body.HasField("schema") and body.schema.type not in (SCHEMA_BYTES, SCHEMA_STRING):
             raise NotAllowedError("schemas other than bytes and string are not served")
         return self._subscribe_async(session, connection, topics, body)
@@ -486,12 +494,19 @@ class PulsarPodHandler:
         body: pulsar.CommandSubscribe,
     ) -> bytes | None:
         from_latest = body.initialPosition == pulsar.CommandSubscribe.Latest
-        subscription = await topics.subscription(body.topic, body.subscription, from_latest=from_latest)
-        if not session.is_open:
-            return None
-        if body.consumer_id in connection.consumers:
+        if body.durable:
+            subscription = await topics.subscription(body.topic, body.subscription, from_latest=from_latest)
+        else:
+            after, latest = _reader_start(body, from_latest)
+            subscription = await topics.open_reader(body.topic, body.subscription, after, from_latest=latest)
+        if not session.is_open or body.consumer_id in connection.consumers:
+            if not body.durable:
+                await topics.close_reader(subscription)
+            if not session.is_open:
+                return None
             raise BadRequestError(f"consumer id {body.consumer_id} is already open on this connection")
         consumer = PulsarConsumer(session, body.consumer_id, body.topic, subscription)
+        consumer.reader = not body.durable
         mode = pulsar.CommandSubscribe.SubType.Name(body.subType)
         subscription.add_consumer(consumer, 0, mode=mode, priority=body.priority_level)
         connection.consumers[body.consumer_id] = consumer
@@ -528,7 +543,8 @@ class PulsarPodHandler:
         else:
             done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
         if not body.HasField("request_id"):
-            asyncio.ensure_future(done).add_done_callback(partial(_log_ack_failure, consumer.topic))
+            acked = asyncio.ensure_future(done)
+            acked.add_done_callback(partial(_log_failure, f"a Pulsar consumer's ack on {consumer.topic}"))
             return None
         return self._ack_response(done, body.consumer_id, body.request_id)
 
@@ -588,8 +604,49 @@ class PulsarPodHandler:
         body = frame.command.close_consumer
         consumer = connection.consumers.pop(body.consumer_id, None)
         if consumer is not None:
-            consumer.subscription.remove_consumer(consumer.consumer_id)
+            self._release(consumer)
         return _success(body.request_id)
+
+    def _last_message_id(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        body = frame.command.getLastMessageId
+        consumer = self._consumer(connection, body.consumer_id)
+        return self._last_message_answer(consumer, body.request_id)
+
+    async def _last_message_answer(self, consumer: PulsarConsumer, request_id: int) -> bytes:
+        last = await self._store().last_message_position(consumer.topic)
+        answer = _command(T.GET_LAST_MESSAGE_ID_RESPONSE)
+        response = answer.getLastMessageIdResponse
+        response.request_id = request_id
+        response.last_message_id.ledgerId = last.ledger_id if last is not None else NO_POSITION
+        response.last_message_id.entryId = last.entry_id if last is not None else NO_POSITION
+        mark_delete = consumer.subscription.mark_delete_position()
+        if mark_delete is not None and mark_delete.entry_id >= 0:
+            response.consumer_mark_delete_position.ledgerId = mark_delete.ledger_id
+            response.consumer_mark_delete_position.entryId = mark_delete.entry_id
+        return encode_command(answer)
+
+
+# MessageIdData's uint64 fields carry Java's longs: -1 (MessageId.earliest, "no message") wraps to
+# 2^64-1, Long.MAX_VALUE (MessageId.latest) is 2^63-1.
+NO_POSITION = 2**64 - 1
+LATEST_POSITION = 2**63 - 1
+
+
+def _reader_start(body: pulsar.CommandSubscribe, from_latest: bool) -> tuple[Position | None, bool]:
+    """Where a reader starts: (deliver what comes after this position, or from the first entry when
+    None; or from the latest entry on)."""
+    if not body.HasField("start_message_id"):
+        return None, from_latest
+    start = body.start_message_id
+    if start.ledgerId == NO_POSITION:
+        return None, False
+    if start.ledgerId >= LATEST_POSITION:
+        return None, True
+    # A batch's message: its entry again (the client skips the messages before it); else after it.
+    entry = start.entryId - 1 if start.batch_index >= 0 else start.entryId
+    return Position(start.ledgerId, entry), False
 
 
 def _txn_of(most: int, least: int, present: bool) -> TxnID | None:
@@ -645,12 +702,13 @@ async def _nothing() -> None:
     return None
 
 
-def _log_ack_failure(topic: str, future: asyncio.Future[Any]) -> None:
+def _log_failure(what: str, future: asyncio.Future[Any]) -> None:
+    """Log why ``what`` failed: a command with nobody to answer (an ack without a request id)."""
     if future.cancelled():
         return
     exc = future.exception()
     if exc is not None:
-        log.warning("a Pulsar consumer's ack on %s failed: %s", topic, exc)
+        log.warning("%s failed: %s", what, exc)
 
 
 def _receipt(producer_id: int, send: _Send) -> bytes:

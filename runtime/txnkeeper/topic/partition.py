@@ -157,6 +157,9 @@ class Partition:
         )
         self.buffer = TransactionBuffer()
         self.subscriptions: dict[str, Subscription] = {}
+        # Readers (non-durable subscriptions, topic/readers.py): woken like subscriptions, but no
+        # policy (retention, TTL, backlog quota) counts them.
+        self.readers: set[Subscription] = set()
         # Message TTL and backlog quota checks; the quota's gate holds or refuses sends.
         self.checks = PolicyChecks(
             topic, self, ledger.ledger_facts, self.buffer.first_open_position, self.subscriptions
@@ -815,6 +818,26 @@ class Partition:
     def _notify(self) -> None:
         for subscription in self.subscriptions.values():
             subscription.notify()
+        for reader in self.readers:
+            reader.notify()
+
+    async def last_message_position(self, scan_limit: int = 4096) -> Position | None:
+        """The newest entry that is a message, not a transaction marker (Pulsar's last message id),
+        looked for among the last ``scan_limit`` entries of the newest ledger that has any; None if
+        none is."""
+        last = self.ledger.last_confirmed_entry()
+        scanned = 0
+        while last is not None and last.entry_id >= 0 and scanned < scan_limit:
+            start = max(0, last.entry_id - 63)
+            entries = await self.ledger.read_entries(
+                Position(last.ledger_id, start), last.entry_id - start + 1
+            )
+            for entry in reversed(entries):
+                if not decode(entry.data, self.topic, entry.position).is_marker:
+                    return entry.position
+            scanned += len(entries)
+            last = Position(last.ledger_id, start - 1)
+        return None
 
 
 def notify_from_future(notify: WriteNotify, written: asyncio.Future[Position]) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
 from txnkeeper.errors import BadRequestError, DataUnreadableError, InvalidTxnStatusError
+from txnkeeper.ledger.cursor import LedgerLayout
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.partition import (
     HOUSEKEEPING_INTERVAL,
@@ -31,6 +32,7 @@ from txnkeeper.topic.partition import (
 )
 from txnkeeper.topic.policies import NO_POLICIES, TopicPolicies
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
+from txnkeeper.topic.readers import ReaderAcks, ReaderCursor
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
 from txnkeeper.topic.snapshot import snapshot_path
@@ -195,6 +197,41 @@ class TopicService:
         return await self._single_flight(
             ("s", topic, name), lambda: self._create_subscription(topic, name, from_latest)
         )
+
+    async def open_reader(
+        self, topic: str, name: str, after: Position | None, *, from_latest: bool = False
+    ) -> Subscription:
+        """A reader (non-durable subscription, topic/readers.py) of ``topic`` delivering what comes
+        after ``after`` (None: from the first entry), or with ``from_latest`` what is written from now."""
+        validate_name("subscription", name)
+        partition = self._partitions.get(topic) or await self.partition(topic)
+        layout = cast(LedgerLayout, partition.ledger)
+        if from_latest:
+            after = partition.ledger.last_confirmed_entry()
+        if after is None:
+            ids = layout.ledger_ids()
+            after = Position(ids[0] if ids else 0, -1)
+        subscription = Subscription(
+            topic,
+            name,
+            reader=partition,
+            cursor=ReaderCursor(layout, after),
+            buffer=partition.buffer,
+            pending_log=ReaderAcks(),
+        )
+        partition.readers.add(subscription)
+        subscription.start()
+        return subscription
+
+    async def close_reader(self, reader: Subscription) -> None:
+        partition = self._partitions.get(reader.topic)
+        if partition is not None:
+            partition.readers.discard(reader)
+        await reader.close()
+
+    async def last_message_position(self, topic: str) -> Position | None:
+        partition = self._partitions.get(topic) or await self.partition(topic)
+        return await partition.last_message_position()
 
     def partitions(self) -> dict[str, Partition]:
         return self._partitions
