@@ -172,6 +172,22 @@ def _args(cr: Resource, version: str) -> list[str]:
     return args
 
 
+def pulsar_urls(cr: Resource) -> str:
+    """``pulsar://`` URLs of the resource's pods in ordinal order, by their DNS names behind the
+    headless Service: what Pulsar lookups answer (the pods' --pulsar-urls or
+    --pulsar-coordinator-urls), so a client in the cluster is sent to the pod itself."""
+    return ",".join(
+        f"pulsar://{cr.name}-{i}.{cr.name}.{cr.namespace}.svc:{naming.CLIENT_PORT}"
+        for i in range(cr.replicas)
+    )
+
+
+def _pulsar_env(cr: Resource) -> dict[str, Any]:
+    if cr.kind is naming.PENDING_ACK_STORE:
+        return {"name": "TXNKEEPER_PULSAR_URLS", "value": pulsar_urls(cr)}
+    return {"name": "TXNKEEPER_PULSAR_COORDINATOR_URLS", "value": pulsar_urls(cr)}
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -225,6 +241,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             *gated.offload_env(cr, template.version),
             *podsettings.connection_env(cr),
             *podsettings.memory_env(cr),
+            _pulsar_env(cr),
             *auth_env,
         ],
         "ports": [

@@ -476,9 +476,11 @@ def test_each_section_reaches_only_the_pods_that_read_it() -> None:
 def test_nothing_set_renders_nothing() -> None:
     for cr in (TC, store("2.0.0")):
         assert set(_config(cr)) == {"batchedWrite"}
-        assert not [
-            name for name in _env(cr) if name not in {"POD_NAME", "POD_NAMESPACE", "TXNKEEPER_RELEASE"}
-        ]
+        # Always there, from the resource itself: the pod identity, the release, and the pods' own
+        # Pulsar URLs (what lookups answer); no setting of the CR.
+        always = {"POD_NAME", "POD_NAMESPACE", "TXNKEEPER_RELEASE"}
+        always |= {"TXNKEEPER_PULSAR_URLS", "TXNKEEPER_PULSAR_COORDINATOR_URLS"}
+        assert not [name for name in _env(cr) if name not in always]
 
 
 @pytest.mark.parametrize(
@@ -647,3 +649,18 @@ def test_client_authentication_mounts_the_token_key_in_store_pods_only() -> None
         names = {e["name"] for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert KEY_ENV not in names
         assert all(v["name"] != "client-token-key" for v in plain["spec"]["template"]["spec"]["volumes"])
+
+
+def test_pods_tell_pulsar_clients_their_own_dns_names() -> None:
+    """Lookups on a pod name the pods by their DNS names behind the headless Service (not the
+    address they listen on, 0.0.0.0): one URL per replica, in ordinal order."""
+    for cr, env_name in ((PAS, "TXNKEEPER_PULSAR_URLS"), (TC, "TXNKEEPER_PULSAR_COORDINATOR_URLS")):
+        container = builders.statefulset(cr, Template("2.0.0", ON), SETTINGS)["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        urls = env[env_name].split(",")
+        assert urls == [
+            f"pulsar://{cr.name}-{i}.{cr.name}.{cr.namespace}.svc:6650" for i in range(cr.replicas)
+        ]
+        assert container["ports"][0] == {"name": "pulsar", "containerPort": 6650, "protocol": "TCP"}
