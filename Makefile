@@ -162,7 +162,7 @@ test-prereqs:
 	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
 	  "the chart, S3 offload and API-server tests will be skipped"; \
 	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PULSAR_GO_PEER_STAMP) \
-	  $(if $(JAVA_SKIP),,$(PULSAR_JAVA_STAMP)) k8s-bins kind-components \
+	  $(if $(JAVA_SKIP),,$(PULSAR_JAVA_STAMP) $(PULSAR_PEER_STAMP)) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
 # `make unit` alone builds them first; `make test` has (PREREQS_DONE), before running unit and e2e
@@ -195,7 +195,8 @@ demo: install
 # --- Pulsar side by side (bench/pulsar_peer/README.md): optional, not part of `make test` -----------
 # Pulsar's jars from Maven Central only (settings.xml mirrors every repository to Central) into
 # $(CACHE_DIR)/pulsar-peer/lib; the stamp names the pom's hash so an edited pom re-resolves.
-PULSAR_PEER_LIB := $(CACHE_DIR)/pulsar-peer/lib
+# `make test` resolves them too: tests/runtime/test_pulsar_perf.py runs pulsar-perf against txnkeeper.
+export PULSAR_PEER_LIB := $(CACHE_DIR)/pulsar-peer/lib
 PULSAR_PEER_STAMP := $(CACHE_DIR)/pulsar-peer/.resolved-$(shell sha256sum bench/pulsar_peer/pom.xml | cut -c1-16)
 PULSAR_PEER_ARGS ?=
 

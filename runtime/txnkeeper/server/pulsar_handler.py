@@ -417,6 +417,9 @@ class PulsarPodHandler:
         success.producer_name = name
         success.last_sequence_id = -1
         success.producer_ready = True
+        # Pulsar's brokers always send it (empty: no schema registered); older Java clients (4.0)
+        # read it unconditionally and drop the connection without it.
+        success.schema_version = b""
         return encode_command(answer)
 
     def _send(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
