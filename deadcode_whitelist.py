@@ -61,3 +61,4 @@ _.brokerServiceUrl
 _.authoritative
 _.producer_ready
 _.client_version
+_.schema_version
