@@ -125,6 +125,7 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
         "singleKeyTransactions": {"enabled": True},
         "transactions": {"maxTimeoutMs": 60_000},
         "topicPolicies": {"checkIntervalSeconds": 5},
+        "pulsar": {"partitionedTopics": {"persistent://t/n/orders": 2}},
     }
     path.write_text(json.dumps(doc))
     txnlog, pending = batch_configs(path)
@@ -134,7 +135,14 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
     assert section(loaded, "singleKeyTransactions") == {"enabled": True}
     assert section(loaded, "transactions") == {"maxTimeoutMs": 60_000}
     assert section(loaded, "topicPolicies") == {"checkIntervalSeconds": 5}
-    assert set(OTHER_SECTIONS) == {"offload", "singleKeyTransactions", "transactions", "topicPolicies"}
+    assert section(loaded, "pulsar") == {"partitionedTopics": {"persistent://t/n/orders": 2}}
+    assert set(OTHER_SECTIONS) == {
+        "offload",
+        "singleKeyTransactions",
+        "transactions",
+        "topicPolicies",
+        "pulsar",
+    }
     # Beside the bare CR block too, and a file holding only another module's section is all defaults.
     path.write_text(json.dumps({"enabled": True, "offload": {}}))
     assert batch_configs(path)[0].enabled

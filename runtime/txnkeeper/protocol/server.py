@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import struct
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -485,18 +486,38 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
             book.trim_memory_soon(self._loop)
 
 
-# The first bytes of a connection tell the wires apart (``ServerConnection.data_received``).
-SNIFF_BYTES = 5
+_SIZES = struct.Struct(">II")
+
+
+def _wire_of(first: bytes, max_frame_size: int) -> str | None:
+    """Which wire a connection's first bytes speak: "own", "other" (Pulsar's), or None while they
+    cannot tell yet. A Pulsar connection starts with CONNECT, ``[uint32 total][uint32 command size]
+    [BaseCommand]`` with the command size exactly the total less 4 (no payload), and a total far below
+    16 MiB, so its fifth byte is 0; an own-protocol frame's fifth byte starts a protobuf field tag,
+    which is never 0. What is neither is left to the own decoder, which says what is wrong with it
+    (an empty or oversized frame, or bytes that do not parse)."""
+    if len(first) < 4:
+        return None
+    (total,) = struct.unpack_from(">I", first)
+    if total < 8 or total > max_frame_size:
+        return "own"
+    if len(first) < 5:
+        return None
+    if first[4] != 0:
+        return "own"
+    if len(first) < 8:
+        return None
+    total, command_size = _SIZES.unpack_from(first)
+    return "other" if command_size == total - 4 else "own"
 
 
 class ServerConnection(BaseServerConnection[api.Command]):
     """One accepted connection of txnkeeper's own protocol; a ``Session`` for the handler.
 
-    With ``other_wire`` (Pulsar's protocol, protocol/pulsar_server.py) one port serves both: the fifth
-    byte of a Pulsar frame is the high byte of its command size (always 0: commands are far below 16
-    MiB), while an own-protocol frame's fifth byte starts a protobuf field tag, which is never 0. The
-    connection waits for five bytes (any real first frame has them; until then the handshake and frame
-    timeouts apply as to any partial frame), then either goes on or hands itself over.
+    With ``other_wire`` (Pulsar's protocol, protocol/pulsar_server.py) one port serves both: the
+    connection reads its first bytes until they tell the wire (``_wire_of``: at most eight, which a
+    real first frame of either wire always has; until then the handshake and frame timeouts apply as
+    to any partial frame), then either goes on or hands itself over.
     """
 
     def __init__(
@@ -515,14 +536,15 @@ class ServerConnection(BaseServerConnection[api.Command]):
             super().data_received(data)
             return
         sniffed = self._sniffed + data
-        if len(sniffed) < SNIFF_BYTES:
+        wire = _wire_of(sniffed, self._limits.max_frame_size)
+        if wire is None:
             self._sniffed = sniffed
             self.last_received = self._loop.time()
             if self.frame_started is None:
                 self.frame_started = self.last_received
             return
         other_wire, self._other_wire, self._sniffed = self._other_wire, None, b""
-        if sniffed[4] == 0:
+        if wire == "other":
             self.hand_over(other_wire(self._book), sniffed)
         else:
             super().data_received(sniffed)
