@@ -77,9 +77,20 @@ JUDGED_SHARE = 1 / 6  # the mark at 1/6 of the run; the judged window is its las
 OUTCOME_BYTES = 41
 
 
-def start_pod(root: Path, name: str, role: str, extra: tuple[str, ...] = ()) -> RuntimeProcess:
+def start_pod(
+    root: Path, name: str, role: str, extra: tuple[str, ...] = (), config: dict[str, Any] | None = None
+) -> RuntimeProcess:
     """The e2e bench's pod launcher, at this soak's release."""
-    return txn_e2e.start_pod(root, name, role, extra, release=RELEASE)
+    return txn_e2e.start_pod(root, name, role, extra, release=RELEASE, config=config)
+
+
+def store_config(retention_minutes: int) -> dict[str, Any] | None:
+    """The store's --config: with ``retention_minutes`` > 0, a retention default for every topic (so
+    the topic without subscriptions is trimmed as Pulsar's retention trims it); else none."""
+    if retention_minutes <= 0:
+        return None
+    retention = {"retentionTimeInMinutes": retention_minutes, "retentionSizeInMB": 1024}
+    return {"topicPolicies": {"retention": retention}}
 
 
 def rss_bytes(pid: int) -> int:
@@ -355,7 +366,7 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
 
 async def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     coordinator = start_pod(root, "tc-0", "coordinator")
-    store = start_pod(root, "pas-0", "store", ("--srk-enabled", "true"))
+    store = start_pod(root, "pas-0", "store", ("--srk-enabled", "true"), store_config(args.retention_minutes))
     pods = {"tc-0": "coordinator", "pas-0": "store"}
     procs = {"tc-0": coordinator, "pas-0": store}
     try:
@@ -435,6 +446,13 @@ def main() -> int:
     parser.add_argument("--lazy-every", type=float, default=60.0, help="seconds between lazy batches")
     parser.add_argument("--flood", type=int, default=1000, help="never-written SetupAppends per batch")
     parser.add_argument("--srk-writers", type=int, default=64, help="single-key writers committing")
+    parser.add_argument(
+        "--retention-minutes",
+        type=int,
+        default=0,
+        help="a retention default (minutes, up to 1 GiB) for every topic: without it a topic without"
+        " subscriptions keeps every ledger for a future subscription (0: none, the default)",
+    )
     parser.add_argument("--progress", action="store_true", help="print each sample to stderr")
     process_settings.add_arguments(parser)
     args = parser.parse_args()

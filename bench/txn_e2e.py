@@ -51,11 +51,20 @@ PREFILL_PER_S_DEFAULT = 12_000
 
 
 def start_pod(
-    root: Path, name: str, role: str, extra: tuple[str, ...] = (), release: str = "2.0.0"
+    root: Path,
+    name: str,
+    role: str,
+    extra: tuple[str, ...] = (),
+    release: str = "2.0.0",
+    *,
+    config: dict[str, Any] | None = None,
 ) -> RuntimeProcess:
-    """A ``txnkeeper serve`` process with default batch settings, started (the fleet's launcher)."""
+    """A ``txnkeeper serve`` process with default batch settings (or ``config``: its --config
+    document), started (the fleet's launcher)."""
     token = write_admin_token(root / "token", TOKEN)
-    pod = RuntimeProcess.in_work_dir(root, name, role, token_file=token, release=release, extra_args=extra)
+    pod = RuntimeProcess.in_work_dir(
+        root, name, role, token_file=token, release=release, extra_args=extra, config=config
+    )
     pod.start()
     return pod
 
