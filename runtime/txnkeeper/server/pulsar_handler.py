@@ -19,16 +19,14 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
 from txnkeeper import __version__
-from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError, UnavailableError
+from txnkeeper.errors import BadRequestError, NotServedHereError, UnavailableError
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.auth import UnauthorizedError
@@ -37,82 +35,42 @@ from txnkeeper.protocol.pulsar_frames import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PulsarFrame,
     encode_command,
-    encode_payload_command,
 )
-from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command, server_error
+from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command
+from txnkeeper.server.pulsar_common import (
+    MAX_PERMITS,
+    SCHEMA_BYTES,
+    SCHEMA_STRING,
+    SERVER_PROTOCOL_VERSION,
+    ChecksumError,
+    NotAllowedError,
+    T,
+    log_failure,
+    new_command,
+    pulsar_error,
+    success,
+)
+from txnkeeper.server.pulsar_consumers import NO_POSITION, PulsarConsumer, reader_start
 from txnkeeper.server.pulsar_coordinator import (
-    CoordinatorNotFoundError,
     PulsarCoordinators,
     response_error,
 )
 from txnkeeper.server.pulsar_placement import PulsarPlacement, coordinator_partition
+from txnkeeper.server.pulsar_sends import (
+    Producer,
+    Send,
+    Write,
+    check_schema,
+    publish,
+    publish_registered,
+    succeeded,
+    txn_of,
+)
 from txnkeeper.server.pulsar_txns import TxnRegistrations
-from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService, validate_name
-from txnkeeper.topic.subscription import Subscription
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
-
-T = pulsar.BaseCommand
-# The newest protocol version this server speaks (v20: topic migration, which it never sends).
-SERVER_PROTOCOL_VERSION = 20
-MAX_PERMITS = 100_000
-SCHEMA_BYTES = 0  # Schema.Type None: raw bytes (what a client without a schema sends, if anything)
-SCHEMA_STRING = 1
-
-
-def _command(kind: int) -> pulsar.BaseCommand:
-    return pulsar.BaseCommand(type=kind)  # type: ignore[arg-type]
-
-
-def _success(request_id: int) -> bytes:
-    command = _command(T.SUCCESS)
-    command.success.request_id = request_id
-    return encode_command(command)
-
-
-class NotAllowedError(ServiceError):
-    """Something Pulsar's protocol has that this server does not serve (yet): Pulsar's NotAllowedError."""
-
-
-class ChecksumError(ServiceError):
-    """A SEND whose CRC32C does not match its metadata and payload (Pulsar's ChecksumError)."""
-
-
-def _pulsar_error(exc: BaseException) -> tuple[int, str]:
-    """Pulsar's ServerError and message for a command that failed with ``exc``."""
-    if isinstance(exc, NotAllowedError):
-        return pulsar.NotAllowedError, str(exc)
-    if isinstance(exc, ChecksumError):
-        return pulsar.ChecksumError, str(exc)
-    if isinstance(exc, CoordinatorNotFoundError):
-        return pulsar.TransactionCoordinatorNotFound, str(exc)
-    if isinstance(exc, ServiceError):
-        return server_error(exc.code), str(exc)
-    log.error("a Pulsar command failed unexpectedly", exc_info=exc)
-    return pulsar.UnknownError, f"{type(exc).__name__}: {exc}"
-
-
-@dataclass
-class _Send:
-    """A SEND waiting for its write: receipts go out in the order the sends came (Pulsar's producers
-    match each receipt with their oldest pending send)."""
-
-    sequence_id: int
-    highest_sequence_id: int
-    position: Position | None = None
-    failure: BaseException | None = None
-    done: bool = False
-
-
-@dataclass
-class _Producer:
-    session: PulsarSession
-    producer_id: int
-    topic: str
-    name: str
-    sends: deque[_Send] = field(default_factory=deque)
 
 
 @dataclass
@@ -121,56 +79,8 @@ class _Connection:
 
     protocol_version: int = -1  # -1: CONNECT not received yet
     principal: str = ""
-    producers: dict[int, _Producer] = field(default_factory=dict)
+    producers: dict[int, Producer] = field(default_factory=dict)
     consumers: dict[int, PulsarConsumer] = field(default_factory=dict)
-
-
-class PulsarConsumer:
-    """A Pulsar consumer as a subscription sees it: MESSAGE frames over its connection."""
-
-    __slots__ = ("_session", "client_consumer_id", "consumer_id", "reader", "subscription", "topic")
-    _ids = itertools.count(1 << 40)  # apart from PodHandler's endpoints, which share subscriptions
-
-    def __init__(
-        self, session: PulsarSession, client_consumer_id: int, topic: str, subscription: Subscription
-    ) -> None:
-        self._session = session
-        self.consumer_id = next(PulsarConsumer._ids)
-        self.client_consumer_id = client_consumer_id
-        self.topic = topic
-        self.subscription = subscription
-        self.reader = False  # a non-durable subscription of its own, closed with the consumer
-
-    @property
-    def ready(self) -> bool:
-        return self._session.ready_for_push()
-
-    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
-        command = _command(T.MESSAGE)
-        message = command.message
-        message.consumer_id = self.client_consumer_id
-        message.message_id.ledgerId = position.ledger_id
-        message.message_id.entryId = position.entry_id
-        if redelivery_count:
-            message.redelivery_count = redelivery_count
-        metadata = record.metadata or _metadata_of(record)
-        self._session.push_frame(encode_payload_command(command, metadata, record.payload))
-
-    def read_failed(self, after: Position | None, message: str) -> None:
-        # Pulsar's protocol has no push for "the next entries cannot be read": the consumer waits
-        # (nothing wrong is served) and the pod's log, metrics and offload status say why.
-        log.warning("Pulsar consumer %d of %s: %s", self.client_consumer_id, self.topic, message)
-
-
-def _metadata_of(record: DecodedRecord) -> bytes:
-    """MessageMetadata for a message written by txnkeeper's own protocol (it has none stored)."""
-    metadata = pulsar.MessageMetadata()
-    metadata.producer_name = record.writer_id or "txnkeeper"
-    metadata.sequence_id = max(record.first_number, 0)
-    metadata.publish_time = record.publish_time_ms
-    if record.key:
-        metadata.partition_key = record.key
-    return metadata.SerializeToString()
 
 
 class PulsarPodHandler:
@@ -240,18 +150,18 @@ class PulsarPodHandler:
         return route(session, connection, frame)
 
     def error_reply(self, frame: PulsarFrame, exc: BaseException) -> bytes | None:
-        error, message = _pulsar_error(exc)
+        error, message = pulsar_error(exc)
         command = frame.command
         kind = command.type
         if kind == T.SEND:
-            answer = _command(T.SEND_ERROR)
+            answer = new_command(T.SEND_ERROR)
             answer.send_error.producer_id = command.send.producer_id
             answer.send_error.sequence_id = command.send.sequence_id
             answer.send_error.error = error  # type: ignore[assignment]
             answer.send_error.message = message
             return encode_command(answer)
         if kind == T.PARTITIONED_METADATA:
-            answer = _command(T.PARTITIONED_METADATA_RESPONSE)
+            answer = new_command(T.PARTITIONED_METADATA_RESPONSE)
             response = answer.partitionMetadataResponse
             response.request_id = command.partitionMetadata.request_id
             response.response = pulsar.CommandPartitionedTopicMetadataResponse.Failed
@@ -259,7 +169,7 @@ class PulsarPodHandler:
             response.message = message
             return encode_command(answer)
         if kind == T.LOOKUP:
-            answer = _command(T.LOOKUP_RESPONSE)
+            answer = new_command(T.LOOKUP_RESPONSE)
             lookup = answer.lookupTopicResponse
             lookup.request_id = command.lookupTopic.request_id
             lookup.response = pulsar.CommandLookupTopicResponse.Failed
@@ -273,7 +183,7 @@ class PulsarPodHandler:
             if not command.ack.HasField("request_id"):
                 log.warning("a Pulsar ack without a request id failed: %s", message)
                 return None
-            answer = _command(T.ACK_RESPONSE)
+            answer = new_command(T.ACK_RESPONSE)
             ack_response = answer.ackResponse
             ack_response.consumer_id = command.ack.consumer_id
             ack_response.request_id = command.ack.request_id
@@ -297,7 +207,7 @@ class PulsarPodHandler:
         consumer.subscription.remove_consumer(consumer.consumer_id)
         if consumer.reader and self._topics is not None:
             closing = asyncio.ensure_future(self._topics.close_reader(consumer.subscription))
-            closing.add_done_callback(partial(_log_failure, f"closing a reader of {consumer.topic}"))
+            closing.add_done_callback(partial(log_failure, f"closing a reader of {consumer.topic}"))
 
     def session_holds_state(self, session: PulsarSession) -> bool:
         connection = self._connections.get(session.session_id)
@@ -337,7 +247,7 @@ class PulsarPodHandler:
                 return None
         version = min(max(body.protocol_version, 0), SERVER_PROTOCOL_VERSION)
         self._connections[session.session_id] = _Connection(version, principal)
-        answer = _command(T.CONNECTED)
+        answer = new_command(T.CONNECTED)
         answer.connected.server_version = f"txnkeeper-{__version__}"
         answer.connected.protocol_version = version
         answer.connected.max_message_size = self._max_message_size
@@ -345,7 +255,7 @@ class PulsarPodHandler:
         return encode_command(answer)
 
     def _ping(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
-        return encode_command(_command(T.PONG))
+        return encode_command(new_command(T.PONG))
 
     def _pong(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         return None
@@ -356,7 +266,7 @@ class PulsarPodHandler:
     ) -> PulsarResult:
         body = frame.command.partitionMetadata
         validate_name("topic", body.topic)
-        answer = _command(T.PARTITIONED_METADATA_RESPONSE)
+        answer = new_command(T.PARTITIONED_METADATA_RESPONSE)
         response = answer.partitionMetadataResponse
         response.request_id = body.request_id
         # One partition per transaction coordinator for the coordinator-assign topic (Pulsar's
@@ -368,7 +278,7 @@ class PulsarPodHandler:
     def _lookup(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.lookupTopic
         validate_name("topic", body.topic)
-        answer = _command(T.LOOKUP_RESPONSE)
+        answer = new_command(T.LOOKUP_RESPONSE)
         response = answer.lookupTopicResponse
         response.request_id = body.request_id
         coordinator = coordinator_partition(body.topic)
@@ -408,10 +318,10 @@ class PulsarPodHandler:
                 f"producer access mode {pulsar.ProducerAccessMode.Name(body.producer_access_mode)} is not"
                 " served: use Shared (the default)"
             )
-        _check_schema(body)
+        check_schema(body)
         name = body.producer_name or f"{self._pod_name}-{next(self._producer_names)}"
-        connection.producers[body.producer_id] = _Producer(session, body.producer_id, body.topic, name)
-        answer = _command(T.PRODUCER_SUCCESS)
+        connection.producers[body.producer_id] = Producer(session, body.producer_id, body.topic, name)
+        answer = new_command(T.PRODUCER_SUCCESS)
         success = answer.producer_success
         success.request_id = body.request_id
         success.producer_name = name
@@ -439,21 +349,21 @@ class PulsarPodHandler:
         except DecodeError as exc:
             raise BadRequestError(f"the SEND's MessageMetadata does not parse: {exc}") from exc
         topics = self._store()
-        txn = _txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
+        txn = txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
         registered = None if txn is None else self._registration(txn, producer.topic, "")
-        send = _Send(body.sequence_id, body.highest_sequence_id)
+        send = Send(body.sequence_id, body.highest_sequence_id)
         producer.sends.append(send)
         key = metadata.partition_key if metadata.HasField("partition_key") else ""
-        write = _Write(topics, producer, send, (frame.payload, key, frame.metadata), txn)
-        if registered is None or (isinstance(registered, asyncio.Future) and _succeeded(registered)):
+        write = Write(topics, producer, send, (frame.payload, key, frame.metadata), txn)
+        if registered is None or (isinstance(registered, asyncio.Future) and succeeded(registered)):
             try:
-                _publish(write)
+                publish(write)
             except BaseException:
                 producer.sends.remove(send)
                 raise
             return None
         # The write waits for the coordinator's confirmation; the receipt keeps its place in order.
-        asyncio.ensure_future(registered).add_done_callback(partial(_publish_registered, write))
+        asyncio.ensure_future(registered).add_done_callback(partial(publish_registered, write))
         return None
 
     def _registration(self, txn: TxnID, topic: str, subscription: str) -> Awaitable[None]:
@@ -466,7 +376,7 @@ class PulsarPodHandler:
     ) -> PulsarResult:
         body = frame.command.close_producer
         connection.producers.pop(body.producer_id, None)
-        return _success(body.request_id)
+        return success(body.request_id)
 
     # --- consumers -------------------------------------------------------------------------------
     def _subscribe(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
@@ -500,7 +410,7 @@ class PulsarPodHandler:
         if body.durable:
             subscription = await topics.subscription(body.topic, body.subscription, from_latest=from_latest)
         else:
-            after, latest = _reader_start(body, from_latest)
+            after, latest = reader_start(body, from_latest)
             subscription = await topics.open_reader(body.topic, body.subscription, after, from_latest=latest)
         if not session.is_open or body.consumer_id in connection.consumers:
             if not body.durable:
@@ -513,7 +423,7 @@ class PulsarPodHandler:
         mode = pulsar.CommandSubscribe.SubType.Name(body.subType)
         subscription.add_consumer(consumer, 0, mode=mode, priority=body.priority_level)
         connection.consumers[body.consumer_id] = consumer
-        return _success(body.request_id)
+        return success(body.request_id)
 
     def _consumer(self, connection: _Connection, consumer_id: int) -> PulsarConsumer:
         consumer = connection.consumers.get(consumer_id)
@@ -540,14 +450,14 @@ class PulsarPodHandler:
             if not any(m.ack_set)
         ]
         cumulative = body.ack_type == pulsar.CommandAck.Cumulative
-        txn = _txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
+        txn = txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
         if txn is not None:
             done: Awaitable[None] = self._txn_ack(consumer, positions, cumulative, txn)
         else:
             done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
         if not body.HasField("request_id"):
             acked = asyncio.ensure_future(done)
-            acked.add_done_callback(partial(_log_failure, f"a Pulsar consumer's ack on {consumer.topic}"))
+            acked.add_done_callback(partial(log_failure, f"a Pulsar consumer's ack on {consumer.topic}"))
             return None
         return self._ack_response(done, body.consumer_id, body.request_id)
 
@@ -586,7 +496,7 @@ class PulsarPodHandler:
     @staticmethod
     async def _ack_response(done: Awaitable[None], consumer_id: int, request_id: int) -> bytes:
         await done
-        answer = _command(T.ACK_RESPONSE)
+        answer = new_command(T.ACK_RESPONSE)
         answer.ackResponse.consumer_id = consumer_id
         answer.ackResponse.request_id = request_id
         return encode_command(answer)
@@ -608,7 +518,7 @@ class PulsarPodHandler:
         consumer = connection.consumers.pop(body.consumer_id, None)
         if consumer is not None:
             self._release(consumer)
-        return _success(body.request_id)
+        return success(body.request_id)
 
     def _last_message_id(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
@@ -619,7 +529,7 @@ class PulsarPodHandler:
 
     async def _last_message_answer(self, consumer: PulsarConsumer, request_id: int) -> bytes:
         last = await self._store().last_message_position(consumer.topic)
-        answer = _command(T.GET_LAST_MESSAGE_ID_RESPONSE)
+        answer = new_command(T.GET_LAST_MESSAGE_ID_RESPONSE)
         response = answer.getLastMessageIdResponse
         response.request_id = request_id
         response.last_message_id.ledgerId = last.ledger_id if last is not None else NO_POSITION
@@ -631,108 +541,8 @@ class PulsarPodHandler:
         return encode_command(answer)
 
 
-# MessageIdData's uint64 fields carry Java's longs: -1 (MessageId.earliest, "no message") wraps to
-# 2^64-1, Long.MAX_VALUE (MessageId.latest) is 2^63-1.
-NO_POSITION = 2**64 - 1
-LATEST_POSITION = 2**63 - 1
-
-
-def _reader_start(body: pulsar.CommandSubscribe, from_latest: bool) -> tuple[Position | None, bool]:
-    """Where a reader starts: (deliver what comes after this position, or from the first entry when
-    None; or from the latest entry on)."""
-    if not body.HasField("start_message_id"):
-        return None, from_latest
-    start = body.start_message_id
-    if start.ledgerId == NO_POSITION:
-        return None, False
-    if start.ledgerId >= LATEST_POSITION:
-        return None, True
-    # A batch's message: its entry again (the client skips the messages before it); else after it.
-    entry = start.entryId - 1 if start.batch_index >= 0 else start.entryId
-    return Position(start.ledgerId, entry), False
-
-
-def _txn_of(most: int, least: int, present: bool) -> TxnID | None:
-    return TxnID(most, least) if present or most or least else None
-
-
-def _succeeded(future: asyncio.Future[None]) -> bool:
-    return future.done() and not future.cancelled() and future.exception() is None
-
-
-class _Write(NamedTuple):
-    """A SEND to be written: where, what (payload, key, Pulsar metadata), in which transaction."""
-
-    topics: TopicService
-    producer: _Producer
-    send: _Send
-    message: tuple[bytes, str, bytes]
-    txn: TxnID | None
-
-
-def _publish(write: _Write) -> None:
-    payload, key, metadata = write.message
-    notify = partial(_written, write.producer, write.send)
-    write.topics.publish_notify(write.producer.topic, payload, key, write.txn, notify, metadata=metadata)
-
-
-def _publish_registered(write: _Write, registered: asyncio.Future[None]) -> None:
-    """A transactional SEND whose registration the coordinator answered: written now, or failed."""
-    try:
-        if registered.cancelled():
-            raise UnavailableError("the server is closing")
-        failure = registered.exception()
-        if failure is not None:
-            raise failure
-        _publish(write)
-    except Exception as exc:
-        _written(write.producer, write.send, None, exc)
-
-
-def _written(
-    producer: _Producer, send: _Send, position: Position | None, failure: BaseException | None
-) -> None:
-    send.position, send.failure, send.done = position, failure, True
-    sends = producer.sends
-    session = producer.session
-    while sends and sends[0].done:
-        head = sends.popleft()
-        if session.is_open:
-            session.send_frame(_receipt(producer.producer_id, head))
-
-
 async def _nothing() -> None:
     return None
-
-
-def _log_failure(what: str, future: asyncio.Future[Any]) -> None:
-    """Log why ``what`` failed: a command with nobody to answer (an ack without a request id)."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        log.warning("%s failed: %s", what, exc)
-
-
-def _receipt(producer_id: int, send: _Send) -> bytes:
-    if send.position is None:
-        failure = send.failure or UnavailableError("the message was not written")
-        error, message = _pulsar_error(failure)
-        answer = _command(T.SEND_ERROR)
-        answer.send_error.producer_id = producer_id
-        answer.send_error.sequence_id = send.sequence_id
-        answer.send_error.error = error  # type: ignore[assignment]
-        answer.send_error.message = message
-        return encode_command(answer)
-    answer = _command(T.SEND_RECEIPT)
-    receipt = answer.send_receipt
-    receipt.producer_id = producer_id
-    receipt.sequence_id = send.sequence_id
-    if send.highest_sequence_id:
-        receipt.highest_sequence_id = send.highest_sequence_id
-    receipt.message_id.ledgerId = send.position.ledger_id
-    receipt.message_id.entryId = send.position.entry_id
-    return encode_command(answer)
 
 
 def _txn_response(command: pulsar.BaseCommand, error: int, message: str) -> bytes | None:
@@ -754,14 +564,6 @@ def _txn_response(command: pulsar.BaseCommand, error: int, message: str) -> byte
     else:
         return None
     return response_error(kind, request_id, txn, error, message)
-
-
-def _check_schema(body: pulsar.CommandProducer) -> None:
-    if body.HasField("schema") and body.schema.type not in (SCHEMA_BYTES, SCHEMA_STRING):
-        raise NotAllowedError(
-            f"schema type {pulsar.Schema.Type.Name(body.schema.type)} is not served: only bytes and"
-            " string (the schema registry is not implemented)"
-        )
 
 
 def _request_id(command: pulsar.BaseCommand) -> int | None:
