@@ -14,7 +14,6 @@ them), then hands the socket to the connection of that wire.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -23,7 +22,7 @@ from typing import Any, Protocol, cast
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pulsar_frames import PulsarFrame, PulsarFrameDecoder, encode_command
-from txnkeeper.protocol.server import BaseServerConnection, ConnectionBook, SessionHandler
+from txnkeeper.protocol.server import BaseServerConnection, ConnectionBook, SessionHandler, as_future
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +120,7 @@ class PulsarServerConnection(BaseServerConnection[PulsarFrame]):
         if isinstance(result, bytes):
             self.send_frame(result)
             return
-        if isinstance(result, asyncio.Future):
-            future: asyncio.Future[Any] = result
-        elif inspect.iscoroutine(result):
-            future = self._loop.create_task(result)
-        else:
-            future = asyncio.ensure_future(result, loop=self._loop)
+        future = as_future(self._loop, result)
         self.in_flight += 1
         future.add_done_callback(partial(self._complete, command))
 

@@ -574,12 +574,7 @@ class ServerConnection(BaseServerConnection[api.Command]):
         if isinstance(result, api.Command):
             self._reply(request_id, result)
             return
-        if isinstance(result, asyncio.Future):
-            future: asyncio.Future[Any] = result
-        elif inspect.iscoroutine(result):
-            future = self._loop.create_task(result)
-        else:
-            future = asyncio.ensure_future(result, loop=self._loop)
+        future = as_future(self._loop, result)
         self.in_flight += 1
         future.add_done_callback(partial(self._complete, request_id))
 
@@ -717,6 +712,16 @@ class ProtocolServer:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+def as_future(loop: asyncio.AbstractEventLoop, result: Awaitable[Any]) -> asyncio.Future[Any]:
+    """A handler's asynchronous answer as a future: a future as it is (no task per request), a
+    coroutine run as a task, any other awaitable wrapped."""
+    if isinstance(result, asyncio.Future):
+        return result
+    if inspect.iscoroutine(result):
+        return loop.create_task(result)
+    return asyncio.ensure_future(result, loop=loop)
 
 
 def require(condition: bool, message: str) -> None:
