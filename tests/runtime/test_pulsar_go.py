@@ -9,23 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pulsar_wire import free_port, placement_flags
 from runtime_pods import ServePod
 
 PEER = os.environ.get("PULSAR_GO_PEER", "")
-
-
-@pytest.fixture
-def pulsar_pods(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod]:
-    store_port, coordinator_port = free_port(), free_port()
-    flags = placement_flags(store_port, coordinator_port)
-    coordinator = pods("tc-0", "coordinator", extra=[*flags, "--listen", f"127.0.0.1:{coordinator_port}"])
-    store = pods("pas-0", "store", extra=[*flags, "--listen", f"127.0.0.1:{store_port}"])
-    return coordinator, store
 
 
 @pytest.mark.skipif(

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pulsar_wire import free_port, placement_flags
 from runtime_pods import ServePod
 
 CLASSPATH = os.environ.get("PULSAR_JAVA_PEER_CP", "")
@@ -30,15 +29,6 @@ pytestmark = [
     ),
     pytest.mark.timeout(600),
 ]
-
-
-@pytest.fixture
-def pulsar_pods(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod]:
-    store_port, coordinator_port = free_port(), free_port()
-    flags = placement_flags(store_port, coordinator_port)
-    coordinator = pods("tc-0", "coordinator", extra=[*flags, "--listen", f"127.0.0.1:{coordinator_port}"])
-    store = pods("pas-0", "store", extra=[*flags, "--listen", f"127.0.0.1:{store_port}"])
-    return coordinator, store
 
 
 class Peer:

@@ -14,25 +14,14 @@ coordinator pod and a store pod:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-from pulsar_wire import RawPulsar, T, command, free_port, metadata, placement_flags
+from pulsar_wire import RawPulsar, T, command, metadata
 from runtime_pods import ServePod
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.pulsar_frames import encode_payload_command
 
 TOPIC = "persistent://public/default/txn-hostile"
-
-
-@pytest.fixture
-def pulsar_pods(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod]:
-    store_port, coordinator_port = free_port(), free_port()
-    flags = placement_flags(store_port, coordinator_port)
-    coordinator = pods("tc-0", "coordinator", extra=[*flags, "--listen", f"127.0.0.1:{coordinator_port}"])
-    store = pods("pas-0", "store", extra=[*flags, "--listen", f"127.0.0.1:{store_port}"])
-    return coordinator, store
 
 
 def _new_txn(raw: RawPulsar, request_id: int, *, tc_id: int = 0, ttl_ms: int = 60_000) -> pulsar.BaseCommand:
