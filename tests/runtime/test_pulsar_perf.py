@@ -41,6 +41,7 @@ def _perf(tmp_path: Path, *args: str, timeout: float = 240) -> str:
         text=True,
         timeout=timeout,
         check=False,
+        cwd=tmp_path,  # pulsar-perf writes histogram files (*.hgrm) where it runs
     )
     return run.stdout + run.stderr
 
