@@ -85,6 +85,64 @@ def test_batched_messages_arrive_each_once_in_order(client: pulsar.Client) -> No
     assert _nothing_more(consumer)
 
 
+def test_batch_index_acks_survive_reconnects_and_acked_messages_never_come_back(
+    client: pulsar.Client, store: ServePod
+) -> None:
+    """A consumer with batch-index acks on acknowledges some messages of each batch; after it leaves
+    (and after a store restart) a new consumer gets exactly the others: the store kept the indexes
+    left (the cursor's ack sets) and said so in each MESSAGE (Pulsar's ack set), which the client
+    obeys by skipping the acknowledged ones."""
+    topic = "persistent://public/default/batch-index"
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=50
+    )
+    consumer = client.subscribe(
+        topic, "s", initial_position=pulsar.InitialPosition.Earliest, batch_index_ack_enabled=True
+    )
+    for i in range(40):
+        producer.send_async(f"i{i}".encode(), None)
+    producer.flush()
+    received = _drain(consumer, 40, ack=False)
+    assert max(m.message_id().batch_index() for m in received) > 0, "the producer batched"
+    for message in received:
+        if int(message.data()[1:]) % 3 == 0:
+            consumer.acknowledge(message)
+    left = sorted(f"i{i}" for i in range(40) if i % 3)
+    consumer.close()  # flushes the grouped acks
+    again = client.subscribe(topic, "s", batch_index_ack_enabled=True)
+    assert sorted(m.data().decode() for m in _drain(again, len(left), ack=False)) == left
+    assert _nothing_more(again)
+    again.close()
+    store.restart()
+    last = client.subscribe(topic, "s", batch_index_ack_enabled=True)
+    assert sorted(m.data().decode() for m in _drain(last, len(left))) == left
+    assert _nothing_more(last)
+
+
+def test_unsubscribe_deletes_the_subscription_and_a_new_one_starts_afresh(
+    client: pulsar.Client, store: ServePod
+) -> None:
+    topic = "persistent://public/default/unsubscribed"
+    producer = client.create_producer(topic, batching_enabled=False)
+    consumer = client.subscribe(topic, "gone", initial_position=pulsar.InitialPosition.Earliest)
+    for i in range(5):
+        producer.send(f"u{i}".encode())
+    _drain(consumer, 3)
+    shared = client.subscribe(topic, "shared-one", consumer_type=pulsar.ConsumerType.Shared)
+    second = client.subscribe(topic, "shared-one", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.PulsarException):
+        shared.unsubscribe()  # another consumer is attached
+    second.close()
+    shared.unsubscribe()
+    consumer.unsubscribe()
+    store.restart()  # the registry no longer lists them: the pod starts without them
+    again = client.subscribe(topic, "gone", initial_position=pulsar.InitialPosition.Earliest)
+    assert [m.data() for m in _drain(again, 5)] == [f"u{i}".encode() for i in range(5)]
+    assert _nothing_more(again)
+    pending_ack_logs = [p for p in (store.data_dir / "ledgers").iterdir() if "shared-one" in p.name]
+    assert pending_ack_logs == [], pending_ack_logs
+
+
 def test_an_exclusive_subscription_refuses_a_second_consumer(client: pulsar.Client) -> None:
     topic = "persistent://public/default/exclusive"
     first = client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Exclusive)

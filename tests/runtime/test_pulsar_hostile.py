@@ -17,6 +17,10 @@ connection, nothing is written for a refused SEND, and the pod keeps serving a w
 | a producer id or consumer id reused on one connection | ERROR for that request |
 | FLOW for an unknown consumer | nothing (logged); the connection stays usable |
 | an invalid topic name | ERROR |
+| SEND whose metadata batches 0 or over 100,000 messages | SEND_ERROR, nothing written |
+| ACK with an ack set wider than the batch (bits past it ignored) / for a message that does not exist | ACK_RESPONSE (error for the latter) |
+| UNSUBSCRIBE for a consumer not open here | ERROR for its request |
+| UNSUBSCRIBE with another consumer attached / forced / of a reader | ERROR (ConsumerBusy / NotAllowedError) |
 """
 
 from __future__ import annotations
@@ -199,3 +203,62 @@ def test_the_own_protocol_still_works_on_the_same_port(store: ServePod) -> None:
             await client.close()
 
     assert asyncio.run(roundtrip()) == b"own wire"
+
+
+def _unsubscribe(
+    raw: RawPulsar, consumer_id: int, request_id: int, *, force: bool = False
+) -> pulsar.CommandError:
+    cmd = command(T.UNSUBSCRIBE)
+    cmd.unsubscribe.consumer_id = consumer_id
+    cmd.unsubscribe.request_id = request_id
+    if force:
+        cmd.unsubscribe.force = True
+    raw.send(cmd)
+    return raw.expect(T.ERROR).error
+
+
+def test_hostile_batch_acks_and_unsubscribes_are_refused_and_the_subscription_stays(store: ServePod) -> None:
+    raw = RawPulsar(store.listen)
+    raw.handshake()
+    _producer(raw)
+    raw.expect(T.PRODUCER_SUCCESS)
+    huge = pulsar.MessageMetadata(
+        producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=10**6
+    )
+    raw.send_bytes(send_frame(1, 0, huge.SerializeToString(), b"x"))
+    assert "batches 1000000" in raw.expect(T.SEND_ERROR).send_error.message
+    raw.send_bytes(send_frame(1, 1, metadata(sequence_id=1), b"kept"))
+    receipt = raw.expect(T.SEND_RECEIPT).send_receipt
+
+    _subscribe(raw, consumer_id=1, request_id=2)
+    raw.expect(T.SUCCESS)
+    _subscribe(raw, consumer_id=2, request_id=3)  # a second consumer of the same subscription
+    raw.expect(T.SUCCESS)
+    for request_id, (ledger, entry) in enumerate(
+        [(receipt.message_id.ledgerId, receipt.message_id.entryId), (999, 0)], start=10
+    ):
+        ack = command(T.ACK)
+        ack.ack.consumer_id = 1
+        ack.ack.ack_type = pulsar.CommandAck.Individual
+        ack.ack.message_id.add(ledgerId=ledger, entryId=entry, ack_set=[2**63 - 1, 5])
+        ack.ack.request_id = request_id
+        raw.send(ack)
+        answer = raw.expect(T.ACK_RESPONSE).ackResponse
+        assert answer.request_id == request_id
+    # (an ack set for a one-message entry keeps only the bits of its one index: the first acked
+    # nothing of it, since bit 0 is set; the second names an entry that does not exist)
+    assert answer.HasField("error") and "does not exist" in answer.message
+
+    error = _unsubscribe(raw, consumer_id=9, request_id=20)
+    assert error.request_id == 20 and "not open" in error.message
+    error = _unsubscribe(raw, consumer_id=1, request_id=21)
+    assert (error.request_id, error.error) == (21, pulsar.ConsumerBusy) and "other consumer" in error.message
+    error = _unsubscribe(raw, consumer_id=1, request_id=22, force=True)
+    assert (error.request_id, error.error) == (22, pulsar.NotAllowedError)
+
+    flow = command(T.FLOW)
+    flow.flow.consumer_id = 1
+    flow.flow.messagePermits = 10
+    raw.send(flow)
+    message = raw.read()
+    assert message is not None and message.payload == b"kept"  # still subscribed, still unacknowledged

@@ -9,12 +9,14 @@ from typing import Any, cast
 
 import pytest
 
-from txnkeeper.errors import InvalidTxnStatusError
+from txnkeeper.errors import InvalidTxnStatusError, TxnConflictError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.pb import PulsarApi_pb2 as pulsar_api
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.topic import subscription as subscription_module
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
+from txnkeeper.topic.ports import IndexAck
 from txnkeeper.topic.service import TopicLedger, TopicService
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TxnOutcome
@@ -126,5 +128,59 @@ async def test_a_subscription_fences_what_its_bounded_memory_forgets(
     with pytest.raises(InvalidTxnStatusError, match="already ended"):
         await subscription.ack([position], False, first)
     await subscription.ack([position], False, TxnID(0, 3))  # another txn's ack is taken
+    await service.close()
+    await factory.close()
+
+
+async def test_batch_index_acks_pending_in_transactions_survive_a_restart(tmp_path: Path) -> None:
+    """Transactional acks of single messages of a batched entry (Pulsar's ack sets) are logged in the
+    pending-ack store, come back pending after a restart (still conflicting per index), and a commit
+    then deletes exactly those indexes from the cursor; an abort gives its indexes back."""
+    factory = ManagedLedgerFactory(tmp_path / "ledgers")
+
+    async def open_ledger(topic: str) -> TopicLedger:
+        return await factory.open(topic)
+
+    async def open_pending_ack(topic: str, subscription: str) -> PendingAckLogAdapter:
+        return PendingAckLogAdapter(await PendingAckStore.open(factory, topic, subscription))
+
+    topic = "persistent://t/ns/batched"
+    batch = pulsar_api.MessageMetadata(
+        producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=6
+    )
+    service = TopicService(tmp_path / "subscriptions.json", open_ledger, open_pending_ack)
+    await service.recover()
+    partition = await service.partition(topic)
+    entry = await partition.publish_future(b"six messages", "", None, batch.SerializeToString())
+    subscription = await service.subscription(topic, "s")
+    assert await subscription.batch_size(entry) == 6
+    kept, dropped = TxnID(0, 1), TxnID(0, 2)
+    await subscription.ack([], False, kept, [IndexAck(entry, 0b000011, 6)])
+    await subscription.ack([], False, dropped, [IndexAck(entry, 0b000100, 6)])
+    await subscription.ack([], False, None, [IndexAck(entry, 0b100000, 6)])  # a plain index ack
+    await service.close()
+    await factory.close()
+
+    factory = ManagedLedgerFactory(tmp_path / "ledgers")
+    service = TopicService(tmp_path / "subscriptions.json", open_ledger, open_pending_ack)
+    await service.recover()
+    subscription = await service.subscription(topic, "s")
+    with pytest.raises(TxnConflictError, match="batch index 1"):
+        subscription.ack([], False, TxnID(0, 3), [IndexAck(entry, 0b000010, 6)])
+    with pytest.raises(TxnConflictError, match=r"batch index 5 .* already acknowledged"):
+        subscription.ack([], False, TxnID(0, 3), [IndexAck(entry, 0b100000, 6)])
+    await service.end_txn_on_subscription(topic, "s", kept, True)
+    await service.end_txn_on_subscription(topic, "s", dropped, False)
+    await service.close()  # drains the deferred cursor update of the commit
+    await factory.close()
+
+    factory = ManagedLedgerFactory(tmp_path / "ledgers")
+    service = TopicService(tmp_path / "subscriptions.json", open_ledger, open_pending_ack)
+    await service.recover()
+    subscription = await service.subscription(topic, "s")
+    # Indexes 0, 1 (committed) and 5 (plain) are gone; 2 (aborted), 3 and 4 are left.
+    assert subscription._cursor.ack_set(entry) == [0b011100]
+    await subscription.ack([], False, None, [IndexAck(entry, 0b011100, 6)])
+    assert subscription.is_acknowledged(entry)
     await service.close()
     await factory.close()

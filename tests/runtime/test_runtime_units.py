@@ -26,6 +26,7 @@ from txnkeeper.protocol.auth import TICKET_GRACE_MS, ClusterSecret, Unauthorized
 from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_frame
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.topic.pending_acks import PendingAcks
+from txnkeeper.topic.ports import IndexAck
 from txnkeeper.txnid import TxnID
 
 
@@ -67,6 +68,41 @@ def test_pending_acks_conflicts() -> None:
     assert acks.reserve(t2, [p[3]], cumulative=True) == [p[3]]
     with pytest.raises(TxnConflictError):
         acks.reserve(t1, [p[0]], cumulative=False)  # covered by t2's cumulative ack
+
+
+def test_pending_batch_index_acks_conflict_per_index() -> None:
+    t1, t2 = TxnID(0, 1), TxnID(0, 2)
+    entry, other = Position(1, 3), Position(1, 7)
+    acks = PendingAcks()
+    # (txn, indexes acked (bits), what must happen: the new bits, or a conflict)
+    table: list[tuple[TxnID, int, int | None]] = [
+        (t1, 0b0001, 0b0001),
+        (t1, 0b0011, 0b0010),  # index 0 again: only index 1 is new
+        (t2, 0b0100, 0b0100),  # another index of the same entry: no conflict
+        (t2, 0b0010, None),  # index 1 is t1's
+        (t1, 0b0100, None),  # index 2 is t2's
+    ]
+    for txn, indexes, expected in table:
+        if expected is None:
+            with pytest.raises(TxnConflictError, match="batch index"):
+                acks.reserve_indexes(txn, [IndexAck(entry, indexes, 4)])
+        else:
+            assert acks.reserve_indexes(txn, [IndexAck(entry, indexes, 4)]) == [IndexAck(entry, expected, 4)]
+    assert acks.index_mask(entry) == 0b0111 and acks.batch_size(entry) == 4
+    assert not acks.is_pending(entry)  # index 3 is free
+    with pytest.raises(TxnConflictError):
+        acks.reserve(t2, [entry], cumulative=False)  # the whole entry holds t1's indexes
+    with pytest.raises(TxnConflictError):
+        acks.reserve(t2, [other], cumulative=True)  # covers t1's indexes of ``entry``
+    assert acks.conflict_for_plain([], False, [IndexAck(entry, 0b0001, 4)]) is not None
+    assert acks.conflict_for_plain([], False, [IndexAck(entry, 0b1000, 4)]) is None
+    assert acks.conflict_for_plain([entry], False) is not None
+    acks.unreserve(t2, [], False, [IndexAck(entry, 0b0100, 4)])  # its logging failed
+    assert acks.index_mask(entry) == 0b0011 and acks.txn_acks(t2) is None
+    released = acks.release(t1)
+    assert released.index_acks() == [IndexAck(entry, 0b0011, 4)]
+    assert acks.index_mask(entry) == 0 and acks.batch_size(entry) is None and acks.position_count == 0
+    assert acks.reserve(t2, [other], cumulative=True) == [other]
 
 
 class MemoryLog:

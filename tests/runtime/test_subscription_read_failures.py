@@ -15,6 +15,7 @@ import pytest
 from txnkeeper.ledger.offload import OffloadCorruptionError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic import subscription as subscription_module
+from txnkeeper.topic.ports import IndexAck
 from txnkeeper.topic.records import DecodedRecord, encode_data
 from txnkeeper.topic.subscription import Subscription
 from txnkeeper.topic.txnbuffer import TransactionBuffer
@@ -56,9 +57,23 @@ class Cursor:
     async def delete(self, positions: Iterable[Position]) -> None:
         return None
 
+    def ack_set(self, position: Position) -> list[int] | None:
+        return None
+
+    async def delete_round(
+        self, positions: Iterable[Position], batch_indexes: Iterable[tuple[Position, int, Iterable[int]]]
+    ) -> None:
+        return None
+
 
 class PendingLog:
-    def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[Any]:
+    def log_ack(
+        self,
+        txn_id: TxnID,
+        positions: list[Position],
+        cumulative: bool,
+        index_acks: list[IndexAck] | None = None,
+    ) -> asyncio.Future[Any]:
         raise AssertionError("no transactions here")
 
     def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[Any]:
@@ -81,7 +96,13 @@ class Consumer:
         self.changed = asyncio.Event()
         self.subscription: Subscription | None = None
 
-    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+    def deliver(
+        self,
+        position: Position,
+        record: DecodedRecord,
+        redelivery_count: int,
+        ack_set: list[int] | None = None,
+    ) -> None:
         self.received.append(record.payload)
         self.changed.set()
         assert self.subscription is not None

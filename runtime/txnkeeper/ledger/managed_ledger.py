@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -591,6 +592,31 @@ class ManagedLedger:
         if accepted:
             await loop.run_in_executor(self._executor, self._remove_acceptance, acceptance)
         return cursor
+
+    async def delete_cursor(self, name: str) -> None:
+        """Close the cursor and remove its file durably (its subscription is deleted: Pulsar's
+        unsubscribe); the entries it held back become trimmable. A cursor that is not open is a
+        no-op, whether or not a file is left: the file is removed then too."""
+        async with self._cursor_lock:
+            cursor = self._cursors.pop(name, None)
+            if cursor is not None:
+                await cursor.close()
+            path = self._cursors_dir / f"{encode_name(name, 'cursor')}.json"
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._unlink_synced, path)
+
+    def _unlink_synced(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        self._io.sync_dir(path.parent)
+
+    async def destroy(self) -> None:
+        """Close, then remove the managed ledger's directory (every ledger, cursor and its metadata)
+        for good: a deleted subscription's pending-ack log."""
+        await self.close()
+        await asyncio.get_running_loop().run_in_executor(None, self._remove_directory)
+
+    def _remove_directory(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=False)
+        self._io.sync_dir(self.directory.parent)
 
     def _remove_acceptance(self, acceptance: Path) -> None:
         acceptance.unlink(missing_ok=True)

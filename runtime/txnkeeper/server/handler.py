@@ -169,7 +169,13 @@ class ConsumerEndpoint:
     def ready(self) -> bool:
         return self._session.ready_for_push()
 
-    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+    def deliver(
+        self,
+        position: Position,
+        record: DecodedRecord,
+        redelivery_count: int,
+        ack_set: list[int] | None = None,
+    ) -> None:
         # Filled in place: building the parts and passing them as arguments copies each (3x slower).
         command = api.Command()
         message = command.message

@@ -37,7 +37,13 @@ class PulsarConsumer:
     def ready(self) -> bool:
         return self._session.ready_for_push()
 
-    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
+    def deliver(
+        self,
+        position: Position,
+        record: DecodedRecord,
+        redelivery_count: int,
+        ack_set: list[int] | None = None,
+    ) -> None:
         command = new_command(T.MESSAGE)
         message = command.message
         message.consumer_id = self.client_consumer_id
@@ -45,6 +51,8 @@ class PulsarConsumer:
         message.message_id.entryId = position.entry_id
         if redelivery_count:
             message.redelivery_count = redelivery_count
+        if ack_set is not None:
+            message.ack_set.extend(ack_set)
         metadata = record.metadata or metadata_of(record)
         self._session.push_frame(encode_payload_command(command, metadata, record.payload))
 

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from txnkeeper import __version__
 from txnkeeper.errors import BadRequestError, NotServedHereError, UnavailableError
+from txnkeeper.ledger.ackset import full_mask, words_to_mask
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.auth import UnauthorizedError
@@ -67,6 +68,8 @@ from txnkeeper.server.pulsar_sends import (
     txn_of,
 )
 from txnkeeper.server.pulsar_txns import TxnRegistrations
+from txnkeeper.topic.ports import IndexAck
+from txnkeeper.topic.records import MAX_BATCH_SIZE
 from txnkeeper.topic.service import TopicService, validate_name
 from txnkeeper.txnid import TxnID
 
@@ -124,6 +127,7 @@ class PulsarPodHandler:
             T.ACK: self._ack,
             T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver,
             T.CLOSE_CONSUMER: self._close_consumer,
+            T.UNSUBSCRIBE: self._unsubscribe,
             T.GET_LAST_MESSAGE_ID: self._last_message_id,
             T.TC_CLIENT_CONNECT_REQUEST: self._tc_connect,
             T.NEW_TXN: self._new_txn,
@@ -348,6 +352,11 @@ class PulsarPodHandler:
             metadata.ParseFromString(frame.metadata)
         except DecodeError as exc:
             raise BadRequestError(f"the SEND's MessageMetadata does not parse: {exc}") from exc
+        if not 1 <= metadata.num_messages_in_batch <= MAX_BATCH_SIZE:
+            raise BadRequestError(
+                f"the SEND's MessageMetadata batches {metadata.num_messages_in_batch} messages: a batch"
+                f" holds 1 to {MAX_BATCH_SIZE}"
+            )
         topics = self._store()
         txn = txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
         registered = None if txn is None else self._registration(txn, producer.topic, "")
@@ -442,19 +451,22 @@ class PulsarPodHandler:
         consumer = self._consumer(connection, body.consumer_id)
         if not body.message_id:
             raise BadRequestError("ACK names no message")
-        positions = [
-            Position(m.ledgerId, m.entryId)
-            for m in body.message_id
-            # An ack set names the batch's messages still unacknowledged: the entry is done only
-            # when none is left (batch-index acks: not yet; the client acks the entry once all are).
-            if not any(m.ack_set)
-        ]
         cumulative = body.ack_type == pulsar.CommandAck.Cumulative
         txn = txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
-        if txn is not None:
-            done: Awaitable[None] = self._txn_ack(consumer, positions, cumulative, txn)
+        ids = list(body.message_id)
+        if any(m.ack_set for m in ids):
+            if cumulative and txn is not None:
+                raise NotAllowedError(
+                    "a transactional cumulative ack of one message of a batch is not served: acknowledge"
+                    " it individually, or cumulatively its whole entry"
+                )
+            done: Awaitable[None] = self._index_ack(consumer, ids, cumulative, txn)
         else:
-            done = consumer.subscription.ack(positions, cumulative, None) if positions else _nothing()
+            positions = [Position(m.ledgerId, m.entryId) for m in ids]
+            if txn is not None:
+                done = self._txn_ack(consumer, positions, cumulative, txn, [])
+            else:
+                done = consumer.subscription.ack(positions, cumulative, None)
         if not body.HasField("request_id"):
             acked = asyncio.ensure_future(done)
             acked.add_done_callback(partial(log_failure, f"a Pulsar consumer's ack on {consumer.topic}"))
@@ -462,14 +474,52 @@ class PulsarPodHandler:
         return self._ack_response(done, body.consumer_id, body.request_id)
 
     async def _txn_ack(
-        self, consumer: PulsarConsumer, positions: list[Position], cumulative: bool, txn: TxnID
+        self,
+        consumer: PulsarConsumer,
+        positions: list[Position],
+        cumulative: bool,
+        txn: TxnID,
+        index_acks: list[IndexAck],
     ) -> None:
         subscription = consumer.subscription
         await self._registration(txn, consumer.topic, subscription.name)
-        if not positions:
-            return
         self._store().check_fence(consumer.topic, subscription.name, txn)
-        await subscription.ack(positions, cumulative, txn)
+        await subscription.ack(positions, cumulative, txn, index_acks)
+
+    async def _index_ack(
+        self,
+        consumer: PulsarConsumer,
+        ids: list[pulsar.MessageIdData],
+        cumulative: bool,
+        txn: TxnID | None,
+    ) -> None:
+        """An ack naming messages of batches by ack set (set bits: the indexes it leaves)."""
+        subscription = consumer.subscription
+        positions: list[Position] = []
+        index_acks: list[IndexAck] = []
+        for message_id in ids:
+            position = Position(message_id.ledgerId, message_id.entryId)
+            if not message_id.ack_set:
+                positions.append(position)
+                continue
+            size = await subscription.batch_size(position)
+            try:
+                acked = full_mask(size) & ~words_to_mask(message_id.ack_set, size)
+            except ValueError as exc:
+                raise BadRequestError(f"the ack set of message {position}: {exc}") from None
+            if cumulative:
+                # Everything before the entry, and of it the indexes the ack set clears.
+                if position.entry_id > 0:
+                    await subscription.ack([Position(position.ledger_id, position.entry_id - 1)], True, None)
+                cumulative = False
+            if acked == full_mask(size):
+                positions.append(position)
+            elif acked:
+                index_acks.append(IndexAck(position, acked, size))
+        if txn is not None:
+            await self._txn_ack(consumer, positions, False, txn, index_acks)
+        elif positions or index_acks:
+            await subscription.ack(positions, False, None, index_acks)
 
     # --- transactions (coordinator pods) ---------------------------------------------------------
     def _tc_connect(
@@ -511,6 +561,29 @@ class PulsarPodHandler:
             consumer.subscription.redeliver_unacknowledged(consumer.consumer_id)
         return None
 
+    def _unsubscribe(
+        self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
+    ) -> PulsarResult:
+        body = frame.command.unsubscribe
+        consumer = self._consumer(connection, body.consumer_id)
+        if consumer.reader:
+            raise NotAllowedError("a reader (non-durable subscription) has nothing to unsubscribe: close it")
+        if body.force:
+            raise NotAllowedError(
+                "a forced unsubscribe (which disconnects the other consumers) is not served: close"
+                " them, then unsubscribe"
+            )
+        return self._unsubscribe_async(connection, consumer, body.request_id)
+
+    async def _unsubscribe_async(
+        self, connection: _Connection, consumer: PulsarConsumer, request_id: int
+    ) -> bytes:
+        subscription = consumer.subscription
+        await self._store().unsubscribe(consumer.topic, subscription.name, consumer.consumer_id)
+        # Pulsar closes the consumer with its subscription.
+        connection.consumers.pop(consumer.client_consumer_id, None)
+        return success(request_id)
+
     def _close_consumer(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
     ) -> PulsarResult:
@@ -539,10 +612,6 @@ class PulsarPodHandler:
             response.consumer_mark_delete_position.ledgerId = mark_delete.ledger_id
             response.consumer_mark_delete_position.entryId = mark_delete.entry_id
         return encode_command(answer)
-
-
-async def _nothing() -> None:
-    return None
 
 
 def _txn_response(command: pulsar.BaseCommand, error: int, message: str) -> bytes | None:

@@ -485,6 +485,11 @@ class RecordLog(Generic[R]):
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
+    async def destroy(self) -> None:
+        """Close, and remove the log's managed ledger for good (its owner is deleted)."""
+        await self.close()
+        await self._ledger.destroy()
+
     async def close(self, *, flush: bool = True) -> None:
         """Close writer then ledger; ``flush=False`` fails buffered records (what a crash loses)."""
         try:

@@ -272,6 +272,11 @@ class TxnRecordStore(ABC, Generic[R, S]):
         """Per-transaction state rebuilt at open from the live records (deleted ones are skipped)."""
         return dict(self._recovered)
 
+    async def destroy(self) -> None:
+        """Close and remove the store's log for good (its owner, a subscription, is deleted)."""
+        self._closed = True
+        await self._log.destroy()
+
     async def close(self, *, flush: bool = True) -> None:
         """Flush (unless ``flush=False``, which drops buffered records as a crash would) and close."""
         if self._closed:

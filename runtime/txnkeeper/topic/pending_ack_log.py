@@ -2,6 +2,8 @@
 
 Acks are logged as Pulsar's PendingAckMetadataEntry (op ACK, Individual/Cumulative, one
 PendingAckMetadata per message); ends as COMMIT/ABORT records; replay is folded back into positions.
+A batch-index ack is a PendingAckMetadata with Pulsar's ack set (set bits: the indexes this ack
+leaves) and the batch size, as Pulsar's MLPendingAckStore writes it.
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 import asyncio
 
 from txnkeeper.bufferedwriter.writer import WritePosition
+from txnkeeper.ledger.ackset import full_mask, mask_to_words, words_to_mask
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import TransactionPendingAck_pb2 as pa
 from txnkeeper.pendingack import PendingAckStore
-from txnkeeper.topic.ports import RecoveredPendingAck
+from txnkeeper.topic.ports import IndexAck, RecoveredPendingAck
 from txnkeeper.txnid import TxnID
 
 
@@ -23,7 +26,11 @@ class PendingAckLogAdapter:
         self.store = store
 
     def log_ack(
-        self, txn_id: TxnID, positions: list[Position], cumulative: bool
+        self,
+        txn_id: TxnID,
+        positions: list[Position],
+        cumulative: bool,
+        index_acks: list[IndexAck] | None = None,
     ) -> asyncio.Future[WritePosition]:
         record = pa.PendingAckMetadataEntry(
             pending_ack_op=pa.ACK,
@@ -36,6 +43,12 @@ class PendingAckLogAdapter:
             metadata = record.pending_ack_metadata.add()
             metadata.ledgerId = position.ledger_id
             metadata.entryId = position.entry_id
+        for ack in index_acks or ():
+            metadata = record.pending_ack_metadata.add()
+            metadata.ledgerId = ack.position.ledger_id
+            metadata.entryId = ack.position.entry_id
+            metadata.ack_set.extend(mask_to_words(full_mask(ack.batch_size) & ~ack.acked))
+            metadata.batch_size = ack.batch_size
         return self.store.append(record)
 
     def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[WritePosition]:
@@ -57,14 +70,26 @@ class PendingAckLogAdapter:
         result = []
         for store_id, state in sorted((await self.store.replay()).items()):
             txn = RecoveredPendingAck(TxnID(store_id.most, store_id.least))
+            indexes: dict[Position, tuple[int, int]] = {}
             for ack in state.acks:
-                positions = [Position(m.ledgerId, m.entryId) for m in ack.pending_ack_metadata]
+                positions = [
+                    Position(m.ledgerId, m.entryId)
+                    for m in ack.pending_ack_metadata
+                    if not m.HasField("batch_size")
+                ]
+                for m in ack.pending_ack_metadata:
+                    if m.HasField("batch_size"):
+                        position = Position(m.ledgerId, m.entryId)
+                        acked = full_mask(m.batch_size) & ~words_to_mask(m.ack_set, m.batch_size)
+                        held, _ = indexes.get(position, (0, m.batch_size))
+                        indexes[position] = (held | acked, m.batch_size)
                 if ack.ack_type == pa.CommandAck.Cumulative:
                     for position in positions:
                         if txn.cumulative is None or txn.cumulative < position:
                             txn.cumulative = position
                 else:
                     txn.individual.extend(p for p in positions if p not in txn.individual)
+            txn.index_acks = [IndexAck(p, acked, size) for p, (acked, size) in sorted(indexes.items())]
             if state.committed:
                 txn.ended = True
             elif state.aborted:
@@ -74,3 +99,6 @@ class PendingAckLogAdapter:
 
     async def close(self) -> None:
         await self.store.close()
+
+    async def destroy(self) -> None:
+        await self.store.destroy()

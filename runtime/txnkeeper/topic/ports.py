@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.txnid import TxnID
+
+
+class IndexAck(NamedTuple):
+    """Batch indexes of one batched entry acknowledged together: bit i of ``acked`` set = batch index
+    i acknowledged (the complement of Pulsar's ack set, whose set bits are the indexes left)."""
+
+    position: Position
+    acked: int
+    batch_size: int
 
 
 class Consumer(Protocol):
@@ -26,8 +35,17 @@ class Consumer(Protocol):
         again)."""
         ...
 
-    def deliver(self, position: Position, record: DecodedRecord, redelivery_count: int) -> None:
-        """Push the message ``record`` (a data record: payload, key, and Pulsar metadata if any)."""
+    def deliver(
+        self,
+        position: Position,
+        record: DecodedRecord,
+        redelivery_count: int,
+        ack_set: list[int] | None = None,
+    ) -> None:
+        """Push the message ``record`` (a data record: payload, key, and Pulsar metadata if any);
+        ``ack_set``: of a batched entry some of whose indexes are acknowledged or pending in a
+        transaction, the indexes still to deliver as Pulsar's ack-set words (the client skips the
+        others)."""
         ...
 
     # The subscription cannot read the entries after ``after`` (None: from the first): say why.
@@ -47,6 +65,13 @@ class Cursor(Protocol):
 
     async def delete(self, positions: Iterable[Position]) -> None: ...
 
+    # Remaining batch indexes as ack-set words: None if none was deleted, [] if the entry is.
+    def ack_set(self, position: Position) -> list[int] | None: ...
+
+    async def delete_round(
+        self, positions: Iterable[Position], batch_indexes: Iterable[tuple[Position, int, Iterable[int]]]
+    ) -> None: ...
+
 
 class PartitionReader(Protocol):
     """What a subscription reads from its partition (implemented by ``Partition``)."""
@@ -61,7 +86,13 @@ class PendingAckLog(Protocol):
 
     # Both queue their record at the call (call order is log order) and return a future resolved
     # once it is durable; refusals (a closed store) raise at the call.
-    def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[Any]: ...
+    def log_ack(
+        self,
+        txn_id: TxnID,
+        positions: list[Position],
+        cumulative: bool,
+        index_acks: list[IndexAck] | None = None,
+    ) -> asyncio.Future[Any]: ...
 
     def log_end(self, txn_id: TxnID, commit: bool) -> asyncio.Future[Any]: ...
 
@@ -78,3 +109,4 @@ class RecoveredPendingAck:
     individual: list[Position] = field(default_factory=list)
     cumulative: Position | None = None
     ended: bool | None = None
+    index_acks: list[IndexAck] = field(default_factory=list)

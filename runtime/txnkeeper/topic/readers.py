@@ -15,8 +15,10 @@ from typing import Any
 
 from txnkeeper.aio import resolved
 from txnkeeper.errors import BadRequestError
+from txnkeeper.ledger.ackset import full_mask, mask_to_words, mask_without
 from txnkeeper.ledger.cursor import CursorState, LedgerLayout
 from txnkeeper.ledger.position import Position
+from txnkeeper.topic.ports import IndexAck
 from txnkeeper.txnid import TxnID
 
 
@@ -45,11 +47,40 @@ class ReaderCursor:
             self._state.delete_entry(position)
         self._state.advance(self._layout)
 
+    def ack_set(self, position: Position) -> list[int] | None:
+        if self._state.is_deleted(position):
+            return []
+        mask = self._state.ack_masks.get(position)
+        return None if mask is None else mask_to_words(mask)
+
+    async def delete_round(
+        self, positions: Iterable[Position], batch_indexes: Iterable[tuple[Position, int, Iterable[int]]]
+    ) -> None:
+        for position in positions:
+            self._state.delete_entry(position)
+        for position, batch_size, indexes in batch_indexes:
+            if self._state.is_deleted(position):
+                continue
+            left = self._state.ack_masks.get(position, full_mask(batch_size)) & mask_without(
+                batch_size, indexes
+            )
+            if left:
+                self._state.ack_masks[position] = left
+            else:
+                self._state.delete_entry(position)
+        self._state.advance(self._layout)
+
 
 class ReaderAcks:
     """A reader's pending-ack log: there is none, so transactional acks are refused."""
 
-    def log_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[Any]:
+    def log_ack(
+        self,
+        txn_id: TxnID,
+        positions: list[Position],
+        cumulative: bool,
+        index_acks: list[IndexAck] | None = None,
+    ) -> asyncio.Future[Any]:
         raise BadRequestError(
             "a reader (non-durable subscription) cannot acknowledge in a transaction: use a durable"
             " subscription"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.txnid import TxnID
 
@@ -145,3 +146,26 @@ def publish_time_ms(data: bytes) -> int | None:
     except Exception:
         return None
     return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else None
+
+
+# Pulsar's producers batch at most a few thousand messages per entry (batchingMaxMessages, default
+# 1,000); a larger count in stored metadata is refused rather than sized into ack sets.
+MAX_BATCH_SIZE = 100_000
+
+
+def batch_size_of(record: DecodedRecord) -> int:
+    """How many messages a message entry holds: Pulsar's ``num_messages_in_batch`` for a message
+    written over Pulsar's protocol, else 1."""
+    if not record.metadata:
+        return 1
+    metadata = pulsar.MessageMetadata()
+    try:
+        metadata.ParseFromString(record.metadata)
+    except Exception as exc:
+        raise CorruptRecordError(f"a message's stored Pulsar metadata does not parse: {exc}") from exc
+    size = metadata.num_messages_in_batch
+    if not 1 <= size <= MAX_BATCH_SIZE:
+        raise CorruptRecordError(
+            f"a message's stored Pulsar metadata says it batches {size} messages (1..{MAX_BATCH_SIZE})"
+        )
+    return size

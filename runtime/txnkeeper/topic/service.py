@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from txnkeeper.aio import SingleFlight
-from txnkeeper.errors import BadRequestError, DataUnreadableError, InvalidTxnStatusError
+from txnkeeper.errors import (
+    BadRequestError,
+    ConsumerBusyError,
+    DataUnreadableError,
+    InvalidTxnStatusError,
+    UnavailableError,
+)
 from txnkeeper.ledger.cursor import LedgerLayout
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.partition import (
@@ -58,6 +64,8 @@ class TopicLedger(PartitionLedger, Protocol):
     # A cursor created before: its missing file is refused, never read as "nothing acknowledged".
     async def reopen_cursor(self, name: str, *, owner: str) -> Cursor: ...
 
+    async def delete_cursor(self, name: str) -> None: ...
+
 
 class PendingAckHandle(PendingAckLog, Protocol):
     """A subscription's opened pending-ack store as the topic service uses it."""
@@ -65,6 +73,8 @@ class PendingAckHandle(PendingAckLog, Protocol):
     async def recovered(self) -> list[RecoveredPendingAck]: ...
 
     async def close(self) -> None: ...
+
+    async def destroy(self) -> None: ...  # close, and remove the log for good
 
 
 LedgerOpener = Callable[[str], Awaitable[TopicLedger]]
@@ -124,6 +134,7 @@ class TopicService:
         self._opening: SingleFlight[object, object] = SingleFlight()
         self._registry: dict[str, list[str]] = {}
         self._registry_lock = asyncio.Lock()
+        self._deleting: set[tuple[str, str]] = set()  # subscriptions being unsubscribed
         self._housekeepers: list[asyncio.Task[None]] = []
         self.recovered = False
         # Topics whose recovery could not read their entries: (monotonic time to try again, refusal).
@@ -193,6 +204,8 @@ class TopicService:
         existing = self._subscriptions.get((topic, name))
         if existing is not None:
             return existing
+        if (topic, name) in self._deleting:
+            raise UnavailableError(f"subscription {name!r} of {topic} is being deleted: subscribe again")
         validate_name("subscription", name)
         return await self._single_flight(
             ("s", topic, name), lambda: self._create_subscription(topic, name, from_latest)
@@ -280,6 +293,9 @@ class TopicService:
         else:
             # Cursor and pending-ack log first, the registry entry last: a registered subscription
             # always has its cursor file, so a missing one is a loss to refuse, not a crash between.
+            # A cursor file of an unregistered name is a leftover (an unsubscribe or a creation cut
+            # short by a crash: nothing was acknowledged through it since): it starts afresh.
+            await ledger.delete_cursor(name)
             cursor = await ledger.open_cursor(name)
             last = ledger.last_confirmed_entry() if from_latest else None
             start = cursor.mark_delete_position()
@@ -300,6 +316,45 @@ class TopicService:
         partition.attach(subscription)
         subscription.start()
         return subscription
+
+    async def unsubscribe(self, topic: str, name: str, consumer_id: int) -> None:
+        """Delete the durable subscription ``name`` (Pulsar's UNSUBSCRIBE) on behalf of its consumer
+        ``consumer_id``: refused while another consumer is attached or a transaction holds acks on
+        it. The registry entry goes first (a restart never reopens it), then its cursor (the entries
+        it held back become trimmable) and its pending-ack log; a crash between leaves files that the
+        next subscription of that name replaces."""
+        key = (topic, name)
+        subscription = self._subscriptions.get(key)
+        if subscription is None:
+            raise BadRequestError(f"subscription {name!r} of {topic} is not open on this pod")
+        others = [c for c in subscription.consumer_ids() if c != consumer_id]
+        if others:
+            raise ConsumerBusyError(
+                f"subscription {name!r} of {topic} has {len(others)} other consumer(s): close them first"
+            )
+        if subscription.holds_transactions():
+            raise ConsumerBusyError(
+                f"subscription {name!r} of {topic} holds acks of open transactions: end them first"
+            )
+        self._deleting.add(key)
+        try:
+            del self._subscriptions[key]
+            partition = self._partitions.get(topic)
+            if partition is not None and partition.subscriptions.get(name) is subscription:
+                del partition.subscriptions[name]
+            handle = self._pending_acks.pop(key, None)
+            await subscription.close()
+            async with self._registry_lock:
+                updated = {
+                    t: [n for n in subs if n != name or t != topic] for t, subs in self._registry.items()
+                }
+                await asyncio.to_thread(save_registry, self._registry_path, updated)
+                self._registry = updated
+            await self._ledgers[topic].delete_cursor(name)
+            if handle is not None:
+                await handle.destroy()
+        finally:
+            self._deleting.discard(key)
 
     async def register_topic(self, topic: str) -> None:
         """Remember ``topic`` durably so a restart opens (and recovers) it before the pod reports

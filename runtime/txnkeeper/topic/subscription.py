@@ -20,6 +20,13 @@ are told (``Consumer.read_failed``, the wire's ConsumerError), and again after e
 so a consumer waiting in ``receive`` gets an error naming the position within seconds instead of
 waiting forever; delivery resumes by itself once a read succeeds. A redelivery's read that fails is
 handled alike.
+
+Batched entries (Pulsar's producer batching) may be acknowledged a batch index at a time
+(``IndexAck``), plainly (the cursor keeps the indexes left) or in a transaction (pending per index).
+Such an entry stays out with its consumer until every index is acknowledged or pending; when it goes
+out again, the MESSAGE says which indexes are left (Pulsar's ack set), so a client never gets back a
+message acknowledged already, and a transaction acknowledging an index that is acknowledged or
+pending elsewhere fails with a conflict (it must abort): its output is never committed twice.
 """
 
 from __future__ import annotations
@@ -35,12 +42,20 @@ from typing import Any
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
+from txnkeeper.ledger.ackset import full_mask, mask_to_words, words_to_mask
 from txnkeeper.ledger.errors import CorruptEntryError, NoSuchEntryError
 from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.pending_acks import PendingAcks, TxnAcks
-from txnkeeper.topic.ports import Consumer, Cursor, PartitionReader, PendingAckLog, RecoveredPendingAck
-from txnkeeper.topic.records import DecodedRecord, decode
+from txnkeeper.topic.ports import (
+    Consumer,
+    Cursor,
+    IndexAck,
+    PartitionReader,
+    PendingAckLog,
+    RecoveredPendingAck,
+)
+from txnkeeper.topic.records import DecodedRecord, batch_size_of, decode
 from txnkeeper.topic.txnbuffer import TransactionBuffer, TxnOutcome
 from txnkeeper.topic.txnfence import LateFence
 from txnkeeper.txnid import TxnID
@@ -51,6 +66,7 @@ log = logging.getLogger(__name__)
 EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = "Exclusive", "Shared", "Failover", "Key_Shared"
 MODES = (EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED)
 READ_BATCH = 256
+BATCH_SIZES_REMEMBERED = 10_000  # batched entries whose size an index ack looked up (read once each)
 SETTLE_INTERVAL = 0.05  # seconds between batched cursor updates / record deletions
 ENDED_MEMORY = 100_000
 # A failed read of the next entries (module docstring): retried after 0.1 s, doubling up to 5 s; the
@@ -78,6 +94,10 @@ class _ReadFailure:
     # fire on a millisecond clock, up to a rounding before such a deadline, and a retry refused then
     # would wait for a wake that never comes.
     waiting: bool = False
+
+
+# A committed transaction's acks, applied to the cursor in batches: (txn, entries, cumulative, indexes).
+_Settled = tuple[TxnID, list[Position], Position | None, list[IndexAck]]
 
 
 class Subscription:
@@ -129,7 +149,7 @@ class Subscription:
         self._task: asyncio.Task[None] | None = None
         where = f"subscription {topic}/{name}"
         # Cursor updates and record deletions are batched (see DeferredBatch): fewer metadata fsyncs.
-        self._settler: DeferredBatch[tuple[TxnID, list[Position], Position | None]] = DeferredBatch(
+        self._settler: DeferredBatch[_Settled] = DeferredBatch(
             f"{where} commit settlement", self._settle_commits, SETTLE_INTERVAL
         )
         self._auto_acks: DeferredBatch[Position] = DeferredBatch(
@@ -141,6 +161,7 @@ class Subscription:
         self._closed = False
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._read_failure: _ReadFailure | None = None
+        self._batch_sizes: OrderedDict[Position, int] = OrderedDict()
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop this object serves on (the running one at first use)."""
@@ -160,9 +181,11 @@ class Subscription:
                     self._pending.reserve(txn.txn_id, txn.individual, cumulative=False)
                 if txn.cumulative is not None:
                     self._pending.reserve(txn.txn_id, [txn.cumulative], cumulative=True)
+                if txn.index_acks:
+                    self._pending.reserve_indexes(txn.txn_id, txn.index_acks)
                 continue
             if txn.ended:
-                await self._apply_commit(txn.individual, txn.cumulative)
+                await self._apply_commit(txn.individual, txn.cumulative, txn.index_acks)
             self._remember_ended(txn.txn_id, txn.ended)
             await self._pending_log.delete_txn(txn.txn_id)
 
@@ -264,6 +287,14 @@ class Subscription:
         self._active_rank = (priority, arrival)
         self._wake.set()
 
+    def consumer_ids(self) -> list[int]:
+        """Every attached consumer, active or waiting (Failover)."""
+        return [*self._consumers, *(c.consumer_id for _, _, c in self._standby)]
+
+    def holds_transactions(self) -> bool:
+        """Whether an open (or ending) transaction holds acks on this subscription."""
+        return self._pending.txn_count > 0 or bool(self._ending)
+
     def flow(self, consumer_id: int, permits: int) -> None:
         if consumer_id in self._permits:
             self._permits[consumer_id] += permits
@@ -283,8 +314,15 @@ class Subscription:
         self._wake.set()
 
     # --- acks --------------------------------------------------------------------------------------
-    def ack(self, positions: list[Position], cumulative: bool, txn_id: TxnID | None) -> Awaitable[None]:
-        """Acknowledge ``positions``; the awaitable resolves once the ack is durable.
+    def ack(
+        self,
+        positions: list[Position],
+        cumulative: bool,
+        txn_id: TxnID | None,
+        index_acks: list[IndexAck] | None = None,
+    ) -> Awaitable[None]:
+        """Acknowledge ``positions`` (and batch indexes: ``index_acks``, whose batch sizes come from
+        ``batch_size``); the awaitable resolves once the ack is durable.
 
         A transactional ack is checked, reserved and its record queued at the call (a future, no
         coroutine: it is the hot path of every transaction); refusals raise at the call.
@@ -292,20 +330,51 @@ class Subscription:
         if cumulative and len(positions) != 1:
             raise TxnConflictError("a cumulative ack names exactly one message")
         cursor = self._cursor
-        for position in positions:
+        for position in [*positions, *(a.position for a in index_acks or ())]:
             if not cursor.holds(position) and not cursor.is_deleted(position):
                 raise BadRequestError(
                     f"message {position} does not exist on {self.topic} (subscription {self.name!r}): "
                     "acknowledge the ids of messages received from it"
                 )
         if txn_id is None:
-            return self._plain_ack(positions, cumulative)
-        return self._txn_ack(txn_id, positions, cumulative)
+            return self._plain_ack(positions, cumulative, index_acks or [])
+        return self._txn_ack(txn_id, positions, cumulative, index_acks or [])
 
-    async def _plain_ack(self, positions: list[Position], cumulative: bool) -> None:
-        conflict = self._pending.conflict_for_plain(positions, cumulative)
+    async def batch_size(self, position: Position) -> int:
+        """How many messages the entry at ``position`` holds (1 unless a Pulsar producer batched
+        them): from memory when an index of it is pending or was looked up lately, else read."""
+        known = self._pending.batch_size(position) or self._batch_sizes.get(position)
+        if known is not None:
+            return known
+        entries = await self._reader.read_after(Position(position.ledger_id, position.entry_id - 1), 1)
+        if not entries or entries[0][0] != position:
+            raise BadRequestError(
+                f"message {position} does not exist on {self.topic} (subscription {self.name!r}): "
+                "acknowledge the ids of messages received from it"
+            )
+        size = batch_size_of(decode(entries[0][1], self.topic, position))
+        self._batch_sizes[position] = size
+        while len(self._batch_sizes) > BATCH_SIZES_REMEMBERED:
+            self._batch_sizes.popitem(last=False)
+        return size
+
+    def _remaining(self, position: Position, batch_size: int) -> int:
+        """The batch indexes of ``position`` the cursor has not deleted (0: the whole entry is)."""
+        words = self._cursor.ack_set(position)
+        if words is None:
+            return full_mask(batch_size)
+        return words_to_mask(words, batch_size) if words else 0
+
+    async def _plain_ack(
+        self, positions: list[Position], cumulative: bool, index_acks: list[IndexAck]
+    ) -> None:
+        conflict = self._pending.conflict_for_plain(positions, cumulative, index_acks)
         if conflict is not None:
             raise TxnConflictError(conflict)
+        if index_acks:
+            await self._delete_indexes([], index_acks)
+        if not positions:
+            return
         if cumulative:
             (position,) = positions
             await self._cursor_mark_delete(position)
@@ -316,37 +385,51 @@ class Subscription:
             for position in positions:
                 self._forget(position)
 
-    def _txn_ack(self, txn_id: TxnID, positions: list[Position], cumulative: bool) -> asyncio.Future[None]:
+    def _txn_ack(
+        self, txn_id: TxnID, positions: list[Position], cumulative: bool, index_acks: list[IndexAck]
+    ) -> asyncio.Future[None]:
         if txn_id in self._ended or txn_id in self._ending or self.late_fence.holds(txn_id):
             raise InvalidTxnStatusError(f"transaction {txn_id} already ended on {self.topic}/{self.name}")
         for position in positions:
             if not cumulative and self._cursor.is_deleted(position):
                 raise TxnConflictError(f"message {position} is already acknowledged on {self.name}")
-        new = self._pending.reserve(txn_id, positions, cumulative)
-        done: asyncio.Future[None] = self._loop().create_future()
-        if not new:
-            done.set_result(None)
-            return done
+        for ack in index_acks:
+            gone = ack.acked & ~self._remaining(ack.position, ack.batch_size)
+            if gone:
+                index = (gone & -gone).bit_length() - 1
+                raise TxnConflictError(
+                    f"batch index {index} of message {ack.position} is already acknowledged on {self.name}"
+                )
+        new = self._pending.reserve(txn_id, positions, cumulative) if positions else []
         try:
-            logged = self._pending_log.log_ack(txn_id, new, cumulative)
+            new_indexes = self._pending.reserve_indexes(txn_id, index_acks) if index_acks else []
         except BaseException:
             self._pending.unreserve(txn_id, new, cumulative)
             raise
-        logged.add_done_callback(partial(self._ack_logged, txn_id, new, cumulative, done))
+        done: asyncio.Future[None] = self._loop().create_future()
+        if not new and not new_indexes:
+            done.set_result(None)
+            return done
+        try:
+            logged = self._pending_log.log_ack(txn_id, new, cumulative, new_indexes or None)
+        except BaseException:
+            self._pending.unreserve(txn_id, new, cumulative, new_indexes)
+            raise
+        logged.add_done_callback(partial(self._ack_logged, txn_id, (new, cumulative, new_indexes), done))
         return done
 
     def _ack_logged(
         self,
         txn_id: TxnID,
-        new: list[Position],
-        cumulative: bool,
+        acked: tuple[list[Position], bool, list[IndexAck]],
         done: asyncio.Future[None],
         logged: asyncio.Future[Any],
     ) -> None:
         # Runs whether or not the caller still waits (``done`` may have been cancelled).
+        new, cumulative, new_indexes = acked
         failure = failure_of(logged)
         if failure is not None:
-            self._pending.unreserve(txn_id, new, cumulative)
+            self._pending.unreserve(txn_id, new, cumulative, new_indexes)
             settle(done, failure, None)
             return
         if not cumulative:
@@ -354,7 +437,33 @@ class Subscription:
                 # Pending in the transaction now: redelivered (read again) only if it aborts.
                 self._unacked.pop(position, None)
                 self._redeliver.discard(position)
+        for ack in new_indexes:
+            # Out until every index is acknowledged or pending (its consumer may still ack the rest).
+            if not self._indexes_left(ack.position):
+                self._unacked.pop(ack.position, None)
+                self._redeliver.discard(ack.position)
         settle(done, None, None)
+
+    def _indexes_left(self, position: Position) -> int:
+        """The batch indexes of ``position`` neither deleted nor pending (assumes some are pending)."""
+        size = self._pending.batch_size(position)
+        if size is None:
+            return 0 if self._cursor.is_deleted(position) else 1
+        return self._remaining(position, size) & ~self._pending.index_mask(position)
+
+    async def _delete_indexes(self, positions: list[Position], index_acks: list[IndexAck]) -> None:
+        """Delete entries and batch indexes in one cursor write; forget entries now fully deleted."""
+        rounds = [
+            (a.position, a.batch_size, [i for i in range(a.batch_size) if (a.acked >> i) & 1])
+            for a in index_acks
+        ]
+        await self._cursor.delete_round(positions, rounds)
+        for position in positions:
+            self._forget(position)
+        for ack in index_acks:
+            if self._cursor.is_deleted(ack.position):
+                self._forget(ack.position)
+                self._batch_sizes.pop(ack.position, None)
 
     # --- transaction end ---------------------------------------------------------------------------
     def end_txn(self, txn_id: TxnID, commit: bool, deadline_ms: int = 0) -> asyncio.Future[None]:
@@ -404,27 +513,28 @@ class Subscription:
             settle(done, failure, None)
             return
         if commit:
-            self._settler.add((txn_id, sorted(acks.individual), acks.cumulative))
+            self._settler.add((txn_id, sorted(acks.individual), acks.cumulative, acks.index_acks()))
         else:
             self._pending.release(txn_id)
-            for position in acks.individual:
+            for position in [*acks.individual, *acks.indexes]:
                 self._schedule_redelivery(position)
             self._wake.set()
             self._record_deletions.add(txn_id)
         self._remember_ended(txn_id, commit)
         settle(done, None, None)
 
-    async def _settle_commits(self, settled: list[tuple[TxnID, list[Position], Position | None]]) -> None:
+    async def _settle_commits(self, settled: list[_Settled]) -> None:
         # The positions stay pending (never dispatched, never ackable by others) until the cursor has
         # them deleted, so there is no instant where a committed ack is neither pending nor applied.
-        individual = [p for _, positions, _ in settled for p in positions]
-        cumulative = max((c for _, _, c in settled if c is not None), default=None)
+        individual = [p for _, positions, _, _ in settled for p in positions]
+        cumulative = max((c for _, _, c, _ in settled if c is not None), default=None)
+        index_acks = [a for _, _, _, acks in settled for a in acks]
         try:
-            await self._apply_commit(individual, cumulative)
+            await self._apply_commit(individual, cumulative, index_acks)
         finally:
-            for txn_id, _, _ in settled:
+            for txn_id, _, _, _ in settled:
                 self._pending.release(txn_id)
-        for txn_id, _, _ in settled:
+        for txn_id, _, _, _ in settled:
             self._record_deletions.add(txn_id)
 
     async def _delete_records(self, txn_ids: list[TxnID]) -> None:
@@ -440,8 +550,12 @@ class Subscription:
                 exc,
             )
 
-    async def _apply_commit(self, individual: list[Position], cumulative: Position | None) -> None:
-        if individual:
+    async def _apply_commit(
+        self, individual: list[Position], cumulative: Position | None, index_acks: list[IndexAck]
+    ) -> None:
+        if index_acks:
+            await self._delete_indexes(individual, index_acks)
+        elif individual:
             await self._cursor_delete(individual)
             for position in individual:
                 self._forget(position)
@@ -664,7 +778,17 @@ class Subscription:
         self._wake.set()
 
     def _deliverable(self, position: Position) -> bool:
-        return not self._cursor.is_deleted(position) and not self._pending.is_pending(position)
+        if self._cursor.is_deleted(position) or self._pending.is_pending(position):
+            return False
+        return not self._pending.index_mask(position) or self._indexes_left(position) != 0
+
+    def _ack_set(self, position: Position) -> list[int] | None:
+        """The batch indexes of ``position`` still to deliver, as Pulsar's ack-set words (None: all)."""
+        words = self._cursor.ack_set(position)
+        pending = self._pending.index_mask(position)
+        if not pending:
+            return words
+        return mask_to_words(self._indexes_left(position))
 
     def _fresh(self, position: Position) -> bool:
         """Read from the ledger and not already out with a consumer or queued (a rewind re-reads)."""
@@ -698,7 +822,9 @@ class Subscription:
             owner = self._key_owner(record.key)
             permits[owner] -= 1
             self._unacked[position] = owner
-            self._consumers[owner].deliver(position, record, self._redelivery_counts.get(position, 0))
+            self._consumers[owner].deliver(
+                position, record, self._redelivery_counts.get(position, 0), self._ack_set(position)
+            )
             return
         # No copy of the consumers per message: the loop ends right after the one change it makes.
         for consumer_id, consumer in self._consumers.items():
@@ -707,7 +833,9 @@ class Subscription:
                 # round robin: the chosen consumer goes to the back
                 self._consumers.move_to_end(consumer_id)
                 self._unacked[position] = consumer_id
-                consumer.deliver(position, record, self._redelivery_counts.get(position, 0))
+                consumer.deliver(
+                    position, record, self._redelivery_counts.get(position, 0), self._ack_set(position)
+                )
                 return
         self._redeliver.add(position)
 

@@ -3,10 +3,15 @@
 //   basic URL            subscription types with batching off and on, Key_Shared (each key on one
 //                        consumer, in order), cumulative acks, redelivery after a negative ack and
 //                        after the ack timeout
-//   txn URL PREFIX N     fills PREFIX-in with N messages, then consumes, transforms and produces each
+//   txn URL PREFIX N [batched]
+//                        fills PREFIX-in with N messages, then consumes, transforms and produces each
 //                        into PREFIX-out inside a transaction (ack and send in it, commit); failed
 //                        transactions are aborted and the input comes back. Prints "committed K" as it
 //                        goes (the test kills pods meanwhile), then reads PREFIX-out from the start.
+//                        "batched": the input is written in producer batches of 10, each transaction
+//                        takes up to 3 messages (acknowledged by batch index, as the client does for
+//                        a batch's message in a transaction), and every 5th one is aborted on purpose
+//                        after its acks and sends, so batches come back partly acknowledged.
 // Each mode prints one JSON line last and exits 1 when what must hold did not.
 import java.util.*;
 import java.util.concurrent.TimeUnit;
@@ -128,39 +133,53 @@ public class TxnPeer {
         System.out.println("{\"mode\": \"basic\", \"failures\": " + json(failures) + "}");
     }
 
-    static void txn(PulsarClient client, String prefix, int n) throws Exception {
+    static void txn(PulsarClient client, String prefix, int n, boolean batched) throws Exception {
         String in = prefix + "-in", out = prefix + "-out";
         Consumer<byte[]> verify = client.newConsumer().topic(out).subscriptionName("verify")
                 .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
         Consumer<byte[]> input = client.newConsumer().topic(in).subscriptionName("transform")
                 .subscriptionType(SubscriptionType.Shared).receiverQueueSize(20)
                 .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
-        Producer<byte[]> filler = client.newProducer().topic(in).enableBatching(false).create();
-        for (int i = 0; i < n; i++) filler.send(("in-" + i).getBytes());
+        Producer<byte[]> filler = client.newProducer().topic(in).enableBatching(batched)
+                .batchingMaxMessages(10).batchingMaxPublishDelay(50, TimeUnit.MILLISECONDS).create();
+        for (int i = 0; i < n; i++) filler.sendAsync(("in-" + i).getBytes());
+        filler.flush();
         Producer<byte[]> output = client.newProducer().topic(out).enableBatching(false)
                 .sendTimeout(0, TimeUnit.SECONDS).create();
-        int committed = 0, aborted = 0, failedCommits = 0;
+        int committed = 0, aborted = 0, failedCommits = 0, abortedOnPurpose = 0, attempts = 0;
         long deadline = System.currentTimeMillis() + 240_000;
         Set<String> done = new HashSet<>();
         while (done.size() < n && System.currentTimeMillis() < deadline) {
-            Message<byte[]> m;
+            List<Message<byte[]>> taken = new ArrayList<>();
             try {
-                m = input.receive(5, TimeUnit.SECONDS);
+                Message<byte[]> m = input.receive(5, TimeUnit.SECONDS);
+                if (m != null) taken.add(m);
+                while (batched && m != null && taken.size() < 3) {
+                    m = input.receive(20, TimeUnit.MILLISECONDS);
+                    if (m != null) taken.add(m);
+                }
             } catch (PulsarClientException e) {
                 continue;
             }
-            if (m == null) continue;
+            if (taken.isEmpty()) continue;
             Transaction txn = null;
+            boolean onPurpose = batched && ++attempts % 5 == 0;
             try {
                 txn = client.newTransaction().withTransactionTimeout(30, TimeUnit.SECONDS).build().get(20, TimeUnit.SECONDS);
-                output.newMessage(txn).value(("t-" + new String(m.getValue())).getBytes()).send();
-                input.acknowledgeAsync(m.getMessageId(), txn).get(20, TimeUnit.SECONDS);
+                for (Message<byte[]> m : taken) {
+                    output.newMessage(txn).value(("t-" + new String(m.getValue())).getBytes()).send();
+                    input.acknowledgeAsync(m.getMessageId(), txn).get(20, TimeUnit.SECONDS);
+                }
+                if (onPurpose) throw new IllegalStateException("aborted on purpose");
                 txn.commit().get(30, TimeUnit.SECONDS);
-                committed++;
-                done.add(new String(m.getValue()));
-                System.out.println("committed " + committed);
+                for (Message<byte[]> m : taken) {
+                    committed++;
+                    done.add(new String(m.getValue()));
+                    System.out.println("committed " + committed);
+                }
             } catch (Exception e) {
                 failedCommits++;
+                if (onPurpose) abortedOnPurpose++;
                 if (txn != null) {
                     try {
                         txn.abort().get(30, TimeUnit.SECONDS);
@@ -169,7 +188,7 @@ public class TxnPeer {
                         // ended by its coordinator (timeout) or already decided: the store learns the outcome
                     }
                 }
-                input.negativeAcknowledge(m);
+                for (Message<byte[]> m : taken) input.negativeAcknowledge(m);
             }
         }
         List<String> seen = new ArrayList<>();
@@ -187,6 +206,7 @@ public class TxnPeer {
         check(duplicated.isEmpty(), "duplicated outputs " + duplicated);
         check(missing.isEmpty(), "missing outputs " + missing);
         System.out.println("{\"mode\": \"txn\", \"committed\": " + committed + ", \"aborted\": " + aborted
+                + ", \"aborted_on_purpose\": " + abortedOnPurpose
                 + ", \"failed_attempts\": " + failedCommits + ", \"outputs\": " + seen.size()
                 + ", \"failures\": " + json(failures) + "}");
     }
@@ -206,7 +226,7 @@ public class TxnPeer {
                 .operationTimeout(30, TimeUnit.SECONDS).build();
         try {
             if (mode.equals("basic")) basic(client);
-            else txn(client, args[2], Integer.parseInt(args[3]));
+            else txn(client, args[2], Integer.parseInt(args[3]), args.length > 4 && args[4].equals("batched"));
         } finally {
             client.close();
         }
