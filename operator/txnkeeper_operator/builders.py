@@ -182,10 +182,20 @@ def pulsar_urls(cr: Resource) -> str:
     )
 
 
-def _pulsar_env(cr: Resource) -> dict[str, Any]:
-    if cr.kind is naming.PENDING_ACK_STORE:
-        return {"name": "TXNKEEPER_PULSAR_URLS", "value": pulsar_urls(cr)}
-    return {"name": "TXNKEEPER_PULSAR_COORDINATOR_URLS", "value": pulsar_urls(cr)}
+def _pulsar_env(cr: Resource, peer: Resource | None) -> list[dict[str, Any]]:
+    """Both placement flags: the resource's own pods, and with ``peer`` (spec.pulsar's reference) the
+    other role's, so that a Pulsar client reaching either finds topics and coordinators alike (a
+    store pod also registers Pulsar transactions with the coordinator pods at those URLs)."""
+    stores, coordinators = (cr, peer) if cr.kind is naming.PENDING_ACK_STORE else (peer, cr)
+    env: list[dict[str, Any]] = []
+    if stores is not None:
+        env.append({"name": "TXNKEEPER_PULSAR_URLS", "value": pulsar_urls(stores)})
+    if coordinators is not None:
+        env.append({"name": "TXNKEEPER_PULSAR_COORDINATOR_URLS", "value": pulsar_urls(coordinators)})
+        if cr.kind is naming.PENDING_ACK_STORE:
+            # How many coordinators exist: the partitions of Pulsar's coordinator-assign topic.
+            env.append({"name": "TXNKEEPER_COORDINATORS", "value": str(coordinators.coordinators)})
+    return env
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -217,7 +227,11 @@ def _client_authentication(
     return [volume], [mount], [env]
 
 
-def statefulset(cr: Resource, template: Template, settings: OperatorSettings) -> Manifest:
+def statefulset(
+    cr: Resource, template: Template, settings: OperatorSettings, peer: Resource | None = None
+) -> Manifest:
+    """``peer``: the resource spec.pulsar names (reconcile reads it), whose pods' Pulsar URLs the
+    pods are told."""
     storage = cr.section("storage")
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
@@ -241,7 +255,7 @@ def statefulset(cr: Resource, template: Template, settings: OperatorSettings) ->
             *gated.offload_env(cr, template.version),
             *podsettings.connection_env(cr),
             *podsettings.memory_env(cr),
-            _pulsar_env(cr),
+            *_pulsar_env(cr, peer),
             *auth_env,
         ],
         "ports": [

@@ -677,6 +677,27 @@ def _spec(kind: str) -> Schema:
             minimum=1,
         ),
     }
+    peer_key, peer_kind = (
+        ("pendingAckStore", "PendingAckStore")
+        if coordinator
+        else ("transactionCoordinator", "TransactionCoordinator")
+    )
+    props["pulsar"] = _obj(
+        "Pulsar's binary protocol (served on port 6650 beside txnkeeper's own).",
+        {
+            peer_key: _p(
+                "string",
+                f"The {peer_kind} (same namespace) that serves Pulsar clients together with this one: its "
+                "pods' addresses are given to this resource's pods, so a Pulsar client reaching either finds "
+                "topics and transaction coordinators alike (Pulsar transactions need both). Name each other "
+                "from both resources. Pods start once it exists; pods already running learn a changed "
+                "reference at their next restart.",
+                minLength=1,
+                maxLength=63,
+                pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            ),
+        },
+    )
     required = ["version"]
     rules = [
         _rule(

@@ -172,11 +172,12 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
 
     statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
     template = builders.template_of(statefulset)
+    peer = await _pulsar_peer(ctx, cr, body)
     if template is not None and not cr.paused:
         # Keep replicas, image, resources in step; version and start-up batch only move by ApplyTemplate.
         # The ConfigMap follows the template it belongs to (recreated if someone deleted it).
         await ctx.kube.apply(builders.config_map(cr, template.batch, template.version))
-        await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings))
+        await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer))
     pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
     views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
     jobs = await ctx.kube.list_jobs(cr.namespace, f"{naming.VERIFIER_OF_LABEL}={cr.name}")
@@ -206,6 +207,8 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
                 token=token,
                 progress=final_progress,
                 now=now,
+                peer=peer,
+                creating=template is None,
             )
             ctx.events.emit(body, "Normal", type(decision.action).__name__, decision.action.reason)
         except AdminError as err:
@@ -225,6 +228,26 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)
     return final
+
+
+async def _pulsar_peer(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> Resource | None:
+    """The resource spec.pulsar names, read afresh (None: none named, or it does not exist: then a
+    Warning event says so, and pods already running keep the URLs they were started with)."""
+    name = cr.pulsar_peer
+    if name is None:
+        return None
+    kind = cr.pulsar_peer_kind
+    found = await ctx.kube.get_resource(kind.plural, cr.namespace, name)
+    if found is None:
+        ctx.events.emit(
+            body,
+            "Warning",
+            "PulsarPeerNotFound",
+            f"spec.pulsar names {kind.kind} {name!r}, which does not exist in {cr.namespace}: Pulsar"
+            " clients cannot be sent to its pods (create it, or fix the name)",
+        )
+        return None
+    return Resource.from_body(found)
 
 
 def replace_progress(decision: Decision, progress: Progress) -> Decision:
@@ -256,13 +279,22 @@ async def _execute(
     token: str,
     progress: Progress,
     now: datetime,
+    peer: Resource | None = None,
+    creating: bool = False,
 ) -> Progress:
     by_name = {v.name: v for v in views}
     match action:
         case ApplyTemplate(version=version, batch=batch):
+            if creating and cr.pulsar_peer is not None and peer is None:
+                # Pods created now would never learn the other role's URLs (OnDelete: a later
+                # template change restarts nothing), so creation waits for the named resource.
+                raise AdminError(
+                    f"waiting for {cr.pulsar_peer_kind.kind} {cr.pulsar_peer!r} named in spec.pulsar"
+                    f" (namespace {cr.namespace}) before creating the pods: create it, or fix the name"
+                )
             # ConfigMap first: a pod created from the new template must never read the old settings.
             await ctx.kube.apply(builders.config_map(cr, batch, version))
-            await ctx.kube.apply(builders.statefulset(cr, Template(version, batch), ctx.settings))
+            await ctx.kube.apply(builders.statefulset(cr, Template(version, batch), ctx.settings, peer))
         case RestartPod(pod=pod):
             await ctx.kube.delete_pod(cr.namespace, pod, by_name[pod].uid)
         case ConfigureBatchLog(pod=pod, batch=batch):

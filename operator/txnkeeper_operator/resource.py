@@ -59,6 +59,23 @@ class Resource:
     def batch(self) -> BatchSettings:
         return BatchSettings.from_block(self.spec.get("batchedWrite") or {})
 
+    @property
+    def pulsar_peer(self) -> str | None:
+        """The resource of the other kind whose pods Pulsar's clients are sent to from this one's
+        (``spec.pulsar.transactionCoordinator`` of a store, ``spec.pulsar.pendingAckStore`` of a
+        coordinator), in the same namespace; None when not set."""
+        key = "pendingAckStore" if self.kind is naming.TRANSACTION_COORDINATOR else "transactionCoordinator"
+        value = self.section("pulsar").get(key)
+        return str(value) if value else None
+
+    @property
+    def pulsar_peer_kind(self) -> Kind:
+        return (
+            naming.PENDING_ACK_STORE
+            if self.kind is naming.TRANSACTION_COORDINATOR
+            else naming.TRANSACTION_COORDINATOR
+        )
+
     def section(self, key: str) -> Mapping[str, Any]:
         value = self.spec.get(key) or {}
         return value if isinstance(value, Mapping) else {}

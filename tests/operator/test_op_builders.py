@@ -664,3 +664,23 @@ def test_pods_tell_pulsar_clients_their_own_dns_names() -> None:
             f"pulsar://{cr.name}-{i}.{cr.name}.{cr.namespace}.svc:6650" for i in range(cr.replicas)
         ]
         assert container["ports"][0] == {"name": "pulsar", "containerPort": 6650, "protocol": "TCP"}
+
+
+def test_a_store_naming_its_coordinator_tells_its_pods_both_roles_and_the_coordinator_count() -> None:
+    coordinator = Resource.from_body(body(coordinators=5))
+    store_cr = store(pulsar={"transactionCoordinator": coordinator.name})
+    assert (
+        store_cr.pulsar_peer == coordinator.name
+        and store_cr.pulsar_peer_kind.kind == "TransactionCoordinator"
+    )
+    container = builders.statefulset(store_cr, Template("2.0.0", ON), SETTINGS, coordinator)["spec"][
+        "template"
+    ]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TXNKEEPER_PULSAR_URLS"] == builders.pulsar_urls(store_cr)
+    assert env["TXNKEEPER_PULSAR_COORDINATOR_URLS"] == builders.pulsar_urls(coordinator)
+    assert env["TXNKEEPER_COORDINATORS"] == "5"  # the coordinator-assign topic's partitions
+    alone = builders.statefulset(store(), Template("2.0.0", ON), SETTINGS)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "TXNKEEPER_PULSAR_COORDINATOR_URLS" not in {e["name"] for e in alone["env"]}

@@ -43,6 +43,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], Obj] = {}
         self.deleted: list[str] = []
         self.status_writes: list[Mapping[str, Any]] = []
+        self.others: dict[tuple[str, str], Obj] = {}
         self._uid = 0
 
     async def apply(self, manifest: Mapping[str, Any]) -> None:
@@ -63,7 +64,9 @@ class FakeKube:
         return True
 
     async def get_resource(self, plural: str, namespace: str, name: str) -> Obj | None:
-        assert plural == "transactioncoordinators" and name == self.cr["metadata"]["name"]
+        if (plural, name) != ("transactioncoordinators", self.cr["metadata"]["name"]):
+            other = self.others.get((plural, name))  # another resource (spec.pulsar's reference)
+            return json.loads(json.dumps(other)) if other is not None else None
         fetched: Obj = json.loads(json.dumps(self.cr))  # a copy, like a GET
         return fetched
 
@@ -573,3 +576,33 @@ async def test_a_store_gets_its_topic_policies_and_a_bad_value_is_reported_not_r
         "InvalidSettings",
     )
     assert "spec.topicPolicies.retentionMinutes" in conditions["SettingsValid"]["message"]
+
+
+async def test_pods_wait_for_the_pulsar_peer_then_know_both_roles_urls(world: Any) -> None:
+    """spec.pulsar names the PendingAckStore serving Pulsar clients with this coordinator: the pods
+    are created only once it exists (OnDelete: pods started without its URLs would never learn
+    them), and then know both roles' pods, as Pulsar's lookups need."""
+    kube, _pods, events, ctx = world
+    kube.cr["spec"]["pulsar"] = {"pendingAckStore": "orders"}
+    stale = json.loads(json.dumps({**kube.cr, "status": {}}))
+    for _ in range(3):
+        await reconcile(stale, ctx)
+    assert ("StatefulSet", "ns", "txn") not in kube.objects
+    reasons = {(type_, reason) for type_, reason, _ in events.seen}
+    assert {("Warning", "PulsarPeerNotFound"), ("Warning", "ActionFailed")} <= reasons
+    assert any("waiting for PendingAckStore 'orders'" in message for _, _, message in events.seen)
+    kube.others[("pendingackstores", "orders")] = {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "PendingAckStore",
+        "metadata": {"name": "orders", "namespace": "ns", "uid": "pas-uid", "generation": 1},
+        "spec": {"version": "2.0.0", "replicas": 2, "pulsar": {"transactionCoordinator": "txn"}},
+    }
+    await _until(kube, ctx, Phase.READY)
+    container = kube.objects[("StatefulSet", "ns", "txn")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TXNKEEPER_PULSAR_URLS"] == ",".join(
+        f"pulsar://orders-{i}.orders.ns.svc:6650" for i in range(2)
+    )
+    assert env["TXNKEEPER_PULSAR_COORDINATOR_URLS"] == ",".join(
+        f"pulsar://txn-{i}.txn.ns.svc:6650" for i in range(3)
+    )
