@@ -18,7 +18,8 @@ connection, nothing is written for a refused SEND, and the pod keeps serving a w
 | FLOW for an unknown consumer | nothing (logged); the connection stays usable |
 | an invalid topic name | ERROR |
 | SEND whose metadata batches 0 or over 100,000 messages | SEND_ERROR, nothing written |
-| ACK with an ack set wider than the batch (bits past it ignored) / for a message that does not exist | ACK_RESPONSE (error for the latter) |
+| ACK with an ack set wider than its batch (bits past it ignored) | ACK_RESPONSE |
+| ACK with an ack set, of a message that does not exist | ACK_RESPONSE with an error |
 | UNSUBSCRIBE for a consumer not open here | ERROR for its request |
 | UNSUBSCRIBE with another consumer attached / forced / of a reader | ERROR (ConsumerBusy / NotAllowedError) |
 """
