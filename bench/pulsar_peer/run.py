@@ -7,6 +7,13 @@ then on; runs Pulsar's own ``pulsar-perf transaction`` (PerformanceTransaction: 
 ack 1, produce 1, commit) at each concurrency; then runs ``bench/txn_e2e.py`` at the same levels and
 prints one JSON with both and the txnkeeper/Pulsar ratios.
 
+``--same-tool`` (issue 26) takes client differences out: the SAME ``pulsar-perf`` runs against Pulsar
+standalone and against txnkeeper (one coordinator pod + one store pod, ``txnkeeper serve`` speaking
+Pulsar's protocol, fsync on), ``transaction`` at each concurrency with batching off and on, and
+``produce`` (the producer batching, 1 KiB messages, as fast as it goes). txnkeeper's commits are read
+from its coordinator's ``txnkeeper_coordinator_committed_transactions``; CPU per transaction is the
+server processes' (broker JVM; coordinator + store pods) and the tool's.
+
 Throughput is measured by this driver, not taken from the tool's summary (whose clock includes
 creating producers and consumers): after every consumer has subscribed and commits flow, it reads
 the broker's ``pulsar_txn_committed_total`` and the CPU of the broker and client JVMs (/proc)
@@ -29,10 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,11 @@ JVM_OPENS = [
 # The partitioned topic that maps transactions to coordinators: it exists once transactions are up.
 ASSIGN = "pulsar/system/transaction_coordinator_assign"
 COMMITTED = re.compile(r"^pulsar_txn_committed_total\{[^}]*\}\s+(\S+)$", re.MULTILINE)
+TXNKEEPER_COMMITTED = re.compile(
+    r"^txnkeeper_coordinator_committed_transactions(?:_total)?(?:\{[^}]*\})?\s+(\S+)$", re.MULTILINE
+)
+PRODUCED = re.compile(r"Aggregated throughput stats --- (\d+) records sent --- ([0-9.]+) msg/s")
+ADMIN_TOKEN = "pulsar-peer-bench-token"
 
 
 class PeerError(RuntimeError):
@@ -93,10 +106,16 @@ def http(method: str, url: str, timeout: float = 30.0) -> str:
 
 @dataclass
 class Broker:
+    """A server pulsar-perf runs against: Pulsar standalone (``web``: its admin and metrics URL) or
+    txnkeeper's pods (``web`` None; ``committed`` reads the coordinator's metrics)."""
+
     proc: subprocess.Popen[bytes]
-    web: str
+    web: str | None
     service: str
     log: Path
+    committed: Callable[[], int] | None = None
+    server_pids: list[int] = field(default_factory=list)
+    system: str = "pulsar"
 
 
 class Runner:
@@ -189,13 +208,17 @@ class Runner:
         nothing written is trimmed before the perf tool's consumers attach. Unbatched (``-db``):
         one message per entry, as txnkeeper's input, so each transaction acks a whole entry."""
         path = topic.removeprefix("persistent://")
-        http("PUT", f"{broker.web}/admin/v2/persistent/{path}")
-        http("PUT", f"{broker.web}/admin/v2/persistent/{path}/subscription/sub")
-        log = self.work / f"prefill-{path.replace('/', '_')}.log"
+        if broker.web is not None:
+            http("PUT", f"{broker.web}/admin/v2/persistent/{path}")
+            http("PUT", f"{broker.web}/admin/v2/persistent/{path}/subscription/sub")
+        # (txnkeeper keeps a topic's entries until a subscription consumed them: the perf consumers
+        # subscribe from Earliest, -sp below)
+        log = self.work / f"prefill-{broker.system}-{path.replace('/', '_')}.log"
+        admin = ["-au", broker.web] if broker.web is not None else []
         proc = self.java(
             [
                 "org.apache.pulsar.testclient.PulsarPerfTestTool", str(self.client_conf), "produce",
-                "-u", broker.service, "-au", broker.web,
+                "-u", broker.service, *admin,
                 "-m", str(count), "-r", "1000000", "-s", "16", "-db", "-time", "300", topic,
             ],
             log,
@@ -205,7 +228,13 @@ class Runner:
             proc.wait(timeout=300)
         finally:
             self.stop(proc)
-        written = json.loads(http("GET", f"{broker.web}/admin/v2/persistent/{path}/stats"))["msgInCounter"]
+        if broker.web is None:
+            sent = PRODUCED.search(log.read_text(errors="replace"))
+            written = int(sent.group(1)) if sent else 0
+        else:
+            written = json.loads(http("GET", f"{broker.web}/admin/v2/persistent/{path}/stats"))[
+                "msgInCounter"
+            ]
         if written < count:
             raise PeerError(f"prefill of {topic} wrote {written} of {count} messages; see {log}")
 
@@ -215,11 +244,12 @@ class Runner:
         topic_in = f"persistent://public/default/in-{mode}-{threads}"
         topic_out = f"persistent://public/default/out-{mode}-{threads}"
         self.prefill(broker, topic_in, prefill)
-        log = self.work / f"perf-{mode}-{threads}.log"
+        log = self.work / f"perf-{broker.system}-{mode}-{threads}.log"
+        admin = ["-au", broker.web] if broker.web is not None else []
         proc = self.java(
             [
                 "org.apache.pulsar.testclient.PulsarPerfTestTool", str(self.client_conf), "transaction",
-                "-u", broker.service, "-au", broker.web,
+                "-u", broker.service, *admin, "-sp", "Earliest",
                 "--topics-c", topic_in, "--topics-p", topic_out, "-ss", "sub",
                 "-threads", str(threads), "-nmp", "1", "-nmc", "1", "-ntxn", "0",
                 "-time", str(int(seconds * 3 + 60)), "-tto", "60",
@@ -251,23 +281,15 @@ class Runner:
                 }
             warmup_until = time.monotonic() + min(3.0, seconds)
             wait_for("the warm-up (JIT)", lambda: time.monotonic() >= warmup_until, seconds + 5, log)
-            before = (
-                time.monotonic(),
-                committed(broker),
-                cpu_seconds(broker.proc.pid),
-                cpu_seconds(proc.pid),
-            )
+            before = (time.monotonic(), committed(broker), server_cpu(broker), cpu_seconds(proc.pid))
             window_end = before[0] + seconds
             wait_for("the measurement window", lambda: time.monotonic() >= window_end, seconds + 5, log, 0.05)
-            after = (time.monotonic(), committed(broker), cpu_seconds(broker.proc.pid), cpu_seconds(proc.pid))
+            after = (time.monotonic(), committed(broker), server_cpu(broker), cpu_seconds(proc.pid))
             if proc.poll() is not None:
                 raise PeerError(f"pulsar-perf transaction exited during the window; see {log}")
         finally:
             self.stop(proc)
         done = after[1] - before[1]
-        backlog = json.loads(
-            http("GET", f"{broker.web}/admin/v2/persistent/{topic_in.removeprefix('persistent://')}/stats")
-        )
         result: dict[str, Any] = {
             "concurrency": threads,
             "transactions": done,
@@ -281,11 +303,47 @@ class Runner:
                 "broker": round(after[2] - before[2], 3),
                 "client": round(after[3] - before[3], 3),
             },
-            "input_left": backlog["subscriptions"]["sub"]["msgBacklog"],
         }
+        if broker.web is not None:
+            stats = http(
+                "GET", f"{broker.web}/admin/v2/persistent/{topic_in.removeprefix('persistent://')}/stats"
+            )
+            result["input_left"] = json.loads(stats)["subscriptions"]["sub"]["msgBacklog"]
         if not done:
             result["stalled"] = f"commits began, then none in the window: {perf_summary(log)}"
         return result
+
+    def perf_produce(self, broker: Broker, seconds: float) -> dict[str, Any]:
+        """``pulsar-perf produce`` with its default batching, 1 KiB messages, unthrottled: msg/s as
+        the tool reports it over the run, and the server's CPU per message."""
+        topic = f"persistent://public/default/produce-{broker.system}-{time.monotonic_ns()}"
+        log = self.work / f"produce-{broker.system}.log"
+        admin = ["-au", broker.web] if broker.web is not None else []
+        cpu_before = server_cpu(broker)
+        proc = self.java(
+            [
+                "org.apache.pulsar.testclient.PulsarPerfTestTool", str(self.client_conf), "produce",
+                "-u", broker.service, *admin, "-r", "1000000", "-s", "1024", "-time", str(int(seconds)),
+                topic,
+            ],
+            log,
+            heap="1g",
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=seconds + 120)
+        finally:
+            self.stop(proc)
+        cpu = server_cpu(broker) - cpu_before
+        found = PRODUCED.search(log.read_text(errors="replace"))
+        if found is None:
+            raise PeerError(f"pulsar-perf produce against {broker.system} printed no summary; see {log}")
+        sent = int(found.group(1))
+        return {
+            "messages": sent,
+            "msg_per_s": float(found.group(2)),
+            "server_cpu_us_per_msg": round(cpu * 1e6 / sent, 2) if sent else None,
+            "message_bytes": 1024,
+        }
 
 
 def perf_summary(log: Path) -> str:
@@ -296,9 +354,139 @@ def perf_summary(log: Path) -> str:
     return lines[-1].split(" - ", 2)[-1][:160] if lines else "the perf tool reported no interval yet"
 
 
+def server_cpu(broker: Broker) -> float:
+    return sum(cpu_seconds(pid) for pid in (broker.server_pids or [broker.proc.pid]))
+
+
 def committed(broker: Broker) -> int:
+    if broker.committed is not None:
+        return broker.committed()
     text = http("GET", f"{broker.web}/metrics/", timeout=30)
     return int(sum(float(v) for v in COMMITTED.findall(text)))
+
+
+@contextlib.contextmanager
+def txnkeeper_pods(work: Path) -> Iterator[tuple[Broker, list[str]]]:
+    """One coordinator pod and one store pod (``txnkeeper serve``, fsync on), each told where the
+    other is for Pulsar's lookups; yields the Broker the perf tool runs against and the admin
+    addresses (to switch batching)."""
+    python = REPO / ".venv" / "bin" / "python"
+    exe = str(python if python.exists() else sys.executable)
+    token, secret = work / "admin-token", work / "cluster-secret"
+    for path, text in ((token, ADMIN_TOKEN), (secret, "pulsar-peer-bench-cluster-secret-0123456789")):
+        path.write_text(text)
+        path.chmod(0o600)
+    ports = {role: (free_port(), free_port()) for role in ("coordinator", "store")}
+    placement = [
+        "--pulsar-urls", f"pulsar://127.0.0.1:{ports['store'][0]}",
+        "--pulsar-coordinator-urls", f"pulsar://127.0.0.1:{ports['coordinator'][0]}",
+    ]  # fmt: skip
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for role, (client_port, admin_port) in ports.items():
+            data = work / f"txnkeeper-{role}"
+            shutil.rmtree(data, ignore_errors=True)
+            log = work / f"txnkeeper-{role}.log"
+            with log.open("wb") as out:
+                procs[role] = subprocess.Popen(
+                    [
+                        exe, "-m", "txnkeeper.cli", "serve", "--role", role, "--data-dir", str(data),
+                        "--listen", f"127.0.0.1:{client_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+                        "--pod-name", f"{role}-0", "--admin-token-file", str(token),
+                        "--cluster-secret-file", str(secret), *placement,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                    start_new_session=True,
+                    env={k: v for k, v in os.environ.items() if not k.startswith("TXNKEEPER_")},
+                )  # fmt: skip
+        for role, (_, admin_port) in ports.items():
+
+            def ready(role: str = role, admin_port: int = admin_port) -> bool:
+                if procs[role].poll() is not None:
+                    raise PeerError(f"txnkeeper {role} pod exited; see {work}/txnkeeper-{role}.log")
+                try:
+                    http("GET", f"http://127.0.0.1:{admin_port}/ready", timeout=2)  # raises unless 2xx
+                except (OSError, urllib.error.URLError):
+                    return False
+                return True
+
+            wait_for(f"the txnkeeper {role} pod", ready, START_TIMEOUT_S, work / f"txnkeeper-{role}.log")
+        coordinator_admin = f"127.0.0.1:{ports['coordinator'][1]}"
+
+        def read_committed() -> int:
+            request = urllib.request.Request(f"http://{coordinator_admin}/metrics")
+            request.add_header("Authorization", f"Bearer {ADMIN_TOKEN}")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode()
+            return int(sum(float(v) for v in TXNKEEPER_COMMITTED.findall(text)))
+
+        broker = Broker(
+            procs["store"],
+            None,
+            f"pulsar://127.0.0.1:{ports['store'][0]}",
+            work / "txnkeeper-store.log",
+            committed=read_committed,
+            server_pids=[p.pid for p in procs.values()],
+            system="txnkeeper",
+        )
+        yield broker, [f"127.0.0.1:{admin}" for _, admin in ports.values()]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def set_txnkeeper_batching(admins: list[str], enabled: bool) -> None:
+    stat = {"batchEnabled": enabled}
+    body = json.dumps({"coordinator": stat, "pendingAck": stat}).encode()
+    for admin in admins:
+        request = urllib.request.Request(f"http://{admin}/admin/v1/batch-log", data=body, method="POST")
+        request.add_header("Authorization", f"Bearer {ADMIN_TOKEN}")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            if response.status != 200:
+                raise PeerError(f"switching batching on {admin} answered {response.status}")
+
+
+def run_same_tool(runner: Runner, levels: list[int], seconds: float) -> dict[str, Any]:
+    """The same pulsar-perf against Pulsar standalone and txnkeeper (module docstring)."""
+    results: dict[str, Any] = {"pulsar": {}, "txnkeeper": {}}
+    for batched in (False, True):
+        mode = "batching_on" if batched else "batching_off"
+        broker = runner.start_broker(batched)
+        try:
+            results["pulsar"][mode] = same_tool_levels(runner, broker, mode, levels, seconds)
+            if batched:
+                results["pulsar"]["produce"] = runner.perf_produce(broker, seconds)
+        finally:
+            runner.stop(broker.proc)
+    with txnkeeper_pods(runner.work) as (broker, admins):
+        for batched in (False, True):
+            mode = "batching_on" if batched else "batching_off"
+            set_txnkeeper_batching(admins, batched)
+            results["txnkeeper"][mode] = same_tool_levels(runner, broker, mode, levels, seconds)
+        results["txnkeeper"]["produce"] = runner.perf_produce(broker, seconds)
+    return results
+
+
+def same_tool_levels(
+    runner: Runner, broker: Broker, mode: str, levels: list[int], seconds: float
+) -> list[dict[str, Any]]:
+    out = []
+    for threads in levels:
+        prefill = int((seconds + 10) * (300 if threads == 1 else 2500))
+        result = runner.perf_level(broker, mode, threads, seconds, prefill)
+        print(json.dumps({"system": broker.system, "mode": mode, **result}), file=sys.stderr)
+        out.append(result)
+    return out
 
 
 def run_pulsar(runner: Runner, levels: list[int], seconds: float) -> dict[str, Any]:
@@ -371,6 +559,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="txn_e2e.py rounds per level and mode")
     parser.add_argument("--skip-txnkeeper", action="store_true", help="only the Pulsar half")
     parser.add_argument(
+        "--same-tool",
+        action="store_true",
+        help="run pulsar-perf (transaction and produce) against both servers (module docstring)",
+    )
+    parser.add_argument(
         "--perf-arg",
         action="append",
         default=[],
@@ -390,18 +583,27 @@ def main() -> int:
         runner = Runner(ns.lib.resolve(), Path(tmp))
         runner.perf_args = list(ns.perf_arg)
         try:
-            pulsar = run_pulsar(runner, levels, ns.seconds)
-            txnkeeper = {} if ns.skip_txnkeeper else run_txnkeeper(levels, ns.seconds, ns.rounds)
+            if ns.same_tool:
+                same = run_same_tool(runner, levels, ns.seconds)
+            else:
+                pulsar = run_pulsar(runner, levels, ns.seconds)
+                txnkeeper = {} if ns.skip_txnkeeper else run_txnkeeper(levels, ns.seconds, ns.rounds)
         except (PeerError, OSError) as exc:  # OSError: an admin call failed (urllib errors are OSErrors)
             # The logs are in the temporary directory: keep the one named before it is removed.
+            traceback.print_exc()  # which step: an admin call's "timed out" alone does not say
             print(f"pulsar_peer: {exc}", file=sys.stderr)
             logs = [*Path(tmp).glob("*.log"), *Path(tmp).glob("standalone-*/broker.log")]
+            if ns.same_tool:
+                logs = [log for log in logs if log.stat().st_mtime > time.time() - 600]
             for log in logs:
                 print(f"--- last lines of {log.name} ---", file=sys.stderr)
                 print("\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
             return 1
         finally:
             runner.stop_all()
+    if ns.same_tool:
+        print(json.dumps(same_tool_report(ns, same, load), indent=2))
+        return 0
     print(
         json.dumps(
             {
@@ -424,6 +626,29 @@ def main() -> int:
         )
     )
     return 0
+
+
+def same_tool_report(ns: argparse.Namespace, same: dict[str, Any], load: tuple[float, ...]) -> dict[str, Any]:
+    pulsar, ours = same["pulsar"], same["txnkeeper"]
+    return {
+        "benchmark": "pulsar_peer --same-tool",
+        "tool": "pulsar-perf (org.apache.pulsar:pulsar-testclient) against both servers, unchanged",
+        "transaction": "begin + consume 1 + ack 1 + produce 1 + commit; concurrency = perf threads",
+        "pulsar_version": next(ns.lib.glob("pulsar-broker-*.jar")).stem.removeprefix("pulsar-broker-"),
+        "pulsar_setup": "standalone (broker + 1 bookie, journalSyncData=true)",
+        "txnkeeper_setup": "1 coordinator pod + 1 store pod (txnkeeper serve, fsync on), one machine",
+        "pulsar": pulsar,
+        "txnkeeper": ours,
+        "ratio_txnkeeper_over_pulsar": {
+            **ratios(pulsar, ours),
+            "produce": round(ours["produce"]["msg_per_s"] / pulsar["produce"]["msg_per_s"], 2)
+            if pulsar["produce"]["msg_per_s"]
+            else None,
+        },
+        "loadavg_before": [round(x, 2) for x in load],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
 
 
 if __name__ == "__main__":
