@@ -143,6 +143,30 @@ def test_unsubscribe_deletes_the_subscription_and_a_new_one_starts_afresh(
     assert pending_ack_logs == [], pending_ack_logs
 
 
+def test_seek_by_message_id_by_time_and_to_the_start_delivers_again(client: pulsar.Client) -> None:
+    """Pulsar's seek resets the subscription: what follows the point is delivered again, acknowledged
+    or not (the server closes the consumer, the client subscribes again from there)."""
+    topic = "persistent://public/default/seek"
+    producer = client.create_producer(topic, batching_enabled=False)
+    ids = [producer.send(f"s{i}".encode()) for i in range(10)]
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    first = _drain(consumer, 10)
+    assert _nothing_more(consumer)
+    consumer.seek(ids[3])
+    # The server delivers from s3 on, as Pulsar's broker (its read position is the message sought);
+    # the client drops that one message itself (start-message-id-inclusive is off by default).
+    assert [m.data() for m in _drain(consumer, 6)] == [f"s{i}".encode() for i in range(4, 10)]
+    assert _nothing_more(consumer)
+    at = first[6].publish_timestamp()
+    later = [m.data() for m in first if m.publish_timestamp() >= at]
+    consumer.seek(at)
+    assert [m.data() for m in _drain(consumer, len(later))] == later
+    assert _nothing_more(consumer)
+    consumer.seek(pulsar.MessageId.earliest)
+    assert [m.data() for m in _drain(consumer, 10)] == [f"s{i}".encode() for i in range(10)]
+    assert _nothing_more(consumer)
+
+
 def test_an_exclusive_subscription_refuses_a_second_consumer(client: pulsar.Client) -> None:
     topic = "persistent://public/default/exclusive"
     first = client.subscribe(topic, "only", consumer_type=pulsar.ConsumerType.Exclusive)

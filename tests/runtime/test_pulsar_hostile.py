@@ -10,7 +10,8 @@ connection, nothing is written for a refused SEND, and the pod keeps serving a w
 | command size larger than the frame | ERROR, closed |
 | bytes that do not parse as a command | ERROR, closed |
 | an unknown command type / a type without its body / required fields missing | ERROR, closed |
-| a known command this server does not serve (SEEK) | ERROR NotAllowedError for its request id |
+| a command this server does not serve (CONSUMER_STATS) | ERROR NotAllowedError for its request id |
+| SEEK for a consumer not open here, or naming both or neither of message id and time | ERROR for it |
 | SEND with a wrong checksum | SEND_ERROR ChecksumError, nothing written |
 | SEND for a producer not open here / metadata that does not parse | SEND_ERROR |
 | SEND or ACK with a forged transaction id | SEND_ERROR / ACK_RESPONSE error, nothing written |
@@ -113,13 +114,19 @@ def test_a_truncated_frame_is_closed_after_the_frame_timeout(store: ServePod) ->
 def test_refused_requests_are_answered_and_the_connection_goes_on(store: ServePod) -> None:
     raw = RawPulsar(store.listen)
     raw.handshake()
-    seek = command(T.SEEK)
-    seek.seek.consumer_id = 1
-    seek.seek.request_id = 7
-    raw.send(seek)
+    stats = command(T.CONSUMER_STATS)
+    stats.consumerStats.consumer_id = 1
+    stats.consumerStats.request_id = 7
+    raw.send(stats)
     error = raw.expect(T.ERROR).error
     assert (error.request_id, error.error) == (7, pulsar.NotAllowedError)
-    assert "SEEK" in error.message
+    assert "CONSUMER_STATS" in error.message
+    seek = command(T.SEEK)
+    seek.seek.consumer_id = 1  # not open here
+    seek.seek.request_id = 6
+    seek.seek.message_publish_time = 0
+    raw.send(seek)
+    assert raw.expect(T.ERROR).error.request_id == 6
 
     _producer(raw, topic="persistent://public/default/bad\x00name", request_id=8)
     error = raw.expect(T.ERROR).error
@@ -263,3 +270,47 @@ def test_hostile_batch_acks_and_unsubscribes_are_refused_and_the_subscription_st
     raw.send(flow)
     message = raw.read()
     assert message is not None and message.payload == b"kept"  # still subscribed, still unacknowledged
+
+
+def test_seek_resets_the_cursor_closes_the_consumer_and_redelivers_from_the_message(store: ServePod) -> None:
+    """What the clients rely on, on the wire: SEEK answers SUCCESS, the server closes the consumer
+    (CLOSE_CONSUMER with no request of the client's), and once it subscribes again the first
+    MESSAGE is the one sought, acknowledged or not (Pulsar's broker reads from there)."""
+    raw = RawPulsar(store.listen)
+    raw.handshake()
+    _producer(raw)
+    raw.expect(T.PRODUCER_SUCCESS)
+    receipts = []
+    for sequence in range(5):
+        raw.send_bytes(send_frame(1, sequence, metadata(sequence_id=sequence), f"m{sequence}".encode()))
+        receipts.append(raw.expect(T.SEND_RECEIPT).send_receipt.message_id)
+    _subscribe(raw, consumer_id=1, request_id=2)
+    raw.expect(T.SUCCESS)
+    flow = command(T.FLOW)
+    flow.flow.consumer_id = 1
+    flow.flow.messagePermits = 100
+    raw.send(flow)
+    for sequence in range(5):
+        message = raw.read()
+        assert message is not None and message.payload == f"m{sequence}".encode()
+        ack = command(T.ACK)
+        ack.ack.consumer_id = 1
+        ack.ack.ack_type = pulsar.CommandAck.Individual
+        ack.ack.message_id.add(ledgerId=message.command.message.message_id.ledgerId,
+                               entryId=message.command.message.message_id.entryId)  # fmt: skip
+        raw.send(ack)
+    seek = command(T.SEEK)
+    seek.seek.consumer_id = 1
+    seek.seek.request_id = 3
+    seek.seek.message_id.ledgerId = receipts[2].ledgerId
+    seek.seek.message_id.entryId = receipts[2].entryId
+    raw.send(seek)
+    answers = {raw.read().command.type for _ in range(2)}  # type: ignore[union-attr]
+    assert answers == {T.CLOSE_CONSUMER, T.SUCCESS}
+    _subscribe(raw, consumer_id=1, request_id=4)  # the id is free again: the server closed it
+    raw.expect(T.SUCCESS)
+    raw.send(flow)
+    again = [raw.read() for _ in range(3)]
+    assert [m.payload for m in again if m is not None] == [b"m2", b"m3", b"m4"]
+    with pytest.raises(TimeoutError):
+        raw.read(0.5)

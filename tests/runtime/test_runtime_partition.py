@@ -9,8 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from txnkeeper.errors import InvalidTxnStatusError, TxnConflictError
+from txnkeeper.errors import ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarApi_pb2 as pulsar_api
 from txnkeeper.pendingack import PendingAckStore
 from txnkeeper.topic import subscription as subscription_module
@@ -169,6 +170,8 @@ async def test_batch_index_acks_pending_in_transactions_survive_a_restart(tmp_pa
         subscription.ack([], False, TxnID(0, 3), [IndexAck(entry, 0b000010, 6)])
     with pytest.raises(TxnConflictError, match=r"batch index 5 .* already acknowledged"):
         subscription.ack([], False, TxnID(0, 3), [IndexAck(entry, 0b100000, 6)])
+    with pytest.raises(ConsumerBusyError, match="before seeking"):
+        await subscription.reset(Position(entry.ledger_id, -1))  # a seek while transactions hold acks
     await service.end_txn_on_subscription(topic, "s", kept, True)
     await service.end_txn_on_subscription(topic, "s", dropped, False)
     await service.close()  # drains the deferred cursor update of the commit

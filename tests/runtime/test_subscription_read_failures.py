@@ -60,6 +60,9 @@ class Cursor:
     def ack_set(self, position: Position) -> list[int] | None:
         return None
 
+    async def reset(self, position: Position) -> None:
+        return None
+
     async def delete_round(
         self, positions: Iterable[Position], batch_indexes: Iterable[tuple[Position, int, Iterable[int]]]
     ) -> None:
@@ -108,6 +111,9 @@ class Consumer:
         assert self.subscription is not None
         # Each message received grants one more (a client's flow), so reads stay PERMITS small.
         asyncio.get_running_loop().call_soon(self.subscription.flow, self.consumer_id, 1)
+
+    def detach(self) -> bool:
+        return False
 
     def read_failed(self, after: Position | None, message: str) -> None:
         self.errors.append((after, message, len(self.received)))

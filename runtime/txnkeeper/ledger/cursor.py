@@ -344,6 +344,15 @@ class ManagedCursor:
         self._state.advance(self._layout)
         await self._persist()
 
+    async def reset(self, position: Position) -> None:
+        """Pulsar's resetCursor (a consumer's seek): everything at or before ``position`` deleted,
+        everything after it not (individual deletes and batch-index acks after it are forgotten),
+        durable before it returns. ``position`` may lie before a ledger's first entry (entry -1)."""
+        self._check_open()
+        self._check_exists(position, allow_before_first=True)
+        self._state = CursorState(position)
+        await self._persist()
+
     async def delete(self, positions: Iterable[Position]) -> None:
         """Delete individual entries (already deleted ones are ignored)."""
         self._check_open()

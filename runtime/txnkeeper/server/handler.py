@@ -189,6 +189,9 @@ class ConsumerEndpoint:
         message.topic = self.topic
         self._session.push(command)
 
+    def detach(self) -> bool:
+        return False  # the own protocol has no server-side close: it receives from the new position
+
     def read_failed(self, after: Position | None, message: str) -> None:
         command = api.Command()
         failure = command.consumer_error

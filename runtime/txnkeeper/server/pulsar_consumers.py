@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
-from txnkeeper.protocol.pulsar_frames import encode_payload_command
-from txnkeeper.protocol.pulsar_server import PulsarSession
+from txnkeeper.protocol.pulsar_frames import encode_command, encode_payload_command
+from txnkeeper.protocol.pulsar_server import NO_REQUEST, PulsarSession
 from txnkeeper.server.pulsar_common import T, new_command
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.subscription import Subscription
@@ -20,7 +21,15 @@ log = logging.getLogger(__name__)
 class PulsarConsumer:
     """A Pulsar consumer as a subscription sees it: MESSAGE frames over its connection."""
 
-    __slots__ = ("_session", "client_consumer_id", "consumer_id", "reader", "subscription", "topic")
+    __slots__ = (
+        "_session",
+        "client_consumer_id",
+        "consumer_id",
+        "on_detach",
+        "reader",
+        "subscription",
+        "topic",
+    )
     _ids = itertools.count(1 << 40)  # apart from PodHandler's endpoints, which share subscriptions
 
     def __init__(
@@ -32,6 +41,8 @@ class PulsarConsumer:
         self.topic = topic
         self.subscription = subscription
         self.reader = False  # a non-durable subscription of its own, closed with the consumer
+        # Called when the subscription drops it (detach): its connection forgets it.
+        self.on_detach: Callable[[PulsarConsumer], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -55,6 +66,17 @@ class PulsarConsumer:
             message.ack_set.extend(ack_set)
         metadata = record.metadata or metadata_of(record)
         self._session.push_frame(encode_payload_command(command, metadata, record.payload))
+
+    def detach(self) -> bool:
+        # As Pulsar's broker after resetting a cursor: CLOSE_CONSUMER (no request of the client's),
+        # and the client subscribes again, from the new position.
+        command = new_command(T.CLOSE_CONSUMER)
+        command.close_consumer.consumer_id = self.client_consumer_id
+        command.close_consumer.request_id = NO_REQUEST
+        self._session.push_frame(encode_command(command))
+        if self.on_detach is not None:
+            self.on_detach(self)
+        return True
 
     def read_failed(self, after: Position | None, message: str) -> None:
         # Pulsar's protocol has no push for "the next entries cannot be read": the consumer waits

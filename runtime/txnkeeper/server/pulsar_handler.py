@@ -51,7 +51,7 @@ from txnkeeper.server.pulsar_common import (
     pulsar_error,
     success,
 )
-from txnkeeper.server.pulsar_consumers import NO_POSITION, PulsarConsumer, reader_start
+from txnkeeper.server.pulsar_consumers import LATEST_POSITION, NO_POSITION, PulsarConsumer, reader_start
 from txnkeeper.server.pulsar_coordinator import (
     PulsarCoordinators,
     response_error,
@@ -128,6 +128,7 @@ class PulsarPodHandler:
             T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver,
             T.CLOSE_CONSUMER: self._close_consumer,
             T.UNSUBSCRIBE: self._unsubscribe,
+            T.SEEK: self._seek,
             T.GET_LAST_MESSAGE_ID: self._last_message_id,
             T.TC_CLIENT_CONNECT_REQUEST: self._tc_connect,
             T.NEW_TXN: self._new_txn,
@@ -431,6 +432,7 @@ class PulsarPodHandler:
         consumer.reader = not body.durable
         mode = pulsar.CommandSubscribe.SubType.Name(body.subType)
         subscription.add_consumer(consumer, 0, mode=mode, priority=body.priority_level)
+        consumer.on_detach = partial(self._detached, connection)
         connection.consumers[body.consumer_id] = consumer
         return success(body.request_id)
 
@@ -560,6 +562,36 @@ class PulsarPodHandler:
         else:
             consumer.subscription.redeliver_unacknowledged(consumer.consumer_id)
         return None
+
+    def _seek(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
+        body = frame.command.seek
+        consumer = self._consumer(connection, body.consumer_id)
+        if body.HasField("message_id") == body.HasField("message_publish_time"):
+            raise BadRequestError("SEEK names either a message id or a publish time")
+        return self._seek_async(consumer, body)
+
+    async def _seek_async(self, consumer: PulsarConsumer, body: pulsar.CommandSeek) -> bytes:
+        topics = self._store()
+        if body.HasField("message_publish_time"):
+            target = await topics.seek_target(consumer.topic, publish_time_ms=body.message_publish_time)
+        else:
+            message = body.message_id
+            if message.ledgerId == NO_POSITION:  # MessageId.earliest
+                target = await topics.seek_target(consumer.topic)
+            else:
+                # MessageId.latest (Long.MAX_VALUE) lies past every entry: the seek goes to the end.
+                position = Position(min(message.ledgerId, LATEST_POSITION), message.entryId)
+                target = await topics.seek_target(consumer.topic, message=position)
+        await consumer.subscription.reset(target)
+        return success(body.request_id)
+
+    def _detached(self, connection: _Connection, consumer: PulsarConsumer) -> None:
+        """A subscription reset dropped ``consumer`` (its client was told to subscribe again)."""
+        if connection.consumers.get(consumer.client_consumer_id) is consumer:
+            del connection.consumers[consumer.client_consumer_id]
+        if consumer.reader and self._topics is not None:
+            closing = asyncio.ensure_future(self._topics.close_reader(consumer.subscription))
+            closing.add_done_callback(partial(log_failure, f"closing a reader of {consumer.topic}"))
 
     def _unsubscribe(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame

@@ -51,6 +51,12 @@ class Consumer(Protocol):
     # The subscription cannot read the entries after ``after`` (None: from the first): say why.
     def read_failed(self, after: Position | None, message: str) -> None: ...
 
+    def detach(self) -> bool:
+        """The subscription was reset (a seek): True if the consumer leaves it (a Pulsar consumer is
+        closed and its client subscribes again, as Pulsar's broker does), False if it stays attached
+        and receives from the new position on."""
+        ...
+
 
 class Cursor(Protocol):
     """The managed-ledger cursor operations a subscription uses (contracts §1 ``ManagedCursor``)."""
@@ -64,6 +70,8 @@ class Cursor(Protocol):
     async def mark_delete(self, position: Position) -> None: ...
 
     async def delete(self, positions: Iterable[Position]) -> None: ...
+
+    async def reset(self, position: Position) -> None: ...  # everything after ``position`` undeleted
 
     # Remaining batch indexes as ack-set words: None if none was deleted, [] if the entry is.
     def ack_set(self, position: Position) -> list[int] | None: ...

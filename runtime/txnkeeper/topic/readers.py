@@ -47,6 +47,9 @@ class ReaderCursor:
             self._state.delete_entry(position)
         self._state.advance(self._layout)
 
+    async def reset(self, position: Position) -> None:
+        self._state = CursorState(position)
+
     def ack_set(self, position: Position) -> list[int] | None:
         if self._state.is_deleted(position):
             return []

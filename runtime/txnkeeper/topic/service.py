@@ -36,7 +36,7 @@ from txnkeeper.topic.partition import (
     WriteNotify,
     notify_from_future,
 )
-from txnkeeper.topic.policies import NO_POLICIES, TopicPolicies
+from txnkeeper.topic.policies import NO_POLICIES, TopicPolicies, newest_older_than
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.readers import ReaderAcks, ReaderCursor
 from txnkeeper.topic.registry import load_registry, save_registry
@@ -241,6 +241,35 @@ class TopicService:
         if partition is not None:
             partition.readers.discard(reader)
         await reader.close()
+
+    async def seek_target(
+        self, topic: str, *, message: Position | None = None, publish_time_ms: int | None = None
+    ) -> Position:
+        """Where a seek moves a subscription's cursor (its new mark-delete position) so that the
+        next message delivered is ``message`` (or, with ``publish_time_ms``, the first message
+        published at or after it). A message before the topic's first live entry seeks to the
+        start, one past its last entry to the end; None for both: the start."""
+        partition = self._partitions.get(topic) or await self.partition(topic)
+        ledger = partition.ledger
+        layout = cast(LedgerLayout, ledger)
+        ids = ledger.ledger_ids()
+        start = Position(ids[0] if ids else 0, -1)
+        last = ledger.last_confirmed_entry()
+        if last is None:
+            return start
+        if publish_time_ms is not None:
+            found = await newest_older_than(
+                partition, ledger.ledger_facts(), start, publish_time_ms - 1, None
+            )
+            return found or start
+        if message is None or message <= start:
+            return start
+        if message > last:
+            return last
+        if message.ledger_id not in ids:  # between live ledgers: from the next one's start
+            return Position(min(i for i in ids if i > message.ledger_id), -1)
+        entry = min(message.entry_id, layout.confirmed_entries(message.ledger_id))
+        return Position(message.ledger_id, entry - 1)
 
     async def last_message_position(self, topic: str) -> Position | None:
         partition = self._partitions.get(topic) or await self.partition(topic)

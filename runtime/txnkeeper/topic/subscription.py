@@ -295,6 +295,35 @@ class Subscription:
         """Whether an open (or ending) transaction holds acks on this subscription."""
         return self._pending.txn_count > 0 or bool(self._ending)
 
+    async def reset(self, mark_delete: Position) -> None:
+        """Move the cursor to ``mark_delete`` (Pulsar's seek): what follows it is delivered again,
+        acknowledged or not, what precedes it counts as acknowledged. Refused while a transaction
+        holds acks here (its commit would apply to a cursor it never saw). What was out with
+        consumers is forgotten; consumers that leave on a reset (Pulsar's: their clients subscribe
+        again) are dropped, the others receive from the new position."""
+        if self.holds_transactions():
+            raise ConsumerBusyError(
+                f"subscription {self.name!r} of {self.topic} holds acks of open transactions: end them"
+                " before seeking"
+            )
+        await self._cursor.reset(mark_delete)
+        self._unacked.clear()
+        self._redeliver.clear()
+        self._redelivery_counts.clear()
+        self._key_fence.clear()
+        self._batch_sizes.clear()
+        self._read_failure = None
+        self._read_after = mark_delete
+        for consumer in [*self._consumers.values(), *(c for _, _, c in self._standby)]:
+            if consumer.detach():
+                self._standby = [w for w in self._standby if w[2] is not consumer]
+                self._consumers.pop(consumer.consumer_id, None)
+                self._permits.pop(consumer.consumer_id, None)
+                if self._key_shared and consumer.consumer_id in self._key_owners:
+                    self._key_owners.remove(consumer.consumer_id)
+        self._forget_mode_if_empty()
+        self._wake.set()
+
     def flow(self, consumer_id: int, permits: int) -> None:
         if consumer_id in self._permits:
             self._permits[consumer_id] += permits
