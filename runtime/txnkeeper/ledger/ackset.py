@@ -43,6 +43,11 @@ def mask_to_words(mask: int) -> list[int]:
     return words
 
 
+def lowest_index(mask: int) -> int:
+    """The lowest batch index set in ``mask`` (which must not be 0)."""
+    return (mask & -mask).bit_length() - 1
+
+
 def mask_without(batch_size: int, indexes: Iterable[int]) -> int:
     """The ack set PIP-160 sends to delete ``indexes``: every bit set except those."""
     mask = full_mask(batch_size)

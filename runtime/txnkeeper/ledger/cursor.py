@@ -84,6 +84,24 @@ class CursorState:
         self.ack_masks.pop(position, None)
         self.individual.setdefault(position.ledger_id, EntryRangeSet()).add(position.entry_id)
 
+    def keep_indexes(self, position: Position, mask: int, batch_size: int) -> bool:
+        """AND ``mask`` (set bit = batch index kept) into the entry's remaining indexes; the entry
+        is deleted once none is left. True if it was deleted now."""
+        remaining = self.ack_masks.get(position, full_mask(batch_size)) & mask
+        if remaining:
+            self.ack_masks[position] = remaining
+            return False
+        self.delete_entry(position)
+        return True
+
+    def ack_set(self, position: Position) -> list[int] | None:
+        """Remaining batch indexes as Pulsar ack-set words: None if none was deleted, [] if the
+        whole entry is."""
+        if self.is_deleted(position):
+            return []
+        mask = self.ack_masks.get(position)
+        return None if mask is None else mask_to_words(mask)
+
     def set_mark_delete(self, position: Position) -> None:
         self.mark_delete = position
         self._prune()
@@ -302,10 +320,7 @@ class ManagedCursor:
 
         None: no batch index of this entry was deleted; []: the whole entry is deleted.
         """
-        if self._state.is_deleted(position):
-            return []
-        mask = self._state.ack_masks.get(position)
-        return None if mask is None else mask_to_words(mask)
+        return self._state.ack_set(position)
 
     def first_undeleted_position(self) -> Position | None:
         """The oldest durable entry this cursor still needs (None: it has deleted everything)."""
@@ -398,13 +413,8 @@ class ManagedCursor:
         for position in todo:
             self._state.delete_entry(position)
         for position, mask, batch_size in masks:
-            if self._state.is_deleted(position):
-                continue  # also listed among the whole-entry deletes
-            remaining = self._state.ack_masks.get(position, full_mask(batch_size)) & mask
-            if remaining == 0:
-                self._state.delete_entry(position)
-            else:
-                self._state.ack_masks[position] = remaining
+            if not self._state.is_deleted(position):  # (else also listed among the whole-entry deletes)
+                self._state.keep_indexes(position, mask, batch_size)
         self._state.advance(self._layout)
         await self._persist()
 
@@ -414,12 +424,8 @@ class ManagedCursor:
             await self._persist(changed=False)
             return
         self._check_exists(position)
-        remaining = self._state.ack_masks.get(position, full_mask(batch_size)) & mask
-        if remaining == 0:
-            self._state.delete_entry(position)
+        if self._state.keep_indexes(position, mask, batch_size):
             self._state.advance(self._layout)
-        else:
-            self._state.ack_masks[position] = remaining
         await self._persist()
 
     # --- persistence ------------------------------------------------------------------------------

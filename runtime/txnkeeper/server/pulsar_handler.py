@@ -210,6 +210,10 @@ class PulsarPodHandler:
 
     def _release(self, consumer: PulsarConsumer) -> None:
         consumer.subscription.remove_consumer(consumer.consumer_id)
+        self._close_reader(consumer)
+
+    def _close_reader(self, consumer: PulsarConsumer) -> None:
+        """A reader's subscription is its own: it goes with its consumer."""
         if consumer.reader and self._topics is not None:
             closing = asyncio.ensure_future(self._topics.close_reader(consumer.subscription))
             closing.add_done_callback(partial(log_failure, f"closing a reader of {consumer.topic}"))
@@ -589,9 +593,7 @@ class PulsarPodHandler:
         """A subscription reset dropped ``consumer`` (its client was told to subscribe again)."""
         if connection.consumers.get(consumer.client_consumer_id) is consumer:
             del connection.consumers[consumer.client_consumer_id]
-        if consumer.reader and self._topics is not None:
-            closing = asyncio.ensure_future(self._topics.close_reader(consumer.subscription))
-            closing.add_done_callback(partial(log_failure, f"closing a reader of {consumer.topic}"))
+        self._close_reader(consumer)
 
     def _unsubscribe(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame

@@ -72,17 +72,15 @@ class PendingAckLogAdapter:
             txn = RecoveredPendingAck(TxnID(store_id.most, store_id.least))
             indexes: dict[Position, tuple[int, int]] = {}
             for ack in state.acks:
-                positions = [
-                    Position(m.ledgerId, m.entryId)
-                    for m in ack.pending_ack_metadata
-                    if not m.HasField("batch_size")
-                ]
+                positions = []
                 for m in ack.pending_ack_metadata:
-                    if m.HasField("batch_size"):
-                        position = Position(m.ledgerId, m.entryId)
-                        acked = full_mask(m.batch_size) & ~words_to_mask(m.ack_set, m.batch_size)
-                        held, _ = indexes.get(position, (0, m.batch_size))
-                        indexes[position] = (held | acked, m.batch_size)
+                    position = Position(m.ledgerId, m.entryId)
+                    if not m.HasField("batch_size"):
+                        positions.append(position)
+                        continue
+                    acked = full_mask(m.batch_size) & ~words_to_mask(m.ack_set, m.batch_size)
+                    held, _ = indexes.get(position, (0, m.batch_size))
+                    indexes[position] = (held | acked, m.batch_size)
                 if ack.ack_type == pa.CommandAck.Cumulative:
                     for position in positions:
                         if txn.cumulative is None or txn.cumulative < position:

@@ -17,14 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from txnkeeper.errors import TxnConflictError
+from txnkeeper.ledger.ackset import lowest_index
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.ports import IndexAck
 from txnkeeper.txnid import TxnID
-
-
-def first_index(mask: int) -> int:
-    """The lowest batch index set in ``mask`` (for error messages)."""
-    return (mask & -mask).bit_length() - 1
 
 
 @dataclass(slots=True)
@@ -38,6 +34,10 @@ class TxnAcks:
 
     def index_acks(self) -> list[IndexAck]:
         return [IndexAck(p, mask, size) for p, (mask, size) in sorted(self.indexes.items())]
+
+    @property
+    def empty(self) -> bool:
+        return not self.individual and self.cumulative is None and not self.indexes
 
 
 class PendingAcks:
@@ -94,7 +94,7 @@ class PendingAcks:
                 overlap = held if indexes == 0 else held & indexes
                 if other != txn_id and overlap:
                     raise TxnConflictError(
-                        f"batch index {first_index(overlap)} of message {position} is already"
+                        f"batch index {lowest_index(overlap)} of message {position} is already"
                         f" acknowledged in transaction {other}"
                     )
 
@@ -157,7 +157,7 @@ class PendingAcks:
             self._index_owners.setdefault(position, {})[txn_id] = held | fresh
             self._batch_sizes[position] = ack.batch_size
             new.append(IndexAck(position, fresh, ack.batch_size))
-        if not acks.individual and acks.cumulative is None and not acks.indexes:
+        if acks.empty:
             del self._by_txn[txn_id]
         return new
 
@@ -183,7 +183,7 @@ class PendingAcks:
             else:
                 acks.indexes.pop(ack.position, None)
             self._drop_indexes(txn_id, ack.position, ack.acked)
-        if not acks.individual and acks.cumulative is None and not acks.indexes:
+        if acks.empty:
             del self._by_txn[txn_id]
 
     def _drop_indexes(self, txn_id: TxnID, position: Position, indexes: int) -> None:
@@ -226,7 +226,7 @@ class PendingAcks:
         for ack in index_acks:
             overlap = self.index_mask(ack.position) & ack.acked
             if self.is_pending(ack.position) or overlap:
-                index = first_index(overlap) if overlap else first_index(ack.acked)
+                index = lowest_index(overlap) if overlap else lowest_index(ack.acked)
                 return f"batch index {index} of message {ack.position} is pending in a transaction"
         return None
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from txnkeeper.aio import resolved
 from txnkeeper.errors import BadRequestError
-from txnkeeper.ledger.ackset import full_mask, mask_to_words, mask_without
+from txnkeeper.ledger.ackset import mask_without
 from txnkeeper.ledger.cursor import CursorState, LedgerLayout
 from txnkeeper.ledger.position import Position
 from txnkeeper.topic.ports import IndexAck
@@ -51,10 +51,7 @@ class ReaderCursor:
         self._state = CursorState(position)
 
     def ack_set(self, position: Position) -> list[int] | None:
-        if self._state.is_deleted(position):
-            return []
-        mask = self._state.ack_masks.get(position)
-        return None if mask is None else mask_to_words(mask)
+        return self._state.ack_set(position)
 
     async def delete_round(
         self, positions: Iterable[Position], batch_indexes: Iterable[tuple[Position, int, Iterable[int]]]
@@ -62,15 +59,8 @@ class ReaderCursor:
         for position in positions:
             self._state.delete_entry(position)
         for position, batch_size, indexes in batch_indexes:
-            if self._state.is_deleted(position):
-                continue
-            left = self._state.ack_masks.get(position, full_mask(batch_size)) & mask_without(
-                batch_size, indexes
-            )
-            if left:
-                self._state.ack_masks[position] = left
-            else:
-                self._state.delete_entry(position)
+            if not self._state.is_deleted(position):
+                self._state.keep_indexes(position, mask_without(batch_size, indexes), batch_size)
         self._state.advance(self._layout)
 
 

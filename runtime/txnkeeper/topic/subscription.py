@@ -42,7 +42,7 @@ from typing import Any
 
 from txnkeeper.aio import DeferredBatch, failure_of, resolved, settle
 from txnkeeper.errors import BadRequestError, ConsumerBusyError, InvalidTxnStatusError, TxnConflictError
-from txnkeeper.ledger.ackset import full_mask, mask_to_words, words_to_mask
+from txnkeeper.ledger.ackset import full_mask, lowest_index, mask_to_words, words_to_mask
 from txnkeeper.ledger.errors import CorruptEntryError, NoSuchEntryError
 from txnkeeper.ledger.offload.errors import OffloadError
 from txnkeeper.ledger.position import Position
@@ -400,19 +400,13 @@ class Subscription:
         conflict = self._pending.conflict_for_plain(positions, cumulative, index_acks)
         if conflict is not None:
             raise TxnConflictError(conflict)
-        if index_acks:
-            await self._delete_indexes([], index_acks)
-        if not positions:
-            return
-        if cumulative:
+        if cumulative:  # (a cumulative ack names no batch index: the Pulsar handler splits those)
             (position,) = positions
             await self._cursor_mark_delete(position)
             for done in [p for p in self._unacked if p <= position]:
                 self._forget(done)
         else:
-            await self._cursor_delete(positions)
-            for position in positions:
-                self._forget(position)
+            await self._delete_indexes(positions, index_acks)
 
     def _txn_ack(
         self, txn_id: TxnID, positions: list[Position], cumulative: bool, index_acks: list[IndexAck]
@@ -425,9 +419,9 @@ class Subscription:
         for ack in index_acks:
             gone = ack.acked & ~self._remaining(ack.position, ack.batch_size)
             if gone:
-                index = (gone & -gone).bit_length() - 1
                 raise TxnConflictError(
-                    f"batch index {index} of message {ack.position} is already acknowledged on {self.name}"
+                    f"batch index {lowest_index(gone)} of message {ack.position} is already acknowledged"
+                    f" on {self.name}"
                 )
         new = self._pending.reserve(txn_id, positions, cumulative) if positions else []
         try:
@@ -582,12 +576,8 @@ class Subscription:
     async def _apply_commit(
         self, individual: list[Position], cumulative: Position | None, index_acks: list[IndexAck]
     ) -> None:
-        if index_acks:
+        if individual or index_acks:
             await self._delete_indexes(individual, index_acks)
-        elif individual:
-            await self._cursor_delete(individual)
-            for position in individual:
-                self._forget(position)
         if cumulative is not None:
             await self._cursor_mark_delete(cumulative)
             for done in [p for p in self._unacked if p <= cumulative]:
@@ -813,10 +803,8 @@ class Subscription:
 
     def _ack_set(self, position: Position) -> list[int] | None:
         """The batch indexes of ``position`` still to deliver, as Pulsar's ack-set words (None: all)."""
-        words = self._cursor.ack_set(position)
-        pending = self._pending.index_mask(position)
-        if not pending:
-            return words
+        if not self._pending.index_mask(position):
+            return self._cursor.ack_set(position)
         return mask_to_words(self._indexes_left(position))
 
     def _fresh(self, position: Position) -> bool:
