@@ -364,6 +364,8 @@ _LIMIT_ATTRS = {
     "maxPendingBytes": "max_pending_bytes",
     "maxUnsentBytes": "max_unsent_bytes",
     "maxTotalUnsentBytes": "max_total_unsent_bytes",
+    "maxRequestsInFlight": "max_requests_in_flight",
+    "maxTotalRequestBytes": "max_total_request_bytes",
 }
 
 

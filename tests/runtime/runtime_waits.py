@@ -22,6 +22,15 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], within: float, wh
         await asyncio.sleep(0.05)
 
 
+def wait_until_sync(predicate: Callable[[], bool], within: float, what: str) -> None:
+    """``wait_until`` for tests that are not coroutines (raw sockets, threads)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {within}s waiting for {what}")
+        time.sleep(0.05)
+
+
 async def wait_for_line(path: Path, prefix: str, within: float) -> str:
     found: list[str] = []
 

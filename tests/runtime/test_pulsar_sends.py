@@ -19,6 +19,13 @@ class RecordingSession:
     def __init__(self) -> None:
         self.frames: list[pulsar.BaseCommand] = []
         self._decoder = PulsarFrameDecoder()
+        self.request_bytes = 0
+
+    def request_began(self, size: int) -> None:
+        self.request_bytes += size
+
+    def request_ended(self, size: int) -> None:
+        self.request_bytes -= size
 
     def send_frame(self, frame: bytes) -> None:
         self.frames.extend(f.command for f in self._decoder.feed(frame))
@@ -36,11 +43,14 @@ class RecordingSession:
 def test_a_later_write_that_completes_first_waits_for_the_earlier_ones() -> None:
     session = RecordingSession()
     producer = Producer(session, 7, "persistent://t/n/x", "p")
-    sends = [Send(sequence_id, sequence_id) for sequence_id in (10, 11, 12)]
+    sends = [Send(sequence_id, sequence_id, 100) for sequence_id in (10, 11, 12)]
     producer.sends.extend(sends)
+    for send in sends:
+        session.request_began(send.size)
     written(producer, sends[2], Position(1, 2), None)
     written(producer, sends[1], None, UnavailableError("the write failed"))
     assert session.frames == []  # the oldest send is not written yet
+    assert session.request_bytes == 300  # nor answered: all three still count against the budget
     written(producer, sends[0], Position(1, 0), None)
     kinds = [(f.type, f.send_receipt.sequence_id or f.send_error.sequence_id) for f in session.frames]
     assert kinds == [
@@ -52,3 +62,4 @@ def test_a_later_write_that_completes_first_waits_for_the_earlier_ones() -> None
     assert session.frames[1].send_error.error == pulsar.ServiceNotReady
     assert session.frames[2].send_receipt.message_id.entryId == 2
     assert not producer.sends
+    assert session.request_bytes == 0

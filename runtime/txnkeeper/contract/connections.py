@@ -110,6 +110,20 @@ CONNECTION_LIMITS: dict[str, ConnectionLimit] = {
         "holding under 64 KiB unread (the process-wide push budget). At least a maximum frame plus 1 MiB.",
         minimum=MAX_FRAME_SIZE + WRITE_HIGH_WATER,
     ),
+    "maxRequestsInFlight": _count(
+        "MAX_REQUESTS_IN_FLIGHT",
+        1000,
+        "Requests one connection may have unanswered (a Pulsar producer's sends until their receipts); past "
+        "it the connection is not read until half of them are answered (Pulsar's "
+        "maxPendingPublishRequestsPerConnection).",
+    ),
+    "maxTotalRequestBytes": _count(
+        "MAX_TOTAL_REQUEST_BYTES",
+        64 * MIB,
+        "Bytes the unanswered requests of all connections together may hold; past it a connection adding "
+        "one is not read until they hold half of it. At least one frame of the maximum size (5 MiB).",
+        minimum=MAX_FRAME_SIZE,
+    ),
 }
 
 

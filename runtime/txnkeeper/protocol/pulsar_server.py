@@ -78,6 +78,13 @@ class PulsarSession(Protocol):
 
     def ready_for_push(self) -> bool: ...
 
+    def request_began(self, size: int) -> None:
+        """A request answered later than its command returns (a SEND, until its receipt) holds
+        ``size`` bytes: counted against the connection's and the process's request budgets."""
+        ...
+
+    def request_ended(self, size: int) -> None: ...
+
     def close_for_protocol(self, message: str) -> None: ...
 
     @property
@@ -121,11 +128,17 @@ class PulsarServerConnection(BaseServerConnection[PulsarFrame]):
             self.send_frame(result)
             return
         future = as_future(self._loop, result)
-        self.in_flight += 1
-        future.add_done_callback(partial(self._complete, command))
+        size = frame_size(command)
+        self.request_began(size)
+        future.add_done_callback(partial(self._complete, command, size))
 
-    def _complete(self, frame: PulsarFrame, future: asyncio.Future[Any]) -> None:
-        self.in_flight -= 1
+    def _complete(self, frame: PulsarFrame, size: int, future: asyncio.Future[Any]) -> None:
+        try:
+            self._answer(frame, future)
+        finally:
+            self.request_ended(size)  # after the answer: held commands' answers must not overtake it
+
+    def _answer(self, frame: PulsarFrame, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
             self._answer_failure(frame, ConnectionAbortedError("request cancelled (server closing)"))
             return
@@ -146,6 +159,11 @@ class PulsarServerConnection(BaseServerConnection[PulsarFrame]):
             return
         if reply is not None:
             self.send_frame(reply)
+
+
+def frame_size(frame: PulsarFrame) -> int:
+    """The bytes a request holds while it waits for its answer (its command and message)."""
+    return frame.command.ByteSize() + len(frame.metadata) + len(frame.payload)
 
 
 def pulsar_wire(handler: PulsarHandler) -> Callable[[ConnectionBook], BaseServerConnection[Any]]:

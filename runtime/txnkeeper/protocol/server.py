@@ -19,8 +19,8 @@ import asyncio
 import inspect
 import logging
 import struct
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any, Generic, Protocol, cast
 
@@ -52,6 +52,13 @@ _CLOSE_GRACE_S = 5.0
 # operating system (memtrim) this long after, and at most every _TRIM_EVERY_S: one trim covers a burst.
 _TRIM_DELAY_S = 1.0
 _TRIM_EVERY_S = 5.0
+# Why a connection's socket is not read (bits of BaseServerConnection._read_holds): its peer left too
+# much of what it was sent unread, it has too many requests unanswered, or all connections' requests
+# together hold the process-wide budget. Reading resumes once no reason is left.
+_WRITE_PAUSED = 1
+_OWN_REQUESTS = 2
+_ALL_REQUESTS = 4
+_REQUEST_HOLDS = _OWN_REQUESTS | _ALL_REQUESTS
 
 Response = api.Command | None
 HandlerResult = Response | Awaitable[object]
@@ -126,7 +133,16 @@ class ConnectionBook:
     """What one server's connections share: the open ones, those still handshaking (oldest first),
     the count per peer address, the counters, and the limits they are held to."""
 
-    __slots__ = ("_last_trim", "_trim_at", "handshaking", "limits", "open", "per_address", "stats")
+    __slots__ = (
+        "_last_trim",
+        "_trim_at",
+        "budget_held",
+        "handshaking",
+        "limits",
+        "open",
+        "per_address",
+        "stats",
+    )
 
     def __init__(self, limits: ConnectionLimits, stats: ServerStats) -> None:
         self.limits = limits
@@ -134,6 +150,8 @@ class ConnectionBook:
         self.open: set[BaseServerConnection[Any]] = set()
         self.handshaking: OrderedDict[BaseServerConnection[Any], float] = OrderedDict()  # -> accepted at
         self.per_address: Counter[str] = Counter()
+        # Connections not read because all connections' requests held the process-wide budget.
+        self.budget_held: set[BaseServerConnection[Any]] = set()
         self._trim_at: float | None = None
         self._last_trim = float("-inf")
 
@@ -141,6 +159,13 @@ class ConnectionBook:
         """The process-wide budget has room again: every connection whose pushes were held may go on."""
         for conn in list(self.open):
             conn.resume_pushes_if_room()
+
+    def release_budget(self) -> None:
+        """The requests in flight fell to half the process-wide budget: read every connection held
+        for it again."""
+        held, self.budget_held = self.budget_held, set()
+        for conn in held:
+            conn.release_budget_hold()
 
     def trim_memory_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand the C heap's free pages back to the OS shortly (a connection holding a backlog went):
@@ -188,6 +213,10 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
         self.last_received = asyncio.get_running_loop().time()
         self.frame_started: float | None = None  # when the buffered partial frame began arriving
         self.in_flight = 0  # requests still being answered: a peer waiting for one is not idle
+        self._read_holds = 0  # why its socket is not read: _WRITE_PAUSED | _OWN_REQUESTS | _ALL_REQUESTS
+        # Commands read in the same chunk as the one that took the request budget: handled once it
+        # has room again (at most one read's worth, so the budget is exact and the memory bounded).
+        self._held_commands: deque[CommandT] = deque()
         # Since when the peer has left more than WRITE_HIGH_WATER unsent: its requests are not read.
         self.write_paused_since: float | None = None
 
@@ -295,10 +324,7 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
         if self.write_paused_since is not None:
             self.write_paused_since = None
             self._stats.write_paused -= 1
-            transport.resume_reading()
-            if self._decoder.buffered:
-                # the frame's remaining bytes were not read because of this pause, not the peer
-                self.frame_started = asyncio.get_running_loop().time()
+            self._release_reading(_WRITE_PAUSED)
         self.recount_unsent()
         self.resume_pushes_if_room()
 
@@ -307,7 +333,68 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
         self.write_paused_since = self._loop.time()
         self._backlogged = True
         self._stats.write_paused += 1
-        transport.pause_reading()
+        self._hold_reading(_WRITE_PAUSED)
+
+    # --- requests pipelined faster than they are answered (limits.py) -----------------------------
+    def request_began(self, size: int) -> None:
+        """Count a request read and not answered yet, holding ``size`` bytes until it is: past the
+        connection's or the process's budget the socket is not read until enough are answered."""
+        self.in_flight += 1
+        stats, limits = self._stats, self._limits
+        stats.request_bytes += size
+        if self.in_flight >= limits.max_requests_in_flight:
+            self._hold_reading(_OWN_REQUESTS)
+        if stats.request_bytes >= limits.max_total_request_bytes and self.is_open:
+            self._hold_reading(_ALL_REQUESTS)
+            self._book.budget_held.add(self)
+
+    def request_ended(self, size: int) -> None:
+        """A request counted by ``request_began`` was answered (or its connection is gone)."""
+        self.in_flight -= 1
+        stats, limits = self._stats, self._limits
+        stats.request_bytes -= size
+        if self._read_holds & _OWN_REQUESTS and self.in_flight <= limits.max_requests_in_flight // 2:
+            self._release_reading(_OWN_REQUESTS)
+        if self._book.budget_held and stats.request_bytes <= limits.max_total_request_bytes // 2:
+            self._book.release_budget()
+
+    def release_budget_hold(self) -> None:
+        self._release_reading(_ALL_REQUESTS)
+
+    @property
+    def requests_held(self) -> bool:
+        """Not read because requests wait for answers: its peer waits on the server, not slow."""
+        return bool(self._read_holds & _REQUEST_HOLDS)
+
+    def _hold_reading(self, reason: int) -> None:
+        holds = self._read_holds
+        transport = self._transport
+        if holds & reason or transport is None:
+            return
+        if not holds:
+            transport.pause_reading()
+        if reason & _REQUEST_HOLDS and not holds & _REQUEST_HOLDS:
+            self._stats.request_held += 1
+        self._read_holds = holds | reason
+
+    def _release_reading(self, reason: int) -> None:
+        holds = self._read_holds
+        if not holds & reason:
+            return
+        self._read_holds = holds = holds & ~reason
+        if reason & _REQUEST_HOLDS and not holds & _REQUEST_HOLDS:
+            self._stats.request_held -= 1
+            if self._held_commands and not self._closing:
+                held, self._held_commands = self._held_commands, deque()
+                self._dispatch(held)
+                holds = self._read_holds
+        transport = self._transport
+        if holds or transport is None or self._closing:
+            return
+        transport.resume_reading()
+        if self._decoder.buffered:
+            # the frame's remaining bytes were not read because of the hold, not the peer
+            self.frame_started = self._loop.time()
 
     def _flush(self) -> None:
         super()._flush()
@@ -413,8 +500,20 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
             self.frame_started = now
         if commands:
             self._handshake_done()
-        for command in commands:
+        if self._held_commands:
+            self._held_commands.extend(commands)
+        else:
+            self._dispatch(commands)
+
+    def _dispatch(self, commands: Iterable[CommandT]) -> None:
+        """Handle commands in order until one takes the connection's or the process's request budget;
+        the rest wait in ``_held_commands`` for room."""
+        remaining = iter(commands)
+        for command in remaining:
             self.on_command(command)
+            if self._read_holds & _REQUEST_HOLDS:
+                self._held_commands.extend(remaining)
+                return
 
     @property
     def buffered(self) -> int:
@@ -466,7 +565,12 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
         if self.write_paused_since is not None:
             self.write_paused_since = None
             self._stats.write_paused -= 1
+        if self._read_holds & _REQUEST_HOLDS:
+            self._stats.request_held -= 1
+        self._read_holds = 0
+        self._held_commands.clear()
         book = self._book
+        book.budget_held.discard(self)
         if self not in book.open:
             return  # refused at accept: the handler never saw it
         book.open.discard(self)
@@ -575,11 +679,17 @@ class ServerConnection(BaseServerConnection[api.Command]):
             self._reply(request_id, result)
             return
         future = as_future(self._loop, result)
-        self.in_flight += 1
-        future.add_done_callback(partial(self._complete, request_id))
+        size = command.ByteSize()
+        self.request_began(size)
+        future.add_done_callback(partial(self._complete, request_id, size))
 
-    def _complete(self, request_id: int, future: asyncio.Future[Any]) -> None:
-        self.in_flight -= 1
+    def _complete(self, request_id: int, size: int, future: asyncio.Future[Any]) -> None:
+        try:
+            self._answer(request_id, future)
+        finally:
+            self.request_ended(size)  # after the answer: held commands' answers must not overtake it
+
+    def _answer(self, request_id: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
             self._reply(request_id, error_response(ServiceError("request cancelled (server closing)")))
             return
@@ -663,6 +773,8 @@ class ProtocolServer:
                         f"its peer has not read its answers for {now - paused:.1f}s (write timeout"
                         f" {limits.write_timeout_s:g}s); the client must read what it is sent",
                     )
+                continue
+            if conn.requests_held:  # not read while its requests wait for answers: not slow, not idle
                 continue
             started = conn.frame_started
             if started is not None and now - started > limits.frame_timeout_s:

@@ -566,6 +566,16 @@ class _PodCollector(Collector):
                 value=stats.unsent_bytes,
             )
             yield GaugeMetricFamily(
+                "txnkeeper_server_request_bytes",
+                "Bytes of requests read, not answered yet (sends awaiting their write), all connections",
+                value=stats.request_bytes,
+            )
+            yield GaugeMetricFamily(
+                "txnkeeper_server_request_held_connections",
+                "Connections not read until their own (or all connections') unanswered requests are answered",
+                value=stats.request_held,
+            )
+            yield GaugeMetricFamily(
                 "txnkeeper_server_push_paused_connections",
                 "Connections whose consumers get no messages until their peer reads (or the budget frees)",
                 value=stats.push_paused,

@@ -37,7 +37,7 @@ from txnkeeper.protocol.pulsar_frames import (
     PulsarFrame,
     encode_command,
 )
-from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command
+from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command, frame_size
 from txnkeeper.server.pulsar_common import (
     MAX_PERMITS,
     SCHEMA_BYTES,
@@ -365,8 +365,9 @@ class PulsarPodHandler:
         topics = self._store()
         txn = txn_of(body.txnid_most_bits, body.txnid_least_bits, body.HasField("txnid_most_bits"))
         registered = None if txn is None else self._registration(txn, producer.topic, "")
-        send = Send(body.sequence_id, body.highest_sequence_id)
+        send = Send(body.sequence_id, body.highest_sequence_id, frame_size(frame))
         producer.sends.append(send)
+        session.request_began(send.size)
         key = metadata.partition_key if metadata.HasField("partition_key") else ""
         write = Write(topics, producer, send, (frame.payload, key, frame.metadata), txn)
         if registered is None or (isinstance(registered, asyncio.Future) and succeeded(registered)):
@@ -374,6 +375,7 @@ class PulsarPodHandler:
                 publish(write)
             except BaseException:
                 producer.sends.remove(send)
+                session.request_ended(send.size)
                 raise
             return None
         # The write waits for the coordinator's confirmation; the receipt keeps its place in order.

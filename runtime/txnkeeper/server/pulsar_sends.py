@@ -40,6 +40,7 @@ class Send:
 
     sequence_id: int
     highest_sequence_id: int
+    size: int  # bytes counted against the connection's request budget until the receipt goes out
     position: Position | None = None
     failure: BaseException | None = None
     done: bool = False
@@ -99,6 +100,9 @@ def written(producer: Producer, send: Send, position: Position | None, failure: 
         head = sends.popleft()
         if session.is_open:
             session.send_frame(receipt(producer.producer_id, head))
+        # After the receipt: room in the request budget handles held commands at once, and their
+        # answers must not overtake it.
+        session.request_ended(head.size)
 
 
 def receipt(producer_id: int, send: Send) -> bytes:

@@ -149,6 +149,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="connections one peer address may hold open; more are refused with an error frame",
     )
     parser.add_argument(
+        "--max-requests-in-flight",
+        type=int,
+        default=env("MAX_REQUESTS_IN_FLIGHT", str(defaults.max_requests_in_flight)),
+        help="requests one connection may have unanswered (Pulsar sends until their receipts); past it"
+        " the connection is not read until half of them are answered",
+    )
+    parser.add_argument(
+        "--max-total-request-bytes",
+        type=int,
+        default=env("MAX_TOTAL_REQUEST_BYTES", str(defaults.max_total_request_bytes)),
+        help="bytes the unanswered requests of all connections together may hold; past it a connection"
+        " adding one is not read until they hold half of it",
+    )
+    parser.add_argument(
         "--tail-cache-bytes",
         type=int,
         default=env("TAIL_CACHE_BYTES", str(DEFAULT_TAIL_CACHE_BYTES)),
@@ -196,6 +210,8 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
             handshake_timeout_s=ns.handshake_timeout,
             max_handshaking_connections=ns.max_handshaking_connections,
             max_connections_per_address=ns.max_connections_per_address,
+            max_requests_in_flight=ns.max_requests_in_flight,
+            max_total_request_bytes=ns.max_total_request_bytes,
         )
     except InvalidLimitsError as exc:
         raise ConfigError(f"connection limits: {exc}") from exc
