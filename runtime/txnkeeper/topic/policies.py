@@ -145,6 +145,8 @@ async def newest_older_than(
     after: Position,
     cutoff_ms: int,
     cap: Position | None,
+    *,
+    time_of: Callable[[bytes], int | None] = publish_time_ms,
 ) -> Position | None:
     """The newest entry after ``after`` published at or before ``cutoff_ms`` with every message
     between them as old (the position message TTL or time eviction acknowledges through), before
@@ -172,7 +174,7 @@ async def newest_older_than(
         for at, data in entries:
             if cap is not None and at >= cap:
                 return target
-            published = publish_time_ms(data)
+            published = time_of(data)
             if published is not None:
                 if published > cutoff_ms:
                     return target

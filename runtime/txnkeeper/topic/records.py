@@ -148,6 +148,27 @@ def publish_time_ms(data: bytes) -> int | None:
     return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else None
 
 
+def sent_time_ms(data: bytes) -> int | None:
+    """A message entry's time as its producer sees it: the ``publish_time`` of Pulsar's
+    MessageMetadata for a message sent over Pulsar's protocol (what its consumers read, and what
+    Pulsar's seek by time compares), else the store's ``publish_time_ms``; None for a marker."""
+    entry = api.PartitionEntry()
+    try:
+        entry.ParseFromString(data)
+    except Exception:
+        return None
+    if entry.WhichOneof("body") != "data":
+        return None
+    if entry.data.pulsar_metadata:
+        metadata = pulsar.MessageMetadata()
+        try:
+            metadata.ParseFromString(entry.data.pulsar_metadata)
+        except Exception:
+            return entry.data.publish_time_ms
+        return metadata.publish_time
+    return entry.data.publish_time_ms
+
+
 # Pulsar's producers batch at most a few thousand messages per entry (batchingMaxMessages, default
 # 1,000); a larger count in stored metadata is refused rather than sized into ack sets.
 MAX_BATCH_SIZE = 100_000

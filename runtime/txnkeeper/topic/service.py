@@ -39,6 +39,7 @@ from txnkeeper.topic.partition import (
 from txnkeeper.topic.policies import NO_POLICIES, TopicPolicies, newest_older_than
 from txnkeeper.topic.ports import Cursor, PendingAckLog, RecoveredPendingAck
 from txnkeeper.topic.readers import ReaderAcks, ReaderCursor
+from txnkeeper.topic.records import sent_time_ms
 from txnkeeper.topic.registry import load_registry, save_registry
 from txnkeeper.topic.settled import first_failure
 from txnkeeper.topic.snapshot import snapshot_path
@@ -258,8 +259,10 @@ class TopicService:
         if last is None:
             return start
         if publish_time_ms is not None:
+            # Compared with the producer's publish time, as Pulsar's seek does: the store's write
+            # time is later by the send's latency, which moved the seek past messages it must deliver.
             found = await newest_older_than(
-                partition, ledger.ledger_facts(), start, publish_time_ms - 1, None
+                partition, ledger.ledger_facts(), start, publish_time_ms - 1, None, time_of=sent_time_ms
             )
             return found or start
         if message is None or message <= start:
@@ -460,9 +463,12 @@ class TopicService:
         sequence_id: int,
         *,
         epoch: int | None = None,
+        metadata: bytes = b"",
     ) -> BlockResult:
         partition = self._partitions.get(topic) or await self.partition(topic)
-        return await partition.publish_idempotent(payload, key, producer_name, sequence_id, epoch=epoch)
+        return await partition.publish_idempotent(
+            payload, key, producer_name, sequence_id, epoch=epoch, metadata=metadata
+        )
 
     # --- fences: ends of transactions on topics or subscriptions this pod does not hold -------------
     def _unknown_topic(self, topic: str) -> bool:

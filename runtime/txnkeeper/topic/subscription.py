@@ -306,14 +306,10 @@ class Subscription:
                 f"subscription {self.name!r} of {self.topic} holds acks of open transactions: end them"
                 " before seeking"
             )
-        await self._cursor.reset(mark_delete)
-        self._unacked.clear()
-        self._redeliver.clear()
-        self._redelivery_counts.clear()
-        self._key_fence.clear()
-        self._batch_sizes.clear()
-        self._read_failure = None
-        self._read_after = mark_delete
+        # The consumers that leave go first, as Pulsar's broker disconnects them before it resets the
+        # cursor: the cursor's new position is visible while it is written, and a message from there
+        # pushed to a consumer whose client is about to subscribe again was taken by the client as
+        # the old subscription's (it skipped its seek point and delivered the sought message).
         for consumer in [*self._consumers.values(), *(c for _, _, c in self._standby)]:
             if consumer.detach():
                 self._standby = [w for w in self._standby if w[2] is not consumer]
@@ -322,6 +318,14 @@ class Subscription:
                 if self._key_shared and consumer.consumer_id in self._key_owners:
                     self._key_owners.remove(consumer.consumer_id)
         self._forget_mode_if_empty()
+        await self._cursor.reset(mark_delete)
+        self._unacked.clear()
+        self._redeliver.clear()
+        self._redelivery_counts.clear()
+        self._key_fence.clear()
+        self._batch_sizes.clear()
+        self._read_failure = None
+        self._read_after = mark_delete
         self._wake.set()
 
     def flow(self, consumer_id: int, permits: int) -> None:
