@@ -415,3 +415,45 @@ def test_readers_start_where_asked_and_leave_nothing_behind(client: pulsar.Clien
     # Nothing persisted: the topic has no cursor (its only readers were non-durable).
     cursors = [p for p in (store.data_dir / "ledgers").rglob("*") if p.parent.name == "cursors"]
     assert cursors == []
+
+
+def test_a_named_producer_is_deduplicated_across_sessions_and_restarts(pods: Callable[..., ServePod]) -> None:
+    """With idempotent producers on (Pulsar's broker deduplication), a producer's name carries its last
+    sequence id into every new session, and a send it already made is not written twice."""
+    store = pods("pas-0", "store", extra=["--srk-enabled", "true", "--release", "3.0.0"])
+    topic = "persistent://public/default/dedup"
+    client = pulsar.Client(f"pulsar://{store.listen}", operation_timeout_seconds=15)
+    try:
+        consumer = client.subscribe(topic, "audit", initial_position=pulsar.InitialPosition.Earliest)
+        first = client.create_producer(topic, producer_name="orders-app", batching_enabled=False)
+        assert first.last_sequence_id() == -1
+        for i in range(5):
+            first.send(f"m{i}".encode())
+        first.close()
+        second = client.create_producer(topic, producer_name="orders-app", batching_enabled=False)
+        assert second.last_sequence_id() == 4  # PRODUCER_SUCCESS carried the name's last sequence id
+        second.send(b"m2 again", sequence_id=2)  # a retransmission: answered, not written
+        second.send(b"m5")  # numbered after the last one: 5
+        batched = client.create_producer(topic, producer_name="batch-app", batching_max_publish_delay_ms=50)
+        for i in range(10):
+            batched.send_async(f"b{i}".encode(), None)
+        batched.flush()
+        assert batched.last_sequence_id() == 9
+        received = [m.data() for m in _drain(consumer, 16)]
+        assert received[:6] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+        assert sorted(received[6:]) == sorted(f"b{i}".encode() for i in range(10))
+        assert _nothing_more(consumer)
+    finally:
+        client.close()
+    store.restart()
+    client = pulsar.Client(f"pulsar://{store.listen}", operation_timeout_seconds=15)
+    try:
+        after = client.create_producer(topic, producer_name="orders-app", batching_enabled=False)
+        assert after.last_sequence_id() == 5  # durable: the writer table survived the restart
+        again = client.create_producer(topic, producer_name="batch-app")
+        assert again.last_sequence_id() == 9  # a batch counts by its highest sequence id
+        again.send(b"b3 again", sequence_id=3)
+        consumer = client.subscribe(topic, "audit")
+        assert _nothing_more(consumer, 1000)
+    finally:
+        client.close()

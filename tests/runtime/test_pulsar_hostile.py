@@ -23,6 +23,9 @@ connection, nothing is written for a refused SEND, and the pod keeps serving a w
 | ACK with an ack set, of a message that does not exist | ACK_RESPONSE with an error |
 | UNSUBSCRIBE for a consumer not open here | ERROR for its request |
 | UNSUBSCRIBE with another consumer attached / forced / of a reader | ERROR (ConsumerBusy / NotAllowedError) |
+| deduplicated producers: a SEND of a producer whose name a newer PRODUCER took | SEND_ERROR ProducerFenced |
+| deduplicated producers: a SEND already written, sent again | SEND_RECEIPT of the first write, no write |
+| deduplicated producers: sequence id past 2^63 - 1 / a producer name with a control character | SEND_ERROR / ERROR |
 """
 
 from __future__ import annotations
@@ -314,3 +317,55 @@ def test_seek_resets_the_cursor_closes_the_consumer_and_redelivers_from_the_mess
     assert [m.payload for m in again if m is not None] == [b"m2", b"m3", b"m4"]
     with pytest.raises(TimeoutError):
         raw.read(0.5)
+
+
+def _named_producer(raw: RawPulsar, name: str, request_id: int = 1) -> pulsar.BaseCommand:
+    cmd = command(T.PRODUCER)
+    cmd.producer.topic, cmd.producer.producer_id, cmd.producer.request_id = TOPIC, 1, request_id
+    cmd.producer.producer_name = name
+    raw.send(cmd)
+    answer = raw.read()
+    assert answer is not None
+    return answer.command
+
+
+def _sent(raw: RawPulsar, sequence_id: int, payload: bytes) -> pulsar.BaseCommand:
+    raw.send_bytes(send_frame(1, sequence_id, metadata(sequence_id=sequence_id), payload))
+    answer = raw.read()
+    assert answer is not None
+    return answer.command
+
+
+def test_deduplicated_producers_refuse_takeovers_and_numbers_past_int64(
+    pods: Callable[..., ServePod],
+) -> None:
+    """With idempotent producers on, a producer's name is fenced like a writer id: the newest PRODUCER
+    of a name takes it (the older one's sends are refused ProducerFenced, nothing written), a send
+    already written is answered with its first write's message id and not written again, a sequence
+    id past 2^63 - 1 is refused before anything is stored, and a name no writer id could be is refused."""
+    store = pods("pas-0", "store", extra=["--srk-enabled", "true", "--release", "3.0.0"])
+    older, newer, reader = RawPulsar(store.listen), RawPulsar(store.listen), RawPulsar(store.listen)
+    for raw in (older, newer, reader):
+        raw.handshake()
+    assert _named_producer(older, "app").producer_success.last_sequence_id == -1
+    first = _sent(older, 0, b"first")
+    assert first.type == T.SEND_RECEIPT, first
+    again = _sent(older, 0, b"first")  # a retransmission of a written send
+    assert again.type == T.SEND_RECEIPT and again.send_receipt.message_id == first.send_receipt.message_id
+    assert _named_producer(newer, "app").producer_success.last_sequence_id == 0
+    fenced = _sent(older, 1, b"from the fenced producer")
+    assert fenced.type == T.SEND_ERROR and fenced.send_error.error == pulsar.ProducerFenced, fenced
+    too_large = _sent(newer, 2**63, b"past int64")
+    assert too_large.type == T.SEND_ERROR and "2^63 - 1" in too_large.send_error.message, too_large
+    assert _sent(newer, 1, b"second").type == T.SEND_RECEIPT
+    bad_name = _named_producer(reader, "bad\nname", request_id=5)
+    assert bad_name.type == T.ERROR and "producer name" in bad_name.error.message, bad_name
+    _subscribe(reader, 1, 6)
+    reader.expect(T.SUCCESS)
+    flow = command(T.FLOW)
+    flow.flow.consumer_id, flow.flow.messagePermits = 1, 10
+    reader.send(flow)
+    delivered = [reader.read() for _ in range(2)]
+    assert [frame.payload for frame in delivered if frame is not None] == [b"first", b"second"]
+    with pytest.raises(TimeoutError):
+        reader.read(1.0)  # nothing else was written

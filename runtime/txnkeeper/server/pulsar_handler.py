@@ -58,11 +58,13 @@ from txnkeeper.server.pulsar_coordinator import (
 )
 from txnkeeper.server.pulsar_placement import PulsarPlacement, coordinator_partition
 from txnkeeper.server.pulsar_sends import (
+    Deduplication,
     Producer,
     Send,
     Write,
     check_schema,
     publish,
+    publish_deduplicated,
     publish_registered,
     succeeded,
     txn_of,
@@ -71,6 +73,7 @@ from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.topic.ports import IndexAck
 from txnkeeper.topic.records import MAX_BATCH_SIZE
 from txnkeeper.topic.service import TopicService, validate_name
+from txnkeeper.topic.writers import validate_writer_id, writer_key
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -207,6 +210,9 @@ class PulsarPodHandler:
             return
         for consumer in connection.consumers.values():
             self._release(consumer)
+        for producer in connection.producers.values():
+            if producer.deduplication is not None:
+                producer.deduplication.end()
 
     def _release(self, consumer: PulsarConsumer) -> None:
         consumer.subscription.remove_consumer(consumer.consumer_id)
@@ -329,17 +335,35 @@ class PulsarPodHandler:
             )
         check_schema(body)
         name = body.producer_name or f"{self._pod_name}-{next(self._producer_names)}"
+        topics = self._store()
+        if topics.single_key.enabled:
+            validate_writer_id(name, "producer name")
+            return self._deduplicated_producer(session, connection, body, name, topics)
         connection.producers[body.producer_id] = Producer(session, body.producer_id, body.topic, name)
-        answer = new_command(T.PRODUCER_SUCCESS)
-        success = answer.producer_success
-        success.request_id = body.request_id
-        success.producer_name = name
-        success.last_sequence_id = -1
-        success.producer_ready = True
-        # Pulsar's brokers always send it (empty: no schema registered); older Java clients (4.0)
-        # read it unconditionally and drop the connection without it.
-        success.schema_version = b""
-        return encode_command(answer)
+        return _producer_success(body.request_id, name, -1)
+
+    async def _deduplicated_producer(
+        self,
+        session: PulsarSession,
+        connection: _Connection,
+        body: pulsar.CommandProducer,
+        name: str,
+        topics: TopicService,
+    ) -> bytes:
+        """A producer on a store with idempotent producers: its name's session in the writer table
+        (fencing older producers of the name) and the name's last durable sequence id."""
+        key = writer_key(connection.principal, name)
+        partition = await topics.partition(body.topic)
+        await topics.register_topic(body.topic)
+        epoch, last = await partition.open_session(key, "pulsar")
+        deduplication = Deduplication(key, epoch, partition.writers)
+        if not session.is_open or body.producer_id in connection.producers:
+            deduplication.end()
+            raise BadRequestError(f"producer id {body.producer_id} is already open on this connection")
+        connection.producers[body.producer_id] = Producer(
+            session, body.producer_id, body.topic, name, deduplication=deduplication
+        )
+        return _producer_success(body.request_id, name, last)
 
     def _send(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.send
@@ -370,6 +394,9 @@ class PulsarPodHandler:
         session.request_began(send.size)
         key = metadata.partition_key if metadata.HasField("partition_key") else ""
         write = Write(topics, producer, send, (frame.payload, key, frame.metadata), txn)
+        if txn is None and producer.deduplication is not None:
+            publish_deduplicated(write, producer.deduplication)
+            return None
         if registered is None or (isinstance(registered, asyncio.Future) and succeeded(registered)):
             try:
                 publish(write)
@@ -391,7 +418,9 @@ class PulsarPodHandler:
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
     ) -> PulsarResult:
         body = frame.command.close_producer
-        connection.producers.pop(body.producer_id, None)
+        producer = connection.producers.pop(body.producer_id, None)
+        if producer is not None and producer.deduplication is not None:
+            producer.deduplication.end()
         return success(body.request_id)
 
     # --- consumers -------------------------------------------------------------------------------
@@ -648,6 +677,19 @@ class PulsarPodHandler:
             response.consumer_mark_delete_position.ledgerId = mark_delete.ledger_id
             response.consumer_mark_delete_position.entryId = mark_delete.entry_id
         return encode_command(answer)
+
+
+def _producer_success(request_id: int, name: str, last_sequence_id: int) -> bytes:
+    answer = new_command(T.PRODUCER_SUCCESS)
+    success = answer.producer_success
+    success.request_id = request_id
+    success.producer_name = name
+    success.last_sequence_id = last_sequence_id
+    success.producer_ready = True
+    # Pulsar's brokers always send it (empty: no schema registered); older Java clients (4.0)
+    # read it unconditionally and drop the connection without it.
+    success.schema_version = b""
+    return encode_command(answer)
 
 
 def _txn_response(command: pulsar.BaseCommand, error: int, message: str) -> bytes | None:

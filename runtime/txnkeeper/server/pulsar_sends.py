@@ -3,6 +3,12 @@
 Why its own module: a send has a small pipeline of its own (a transactional one first waits for the
 coordinator's confirmation of its partition, server/pulsar_txns.py), and Pulsar's producers match
 each receipt with their oldest pending send, so receipts are released strictly in order.
+
+Deduplication (Pulsar's broker-side deduplication) is the store's idempotent producers: on a store
+with them enabled, a producer's name is a session of the topic's writer table (the newest producer of
+a name fences the older ones, PRODUCER_SUCCESS carries the name's last durable sequence id) and each
+plain SEND is written once per (name, sequence id): a SEND whose sequence id (a batch's highest) is not
+above the last written one is answered as Pulsar's broker answers a duplicate, without a write.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from txnkeeper.server.pulsar_common import (
     new_command,
     pulsar_error,
 )
+from txnkeeper.topic.partition import BlockResult
 from txnkeeper.topic.service import TopicService
+from txnkeeper.topic.writers import WriterTable
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,20 @@ class Send:
     position: Position | None = None
     failure: BaseException | None = None
     done: bool = False
+    duplicate: bool = False  # deduplicated: not written again (position: the first write's, if known)
+
+
+@dataclass(frozen=True)
+class Deduplication:
+    """A producer's session of its name in the topic's writer table (the store's idempotent producers)."""
+
+    key: str  # the writer table's key: the name, qualified by the connection's principal
+    epoch: int
+    writers: WriterTable
+
+    def end(self) -> None:
+        """The producer closed: a session that never wrote is forgotten (it holds no writer slot)."""
+        self.writers.end_session(self.key, self.epoch)
 
 
 @dataclass
@@ -53,6 +75,7 @@ class Producer:
     topic: str
     name: str
     sends: deque[Send] = field(default_factory=deque)
+    deduplication: Deduplication | None = None
 
 
 def txn_of(most: int, least: int, present: bool) -> TxnID | None:
@@ -77,6 +100,38 @@ def publish(write: Write) -> None:
     payload, key, metadata = write.message
     notify = partial(written, write.producer, write.send)
     write.topics.publish_notify(write.producer.topic, payload, key, write.txn, notify, metadata=metadata)
+
+
+def publish_deduplicated(write: Write, deduplication: Deduplication) -> None:
+    """A plain SEND of a deduplicated producer: written unless its sequence id (a batch's highest)
+    was written already."""
+    payload, key, metadata = write.message
+    send = write.send
+    done = asyncio.ensure_future(
+        write.topics.publish_idempotent(
+            write.producer.topic,
+            payload,
+            key,
+            deduplication.key,
+            max(send.sequence_id, send.highest_sequence_id),
+            epoch=deduplication.epoch,
+            metadata=metadata,
+        )
+    )
+    done.add_done_callback(partial(deduplicated_written, write.producer, send))
+
+
+def deduplicated_written(producer: Producer, send: Send, done: asyncio.Future[BlockResult]) -> None:
+    if done.cancelled():
+        written(producer, send, None, UnavailableError("the server is closing"))
+        return
+    failure = done.exception()
+    if failure is not None:
+        written(producer, send, None, failure)
+        return
+    result = done.result()
+    send.duplicate = result.duplicate
+    written(producer, send, result.first_message_id, None)
 
 
 def publish_registered(write: Write, registered: asyncio.Future[None]) -> None:
@@ -105,8 +160,12 @@ def written(producer: Producer, send: Send, position: Position | None, failure: 
         session.request_ended(head.size)
 
 
+# The message id Pulsar's broker answers a duplicate send with (-1:-1; the fields are uint64).
+NO_MESSAGE_ID = 2**64 - 1
+
+
 def receipt(producer_id: int, send: Send) -> bytes:
-    if send.position is None:
+    if send.position is None and not send.duplicate:
         failure = send.failure or UnavailableError("the message was not written")
         error, message = pulsar_error(failure)
         answer = new_command(T.SEND_ERROR)
@@ -121,8 +180,11 @@ def receipt(producer_id: int, send: Send) -> bytes:
     receipt.sequence_id = send.sequence_id
     if send.highest_sequence_id:
         receipt.highest_sequence_id = send.highest_sequence_id
-    receipt.message_id.ledgerId = send.position.ledger_id
-    receipt.message_id.entryId = send.position.entry_id
+    if send.position is None:  # a duplicate whose first write is not remembered
+        receipt.message_id.ledgerId = receipt.message_id.entryId = NO_MESSAGE_ID
+    else:
+        receipt.message_id.ledgerId = send.position.ledger_id
+        receipt.message_id.entryId = send.position.entry_id
     return encode_command(answer)
 
 

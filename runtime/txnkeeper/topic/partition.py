@@ -451,12 +451,19 @@ class Partition:
         return epoch, writers.settled_last(writer_id)
 
     async def publish_idempotent(
-        self, payload: bytes, key: str, producer_name: str, sequence_id: int, *, epoch: int | None = None
+        self,
+        payload: bytes,
+        key: str,
+        producer_name: str,
+        sequence_id: int,
+        *,
+        epoch: int | None = None,
+        metadata: bytes = b"",
     ) -> BlockResult:
         """A non-transactional send deduplicated by (producer name, sequence id); with ``epoch``, only
         while that session of the name is its newest (checked right before queuing, with no await
         between the check and the queuing, so a newer session's ``open_session`` sees every send
-        of an older one it must wait for)."""
+        of an older one it must wait for). ``metadata``: Pulsar's MessageMetadata, stored with it."""
         writers = self.writers
         validate_writer_key(producer_name)
         if not self.quota.open:  # the backlog quota holds or refuses it (before it is decided)
@@ -480,7 +487,13 @@ class Partition:
             return BlockResult(decision.previous, decision.first_message_id, True)
         previous = writers.queued_last(producer_name)
         data = encode_data(
-            payload, key, None, int(time.time() * 1000), producer_name=producer_name, sequence_id=sequence_id
+            payload,
+            key,
+            None,
+            int(time.time() * 1000),
+            producer_name=producer_name,
+            sequence_id=sequence_id,
+            metadata=metadata,
         )
         future = self.ledger.add_entry(data)
         flight = InFlight(producer_name, sequence_id, sequence_id, _as_future(future), _as_future(future))
