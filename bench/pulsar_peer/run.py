@@ -280,6 +280,7 @@ class Runner:
                     "txn_per_s": 0.0,
                     "stalled": f"no commit within {FIRST_COMMIT_TIMEOUT_S:.0f}s after all {threads} "
                     f"perf consumers subscribed: {perf_summary(log)}",
+                    "client_deadlock": client_deadlock(proc.pid),
                 }
             warmup_until = time.monotonic() + min(3.0, seconds)
             wait_for("the warm-up (JIT)", lambda: time.monotonic() >= warmup_until, seconds + 5, log)
@@ -287,6 +288,7 @@ class Runner:
             window_end = before[0] + seconds
             wait_for("the measurement window", lambda: time.monotonic() >= window_end, seconds + 5, log, 0.05)
             after = (time.monotonic(), committed(broker), server_cpu(broker), cpu_seconds(proc.pid))
+            deadlock = client_deadlock(proc.pid) if after[1] == before[1] else None
             if proc.poll() is not None:
                 raise PeerError(f"pulsar-perf transaction exited during the window; see {log}")
         finally:
@@ -313,6 +315,7 @@ class Runner:
             result["input_left"] = json.loads(stats)["subscriptions"]["sub"]["msgBacklog"]
         if not done:
             result["stalled"] = f"commits began, then none in the window: {perf_summary(log)}"
+            result["client_deadlock"] = deadlock
         return result
 
     def perf_produce(self, broker: Broker, seconds: float) -> dict[str, Any]:
@@ -346,6 +349,32 @@ class Runner:
             "server_cpu_us_per_msg": round(cpu * 1e6 / sent, 2) if sent else None,
             "message_bytes": 1024,
         }
+
+
+# The Java client (4.0.x) asks its transaction-coordinator handler for a permit (1,000 in all) before
+# each coordinator request; the commit of a transaction runs on the netty IO thread that delivered
+# its last send receipt, and blocks it there while 1,000 requests are outstanding; the responses that
+# would free permits wait for that same thread. pulsar-perf never waits for its commits, so open
+# transactions pile up whenever a server's transactions take longer than its NEW_TXN.
+CLIENT_DEADLOCK = "TransactionMetaStoreHandler.canSendRequest"
+
+
+def client_deadlock(pid: int) -> str | None:
+    """Why a stalled pulsar-perf stopped, when its own client deadlocked (read from a thread dump):
+    the IO thread that blocks, None when none does (or no dump could be taken)."""
+    try:
+        jstack = subprocess.run(["jstack", str(pid)], check=False, capture_output=True, text=True, timeout=60)
+        dump = jstack.stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for thread in dump.split("\n\n"):
+        if thread.startswith('"pulsar-client-io') and CLIENT_DEADLOCK in thread:
+            name = thread.split('"')[1]
+            return (
+                f"{name} blocked in {CLIENT_DEADLOCK} (the Java client's 1,000 coordinator-request permits"
+                " are taken and the thread that would read the answers freeing them waits for one)"
+            )
+    return None
 
 
 def perf_summary(log: Path) -> str:
