@@ -25,7 +25,7 @@ connection, nothing is written for a refused SEND, and the pod keeps serving a w
 | UNSUBSCRIBE with another consumer attached / forced / of a reader | ERROR (ConsumerBusy / NotAllowedError) |
 | deduplicated producers: a SEND of a producer whose name a newer PRODUCER took | SEND_ERROR ProducerFenced |
 | deduplicated producers: a SEND already written, sent again | SEND_RECEIPT of the first write, no write |
-| deduplicated producers: sequence id past 2^63 - 1 / a producer name with a control character | SEND_ERROR / ERROR |
+| deduplicated producers: sequence id past 2^63 - 1 / a name with a control character | SEND_ERROR / ERROR |
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import pytest
 from pulsar_wire import RawPulsar, T, command, free_port, metadata, placement_flags
@@ -76,22 +77,26 @@ def stopped() -> Iterator[list[ServePod]]:
             pod.process.send_signal(signal.SIGCONT)
 
 
+class Budget(NamedTuple):
+    name: str
+    flags: list[str]
+    connections: int
+    sends: int  # per connection
+    payload_bytes: int
+
+
 @pytest.mark.parametrize(
-    ("budget", "flags", "connections", "sends", "payload_bytes"),
+    "case",
     [
-        ("per connection", ["--max-requests-in-flight", "50"], 1, 1_000, 100),
-        ("per process", ["--max-total-request-bytes", str(5 * 1024 * 1024)], 2, 500, 8 * 1024),
+        Budget("per connection", ["--max-requests-in-flight", "50"], 1, 1_000, 100),
+        Budget("per process", ["--max-total-request-bytes", str(5 * 1024 * 1024)], 2, 500, 8 * 1024),
     ],
+    ids=lambda case: case.name,
 )
 def test_pipelined_sends_are_held_to_the_request_budget_and_all_answered(
-    pods: Callable[..., ServePod],
-    stopped: list[ServePod],
-    budget: str,
-    flags: list[str],
-    connections: int,
-    sends: int,
-    payload_bytes: int,
+    pods: Callable[..., ServePod], stopped: list[ServePod], case: Budget
 ) -> None:
+    budget, flags, connections, sends, payload_bytes = case
     coordinator, store = _pods(pods, flags)
     txn = _begin(coordinator)
     producers = [_producer(store, producer_id) for producer_id in range(1, connections + 1)]
