@@ -12,6 +12,10 @@
 //                        takes up to 3 messages (acknowledged by batch index, as the client does for
 //                        a batch's message in a transaction), and every 5th one is aborted on purpose
 //                        after its acks and sends, so batches come back partly acknowledged.
+//   dedup URL TOPIC N    a named producer (batching off, no send timeout) sends N messages, printing
+//                        "sent K" as it goes (the test kills the store meanwhile: the client resends
+//                        what had no receipt), then reads TOPIC from the start: on a store with
+//                        deduplication each message must be there exactly once.
 // Each mode prints one JSON line last and exits 1 when what must hold did not.
 import java.util.*;
 import java.util.concurrent.TimeUnit;
@@ -220,12 +224,43 @@ public class TxnPeer {
         return b.append(']').toString();
     }
 
+    static void dedup(PulsarClient client, String topic, int n) throws Exception {
+        Consumer<byte[]> audit = client.newConsumer().topic(topic).subscriptionName("audit")
+                .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest).subscribe();
+        Producer<byte[]> producer = client.newProducer().topic(topic).producerName("java-dedup")
+                .enableBatching(false).sendTimeout(0, TimeUnit.SECONDS).blockIfQueueFull(true).create();
+        List<java.util.concurrent.CompletableFuture<MessageId>> sends = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            sends.add(producer.sendAsync(("d" + i).getBytes()));
+            if (i % 100 == 99) {
+                System.out.println("sent " + (i + 1));
+                Thread.sleep(20); // leave the test a moment to kill the store with sends in flight
+            }
+        }
+        int failed = 0;
+        for (java.util.concurrent.CompletableFuture<MessageId> send : sends) {
+            try {
+                send.get(180, TimeUnit.SECONDS);
+            } catch (Exception e) {
+                failed++;
+            }
+        }
+        check(failed == 0, failed + " sends failed");
+        List<String> got = drain(audit, n + 100, true);
+        Set<String> distinct = new HashSet<>(got);
+        check(got.size() == distinct.size(), (got.size() - distinct.size()) + " messages were written twice");
+        check(distinct.equals(new HashSet<>(expected("d", n))), "received " + distinct.size() + " of " + n);
+        System.out.println("{\"failures\": " + json(failures) + ", \"received\": " + got.size()
+                + ", \"distinct\": " + distinct.size() + "}");
+    }
+
     public static void main(String[] args) throws Exception {
         String mode = args[0], url = args[1];
         PulsarClient client = PulsarClient.builder().serviceUrl(url).enableTransaction(mode.equals("txn"))
                 .operationTimeout(30, TimeUnit.SECONDS).build();
         try {
             if (mode.equals("basic")) basic(client);
+            else if (mode.equals("dedup")) dedup(client, args[2], Integer.parseInt(args[3]));
             else txn(client, args[2], Integer.parseInt(args[3]), args.length > 4 && args[4].equals("batched"));
         } finally {
             client.close();
