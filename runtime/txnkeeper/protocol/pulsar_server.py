@@ -128,15 +128,7 @@ class PulsarServerConnection(BaseServerConnection[PulsarFrame]):
             self.send_frame(result)
             return
         future = as_future(self._loop, result)
-        size = frame_size(command)
-        self.request_began(size)
-        future.add_done_callback(partial(self._complete, command, size))
-
-    def _complete(self, frame: PulsarFrame, size: int, future: asyncio.Future[Any]) -> None:
-        try:
-            self._answer(frame, future)
-        finally:
-            self.request_ended(size)  # after the answer: held commands' answers must not overtake it
+        self.answer_later(future, frame_size(command), partial(self._answer, command))
 
     def _answer(self, frame: PulsarFrame, future: asyncio.Future[Any]) -> None:
         if future.cancelled():

@@ -358,6 +358,22 @@ class BaseServerConnection(WireConnection[CommandT], Generic[CommandT]):
         if self._book.budget_held and stats.request_bytes <= limits.max_total_request_bytes // 2:
             self._book.release_budget()
 
+    def answer_later(
+        self, future: asyncio.Future[Any], size: int, answer: Callable[[asyncio.Future[Any]], None]
+    ) -> None:
+        """Answer a request of ``size`` bytes once ``future`` settles (``answer`` sends the reply),
+        counting it against the request budgets meanwhile."""
+        self.request_began(size)
+        future.add_done_callback(partial(self._settled, size, answer))
+
+    def _settled(
+        self, size: int, answer: Callable[[asyncio.Future[Any]], None], future: asyncio.Future[Any]
+    ) -> None:
+        try:
+            answer(future)
+        finally:
+            self.request_ended(size)  # after the answer: held commands' answers must not overtake it
+
     def release_budget_hold(self) -> None:
         self._release_reading(_ALL_REQUESTS)
 
@@ -679,15 +695,7 @@ class ServerConnection(BaseServerConnection[api.Command]):
             self._reply(request_id, result)
             return
         future = as_future(self._loop, result)
-        size = command.ByteSize()
-        self.request_began(size)
-        future.add_done_callback(partial(self._complete, request_id, size))
-
-    def _complete(self, request_id: int, size: int, future: asyncio.Future[Any]) -> None:
-        try:
-            self._answer(request_id, future)
-        finally:
-            self.request_ended(size)  # after the answer: held commands' answers must not overtake it
+        self.answer_later(future, command.ByteSize(), partial(self._answer, request_id))
 
     def _answer(self, request_id: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
