@@ -324,7 +324,7 @@ class PulsarPodHandler:
 
     def _producer(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         body = frame.command.producer
-        self._store()
+        topics = self._store()
         self._topic(body.topic)
         if body.producer_id in connection.producers:
             raise BadRequestError(f"producer id {body.producer_id} is already open on this connection")
@@ -335,7 +335,6 @@ class PulsarPodHandler:
             )
         check_schema(body)
         name = body.producer_name or f"{self._pod_name}-{next(self._producer_names)}"
-        topics = self._store()
         if topics.single_key.enabled:
             validate_writer_id(name, "producer name")
             return self._deduplicated_producer(session, connection, body, name, topics)

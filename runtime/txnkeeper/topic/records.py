@@ -137,36 +137,38 @@ def decode(data: bytes, topic: str, position: object) -> DecodedRecord:
     raise CorruptRecordError(f"entry {topic}@{position} holds neither a message nor a marker")
 
 
-def publish_time_ms(data: bytes) -> int | None:
-    """A message entry's publish time (ms since the epoch); None for a marker (or an entry that is not
-    a partition record: dispatch refuses those, a time scan only passes them by)."""
+def _message_record(data: bytes) -> api.DataRecord | None:
+    """A message entry's record; None for a marker (or an entry that is not a partition record:
+    dispatch refuses those, a time scan only passes them by)."""
     entry = api.PartitionEntry()
     try:
         entry.ParseFromString(data)
     except Exception:
         return None
-    return entry.data.publish_time_ms if entry.WhichOneof("body") == "data" else None
+    return entry.data if entry.WhichOneof("body") == "data" else None
+
+
+def publish_time_ms(data: bytes) -> int | None:
+    """A message entry's publish time (ms since the epoch) as the store wrote it; None for a marker."""
+    record = _message_record(data)
+    return None if record is None else record.publish_time_ms
 
 
 def sent_time_ms(data: bytes) -> int | None:
     """A message entry's time as its producer sees it: the ``publish_time`` of Pulsar's
     MessageMetadata for a message sent over Pulsar's protocol (what its consumers read, and what
     Pulsar's seek by time compares), else the store's ``publish_time_ms``; None for a marker."""
-    entry = api.PartitionEntry()
-    try:
-        entry.ParseFromString(data)
-    except Exception:
+    record = _message_record(data)
+    if record is None:
         return None
-    if entry.WhichOneof("body") != "data":
-        return None
-    if entry.data.pulsar_metadata:
+    if record.pulsar_metadata:
         metadata = pulsar.MessageMetadata()
         try:
-            metadata.ParseFromString(entry.data.pulsar_metadata)
+            metadata.ParseFromString(record.pulsar_metadata)
         except Exception:
-            return entry.data.publish_time_ms
+            return record.publish_time_ms
         return metadata.publish_time
-    return entry.data.publish_time_ms
+    return record.publish_time_ms
 
 
 # Pulsar's producers batch at most a few thousand messages per entry (batchingMaxMessages, default
