@@ -38,8 +38,10 @@ from txnkeeper.ledger.offload.offloader import open_blob_store
 from txnkeeper.ledger.offload.reader import SegmentReader
 from txnkeeper.ledger.offload.writer import INDEX_SUFFIX
 from txnkeeper.verifier import k8s
+from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
+from txnkeeper.verifier.shipping import ship_executor_code
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -163,6 +165,13 @@ def check_segments(
     yield from asyncio.run(run()) if batch else []
 
 
+def check_partition(
+    refs: Iterable[SegmentRef], properties: Mapping[str, Any], sample: int
+) -> Iterator[tuple[ExecutorRef, list[SegmentResult]]]:
+    """One Spark task: its executor, and its segments' results."""
+    yield current_executor(), list(check_segments(refs, properties, sample))
+
+
 def find_orphans(keys: Iterable[str], referenced: set[str]) -> list[Finding]:
     """Objects whose segment uuid no pod's metadata names (any status: Assigned is still uploading)."""
     out = []
@@ -208,15 +217,17 @@ def audit(
     refs, findings = fetch_segments(endpoints, timeout_s)
     offloaded = [r for r in refs if r.status == "Offloaded"]
     context = spark.sparkContext
+    ship_executor_code(context)
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
     try:
-        results: list[SegmentResult] = (
+        tasks = (
             context.parallelize(offloaded, partitions)
-            .mapPartitions(lambda part: check_segments(part, props, sample_blocks))
+            .mapPartitions(lambda part: check_partition(part, props, sample_blocks))
             .collect()
         )
     except Exception as exc:
         raise VerifierInfraError(f"Spark job failed: {type(exc).__name__}: {exc}") from exc
+    results = [result for _, batch in tasks for result in batch]
     for result in results:
         findings.extend(result.findings)
 
@@ -233,6 +244,7 @@ def audit(
         "blocksSampled": sum(r.sampled for r in results),
         "objects": len(keys),
         "findings": [{k: v for k, v in asdict(f).items() if v is not None} for f in findings],
+        "executors": [row.to_dict() for row in tally(ref for ref, _ in tasks)],
     }
 
 
