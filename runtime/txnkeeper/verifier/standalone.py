@@ -8,7 +8,8 @@ a quick way to try `--master spark://...` by hand (`python -m txnkeeper.verifier
 
 Every process it starts (the daemons, the executors the workers launch and their Python workers) carries
 the cluster's marker in its environment, so `stop` can prove that nothing outlived the cluster, even the
-Python daemons that put themselves in process groups of their own.
+Python daemons that put themselves in process groups of their own; and the daemons die with the process
+that started them, should it be killed before it could stop them.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class StandaloneCluster:
             # A session (and process group) of its own: stop() signals the daemon and the executors it
             # launched as one group, never this process's own.
             process = subprocess.Popen(
-                [str(self.home / "bin" / "spark-class"), *arguments],
+                [*_die_with_parent(), str(self.home / "bin" / "spark-class"), *arguments],
                 env=self._env(host),
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
@@ -301,6 +302,14 @@ class StandaloneCluster:
             if marker in environ.split(b"\0") and _alive(int(entry.name)):
                 found.append(int(entry.name))
         return sorted(found)
+
+
+def _die_with_parent() -> list[str]:
+    """A prefix that kills the daemon when this process dies without stopping the cluster (a test
+    runner killed outright); its executors then exit when they lose their worker, and their Python
+    daemons when they lose their executor. Linux (util-linux setpriv); elsewhere only stop() cleans up."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL"] if setpriv else []
 
 
 def _process_group(pid: int) -> int | None:
