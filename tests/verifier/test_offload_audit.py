@@ -31,6 +31,8 @@ def test_a_sound_tier_passes(spark: Any, pods: SyntheticPods, tiered: tuple[Path
     assert report["segmentsChecked"] == report["segments"] >= 2
     assert report["blocksSampled"] >= report["segments"]
     assert report["objects"] == 2 * report["segments"]
+    assert [row["executor"] for row in report["executors"]] == ["driver"]  # local mode
+    assert report["executors"][0]["tasks"] == min(report["segments"], 4)  # 2 cores x 2
 
 
 def test_damage_missing_objects_and_orphans_are_findings(
