@@ -1,12 +1,13 @@
-"""The executor-side code as one zip, for Spark masters whose executors may not have txnkeeper.
+"""txnkeeper's code as one zip, for Spark masters whose executors may not have txnkeeper.
 
 In local mode the executors are this machine's Python workers and import txnkeeper as installed. On a
 cluster master (standalone, Kubernetes) they run elsewhere; the code both jobs run there
 (verify-invalidation's fetch + judge, verify-offload's segment checks over the filesystem blob store) is
-deliberately stdlib-only, so shipping these modules with `SparkContext.addPyFile` is all it takes, and it
-also guarantees the executors judge with exactly the driver's rules. One zip serves both jobs: it is put
-in front of the executors' sys.path, so a zip lacking one job's modules would hide an installed
-txnkeeper from that job. (The S3 driver also needs boto3 on the executors: the verifier image has it.)
+deliberately stdlib-only, so shipping it with `SparkContext.addPyFile` is all it takes, and it also
+guarantees the executors judge with exactly the driver's rules. The zip holds the whole package, not
+just those modules: it goes in front of the executors' sys.path, so a partial one would hide an
+installed txnkeeper from any other job of the same application. (The S3 driver also needs boto3 on the
+executors: the verifier image has it.)
 """
 
 from __future__ import annotations
@@ -21,41 +22,15 @@ import txnkeeper
 from txnkeeper.verifier.model import VerifierInfraError
 
 ARCHIVE_NAME = "txnkeeper-verifier.zip"
-# Whole packages the offload audit's executors import (the managed ledger's formats and the offload
-# readers); everything under them is stdlib-only at import.
-EXECUTOR_PACKAGES = ("ledger",)
-# Everything else a partition imports: the package roots, the verifier modules, and the few runtime
-# modules they use.
-EXECUTOR_MODULES = (
-    "__init__.py",
-    "aio.py",
-    "statefile.py",
-    "contract/__init__.py",
-    "contract/freshness.py",
-    "verifier/__init__.py",
-    "verifier/decide.py",
-    "verifier/executors.py",
-    "verifier/fetch.py",
-    "verifier/freshness.py",
-    "verifier/inputs.py",
-    "verifier/job.py",
-    "verifier/k8s.py",
-    "verifier/model.py",
-    "verifier/offload_audit.py",
-    "verifier/shipping.py",
-)
 _shipped: set[str] = set()
 _shipping = threading.Lock()
 
 
 def executor_modules(root: Path) -> list[str]:
-    """Paths (relative to the txnkeeper package) of every module shipped."""
-    packaged = [
-        str(path.relative_to(root))
-        for package in EXECUTOR_PACKAGES
-        for path in sorted((root / package).rglob("*.py"))
-    ]
-    return [*EXECUTOR_MODULES, *packaged]
+    """Paths (relative to the txnkeeper package) of every module shipped: all of them."""
+    return sorted(
+        str(path.relative_to(root)) for path in root.rglob("*.py") if "__pycache__" not in path.parts
+    )
 
 
 def executor_code_zip(directory: Path) -> Path:
