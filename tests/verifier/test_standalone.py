@@ -3,10 +3,12 @@ pyspark, each worker (and its executor) on a loopback address of its own, as on 
 
 The executors' Python cannot import txnkeeper (no site-packages processing, only the third-party
 packages), like a worker host that has only pyspark: every line of the jobs' executor code reaches them
-through the zip the driver ships. Each job runs as the operator's CronJob runs it, the CLI with
-`--master spark://...` in a driver process of its own. Verdicts must be what local mode decides for the
-same inputs, and the report must show the tasks spread over both executors (Spark waits for both
-before its first task, so that is deterministic, not a race).
+through the zip the driver ships. Both jobs run through their CLI (`--master spark://...`) in one
+driver process of their own, on one session the driver started first, as a caller's session is reused:
+one application for both saves a driver and two executor start-ups on a busy machine, and shows the
+zip shipped once serving both. Verdicts must be what local mode decides for the same inputs, and each
+report must show its tasks spread over both executors (Spark waits for both before its first task, so
+that is deterministic, not a race).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,13 +66,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
     assert spark.leftovers() == []
 
 
-def _driver(cluster: StandaloneCluster, command: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+DRIVER = """
+import json, sys
+from txnkeeper.cli import main
+from txnkeeper.verifier.job import spark_session
+session = spark_session(sys.argv[1])
+codes = [main(argv) for argv in json.loads(sys.argv[2])]
+session.stop()
+print(json.dumps(codes))
+"""
+
+
+def _driver(cluster: StandaloneCluster, *commands: list[str]) -> list[int]:
+    """Run CLI commands in one driver process on `cluster`; their exit codes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.update(cluster.driver_env())
-    return subprocess.run(
-        [sys.executable, "-m", "txnkeeper.cli", command, "--master", cluster.master_url, *arguments],
+    argvs = [[command[0], "--master", cluster.master_url, *command[1:]] for command in commands]
+    run = subprocess.run(
+        [sys.executable, "-c", DRIVER, cluster.master_url, json.dumps(argvs)],
         env=env, capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, check=False,
     )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    codes: list[int] = json.loads(run.stdout.splitlines()[-1])
+    return codes
 
 
 def _spread_over_both_executors(report: Mapping[str, Any], tasks: int) -> None:
@@ -101,9 +119,20 @@ def _layout() -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def test_verify_invalidation_on_two_executors(
-    cluster: StandaloneCluster, pods: SyntheticPods, tmp_path: Path
+def test_both_jobs_on_two_executors(
+    cluster: StandaloneCluster, pods: SyntheticPods, tiered: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    invalidation, check_invalidation = _invalidation_case(pods, tmp_path)
+    offload, check_offload = _offload_case(pods, tiered, tmp_path)
+
+    codes = _driver(cluster, invalidation, offload)
+
+    assert codes == [1, 1]  # not safe (a store still holds batched entries); the audit has findings
+    check_invalidation()
+    check_offload()
+
+
+def _invalidation_case(pods: SyntheticPods, tmp_path: Path) -> tuple[list[str], Callable[[], None]]:
     layout = _layout()
     endpoints = [pods.add_pod(n, PodAnswer.document(pod_document(n, s))) for n, s in layout.items()]
     names = [store["name"] for stores in layout.values() for store in stores]
@@ -111,22 +140,23 @@ def test_verify_invalidation_on_two_executors(
     (tmp_path / "markers.json").write_text(json.dumps(markers.to_dict()))
     (tmp_path / "pods.json").write_text(json.dumps([{"pod": e.pod, "url": e.url} for e in endpoints]))
     out = tmp_path / "report.json"
-
-    run = _driver(
-        cluster, "verify-invalidation", "--markers", str(tmp_path / "markers.json"),
+    command = [
+        "verify-invalidation", "--markers", str(tmp_path / "markers.json"),
         "--endpoints-file", str(tmp_path / "pods.json"), "--output", str(out),
-    )  # fmt: skip
+    ]  # fmt: skip
 
-    assert run.returncode == 1, run.stderr  # not safe: one store still has batched entries
-    report = json.loads(out.read_text())
-    blocking = [row["store"] for row in report["stores"] if not row["safe"]]
-    assert blocking == ["persistent://public/default/orders-1-billing__transaction_pending_ack"]
-    # The same decision local mode (and the driver alone) reaches for these inputs.
-    expected = _decided_without_spark(endpoints, markers)
-    assert (report["safe"], report["stores"], report["pods"]) == (
-        expected["safe"], expected["stores"], expected["pods"],
-    )  # fmt: skip
-    _spread_over_both_executors(report, tasks=4)
+    def check() -> None:
+        report = json.loads(out.read_text())
+        blocking = [row["store"] for row in report["stores"] if not row["safe"]]
+        assert blocking == ["persistent://public/default/orders-1-billing__transaction_pending_ack"]
+        # The same decision local mode (and the driver alone) reaches for these inputs.
+        expected = _decided_without_spark(endpoints, markers)
+        assert (report["safe"], report["stores"], report["pods"]) == (
+            expected["safe"], expected["stores"], expected["pods"],
+        )  # fmt: skip
+        _spread_over_both_executors(report, tasks=4)  # six pods in 2 cores x 2 partitions
+
+    return command, check
 
 
 def _decided_without_spark(endpoints: list[PodEndpoint], markers: RolloverMarkers) -> dict[str, Any]:
@@ -136,9 +166,9 @@ def _decided_without_spark(endpoints: list[PodEndpoint], markers: RolloverMarker
     return finalize(datetime.now(UTC), markers, outcomes, verdicts).to_dict()
 
 
-def test_verify_offload_on_two_executors(
-    cluster: StandaloneCluster, pods: SyntheticPods, tiered: tuple[Path, Path], tmp_path: Path
-) -> None:
+def _offload_case(
+    pods: SyntheticPods, tiered: tuple[Path, Path], tmp_path: Path
+) -> tuple[list[str], Callable[[], None]]:
     root, tier = tiered
     summary = {"pod": "pas-0", **inventory(root).to_json()}
     endpoint = pods.add_pod("pas-0", PodAnswer.document(summary))
@@ -152,17 +182,18 @@ def test_verify_offload_on_two_executors(
     (tier / "stray-object").write_bytes(b"left behind by a crashed upload")
     settings = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(tier)}
     out = tmp_path / "audit.json"
+    command = [
+        "verify-offload", "--endpoint", f"pas-0={endpoint.url}", "--offload-json", json.dumps(settings),
+        "--sample-blocks", "100", "--output", str(out),
+    ]  # fmt: skip
 
-    run = _driver(
-        cluster, "verify-offload", "--endpoint", f"pas-0={endpoint.url}", "--offload-json",
-        json.dumps(settings), "--sample-blocks", "100", "--output", str(out),
-    )  # fmt: skip
+    def check() -> None:
+        report = json.loads(out.read_text())
+        # What local mode finds in the same damaged tier (tests/verifier/test_offload_audit.py).
+        assert {(f["kind"], f.get("uuid")) for f in report["findings"]} == {
+            ("corrupt", damaged), ("missing-object", missing), ("orphan", "stray-object"),
+        }  # fmt: skip
+        assert report["segmentsChecked"] == report["segments"] == len(uuids)
+        _spread_over_both_executors(report, tasks=4)  # 2 cores x 2 partitions
 
-    assert run.returncode == 1, run.stderr  # findings
-    report = json.loads(out.read_text())
-    # What local mode finds in the same damaged tier (tests/verifier/test_offload_audit.py).
-    assert {(f["kind"], f.get("uuid")) for f in report["findings"]} == {
-        ("corrupt", damaged), ("missing-object", missing), ("orphan", "stray-object"),
-    }  # fmt: skip
-    assert report["segmentsChecked"] == report["segments"] == len(uuids)
-    _spread_over_both_executors(report, tasks=min(len(uuids), 4))
+    return command, check
