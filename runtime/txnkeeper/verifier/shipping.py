@@ -26,6 +26,7 @@ EXECUTOR_MODULES = (
     "verifier/job.py",
     "verifier/model.py",
     "verifier/shipping.py",
+    "verifier/spark_k8s.py",
 )
 
 
