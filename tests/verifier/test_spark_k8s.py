@@ -144,3 +144,29 @@ def test_executor_entry_refuses_to_run_outside_spark() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+@pytest.mark.spark
+def test_executor_entry_starts_sparks_kubernetes_executor_backend(tmp_path: Path) -> None:
+    """The real JVM with PySpark's jars: the backend starts, then fails to reach a driver that is not
+    there (a closed port), naming it: the entry point is right, no Spark distribution needed."""
+    pytest.importorskip("pyspark")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SPARK_")},
+        **EXECUTOR_ENV,
+        "JAVA_HOME": os.environ.get("JAVA_HOME", ""),
+        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",  # discard: nothing listens
+        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+        "SPARK_EXECUTOR_MEMORY": "128m",
+        "SPARK_JAVA_OPT_0": "-XX:TieredStopAtLevel=1",
+        "SPARK_JAVA_OPT_1": "-XX:+UseSerialGC",
+    }
+    if not env["JAVA_HOME"]:
+        del env["JAVA_HOME"]  # then `java` from PATH
+    done = subprocess.run(
+        [sys.executable, "-m", "txnkeeper.verifier.spark_executor", "executor"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "KubernetesExecutorBackend: Started daemon" in done.stderr, done.stderr[-3000:]
+    assert "Failed to connect to /127.0.0.1:9" in done.stderr, done.stderr[-3000:]
