@@ -439,18 +439,24 @@ SPARK_DRIVER_PORT = 7078
 SPARK_BLOCK_MANAGER_PORT = 7079
 
 
-def _spark_env(cr: Resource, settings: OperatorSettings) -> list[dict[str, Any]]:
+def _spark_env(
+    cr: Resource, settings: OperatorSettings, executor_conf: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """On a k8s:// master the job's pod is Spark's driver: it tells the executors its IP, owns them by
-    its name, and starts them from its own image (side-loaded images: the operator's pull policy)."""
+    its name, and starts them from its own image (side-loaded images: the operator's pull policy);
+    ``executor_conf``: executor-pod settings the executors need as well (the offload audit's tier)."""
     if not spark_on_kubernetes(cr):
         return []
-    return [
+    env = [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         {"name": "TXNKEEPER_SPARK_IMAGE", "value": settings.verifier_image},
         {"name": "TXNKEEPER_SPARK_IMAGE_PULL_POLICY", "value": settings.image_pull_policy},
     ]
+    if executor_conf:
+        env.append({"name": "TXNKEEPER_SPARK_EXECUTOR_CONF", "value": json.dumps(dict(executor_conf))})
+    return env
 
 
 def _spark_ports(cr: Resource) -> dict[str, Any]:
@@ -567,6 +573,7 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
     # Without a usable spec.offload: no settings, no credentials, no claim (a manual run says so).
     audit_settings = gated.audit_settings(cr) if gated.audits_offload(cr) else {}
     volumes, mounts = gated.offload_volumes(cr, cr.version)
+    executor_conf = gated.offload_executor_conf(cr, cr.version)
     # The audit only reads the tier: the filesystem driver's shared claim is mounted read-only.
     mounts = [{**mount, "readOnly": True} for mount in mounts]
     return {
@@ -600,7 +607,7 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
                     {"name": "HOME", "value": "/tmp"},
                     {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
                     *gated.offload_env(cr, cr.version),
-                    *_spark_env(cr, settings),
+                    *_spark_env(cr, settings, executor_conf),
                 ],
                 **_spark_ports(cr),
                 "securityContext": _RESTRICTED_CONTAINER,

@@ -745,3 +745,38 @@ def test_a_store_naming_its_coordinator_tells_its_pods_both_roles_and_the_coordi
         "containers"
     ][0]
     assert "TXNKEEPER_PULSAR_COORDINATOR_URLS" not in {e["name"] for e in alone["env"]}
+
+
+def test_offload_audit_on_kubernetes_gives_the_executors_the_tier_too() -> None:
+    """k8s://: verify-offload's executors read the tier, so Spark must give their pods the same
+    credentials (from the Secret, never as values) and the same shared claim, read-only."""
+    spark_k8s = pytest.importorskip("txnkeeper.verifier.spark_k8s")
+
+    def executor_conf(cr: Resource) -> dict[str, str]:
+        audit = builders.offload_audit_cron_job(cr, SETTINGS)
+        assert audit is not None
+        (container,) = audit["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        conf: dict[str, str] = json.loads(env[spark_k8s.ENV_EXECUTOR_CONF])
+        return conf
+
+    s3 = store(offload=OFFLOAD_S3, verifier={"sparkMaster": SPARK_K8S})
+    assert executor_conf(s3) == {
+        "spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID": "s3-creds:AWS_ACCESS_KEY_ID",
+        "spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY": "s3-creds:AWS_SECRET_ACCESS_KEY",
+    }
+    fs = store(offload=OFFLOAD_FS, verifier={"sparkMaster": SPARK_K8S})
+    claim = "spark.kubernetes.executor.volumes.persistentVolumeClaim.offload"
+    assert executor_conf(fs) == {
+        f"{claim}.options.claimName": "tier-rwx",
+        f"{claim}.mount.path": "/var/lib/txnkeeper-offload",
+        f"{claim}.mount.readOnly": "true",
+    }
+    # Accepted by the runtime as it is (only executor-pod settings).
+    with_conf = {**dict.fromkeys(spark_k8s.REQUIRED_ENV, "x"), spark_k8s.ENV_EXECUTOR_CONF: ""}
+    for cr in (s3, fs):
+        with_conf[spark_k8s.ENV_EXECUTOR_CONF] = json.dumps(executor_conf(cr))
+        assert executor_conf(cr).items() <= spark_k8s._executor_conf(with_conf).items()
+    # verify-invalidation reads no tier: nothing extra for its executors.
+    for container in _verifier_containers(s3)[:2]:
+        assert spark_k8s.ENV_EXECUTOR_CONF not in {e["name"] for e in container["env"]}

@@ -170,3 +170,22 @@ def test_executor_entry_starts_sparks_kubernetes_executor_backend(tmp_path: Path
     assert done.returncode != 0
     assert "KubernetesExecutorBackend: Started daemon" in done.stderr, done.stderr[-3000:]
     assert "Failed to connect to /127.0.0.1:9" in done.stderr, done.stderr[-3000:]
+
+
+def test_executor_pod_settings_from_the_job_reach_spark_and_nothing_else(tmp_path: Path) -> None:
+    secret = {"spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID": "creds:AWS_ACCESS_KEY_ID"}
+    conf = spark_k8s.kubernetes_conf(
+        {**ENV, "TXNKEEPER_SPARK_EXECUTOR_CONF": json.dumps(secret)}, tmp_path, ""
+    )
+    assert secret.items() <= conf.items()
+    for text, message in (
+        ("{", "TXNKEEPER_SPARK_EXECUTOR_CONF is not JSON"),
+        ('["a"]', "must be a JSON object of strings"),
+        ('{"spark.kubernetes.executor.label.a": 1}', "must be a JSON object of strings"),
+        (
+            '{"spark.driver.host": "1.2.3.4"}',
+            r"may only set spark.kubernetes.executor.\* .*spark.driver.host",
+        ),
+    ):
+        with pytest.raises(VerifierInputError, match=message):
+            spark_k8s.kubernetes_conf({**ENV, "TXNKEEPER_SPARK_EXECUTOR_CONF": text}, tmp_path, "")

@@ -31,6 +31,10 @@ ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_IMAGE = "TXNKEEPER_SPARK_IMAGE"
 ENV_PULL_POLICY = "TXNKEEPER_SPARK_IMAGE_PULL_POLICY"
 ENV_EXECUTORS = "TXNKEEPER_SPARK_EXECUTORS"
+# JSON object of executor-pod settings the job's pod has and its executors need too (the offload
+# audit's tier credentials and shared claim); only spark.kubernetes.executor.* keys are accepted.
+ENV_EXECUTOR_CONF = "TXNKEEPER_SPARK_EXECUTOR_CONF"
+EXECUTOR_CONF_PREFIX = "spark.kubernetes.executor."
 REQUIRED_ENV = (ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_IMAGE)
 # Fixed so the executors can be told where to call back (and a NetworkPolicy could name them).
 DRIVER_PORT = 7078
@@ -104,6 +108,24 @@ def _executors(env: Mapping[str, str]) -> int:
     return count
 
 
+def _executor_conf(env: Mapping[str, str]) -> dict[str, str]:
+    text = env.get(ENV_EXECUTOR_CONF) or "{}"
+    try:
+        conf = json.loads(text)
+    except ValueError as exc:
+        raise VerifierInputError(f"{ENV_EXECUTOR_CONF} is not JSON ({exc}): {text[:200]!r}") from exc
+    if not isinstance(conf, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in conf.items()
+    ):
+        raise VerifierInputError(f"{ENV_EXECUTOR_CONF} must be a JSON object of strings, got {text[:200]!r}")
+    outside = sorted(k for k in conf if not k.startswith(EXECUTOR_CONF_PREFIX))
+    if outside:
+        raise VerifierInputError(
+            f"{ENV_EXECUTOR_CONF} may only set {EXECUTOR_CONF_PREFIX}* (executor pods), got {outside}"
+        )
+    return conf
+
+
 def kubernetes_conf(env: Mapping[str, str], work_dir: Path, java_options: str) -> dict[str, str]:
     """Spark settings for a client-mode driver in this pod; writes the executor pod template into
     ``work_dir``. Raises VerifierInputError naming every missing variable (the job was not started
@@ -115,6 +137,7 @@ def kubernetes_conf(env: Mapping[str, str], work_dir: Path, java_options: str) -
             " environment (the operator's verifier CronJob sets them; set them when running it by hand)"
         )
     executors = _executors(env)
+    extra = _executor_conf(env)
     template = work_dir / "executor-pod.json"
     template.write_text(json.dumps(executor_pod_template(), indent=2) + "\n", encoding="utf-8")
     conf = {
@@ -151,5 +174,6 @@ def kubernetes_conf(env: Mapping[str, str], work_dir: Path, java_options: str) -
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "180s",
         **{f"spark.kubernetes.executor.label.{k}": v for k, v in EXECUTOR_LABELS.items()},
+        **extra,
     }
     return conf
