@@ -108,9 +108,13 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, str(e)
 
 
-def http_post(url: str, body: Obj | None = None, timeout: float = 5.0) -> tuple[int, str]:
+def http_post(
+    url: str, body: Obj | None = None, timeout: float = 5.0, token: str | None = None
+) -> tuple[int, str]:
     req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode()

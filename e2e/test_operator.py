@@ -8,8 +8,10 @@ resource refused by the API server, and at the end every acknowledged message st
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from e2e.helpers import (
     VERIFIER_IMAGE,
     Cluster,
     http_get,
+    http_post,
     name_of,
     pod_ready,
     to_json,
@@ -443,3 +446,152 @@ def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
         assert len(seen) == len(set(seen)), f"{topic}: duplicates"
         assert sorted(set(committed) & set(work[topic])) == [], f"{topic}: acked messages redelivered"
     assert held["acked"] in hold[FIRST_TOPIC], "the timed-out transaction's ack was not rolled back"
+
+
+# --- Spark on Kubernetes: the verifier's executors as pods ------------------------------------------
+SPARK_K8S = "k8s://https://kubernetes.default.svc"
+VERIFIER_OF = "txnkeeper.io/verifier-of"
+
+
+def spark_resources(version: str, batched: bool) -> str:
+    """One coordinator pod and one store pod whose verifier runs Spark's executors as pods."""
+    verifier = f'{{sparkMaster: "{SPARK_K8S}", retrySeconds: 5}}'
+    flag = str(batched).lower()
+    return f"""
+apiVersion: txnkeeper.io/v1
+kind: TransactionCoordinator
+metadata: {{name: txn}}
+spec: {{version: "{version}", replicas: 1, coordinators: 1, batchedWrite: {{enabled: {flag}}},
+        storage: {{size: 128Mi}}, verifier: {verifier}}}
+---
+apiVersion: txnkeeper.io/v1
+kind: PendingAckStore
+metadata: {{name: acks}}
+spec: {{version: "{version}", replicas: 1, batchedWrite: {{enabled: {flag}}}, storage: {{size: 128Mi}},
+        verifier: {verifier}}}
+"""
+
+
+class ExecutorPods:
+    """Every Spark executor pod seen in a namespace (label spark-role=executor), recorded by a thread
+    that lists them once a second: they live only while a verifier job runs."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self._cluster, self._ns = cluster, ns
+        self.seen: dict[str, Obj] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="executor-pods", daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> ExecutorPods:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for pod in self.now():
+                    self.seen[str(pod["metadata"]["name"])] = pod
+            except Exception as e:  # an API hiccup: the next round sees the pods again
+                self.errors.append(repr(e))
+            self._stop.wait(1.0)
+
+    def now(self) -> list[Obj]:
+        pods = self._cluster.core.list_namespaced_pod(self._ns, label_selector="spark-role=executor")
+        return [to_json(self._cluster.api, p) for p in pods.items]
+
+
+def _can_i(cluster: Cluster, ns: str, verb: str, resource: str, where: str | None = None) -> bool:
+    """kubectl auth can-i as the verifier's account (`pods/exec`: the subresource, not a pod named exec)."""
+    account = f"system:serviceaccount:{ns}:txn-verifier"
+    kind, _, sub = resource.partition("/")
+    extra = ["--subresource", sub] if sub else []
+    result = cluster.kubectl(
+        "auth", "can-i", verb, kind, *extra, "--as", account, "-n", where or ns, check=False
+    )
+    return result.stdout.strip() == "yes"
+
+
+def _abort(cluster: Cluster, ns: str, txn: str) -> None:
+    """Abort a transaction through the coordinator pod's admin API (its token from the operator's Secret)."""
+    secret = cluster.core.read_namespaced_secret("txn-admin-token", ns)
+    token = base64.b64decode((secret.data or {})["token"]).decode()
+    ids = re.search(r"\((\d+),(\d+)\)", txn)  # the workload prints "Transaction(most,least)[OPEN]"
+    assert ids is not None, f"no transaction id in {txn!r}"
+    most, least = ids.groups()
+    with cluster.endpoint(ns, "txn-0", 8080) as ep:
+        url = f"http://{ep}/admin/v3/transactions/abortTransaction/{most}/{least}"
+        code, text = http_post(url, token=token, timeout=30)
+    assert code in (200, 202), f"abort {txn}: HTTP {code} {text}"
+
+
+def _verifier_job_pods(cluster: Cluster, ns: str) -> dict[str, Obj]:
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"{VERIFIER_OF}=txn").items
+    return {name_of(p): to_json(cluster.api, p) for p in pods}
+
+
+@pytest.mark.timeout(900)
+def test_spark_on_kubernetes_verifier_gates_the_downgrade(
+    cluster: Cluster, operator: str, namespace: str
+) -> None:
+    ns = namespace
+    apply(cluster, ns, spark_resources(NEW, batched=True))
+    for plural, name in ((TC, "txn"), (PAS, "acks")):
+        wait_cr(cluster, ns, plural, name, settled_at(NEW, "Enabled"), f"Ready at {NEW}, batching", 300)
+
+    # The driver's account may manage pods in its own namespace, and nothing else of Spark's.
+    for verb in ("create", "delete", "deletecollection", "get", "list", "watch"):
+        assert _can_i(cluster, ns, verb, "pods"), f"the verifier cannot {verb} pods"
+    assert not _can_i(cluster, ns, "create", "pods", where=OPERATOR_NS), "executor pods elsewhere"
+    for verb, resource in (
+        ("create", "configmaps"), ("create", "services"), ("create", "persistentvolumeclaims"),
+        ("get", "secrets"), ("create", "pods/exec"), ("deletecollection", "services"),
+    ):  # fmt: skip
+        assert not _can_i(cluster, ns, verb, resource), f"the verifier may {verb} {resource}"
+
+    # A transaction holds batched records while the coordinator is downgraded; it stays open (its
+    # timeout is far away) until this test aborts it, so the gate must hold until then.
+    coordinators, stores = addresses(cluster, ns, "txn", 1), addresses(cluster, ns, "acks", 1)
+    held = run_workload(
+        cluster, ns, "hold", "--coordinators", coordinators, "--stores", stores,
+        "--topic", FIRST_TOPIC, "--timeout-ms", "600000",
+    )  # fmt: skip
+    assert held["status"] == "OPEN"
+    with ExecutorPods(cluster, ns) as executors:
+        apply(cluster, ns, spark_resources(OLD, batched=False).split("---")[0])
+        blocked = wait_cr(
+            cluster, ns, TC, "txn",
+            lambda o: condition(o, "DowngradeSafe").get("reason") == "LiveBatchedData"
+            and o["status"].get("phase") == "DowngradeBlocked",
+            "the downgrade held by the verifier on Kubernetes executors", 300,
+        )  # fmt: skip
+        assert set(pod_versions(blocked)) == {NEW}, summary(blocked)
+        blocked_by = set(executors.seen)
+        _abort(cluster, ns, held["txn"])
+        done = wait_cr(cluster, ns, TC, "txn", settled_at(OLD, "Disabled"), f"downgraded to {OLD}", 300)
+        assert condition(done, "DowngradeSafe")["status"] == "True", summary(done)
+
+    # The executors were pods of the verifier image, restricted, owned by a verifier job's pod.
+    assert len(blocked_by) >= 2, f"the blocking verdict came without executor pods: {executors.errors}"
+    drivers = _verifier_job_pods(cluster, ns)
+    owners: set[str] = set()
+    for name, pod in executors.seen.items():
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == VERIFIER_IMAGE, (name, container["image"])
+        assert pod["spec"].get("automountServiceAccountToken") is False, name
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+        (owner,) = pod["metadata"]["ownerReferences"]
+        assert owner["kind"] == "Pod" and owner["name"] in drivers, (name, owner, sorted(drivers))
+        owners.add(owner["name"])
+    # The report that released the gate says safe, and came from a job that succeeded on executor pods.
+    report_cm = cluster.core.read_namespaced_config_map("txn-verifier-report", ns)
+    report = json.loads((report_cm.data or {})["report.json"])
+    assert report["safe"] is True, report
+    succeeded = {name for name, pod in drivers.items() if pod["status"].get("phase") == "Succeeded"}
+    assert succeeded & owners, f"no successful verifier run had executor pods: {succeeded}, {owners}"
+    # Spark deleted its executors when each job ended (and they go with their driver pod anyway).
+    wait_for(lambda: not executors.now(), "no executor pod left", 120)

@@ -361,14 +361,28 @@ def verifier_service_account(cr: Resource) -> Manifest:
     }
 
 
+# What Spark's driver does with executor pods on a k8s:// master (runtime verifier/spark_k8s.py): create
+# them, watch and list them by label, get its own pod (the executors' owner), delete a failed one, and
+# at its stop delete all of its executors by label (deletecollection).
+SPARK_EXECUTOR_POD_VERBS = ["create", "delete", "deletecollection", "get", "list", "watch"]
+
+
+def spark_on_kubernetes(cr: Resource) -> bool:
+    """Whether the verifier jobs run Spark's executors as pods (spec.verifier.sparkMaster k8s://)."""
+    return _spark_master(cr).startswith("k8s://")
+
+
 def verifier_role(cr: Resource) -> Manifest:
-    # Exactly what the job does: find the pods, read the markers, write the report.
+    # Exactly what the job does: find the pods, read the markers, write the report; on a k8s:// master
+    # also Spark's executor pods, in this namespace only (no ConfigMaps, Services or claims: the job
+    # tells Spark not to make any). Applied whole, so switching back to local[*] takes the grant away.
+    pod_verbs = SPARK_EXECUTOR_POD_VERBS if spark_on_kubernetes(cr) else ["get", "list"]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(cr, naming.verifier(cr.name)),
         "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": pod_verbs},
             {
                 "apiGroups": [""],
                 "resources": ["configmaps"],
@@ -416,8 +430,47 @@ def report_config_map(cr: Resource) -> Manifest:
     }
 
 
+def _spark_master(cr: Resource) -> str:
+    return str(cr.section("verifier").get("sparkMaster") or "local[*]")
+
+
+# The environment a k8s:// driver reads (runtime verifier/spark_k8s.py: the same names).
+SPARK_DRIVER_PORT = 7078
+SPARK_BLOCK_MANAGER_PORT = 7079
+
+
+def _spark_env(
+    cr: Resource, settings: OperatorSettings, executor_conf: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """On a k8s:// master the job's pod is Spark's driver: it tells the executors its IP, owns them by
+    its name, and starts them from its own image (side-loaded images: the operator's pull policy);
+    ``executor_conf``: executor-pod settings the executors need as well (the offload audit's tier)."""
+    if not spark_on_kubernetes(cr):
+        return []
+    env = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {"name": "TXNKEEPER_SPARK_IMAGE", "value": settings.verifier_image},
+        {"name": "TXNKEEPER_SPARK_IMAGE_PULL_POLICY", "value": settings.image_pull_policy},
+    ]
+    if executor_conf:
+        env.append({"name": "TXNKEEPER_SPARK_EXECUTOR_CONF", "value": json.dumps(dict(executor_conf))})
+    return env
+
+
+def _spark_ports(cr: Resource) -> dict[str, Any]:
+    if not spark_on_kubernetes(cr):
+        return {}
+    return {
+        "ports": [
+            {"name": "spark-driver", "containerPort": SPARK_DRIVER_PORT, "protocol": "TCP"},
+            {"name": "spark-blocks", "containerPort": SPARK_BLOCK_MANAGER_PORT, "protocol": "TCP"},
+        ]
+    }
+
+
 def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
-    section = cr.section("verifier")
     return {
         "serviceAccountName": naming.verifier(cr.name),
         "restartPolicy": "Never",
@@ -441,13 +494,15 @@ def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, An
                     "--output",
                     f"configmap:{naming.report_config_map(cr.name)}",
                     "--master",
-                    str(section.get("sparkMaster") or "local[*]"),
+                    _spark_master(cr),
                 ],
                 # Spark writes scratch files and its ivy cache under HOME and the local dirs.
                 "env": [
                     {"name": "HOME", "value": "/tmp"},
                     {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
+                    *_spark_env(cr, settings),
                 ],
+                **_spark_ports(cr),
                 "securityContext": _RESTRICTED_CONTAINER,
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
             }
@@ -518,6 +573,7 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
     # Without a usable spec.offload: no settings, no credentials, no claim (a manual run says so).
     audit_settings = gated.audit_settings(cr) if gated.audits_offload(cr) else {}
     volumes, mounts = gated.offload_volumes(cr, cr.version)
+    executor_conf = gated.offload_executor_conf(cr, cr.version)
     # The audit only reads the tier: the filesystem driver's shared claim is mounted read-only.
     mounts = [{**mount, "readOnly": True} for mount in mounts]
     return {
@@ -545,13 +601,15 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
                     "--output",
                     f"configmap:{naming.offload_audit_report(cr.name)}",
                     "--master",
-                    str(cr.section("verifier").get("sparkMaster") or "local[*]"),
+                    _spark_master(cr),
                 ],
                 "env": [
                     {"name": "HOME", "value": "/tmp"},
                     {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
                     *gated.offload_env(cr, cr.version),
+                    *_spark_env(cr, settings, executor_conf),
                 ],
+                **_spark_ports(cr),
                 "securityContext": _RESTRICTED_CONTAINER,
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
             }

@@ -93,6 +93,23 @@ def offload_volumes(cr: Resource, version: str) -> tuple[list[dict[str, Any]], l
     return [volume], [mount]
 
 
+def offload_executor_conf(cr: Resource, version: str) -> dict[str, str]:
+    """What Spark on Kubernetes must give the offload audit's executor pods so they read the tier as
+    the job's pod does: the credentials as env from the same Secret keys, and the filesystem
+    driver's shared claim read-only at the same path (Spark's executor pod settings)."""
+    conf: dict[str, str] = {}
+    for entry in offload_env(cr, version):
+        ref = entry["valueFrom"]["secretKeyRef"]
+        conf[f"spark.kubernetes.executor.secretKeyRef.{entry['name']}"] = f"{ref['name']}:{ref['key']}"
+    volumes, mounts = offload_volumes(cr, version)
+    for volume, mount in zip(volumes, mounts, strict=True):
+        prefix = f"spark.kubernetes.executor.volumes.persistentVolumeClaim.{volume['name']}"
+        conf[f"{prefix}.options.claimName"] = str(volume["persistentVolumeClaim"]["claimName"])
+        conf[f"{prefix}.mount.path"] = str(mount["mountPath"])
+        conf[f"{prefix}.mount.readOnly"] = "true"
+    return conf
+
+
 def features_condition(cr: Resource, version: str) -> Condition:
     """FeaturesSupported: False (FeatureUnavailable) while the spec asks for what ``version`` lacks."""
     problems = refusals(cr, version)

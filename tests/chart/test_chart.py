@@ -182,15 +182,20 @@ def test_operator_can_grant_the_verifier_role_it_creates() -> None:
     from txnkeeper_operator import builders
     from txnkeeper_operator.resource import Resource
 
-    cr = Resource.from_body(
-        {
-            "kind": "TransactionCoordinator",
-            "metadata": {"name": "x", "namespace": "tk", "uid": "u"},
-            "spec": {"version": "2.0.0"},
-        }
-    )
+    def cr(master: str) -> Resource:
+        return Resource.from_body(
+            {
+                "kind": "TransactionCoordinator",
+                "metadata": {"name": "x", "namespace": "tk", "uid": "u"},
+                "spec": {"version": "2.0.0", "verifier": {"sparkMaster": master}},
+            }
+        )
+
     operator_rules = [r for name, r in _rules(render()) if name.endswith("-operator")]
-    for granted in builders.verifier_role(cr)["rules"]:
+    # k8s://: the verifier's Spark driver manages its executor pods (the widest Role it grants).
+    granted_rules = [*builders.verifier_role(cr("local[*]"))["rules"]]
+    granted_rules += builders.verifier_role(cr("k8s://https://kubernetes.default.svc"))["rules"]
+    for granted in granted_rules:
         for resource in granted["resources"]:
             for verb in granted["verbs"]:
                 assert any(

@@ -30,6 +30,8 @@ def body(kind: str = "TransactionCoordinator", **spec: Any) -> dict[str, Any]:
 
 TC = Resource.from_body(body(resources={"requests": {"cpu": "100m"}}, storage={"size": "2Gi"}))
 PAS = Resource.from_body(body("PendingAckStore", verifier={"schedule": "*/15 * * * *"}))
+SPARK_K8S = "k8s://https://kubernetes.default.svc"
+ON_K8S = Resource.from_body(body("PendingAckStore", verifier={"sparkMaster": SPARK_K8S}))
 
 
 def all_manifests(cr: Resource) -> list[dict[str, Any]]:
@@ -45,7 +47,7 @@ def all_manifests(cr: Resource) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("cr", [TC, PAS], ids=["tc", "pas"])
+@pytest.mark.parametrize("cr", [TC, PAS, ON_K8S], ids=["tc", "pas", "spark-on-k8s"])
 def test_every_manifest_validates_strictly(cr: Resource, version: str) -> None:
     for manifest in all_manifests(cr):
         kubernetes_validate.validate(manifest, version, strict=True)
@@ -145,6 +147,65 @@ def test_verifier_role_is_least_privilege() -> None:
         "txn-offload-audit",  # verify-offload's report (same account)
     }
     assert "create" not in rules[1]["verbs"] and "delete" not in rules[1]["verbs"]
+
+
+def _verifier_containers(cr: Resource) -> list[dict[str, Any]]:
+    cron = builders.verifier_cron_job(cr, SETTINGS)
+    audit = builders.offload_audit_cron_job(cr, SETTINGS)
+    jobs = [cron["spec"]["jobTemplate"]["spec"], builders.verifier_job(cr, SETTINGS, 7)["spec"]]
+    if audit is not None:
+        jobs.append(audit["spec"]["jobTemplate"]["spec"])
+    return [c for job in jobs for c in job["template"]["spec"]["containers"]]
+
+
+def test_spark_on_kubernetes_makes_the_verifier_pod_the_driver() -> None:
+    """k8s://: the job's pod is Spark's driver; it needs its IP, name, namespace and its own image
+    (the names the runtime's verifier/spark_k8s.py reads), and listens on fixed ports."""
+    spark_k8s = pytest.importorskip("txnkeeper.verifier.spark_k8s")
+    settings = OperatorSettings(
+        image="txnkeeper:test", verifier_image="txnkeeper-verifier:test", image_pull_policy="Never"
+    )
+    for container in _verifier_containers(ON_K8S):
+        args = container["args"]
+        assert args[args.index("--master") + 1] == SPARK_K8S
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        assert set(spark_k8s.REQUIRED_ENV) <= env.keys()
+        assert env["TXNKEEPER_SPARK_IMAGE"]["value"] == container["image"] == "txnkeeper-verifier:test"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {
+            "spark-driver": spark_k8s.DRIVER_PORT,
+            "spark-blocks": spark_k8s.BLOCK_MANAGER_PORT,
+        }
+    (cron_container,) = builders.verifier_cron_job(ON_K8S, settings)["spec"]["jobTemplate"]["spec"][
+        "template"
+    ]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in cron_container["env"]}
+    # Side-loaded images (kind, air-gapped clusters): the executors are pulled as the operator pulls.
+    assert env["TXNKEEPER_SPARK_IMAGE_PULL_POLICY"] == "Never"
+    # local[*] (the default) and spark:// masters: Spark stays in the pod or goes elsewhere, no driver env.
+    for cr in (TC, PAS, Resource.from_body(body(verifier={"sparkMaster": "spark://master:7077"}))):
+        for container in _verifier_containers(cr):
+            names = {e["name"] for e in container["env"]}
+            assert not names & {"POD_IP", "TXNKEEPER_SPARK_IMAGE"} and "ports" not in container
+
+
+def test_verifier_role_grants_executor_pods_only_for_kubernetes_masters() -> None:
+    (pods, configmaps) = builders.verifier_role(ON_K8S)["rules"]
+    assert pods == {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["create", "delete", "deletecollection", "get", "list", "watch"],
+    }
+    # Nothing else Spark could ask for: no Services, ConfigMaps beyond the verifier's own, claims.
+    assert configmaps == builders.verifier_role(TC)["rules"][1]
+    assert builders.verifier_role(ON_K8S)["metadata"]["namespace"] == "prod"
+    binding = builders.verifier_role_binding(ON_K8S)
+    assert binding["roleRef"]["kind"] == "Role" and binding["subjects"][0]["namespace"] == "prod"
+    # Back on local[*]: the same Role, applied whole, loses the grant.
+    assert builders.verifier_role(TC)["rules"][0]["verbs"] == ["get", "list"]
 
 
 def test_markers_document_is_what_the_verifier_reads() -> None:
@@ -687,3 +748,38 @@ def test_a_store_naming_its_coordinator_tells_its_pods_both_roles_and_the_coordi
         "containers"
     ][0]
     assert "TXNKEEPER_PULSAR_COORDINATOR_URLS" not in {e["name"] for e in alone["env"]}
+
+
+def test_offload_audit_on_kubernetes_gives_the_executors_the_tier_too() -> None:
+    """k8s://: verify-offload's executors read the tier, so Spark must give their pods the same
+    credentials (from the Secret, never as values) and the same shared claim, read-only."""
+    spark_k8s = pytest.importorskip("txnkeeper.verifier.spark_k8s")
+
+    def executor_conf(cr: Resource) -> dict[str, str]:
+        audit = builders.offload_audit_cron_job(cr, SETTINGS)
+        assert audit is not None
+        (container,) = audit["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        conf: dict[str, str] = json.loads(env[spark_k8s.ENV_EXECUTOR_CONF])
+        return conf
+
+    s3 = store(offload=OFFLOAD_S3, verifier={"sparkMaster": SPARK_K8S})
+    assert executor_conf(s3) == {
+        "spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID": "s3-creds:AWS_ACCESS_KEY_ID",
+        "spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY": "s3-creds:AWS_SECRET_ACCESS_KEY",
+    }
+    fs = store(offload=OFFLOAD_FS, verifier={"sparkMaster": SPARK_K8S})
+    claim = "spark.kubernetes.executor.volumes.persistentVolumeClaim.offload"
+    assert executor_conf(fs) == {
+        f"{claim}.options.claimName": "tier-rwx",
+        f"{claim}.mount.path": "/var/lib/txnkeeper-offload",
+        f"{claim}.mount.readOnly": "true",
+    }
+    # Accepted by the runtime as it is (only executor-pod settings).
+    with_conf = {**dict.fromkeys(spark_k8s.REQUIRED_ENV, "x"), spark_k8s.ENV_EXECUTOR_CONF: ""}
+    for cr in (s3, fs):
+        with_conf[spark_k8s.ENV_EXECUTOR_CONF] = json.dumps(executor_conf(cr))
+        assert executor_conf(cr).items() <= spark_k8s._executor_conf(with_conf).items()
+    # verify-invalidation reads no tier: nothing extra for its executors.
+    for container in _verifier_containers(s3)[:2]:
+        assert spark_k8s.ENV_EXECUTOR_CONF not in {e["name"] for e in container["env"]}

@@ -52,9 +52,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "create", "patch"]
+{{- /* create, deletecollection: only to grant them to a verifier whose Spark runs its executors as
+pods (sparkMaster k8s://); the operator itself never creates a pod nor deletes pods by label. */}}
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "deletecollection"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "update", "patch"]

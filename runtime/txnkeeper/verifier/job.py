@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from txnkeeper.verifier.decide import finalize, judge_document, judge_failure
@@ -29,6 +31,7 @@ from txnkeeper.verifier.model import (
     VerifierInputError,
 )
 from txnkeeper.verifier.shipping import ship_executor_code
+from txnkeeper.verifier.spark_k8s import is_kubernetes, kubernetes_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,15 +85,20 @@ def spark_session(master: str | None = None) -> SparkSession:
         raise VerifierInfraError("pyspark is not installed (pip install 'txnkeeper[spark]')") from exc
     if master is None and not launched_by_spark_submit():
         master = DEFAULT_MASTER
-    if master is not None and master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
-        # PySpark starts workers with `python3` from PATH unless told otherwise; in local mode they
-        # must run this interpreter, the one that has txnkeeper installed.
+    same_image = master is not None and (master.startswith("local") or is_kubernetes(master))
+    if same_image and "PYSPARK_PYTHON" not in os.environ:
+        # PySpark starts workers with `python3` from PATH unless told otherwise; in local mode and on
+        # Kubernetes (executors from this image) they must run this interpreter, which has txnkeeper.
         os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName(APP_NAME)
     if master is not None:
         builder = builder.master(master)
     if not launched_by_spark_submit():
         builder = builder.config("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
+    if is_kubernetes(master):
+        work_dir = Path(tempfile.mkdtemp(prefix="txnkeeper-spark-k8s-"))
+        for key, value in kubernetes_conf(os.environ, work_dir, DRIVER_JAVA_OPTIONS).items():
+            builder = builder.config(key, value)
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
