@@ -1,0 +1,132 @@
+"""What a bulk reader of a topic (the Spark data source) asks a store pod: read state and entry ranges.
+
+Why: a consumer sees a topic through its subscription's dispatch, one message at a time. A bulk
+reader (``spark.read.format("txnkeeper")``) reads whole ledgers in parallel instead, the offloaded
+ones straight from the tier, so it needs what dispatch decides from: the transaction buffer's aborted
+set and max read position (nothing at or after the first message of an open transaction is readable,
+as for a consumer), taken in one step with the ledger layout (which ledgers are live, how many entries
+each holds, which ones only the tier holds, and the Offloaded segments). Entries of ledgers the pod
+still holds are served in bounded ranges (the admin API caps entries and payload bytes per request),
+exactly as stored (the reader decodes them), never past the durable end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from txnkeeper.admin.views import TopicRefusal
+from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger.errors import LedgerError
+from txnkeeper.ledger.managed_ledger import ManagedLedger
+from txnkeeper.ledger.offload import OffloadError
+from txnkeeper.ledger.position import Position
+from txnkeeper.server.offload_topics import require_held_topic
+from txnkeeper.topic.service import TopicService
+
+
+class TopicReads:
+    """Implements admin.views.TopicReadView for one store pod."""
+
+    def __init__(
+        self, factory: ManagedLedgerFactory, topics: TopicService, exists: Callable[[str], bool]
+    ) -> None:
+        self._factory = factory
+        self._topics = topics
+        self._exists = exists
+
+    async def _open(self, topic: str) -> ManagedLedger:
+        require_held_topic(topic, self._factory, self._exists)
+        try:
+            await self._topics.partition(topic)  # recovers the transaction buffer
+        except (LedgerError, OffloadError, OSError) as exc:
+            raise TopicRefusal(503, f"topic {topic!r} cannot be opened: {exc}") from exc
+        ledger = self._factory.opened(topic)
+        if ledger is None:  # closed meanwhile (the pod is stopping)
+            raise TopicRefusal(503, f"topic {topic!r} is closing on this pod; ask again")
+        return ledger
+
+    async def read_state(self, topic: str) -> dict[str, Any]:
+        """The layout, the aborted set and the max read position, all from one event-loop step."""
+        ledger = await self._open(topic)
+        partition = await self._topics.partition(topic)
+        # No await from here on: the buffer and the layout are one consistent picture.
+        buffer = partition.buffer
+        first_open = buffer.first_open_position()
+        last = ledger.last_confirmed_entry()
+        if first_open is not None:
+            max_read: Position | None = Position(first_open.ledger_id, first_open.entry_id - 1)
+        else:
+            max_read = last
+        meta = ledger.offload_metadata()
+        ledgers = []
+        for ledger_id in ledger.ledger_ids():
+            info = meta.find(ledger_id)
+            ledgers.append(
+                {
+                    "ledgerId": ledger_id,
+                    "entries": ledger.confirmed_entries(ledger_id),
+                    "tierOnly": bool(info is not None and info.offloaded),
+                }
+            )
+        return {
+            "topic": topic,
+            "maxReadPosition": str(max_read) if max_read is not None else None,
+            "lastConfirmedEntry": str(last) if last is not None else None,
+            "abortedTxns": [[t.most, t.least] for t in buffer.aborted_ids()],
+            "openTxns": [[t.most, t.least] for t in buffer.open_ids()],
+            "ledgers": ledgers,
+            "segments": [s.to_json() for s in meta.segments if s.status == "Offloaded"],
+        }
+
+    async def read_entries(
+        self, topic: str, start: Position, max_entries: int, max_bytes: int
+    ) -> tuple[int, list[bytes]]:
+        """Entries of ledger ``start.ledger_id`` from ``start.entry_id`` on: at most ``max_entries``,
+        and no more payload than ``max_bytes`` (but at least one entry); returns (durable entries of
+        that ledger, entries)."""
+        ledger = await self._open(topic)
+        ledger_id, first = start
+        if ledger_id not in ledger.ledger_ids():
+            live = ledger.ledger_ids()
+            raise TopicRefusal(
+                404,
+                f"ledger {ledger_id} of topic {topic!r} is not live here (live ledgers: {live[:20]}): it "
+                "was trimmed or never existed; read the topic's state again",
+            )
+        durable = ledger.confirmed_entries(ledger_id)
+        if first >= durable:
+            return durable, []
+        count = min(max_entries, durable - first)
+        local = ledger.offload_metadata().find(ledger_id)
+        if local is None or not local.offloaded:
+            count = _fitting(lambda n: ledger.local_payload_bytes(ledger_id, first, n), count, max_bytes)
+        try:
+            entries = await ledger.read_entries(Position(ledger_id, first), count)
+        except (LedgerError, OffloadError, OSError) as exc:
+            raise TopicRefusal(
+                503, f"reading entries {ledger_id}:{first}.. of topic {topic!r} failed: {exc}"
+            ) from exc
+        out: list[bytes] = []
+        size = 0
+        for entry in entries:
+            if entry.position.ledger_id != ledger_id:
+                break
+            if out and size + len(entry.data) > max_bytes:  # a tier-only ledger: cut after reading
+                break
+            out.append(entry.data)
+            size += len(entry.data)
+        return durable, out
+
+
+def _fitting(payload: Callable[[int], int], count: int, max_bytes: int) -> int:
+    """The largest n <= count (at least 1) whose first n entries hold at most max_bytes (bisection on
+    the offset index: no I/O)."""
+    low, high = 1, count
+    while low < high:
+        mid = (low + high + 1) // 2
+        if payload(mid) <= max_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    return low
