@@ -44,15 +44,17 @@ class ReadOptions:
     starting: str = "earliest"  # streaming: where a new query starts
 
 
+OPTION_NAMES = (
+    "topic", "topics", "adminUrl", "adminUrls", "offload", "startPosition", "endPosition",
+    "startPublishTime", "endPublishTime", "committedOnly", "maxEntriesPerRequest",
+    "maxBytesPerRequest", "timeout", "startingPosition", "path",
+)  # fmt: skip
+
+
 def parse_options(options: dict[str, str]) -> ReadOptions:
     """Options as Spark passes them (keys are case-insensitive there: compared lower-cased here)."""
     opts = {k.lower(): v for k, v in options.items()}
-    known = {
-        "topic", "topics", "adminurl", "adminurls", "offload", "startposition", "endposition",
-        "startpublishtime", "endpublishtime", "committedonly", "maxentriesperrequest",
-        "maxbytesperrequest", "timeout", "startingposition", "path",
-    }  # fmt: skip
-    unknown = sorted(set(opts) - known)
+    unknown = sorted(set(opts) - {name.lower() for name in OPTION_NAMES})
     if unknown:
         raise ReadOptionError(f"unknown option(s) {unknown}; see README 'Reading topics from Spark'")
     topics = _list(opts.get("topics", "")) + _list(opts.get("topic", "")) + _list(opts.get("path", ""))
@@ -82,13 +84,13 @@ def parse_options(options: dict[str, str]) -> ReadOptions:
         topics=tuple(dict.fromkeys(topics)),
         admin_urls=tuple(urls),
         offload=offload,
-        start=_position(opts, "startposition"),
-        end=_position(opts, "endposition"),
-        min_publish_ms=_time(opts, "startpublishtime"),
-        max_publish_ms=_time(opts, "endpublishtime"),
+        start=_position(opts, "startPosition"),
+        end=_position(opts, "endPosition"),
+        min_publish_ms=_time(opts, "startPublishTime"),
+        max_publish_ms=_time(opts, "endPublishTime"),
         committed_only=committed == "true",
-        request_entries=_int(opts, "maxentriesperrequest", 1_000, MAX_REQUEST_ENTRIES),
-        request_bytes=_int(opts, "maxbytesperrequest", 4 * 1024 * 1024, MAX_REQUEST_BYTES),
+        request_entries=_int(opts, "maxEntriesPerRequest", 1_000, MAX_REQUEST_ENTRIES),
+        request_bytes=_int(opts, "maxBytesPerRequest", 4 * 1024 * 1024, MAX_REQUEST_BYTES),
         timeout_s=float(_int(opts, "timeout", 30, 3600)),
         starting=starting,
     )
@@ -99,7 +101,7 @@ def _list(text: str) -> list[str]:
 
 
 def _position(opts: dict[str, str], key: str) -> Position | None:
-    text = opts.get(key)
+    text = opts.get(key.lower())
     if text is None:
         return None
     try:
@@ -113,7 +115,7 @@ def _position(opts: dict[str, str], key: str) -> Position | None:
 
 def _time(opts: dict[str, str], key: str) -> int | None:
     """Milliseconds since the epoch, or an ISO-8601 time (with a zone)."""
-    text = opts.get(key)
+    text = opts.get(key.lower())
     if text is None:
         return None
     text = text.strip()
@@ -131,7 +133,7 @@ def _time(opts: dict[str, str], key: str) -> int | None:
 
 
 def _int(opts: dict[str, str], key: str, default: int, most: int) -> int:
-    text = opts.get(key)
+    text = opts.get(key.lower())
     if text is None:
         return default
     if not (text.isascii() and text.isdecimal()) or not 1 <= int(text) <= most:
