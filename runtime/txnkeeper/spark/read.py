@@ -11,7 +11,7 @@ the topic, the positions and the object or pod, so a task fails rather than retu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -85,7 +85,7 @@ def pod_entries(part: PodPart, options: ReadOptions) -> Iterator[tuple[int, byte
 
 def tier_entries(
     part: TierPart, options: ReadOptions, store: BlobStore | None = None
-) -> Iterator[tuple[int, int, bytes]]:
+) -> Generator[tuple[int, int, bytes], None, None]:
     """(ledger id, entry id, data) of the segment's ranges, read and checked from the blob store."""
     loop = asyncio.new_event_loop()
     owned = store is None

@@ -36,6 +36,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from txnkeeper.ledger.offload.blobstore import BlobStore
@@ -221,7 +222,16 @@ def compare_segment(
     pod = _pod_entries(ref, ranges, options)
     compared = 0
     try:
-        for (ledger_id, entry_id, stored), served in zip(tier, pod, strict=True):
+        for item, served in zip_longest(tier, pod):
+            if item is None or served is None:
+                what = "more entries than" if item is None else f"no entry {item[0]}:{item[1]}, unlike"
+                detail = (
+                    f"segment {ref.uuid} of {ref.store}: after {compared} equal entries the pod serves "
+                    f"{what} the tier"
+                )
+                finding = Finding("mismatch", detail, ref.pod, ref.store, ref.uuid)
+                return replace(result, compared=compared, findings=(*result.findings, finding))
+            ledger_id, entry_id, stored = item
             if stored != served:
                 detail = (
                     f"entry {ledger_id}:{entry_id} of {ref.store}: the tier holds {len(stored)} bytes "
@@ -238,6 +248,8 @@ def compare_segment(
             "pod-unreadable", f"comparing segment {ref.uuid}: {exc}", ref.pod, ref.store, ref.uuid
         )
         return replace(result, compared=compared, findings=(*result.findings, finding))
+    finally:
+        tier.close()  # closes its blob-store client and event loop when the comparison stopped early
     return replace(result, compared=compared)
 
 
