@@ -150,3 +150,26 @@ def test_an_ended_transaction_releases_what_it_held_back(spark: Any, scenario: S
         if after != before or datetime.now(UTC).timestamp() > deadline:
             break
     assert after == scenario.expected
+
+
+def test_the_pod_serves_a_tier_only_ledger_bounded_and_as_the_tier_holds_it(scenario: Scenario) -> None:
+    """The entries verb on a ledger only the tier holds: the byte bound holds (the pod reads a few
+    entries at a time), and what it serves is what the data source reads from the tier itself."""
+    from txnkeeper.ledger.position import Position
+    from txnkeeper.spark import store_http
+    from txnkeeper.spark.driver import topic_state
+    from txnkeeper.spark.plan import TierPart, parse_options, plan_topic
+    from txnkeeper.spark.read import tier_entries
+
+    options = parse_options(scenario.options())
+    view, state = topic_state(options, scenario.topic)
+    (tier_ledger,) = [item for item in state["ledgers"] if item["tierOnly"]]
+    ledger_id, entries = tier_ledger["ledgerId"], tier_ledger["entries"]
+    url = scenario.store.admin_url()
+    one = store_http.read_entries(url, scenario.topic, (ledger_id, 0), (entries, 1), 30)
+    assert len(one.entries) == 1 and one.durable_entries == entries
+    served = store_http.read_entries(url, scenario.topic, (ledger_id, 0), (entries, 16 * 1024 * 1024), 30)
+    parts = plan_topic(view, state, Position(ledger_id, 0), Position(ledger_id, entries - 1))
+    assert parts and all(isinstance(part, TierPart) for part in parts)
+    from_tier = [data for part in parts for _, _, data in tier_entries(part, options)]  # type: ignore[arg-type]
+    assert from_tier == served.entries

@@ -24,6 +24,10 @@ from txnkeeper.ledger.position import Position
 from txnkeeper.server.offload_topics import require_held_topic
 from txnkeeper.topic.service import TopicService
 
+# Entries read at a time from a ledger only the tier holds (its entries' sizes are not known before):
+# what one request holds beyond its byte bound is at most this many entries.
+TIER_STEP = 64
+
 
 class TopicReads:
     """Implements admin.views.TopicReadView for one store pod."""
@@ -98,24 +102,34 @@ class TopicReads:
         if first >= durable:
             return durable, []
         count = min(max_entries, durable - first)
-        local = ledger.offload_metadata().find(ledger_id)
-        if local is None or not local.offloaded:
-            count = _fitting(lambda n: ledger.local_payload_bytes(ledger_id, first, n), count, max_bytes)
-        try:
-            entries = await ledger.read_entries(Position(ledger_id, first), count)
-        except (LedgerError, OffloadError, OSError) as exc:
-            raise TopicRefusal(
-                503, f"reading entries {ledger_id}:{first}.. of topic {topic!r} failed: {exc}"
-            ) from exc
+        step = TIER_STEP  # sizes unknown before reading: read a few at a time, stop at the bound
+        info = ledger.offload_metadata().find(ledger_id)
+        if info is None or not info.offloaded:
+            try:  # a local file: its offset index bounds the payload before anything is read
+                count = _fitting(lambda n: ledger.local_payload_bytes(ledger_id, first, n), count, max_bytes)
+                step = count
+            except LedgerError:  # the file went (offloaded and deleted) since: read as from the tier
+                pass
         out: list[bytes] = []
         size = 0
-        for entry in entries:
-            if entry.position.ledger_id != ledger_id:
+        entry = first
+        while entry < first + count and (not out or size < max_bytes):
+            try:
+                entries = await ledger.read_entries(
+                    Position(ledger_id, entry), min(step, first + count - entry)
+                )
+            except (LedgerError, OffloadError, OSError) as exc:
+                raise TopicRefusal(
+                    503, f"reading entries {ledger_id}:{entry}.. of topic {topic!r} failed: {exc}"
+                ) from exc
+            for item in entries:
+                if item.position.ledger_id != ledger_id or (out and size + len(item.data) > max_bytes):
+                    return durable, out
+                out.append(item.data)
+                size += len(item.data)
+            if not entries:
                 break
-            if out and size + len(entry.data) > max_bytes:  # a tier-only ledger: cut after reading
-                break
-            out.append(entry.data)
-            size += len(entry.data)
+            entry += len(entries)
         return durable, out
 
 
