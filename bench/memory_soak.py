@@ -108,10 +108,17 @@ GAUGES = (
     "txnkeeper_server_open_connections",
     "txnkeeper_coordinator_ongoing_transactions",
     "txnkeeper_store_tail_cache_bytes",
+    "txnkeeper_store_ledger_index_bytes",
     "txnkeeper_process_heap_bytes",
 )
 # Where the memory is, per process, at the mark and at the end: what grew (docs/performance.md).
-PARTS = ("heap in_use", "heap free", "heap mmapped", "txnkeeper_store_tail_cache_bytes")
+PARTS = (
+    "heap in_use",
+    "heap free",
+    "heap mmapped",
+    "txnkeeper_store_tail_cache_bytes",
+    "txnkeeper_store_ledger_index_bytes",
+)
 
 
 def scrape(admin: str) -> dict[str, float]:

@@ -376,7 +376,10 @@ def test_offload_audit_condition_and_status_from_the_report() -> None:
     clean = {
         "generatedAt": "2026-11-24T03:00:00Z", "ok": True, "pods": 3, "segments": 4, "segmentsChecked": 4,
         "blocksSampled": 9, "objects": 8, "findings": [],
+        # Where the tasks ran (contracts §7): accepted, and not copied into the status.
+        "executors": [{"executor": "0", "host": "10.0.0.7", "tasks": 2}],
     }  # fmt: skip
+    assert "executors" not in gated.audit_status(clean)
     cond = gated.offload_audit_condition(cr, clean, None)
     assert (str(cond.status), cond.reason) == ("True", "Clean") and "4 segment(s) of 3 pod(s)" in cond.message
     findings = [{"kind": "orphan", "uuid": f"u{i}", "key": f"u{i}", "detail": "x"} for i in range(25)]

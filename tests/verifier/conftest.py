@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from txnkeeper.verifier.synthetic import SyntheticPods
+
+from .tiers import offload_topic
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +30,12 @@ def spark() -> Iterator[Any]:
 def pods() -> Iterator[SyntheticPods]:
     with SyntheticPods() as servers:
         yield servers
+
+
+@pytest.fixture
+def tiered(tmp_path: Path) -> tuple[Path, Path]:
+    """(a pod's data dir, its filesystem tier) after 45 entries were written and offloaded."""
+    root, tier = tmp_path / "pas-0", tmp_path / "tier"
+    tier.mkdir()
+    asyncio.run(offload_topic(root, tier, 45))
+    return root, tier

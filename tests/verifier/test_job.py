@@ -66,6 +66,8 @@ def test_all_invalidated_is_safe(spark: Any, pods: SyntheticPods) -> None:
     )
     assert verdict(report, pending_ack(3)["name"]).oldest_live_ledger == 12
     assert report_is_fresh(report, markers)
+    # Local mode: the driver's JVM is the one executor, one task per partition (4 pods, 2 cores x 2).
+    assert [(row.executor, row.tasks) for row in report.executors] == [("driver", 4)]
 
 
 def test_batched_entry_behind_a_newer_oldest_ledger_is_caught_by_the_data_scan(

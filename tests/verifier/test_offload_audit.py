@@ -3,50 +3,19 @@ blob store, the pods' summaries served over HTTP, objects read back directly fro
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
-from txnkeeper.ledger.offload import OffloadConfig
-from txnkeeper.ledger.offload.offloader import OffloadPolicy
 from txnkeeper.ledger.offload.restore import inventory
 from txnkeeper.verifier.offload_audit import audit, run
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods
 
+from .tiers import TOPIC
+
 pytestmark = pytest.mark.spark
-
-TOPIC = "persistent://public/default/audited"
-
-
-async def _offload(root: Path, tier: Path, entries: int) -> None:
-    policy = OffloadPolicy(
-        OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=1024),
-        managedLedgerOffloadDeletionLagMs=0,
-        maxOffloadSegmentSizeInBytes=400,
-    )
-    factory = ManagedLedgerFactory(root)
-    try:
-        ml = await factory.open(
-            TOPIC, ManagedLedgerConfig(max_entries_per_ledger=10, max_ledger_age_seconds=None, offload=policy)
-        )
-        for i in range(entries):
-            await ml.add_entry(f"m-{i:04d}".encode() * 8)
-        assert ml.offloader is not None
-        await ml.offloader.offload()
-    finally:
-        await factory.close()
-
-
-@pytest.fixture
-def tiered(tmp_path: Path) -> tuple[Path, Path]:
-    root, tier = tmp_path / "pas-0", tmp_path / "tier"
-    tier.mkdir()
-    asyncio.run(_offload(root, tier, 45))
-    return root, tier
 
 
 def _serve(pods: SyntheticPods, root: Path) -> Any:
@@ -62,6 +31,8 @@ def test_a_sound_tier_passes(spark: Any, pods: SyntheticPods, tiered: tuple[Path
     assert report["segmentsChecked"] == report["segments"] >= 2
     assert report["blocksSampled"] >= report["segments"]
     assert report["objects"] == 2 * report["segments"]
+    assert [row["executor"] for row in report["executors"]] == ["driver"]  # local mode
+    assert report["executors"][0]["tasks"] == min(report["segments"], 4)  # 2 cores x 2
 
 
 def test_damage_missing_objects_and_orphans_are_findings(

@@ -1,4 +1,5 @@
-"""The zip shipped to remote executors is enough on its own: fetch and judge with only the stdlib."""
+"""The zip shipped to remote executors is enough on its own: fetch and judge, and the offload audit's
+segment checks, with only the stdlib."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from txnkeeper.ledger.offload.restore import inventory
 from txnkeeper.verifier.shipping import executor_code_zip
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
 
@@ -34,3 +36,32 @@ def test_executor_zip_runs_without_site_packages(pods: SyntheticPods, tmp_path: 
     ok, safe, reasons = json.loads(completed.stdout)
     assert ok is True and safe == [True]
     assert reasons == ["oldest ledger 8 > LastBatchedLedger 7; no live batched entries"]
+
+
+OFFLOAD_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from txnkeeper.verifier.offload_audit import SegmentRef, check_partition
+assert sys.modules["txnkeeper"].__file__.startswith(sys.argv[1]), sys.modules["txnkeeper"].__file__
+refs = [SegmentRef("pas-0", "t", uuid, "Offloaded") for uuid in json.loads(sys.argv[3])]
+settings = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": sys.argv[2]}
+[(executor, results)] = check_partition(refs, settings, 100)
+print(json.dumps([executor.executor, [r.sampled for r in results], [list(r.findings) for r in results]]))
+"""
+
+
+def test_executor_zip_runs_the_offload_audit_without_site_packages(
+    tiered: tuple[Path, Path], tmp_path: Path
+) -> None:
+    root, tier = tiered
+    uuids = [s["uuid"] for s in inventory(root).to_json()["stores"][0]["segmentList"]]
+    archive = executor_code_zip(tmp_path)
+    completed = subprocess.run(
+        [sys.executable, "-S", "-c", OFFLOAD_PROBE, str(archive), str(tier), json.dumps(uuids)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    executor, sampled, findings = json.loads(completed.stdout)
+    assert executor == "unknown"  # not in a Spark task: said so, not guessed
+    assert len(sampled) == len(uuids) >= 2 and all(n > 0 for n in sampled)
+    assert findings == [[]] * len(uuids)

@@ -180,13 +180,45 @@ def _zero_pages_to_end(view: memoryview, body_start: int) -> bool:
     return boundary < size
 
 
-def decode_records(
+def skip_records(
     chunk: bytes, first_entry_id: int, count: int, *, ledger_id: int, path: Path, base_offset: int
+) -> int:
+    """Where in ``chunk`` (read from ``base_offset``, starting with record ``first_entry_id``) the record
+    ``count`` records later starts: the walk from a sparse index's anchor. Headers are checked (their
+    checksum and entry id say where the next record is); the skipped bodies are not read."""
+    pos = 0
+    view = memoryview(chunk)
+    for entry_id in range(first_entry_id, first_entry_id + count):
+        if len(chunk) - pos < RECORD_HEADER_SIZE:
+            raise CorruptEntryError(ledger_id, entry_id, path, base_offset + pos, "record cut short")
+        length, stored_id, _data_crc, header_crc = RECORD_HEADER.unpack_from(chunk, pos)
+        if _crc32(view[pos : pos + RECORD_PREFIX.size]) != header_crc or stored_id != entry_id:
+            raise CorruptEntryError(
+                ledger_id, entry_id, path, base_offset + pos, "bad record header (checksum or entry id)"
+            )
+        pos += RECORD_HEADER_SIZE + length
+    if pos > len(chunk):
+        raise CorruptEntryError(
+            ledger_id, first_entry_id + count - 1, path, base_offset + pos, "record body runs past its read"
+        )
+    return pos
+
+
+def decode_records(
+    chunk: bytes,
+    first_entry_id: int,
+    count: int,
+    *,
+    ledger_id: int,
+    path: Path,
+    base_offset: int,
+    start: int = 0,
 ) -> list[bytes]:
-    """Verify and split ``count`` consecutive records read from ``base_offset`` (the read path)."""
+    """Verify and split ``count`` consecutive records of ``chunk`` (read from ``base_offset``) from
+    ``start`` on (the read path)."""
     out: list[bytes] = []
     view = memoryview(chunk)
-    pos = 0
+    pos = start
     for i in range(count):
         entry_id = first_entry_id + i
         if len(chunk) - pos < RECORD_HEADER_SIZE:
@@ -196,10 +228,10 @@ def decode_records(
             raise CorruptEntryError(
                 ledger_id, entry_id, path, base_offset + pos, "bad record header (checksum or entry id)"
             )
-        start = pos + RECORD_HEADER_SIZE
-        body = bytes(view[start : start + length])
+        body_at = pos + RECORD_HEADER_SIZE
+        body = bytes(view[body_at : body_at + length])
         if len(body) != length or _crc32(body) != data_crc:
             raise CorruptEntryError(ledger_id, entry_id, path, base_offset + pos, "bad data checksum")
         out.append(body)
-        pos = start + length
+        pos = body_at + length
     return out

@@ -1,5 +1,10 @@
 """One ledger: its file on disk, the offset index of its durable entries, and the counters appends use.
 
+The index holds every entry's offset while the ledger is written; once it is closed and every append
+to it confirmed (``seal_index``) only a sparse index stays (offset_index.py: a store's memory must not
+grow with the data its topics retain). The offloader, which plans batches from exact offsets, loads
+the whole index of the closed ledger it reads back (``load_index``) and seals it again after.
+
 A LedgerFile may exist in memory before its file does (a rollover reserves the next ledger at once so
 appends keep flowing; the group-commit writer creates the file before the first write to it). The
 "assigned" counters move when an append is queued, the "confirmed" ones only after its fsync.
@@ -16,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import commit_activity
-from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan
+from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan, skip_records
 from .errors import CorruptEntryError, LedgerWriteError, NoSuchEntryError
 from .fileio import FileIO
+from .offset_index import SparseIndex
 
 
 def ledger_file_name(ledger_id: int) -> str:
@@ -30,7 +36,8 @@ class LedgerFile:
         self.io = io
         self.ledger_id = ledger_id
         self.path = directory / ledger_file_name(ledger_id)
-        self.offsets: array[int] = array("q")  # start of each confirmed record
+        self.offsets: array[int] | None = array("q")  # start of each confirmed record; None: sealed
+        self.sparse: SparseIndex | None = None  # the anchors a sealed ledger keeps instead
         self.entries = 0  # confirmed
         self.data_bytes = 0  # confirmed payload bytes
         self.file_bytes = FILE_HEADER.size  # confirmed end of file
@@ -140,6 +147,7 @@ class LedgerFile:
     def adopt(self, result: ScanResult) -> None:
         """Take a checked file's index as this ledger's confirmed state (nothing is written)."""
         self.offsets = result.offsets
+        self.sparse = None
         self.entries = self.assigned_entries = len(result.offsets)
         self.data_bytes = self.assigned_bytes = result.data_bytes
         self.file_bytes = self.assigned_end = max(result.valid_end, FILE_HEADER.size)
@@ -192,6 +200,8 @@ class LedgerFile:
         self.created_mono = time.monotonic()
 
     def confirm(self, offsets: list[int], count: int, data_bytes: int, end: int) -> None:
+        if self.offsets is None:  # seal_index waits for every assigned append; a bug if not
+            raise LedgerWriteError(f"ledger {self.ledger_id} was sealed with appends still to confirm")
         self.offsets.extend(offsets)
         self.entries += count
         self.data_bytes += data_bytes
@@ -202,28 +212,116 @@ class LedgerFile:
             self.io.close(self._write_fd)
             self._write_fd = -1
 
+    # --- the offset index -----------------------------------------------------------------------
+
+    def seal_index(self) -> None:
+        """Keep only the sparse index: the ledger is closed and will never be appended to again.
+
+        A no-op while appends are still to be confirmed (they need the dense index) or when sealed.
+        """
+        offsets = self.offsets
+        if offsets is None or self.entries != self.assigned_entries:
+            return
+        if self.sparse is None:
+            self.sparse = SparseIndex.from_offsets(offsets, self.file_bytes)
+        self.offsets = None
+
+    def load_index(self) -> None:
+        """Rebuild a sealed ledger's dense index from its file (record headers only). Blocking.
+
+        Raises CorruptEntryError naming file, entry and offset if a header no longer checks.
+        """
+        if self.offsets is not None:
+            return
+        fd = self.io.open(self.path, os.O_RDONLY)
+        try:
+            data = self.io.read_all(fd, self.file_bytes, 0)
+        finally:
+            self.io.close(fd)
+        result = scan(data, self.ledger_id, self.path, tail_allowed=False, verify_data=False)
+        if len(result.offsets) != self.entries:
+            raise CorruptEntryError(
+                self.ledger_id,
+                len(result.offsets),
+                self.path,
+                result.valid_end,
+                f"closed ledger should hold {self.entries} entries, the file holds {len(result.offsets)}",
+            )
+        self.offsets = result.offsets  # the anchors stay: a read on a thread may be using them
+
+    def index_bytes(self) -> int:
+        """Memory the offset index takes (dense or sparse)."""
+        dense = len(self.offsets) * self.offsets.itemsize if self.offsets is not None else 0
+        return dense + (self.sparse.memory_bytes() if self.sparse is not None else 0)
+
     # --- reading --------------------------------------------------------------------------------
 
     def read(self, first: int, count: int) -> list[bytes]:
         """Read and verify confirmed entries [first, first+count). Blocking; see begin_read."""
         if self.retired or self._read_fd < 0:
             raise NoSuchEntryError(f"ledger {self.ledger_id} was trimmed")
-        start = self.offsets[first]
         last = first + count
-        end = self.offsets[last] if last < self.entries else self.file_bytes
+        offsets = self.offsets  # one look: the loop may seal the index meanwhile
+        if offsets is not None:
+            start = offsets[first]
+            end = offsets[last] if last < self.entries else self.file_bytes
+            chunk = self.io.read_all(self._read_fd, end - start, start)
+            return decode_records(
+                chunk, first, count, ledger_id=self.ledger_id, path=self.path, base_offset=start
+            )
+        sparse = self._sealed()
+        anchor, start = sparse.at_or_before(first)
+        end = sparse.end_at_or_after(last)
         chunk = self.io.read_all(self._read_fd, end - start, start)
+        at = skip_records(
+            chunk, anchor, first - anchor, ledger_id=self.ledger_id, path=self.path, base_offset=start
+        )
         return decode_records(
-            chunk, first, count, ledger_id=self.ledger_id, path=self.path, base_offset=start
+            chunk, first, count, ledger_id=self.ledger_id, path=self.path, base_offset=start, start=at
         )
 
     def span(self, first: int, count: int) -> tuple[int, int]:
-        """The file offsets [start, end) the confirmed records first..first+count-1 occupy."""
+        """The file offsets [start, end) the confirmed records first..first+count-1 occupy.
+
+        Without I/O while the dense index is loaded; a sealed ledger's walks its file from the
+        anchors (at most two small reads: callers that plan from spans load the index first).
+        """
         last = first + count
         if first < 0 or count < 1 or last > self.entries:
             raise NoSuchEntryError(
                 f"ledger {self.ledger_id} holds {self.entries} durable entries, not {first}..{last - 1}"
             )
-        return self.offsets[first], self.offsets[last] if last < self.entries else self.file_bytes
+        offsets = self.offsets
+        if offsets is not None:
+            return offsets[first], offsets[last] if last < self.entries else self.file_bytes
+        return self._walk_to(first), self._walk_to(last)
+
+    def _sealed(self) -> SparseIndex:
+        sparse = self.sparse
+        if sparse is None:  # set before offsets is cleared and kept when they are loaded again
+            raise NoSuchEntryError(f"ledger {self.ledger_id} has no offset index")
+        return sparse
+
+    def _walk_to(self, entry_id: int) -> int:
+        """The offset of record ``entry_id`` (the file's end for ``entries``) of a sealed ledger."""
+        if entry_id >= self.entries:
+            return self.file_bytes
+        sparse = self._sealed()
+        anchor, start = sparse.at_or_before(entry_id)
+        if anchor == entry_id:
+            return start
+        end = sparse.end_at_or_after(entry_id + 1)
+        try:
+            fd = self.io.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise NoSuchEntryError(f"ledger {self.ledger_id} was trimmed") from exc
+        try:
+            chunk = self.io.read_all(fd, end - start, start)
+        finally:
+            self.io.close(fd)
+        return start + skip_records(
+            chunk, anchor, entry_id - anchor, ledger_id=self.ledger_id, path=self.path, base_offset=start
+        )
 
     def begin_read(self) -> None:
         """Pin the read fd while a read runs on a thread (trim closes it only after).

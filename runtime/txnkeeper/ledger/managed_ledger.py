@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import Enum
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +98,7 @@ class ManagedLedger:
         self._cursors_dir = directory / CURSORS_DIR
         self._store = MetadataStore(directory / METADATA_FILE, recovered.meta, io, executor)
         self._files = recovered.files
+        self._indexed: LedgerFile | None = None  # the closed ledger whose dense index load_index loaded
         self._cur = recovered.current
         self._next_ledger_id = recovered.meta.next_ledger_id
         self._last_created = time.time()
@@ -347,6 +347,7 @@ class ManagedLedger:
                 raise self._rollover_failed(new, "could not create its file", exc) from exc
             if old.ledger_id in self._files:
                 old.close_for_writes()
+                old.seal_index()  # in the writer's order: every append to it is confirmed
             self._last_created = time.time()
             if self.offloader is not None:
                 self.offloader.notify()
@@ -763,8 +764,35 @@ class ManagedLedger:
             )
         return ledger
 
+    async def load_index(self, ledger_id: int) -> None:
+        """Load the dense offset index of a closed local ledger the offloader reads back, so that
+        ``local_payload_bytes`` needs no I/O; the ledger loaded before it is sealed again (at most one
+        closed ledger of a managed ledger holds a dense index)."""
+        ledger = self._files.get(ledger_id)
+        previous = self._indexed
+        if previous is not None and previous is not ledger:
+            previous.seal_index()
+            self._indexed = None
+        if ledger is None or ledger.offsets is not None:
+            return
+        await asyncio.get_running_loop().run_in_executor(self._offload_pool, ledger.load_index)
+        if not ledger.retired:
+            self._indexed = ledger
+
+    def release_index(self, ledger_id: int) -> None:
+        """The offloader is done with ``ledger_id``: seal its index again if it was loaded for it."""
+        ledger = self._indexed
+        if ledger is not None and ledger.ledger_id == ledger_id:
+            ledger.seal_index()
+            self._indexed = None
+
+    def index_bytes(self) -> int:
+        """Memory the offset indexes of this managed ledger's local ledgers take."""
+        return sum(ledger.index_bytes() for ledger in self._files.values())
+
     def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int:
-        """Payload bytes of durable local entries first..first+count-1 (from the offset index: no I/O)."""
+        """Payload bytes of durable local entries first..first+count-1 (from the offset index: no I/O
+        once ``load_index`` has run for a closed ledger)."""
         start, end = self._local_file(ledger_id, first, count).span(first, count)
         return end - start - count * RECORD_HEADER_SIZE
 
@@ -775,23 +803,17 @@ class ManagedLedger:
         read-back worker process (see readback.py: the per-entry work never holds this process's GIL);
         ``into``: appended to that block staged in the worker instead (an empty buffer returned)."""
         ledger = self._local_file(ledger_id, first, count)
-        start, end = ledger.span(first, count)
+
+        def frame() -> bytearray:
+            start, end = ledger.span(first, count)  # here: a sealed ledger's span reads its file
+            return shared_worker().frame(
+                ledger.path, ledger_id, first, count, start=start, end=end, into=into
+            )
+
         self._reads_in_flight += 1
         self._reads_done.clear()
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._offload_pool,
-                partial(
-                    shared_worker().frame,
-                    ledger.path,
-                    ledger_id,
-                    first,
-                    count,
-                    start=start,
-                    end=end,
-                    into=into,
-                ),
-            )
+            return await asyncio.get_running_loop().run_in_executor(self._offload_pool, frame)
         finally:
             self._reads_in_flight -= 1
             if self._reads_in_flight == 0:

@@ -103,6 +103,9 @@ def _recover_locked(name: str, directory: Path, io: FileIO, lock_fd: int) -> Rec
         current.create()
         files[new_id] = current
 
+    for ledger in files.values():
+        if ledger is not current:
+            ledger.seal_index()  # closed: only the sparse index stays in memory
     cursors = read_cursors(cursors_dir, files)
     # The file is created empty-handed (nothing vouched for) when missing: a directory from before the
     # watermark existed, or one whose watermark the operator deleted to accept a shortened log.

@@ -214,6 +214,12 @@ class PodRuntime:
             "unreadableTierData": self.offloads.unreadable() if self.offloads is not None else [],
         }
 
+    def ledger_index_bytes(self) -> int | None:
+        """Memory the offset indexes of every open managed ledger take (None: this pod has none)."""
+        if self._factory is None:
+            return None
+        return sum(ml.index_bytes() for ml in self._factory.open_ledgers())
+
     def _automatic_offload(self) -> bool:
         """Whether any open managed ledger offloads by itself (threshold >= 0): a downgrade must not
         roll a pod that could still create tier-only ledgers after it was found clean."""
@@ -611,6 +617,13 @@ class _PodCollector(Collector):
         if pod.offloads is not None:
             yield from pod.offloads.collect()
         yield from _heap_metrics()
+        index_bytes = pod.ledger_index_bytes()
+        if index_bytes is not None:
+            yield GaugeMetricFamily(
+                "txnkeeper_store_ledger_index_bytes",
+                "Memory the open managed ledgers' offset indexes take (dense while written, sparse closed)",
+                value=index_bytes,
+            )
         if pod.topics is not None:
             yield from _tail_cache_metrics(pod.topics.tail_cache)
             yield from _srk_metrics(pod.topics)

@@ -7,18 +7,19 @@ markers; the driver only adds the expected-but-missing stores and the overall ve
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from txnkeeper.verifier.decide import finalize, judge_document, judge_failure
+from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.fetch import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, fetch_all
 from txnkeeper.verifier.model import (
+    ExecutorTasks,
     PodEndpoint,
     PodOutcome,
     Report,
@@ -27,7 +28,7 @@ from txnkeeper.verifier.model import (
     VerifierInfraError,
     VerifierInputError,
 )
-from txnkeeper.verifier.shipping import executor_code_zip
+from txnkeeper.verifier.shipping import ship_executor_code
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -115,38 +116,30 @@ def _partition_count(spark: SparkSession, pods: int) -> int:
     return max(1, min(pods, int(spark.sparkContext.defaultParallelism) * PARTITIONS_PER_CORE))
 
 
-def _ship_executor_code(context: Any) -> None:
-    """Remote executors get the fetch-and-judge modules with the job (see `shipping`)."""
-    directory = Path(tempfile.mkdtemp(prefix="txnkeeper-verifier-"))
-    try:
-        context.addPyFile(str(executor_code_zip(directory)))
-    except Exception as exc:
-        raise VerifierInfraError(f"cannot ship the verifier code to the executors: {exc}") from exc
-
-
 def collect_on_spark(
     spark: SparkSession,
     endpoints: Sequence[PodEndpoint],
     markers: Mapping[str, int],
     settings: FetchSettings,
-) -> list[PodResult]:
-    """Run `check_pods` over the endpoints on Spark's executors; returns every pod's result."""
+) -> tuple[list[PodResult], tuple[ExecutorTasks, ...]]:
+    """Run `check_pods` over the endpoints on Spark's executors: every pod's result, and how many
+    tasks each executor ran."""
     context = spark.sparkContext
-    if not str(context.master).startswith("local"):
-        _ship_executor_code(context)
+    ship_executor_code(context)
     shared_markers = context.broadcast(dict(markers))
     try:
 
-        def run_partition(part: Iterable[PodEndpoint]) -> Iterator[PodResult]:
-            return check_pods(part, shared_markers.value, settings)
+        def run_partition(part: Iterable[PodEndpoint]) -> Iterator[tuple[ExecutorRef, list[PodResult]]]:
+            # One element per task: its executor, and its pods' results.
+            yield current_executor(), list(check_pods(part, shared_markers.value, settings))
 
         rdd = context.parallelize(list(endpoints), _partition_count(spark, len(endpoints)))
-        results: list[PodResult] = rdd.mapPartitions(run_partition).collect()
-        return results
+        tasks = rdd.mapPartitions(run_partition).collect()
     except Exception as exc:
         raise VerifierInfraError(f"Spark job failed: {type(exc).__name__}: {exc}") from exc
     finally:
         shared_markers.unpersist()
+    return [result for _, results in tasks for result in results], tally(ref for ref, _ in tasks)
 
 
 def _now() -> datetime:
@@ -185,10 +178,10 @@ def verify(
         spark = spark_session(master)
     try:
         generated_at = clock()
-        results = collect_on_spark(spark, endpoints, markers.ledgers, settings)
+        results, executors = collect_on_spark(spark, endpoints, markers.ledgers, settings)
     finally:
         if owned:
             spark.stop()
     outcomes = [outcome for outcome, _ in results]
     verdicts = [verdict for _, pod_verdicts in results for verdict in pod_verdicts]
-    return finalize(generated_at, markers, outcomes, verdicts)
+    return dataclasses.replace(finalize(generated_at, markers, outcomes, verdicts), executors=executors)

@@ -191,6 +191,26 @@ class PodOutcome:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ExecutorTasks:
+    """How many of a job's tasks (Spark partitions) one executor ran, and on which host.
+
+    `executor` is Spark's executor id ("0", "1", ...; "driver" in local mode, where the driver's JVM
+    runs the tasks); it shows that, and how evenly, a distributed run spread the work.
+    """
+
+    executor: str
+    host: str
+    tasks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"executor": self.executor, "host": self.host, "tasks": self.tasks}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ExecutorTasks:
+        return cls(executor=str(doc["executor"]), host=str(doc["host"]), tasks=int(doc["tasks"]))
+
+
 @dataclass(frozen=True)
 class Report:
     """The verifier's output (contracts §7).
@@ -205,6 +225,9 @@ class Report:
     reason: str
     stores: tuple[StoreVerdict, ...]
     pods: tuple[PodOutcome, ...]
+    # Where the Spark tasks ran. Empty when no task ran, and when read from a report of a verifier that
+    # predates the field (the key is optional for readers).
+    executors: tuple[ExecutorTasks, ...] = ()
 
     def blocking(self) -> list[StoreVerdict]:
         return [verdict for verdict in self.stores if not verdict.safe]
@@ -220,6 +243,7 @@ class Report:
             "reason": self.reason,
             "stores": [verdict.to_dict() for verdict in self.stores],
             "pods": [outcome.to_dict() for outcome in self.pods],
+            "executors": [row.to_dict() for row in self.executors],
         }
 
     @classmethod
@@ -238,6 +262,7 @@ class Report:
                 reason=str(doc["reason"]),
                 stores=tuple(StoreVerdict.from_dict(row) for row in doc["stores"]),
                 pods=tuple(PodOutcome.from_dict(row) for row in doc["pods"]),
+                executors=tuple(ExecutorTasks.from_dict(row) for row in doc.get("executors") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, VerifierInputError):

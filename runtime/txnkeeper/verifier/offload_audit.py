@@ -49,8 +49,10 @@ from txnkeeper.spark import store_http
 from txnkeeper.spark.plan import ReadOptions, TierPart, TopicView
 from txnkeeper.spark.read import PartReadError, tier_entries
 from txnkeeper.verifier import k8s
+from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
+from txnkeeper.verifier.shipping import ship_executor_code
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -270,6 +272,16 @@ def _pod_entries(
             entry += len(got.entries)
 
 
+def check_partition(
+    refs: Iterable[SegmentRef],
+    properties: Mapping[str, Any],
+    sample: int,
+    compare: frozenset[str] = frozenset(),
+) -> Iterator[tuple[ExecutorRef, list[SegmentResult]]]:
+    """One Spark task: its executor, and its segments' results."""
+    yield current_executor(), list(check_segments(refs, properties, sample, compare))
+
+
 def find_orphans(keys: Iterable[str], referenced: set[str]) -> list[Finding]:
     """Objects whose segment uuid no pod's metadata names (any status: Assigned is still uploading)."""
     out = []
@@ -320,15 +332,17 @@ def audit(
     rng = random.Random(len(candidates))
     compare = frozenset(rng.sample(candidates, min(max(compare_segments, 0), len(candidates))))
     context = spark.sparkContext
+    ship_executor_code(context)
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
     try:
-        results: list[SegmentResult] = (
+        tasks = (
             context.parallelize(offloaded, partitions)
-            .mapPartitions(lambda part: check_segments(part, props, sample_blocks, compare))
+            .mapPartitions(lambda part: check_partition(part, props, sample_blocks, compare))
             .collect()
         )
     except Exception as exc:
         raise VerifierInfraError(f"Spark job failed: {type(exc).__name__}: {exc}") from exc
+    results = [result for _, batch in tasks for result in batch]
     for result in results:
         findings.extend(result.findings)
 
@@ -352,6 +366,7 @@ def audit(
         ],
         "objects": len(keys),
         "findings": [{k: v for k, v in asdict(f).items() if v is not None} for f in findings],
+        "executors": [row.to_dict() for row in tally(ref for ref, _ in tasks)],
     }
 
 

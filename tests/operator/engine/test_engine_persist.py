@@ -46,6 +46,9 @@ def test_progress_round_trips_through_status() -> None:
 def test_report_parsing_is_strict_and_distrusts_contradictions() -> None:
     report = VerifierReport(T0, {"s": 3}, True, (StoreVerdict("tc-0", "s", True, "ok"),))
     assert report_from_json(report_to_json(report)) == report
+    # A newer verifier's fields (contracts §7: "executors", where its tasks ran) are accepted and ignored.
+    executors = [{"executor": "0", "host": "10.0.0.7", "tasks": 3}]
+    assert report_from_json({**report_to_json(report), "executors": executors}) == report
     doc = report_to_json(report)
     doc["stores"][0]["safe"] = False
     assert report_from_json(doc).safe is False

@@ -179,6 +179,10 @@ class OffloadHost(Protocol):
 
     def local_payload_bytes(self, ledger_id: int, first: int, count: int) -> int: ...  # durable, no I/O
 
+    async def load_index(self, ledger_id: int) -> None: ...  # so that local_payload_bytes does no I/O
+
+    def release_index(self, ledger_id: int) -> None: ...  # done reading it back
+
     async def read_local_framed(
         self, ledger_id: int, first: int, count: int, *, into: int | None = None
     ) -> bytearray: ...  # into: append to that block staged in the worker, return nothing
@@ -746,6 +750,7 @@ class Offloader:
         """
         host = self.host
         while True:
+            await host.load_index(stream.next.ledger_id)  # a closed ledger's dense index: planning
             meta = host.offload_metadata()
             pos = stream.next
             info = meta.find(pos.ledger_id)
@@ -758,6 +763,7 @@ class Offloader:
             if pos.entry_id >= available:
                 later = [i for i in meta.ledgers if i.ledger_id > pos.ledger_id]
                 if info.closed and later:
+                    host.release_index(pos.ledger_id)
                     stream.next = Position(later[0].ledger_id, 0)
                     continue
                 return False
