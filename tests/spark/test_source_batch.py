@@ -158,8 +158,8 @@ def test_the_pod_serves_a_tier_only_ledger_bounded_and_as_the_tier_holds_it(scen
     from txnkeeper.ledger.position import Position
     from txnkeeper.spark import store_http
     from txnkeeper.spark.driver import topic_state
+    from txnkeeper.spark.entries import tier_entries
     from txnkeeper.spark.plan import TierPart, parse_options, plan_topic
-    from txnkeeper.spark.read import tier_entries
 
     options = parse_options(scenario.options())
     view, state = topic_state(options, scenario.topic)

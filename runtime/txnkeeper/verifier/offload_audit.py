@@ -46,8 +46,8 @@ from txnkeeper.ledger.offload.offloader import open_blob_store
 from txnkeeper.ledger.offload.reader import SegmentReader
 from txnkeeper.ledger.offload.writer import INDEX_SUFFIX
 from txnkeeper.spark import store_http
+from txnkeeper.spark.entries import PartReadError, tier_entries
 from txnkeeper.spark.plan import ReadOptions, TierPart, TopicView
-from txnkeeper.spark.read import PartReadError, tier_entries
 from txnkeeper.verifier import k8s
 from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
