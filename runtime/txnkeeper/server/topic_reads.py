@@ -27,6 +27,7 @@ from txnkeeper.topic.service import TopicService
 # Entries read at a time from a ledger only the tier holds (its entries' sizes are not known before):
 # what one request holds beyond its byte bound is at most this many entries.
 TIER_STEP = 64
+MAX_STEP = 1_024
 
 
 class TopicReads:
@@ -102,14 +103,15 @@ class TopicReads:
         if first >= durable:
             return durable, []
         count = min(max_entries, durable - first)
-        step = TIER_STEP  # sizes unknown before reading: read a few at a time, stop at the bound
-        info = ledger.offload_metadata().find(ledger_id)
-        if info is None or not info.offloaded:
-            try:  # a local file: its offset index bounds the payload before anything is read
-                count = _fitting(lambda n: ledger.local_payload_bytes(ledger_id, first, n), count, max_bytes)
-                step = count
-            except LedgerError:  # the file went (offloaded and deleted) since: read as from the tier
-                pass
+        # Entries are read a step at a time and the answer cut at the byte bound, so what is read
+        # beyond it is at most one step: a step of a local ledger holds about ``max_bytes`` at its
+        # average entry size (no I/O to know it; a sealed ledger's offset index is sparse), a tier-only
+        # ledger's sizes are not known before reading.
+        step = TIER_STEP
+        local = ledger.local_bytes(ledger_id)
+        if local > 0:
+            average = max(1, local // max(1, durable))
+            step = max(1, min(MAX_STEP, max_bytes // average))
         out: list[bytes] = []
         size = 0
         entry = first
@@ -131,16 +133,3 @@ class TopicReads:
                 break
             entry += len(entries)
         return durable, out
-
-
-def _fitting(payload: Callable[[int], int], count: int, max_bytes: int) -> int:
-    """The largest n <= count (at least 1) whose first n entries hold at most max_bytes (bisection on
-    the offset index: no I/O)."""
-    low, high = 1, count
-    while low < high:
-        mid = (low + high + 1) // 2
-        if payload(mid) <= max_bytes:
-            low = mid
-        else:
-            high = mid - 1
-    return low
