@@ -25,6 +25,11 @@ pytestmark  # pytest reads a module's marks from this name
 restore_gc  # an autouse pytest fixture (tests/test_gcpolicy.py), and its generator's yield value
 signum  # signal handler signature (bench/pulsar_peer/run.py)
 
+# PySpark's Python Data Source API calls these by name (runtime/txnkeeper/spark/source.py).
+_.streamReader
+_.initialOffset
+_.latestOffset
+
 # kopf reads its settings object's attributes (operator/txnkeeper_operator/handlers.py).
 _.progress_storage
 _.diffbase_storage

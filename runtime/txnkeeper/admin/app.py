@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from txnkeeper.admin import entry_query
 from txnkeeper.admin.auth import check_bearer
 from txnkeeper.admin.views import (
     AdminRefusal,
@@ -23,9 +24,11 @@ from txnkeeper.admin.views import (
     PodView,
     TopicOffloadView,
     TopicPolicyView,
+    TopicReadView,
     TopicRefusal,
 )
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
+from txnkeeper.contract import entry_frames
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,12 @@ OffloadProvider = Callable[[], TopicOffloadView | None]
 OFFLOAD_KEY: web.AppKey[OffloadProvider] = web.AppKey("offload", OffloadProvider)  # type: ignore[arg-type]
 PolicyProvider = Callable[[], TopicPolicyView | None]
 POLICY_KEY: web.AppKey[PolicyProvider] = web.AppKey("policies", PolicyProvider)  # type: ignore[arg-type]
+ReadProvider = Callable[[], TopicReadView | None]
+READ_KEY: web.AppKey[ReadProvider] = web.AppKey("reads", ReadProvider)  # type: ignore[arg-type]
+# GET /admin/v1/topics/entries: at most this many entries and payload bytes per request (the default
+# when the query does not say, and the most it may ask for).
+ENTRIES_DEFAULT = (1_000, 4 * 1024 * 1024)
+ENTRIES_MAX = (10_000, 16 * 1024 * 1024)
 
 
 class HttpServerLog(logging.LoggerAdapter[logging.Logger]):
@@ -435,6 +444,40 @@ async def remove_topic_policy(request: web.Request) -> web.Response:
     return web.json_response(await view.remove(verb, topic))
 
 
+# --- bulk reads of a topic (the Spark data source; store pods only) -------------------------------------
+
+
+def _reads(request: web.Request) -> TopicReadView:
+    view = request.app[READ_KEY]()
+    if view is None:
+        raise TopicRefusal(404, "this pod holds no topics (topic reads are served by store pods)")
+    return view
+
+
+async def topic_read_state(request: web.Request) -> web.Response:
+    view = _reads(request)
+    topic = _utf8_query(request).get("topic", "")
+    if not topic:
+        raise BadRequest("query parameter 'topic' is required (e.g. ?topic=persistent://public/default/t)")
+    return web.json_response(await view.read_state(topic))
+
+
+async def topic_entries(request: web.Request) -> web.Response:
+    view = _reads(request)
+    try:
+        query = entry_query.parse(
+            request.rel_url.raw_query_string,
+            max_entries=ENTRIES_MAX[0],
+            max_bytes=ENTRIES_MAX[1],
+            defaults=ENTRIES_DEFAULT,
+        )
+    except entry_query.QueryError as exc:
+        raise BadRequest(str(exc)) from exc
+    durable, entries = await view.read_entries(query.topic, query.start, query.max_entries, query.max_bytes)
+    body = entry_frames.encode(query.start.ledger_id, query.start.entry_id, durable, entries)
+    return web.Response(body=body, content_type=entry_frames.CONTENT_TYPE)
+
+
 def _cut(value: object, limit: int = 40) -> str:
     text = value if isinstance(value, str) else type(value).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -445,14 +488,16 @@ def build_admin_app(
     token: str | None,
     offload: OffloadProvider | None = None,
     policies: PolicyProvider | None = None,
+    reads: ReadProvider | None = None,
 ) -> web.Application:
-    """``offload`` and ``policies`` return the pod's topic offload and topic policy views once its
-    stores are up (None: no topics)."""
+    """``offload``, ``policies`` and ``reads`` return the pod's topic offload, topic policy and topic
+    read views once its stores are up (None: no topics)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
     app[OFFLOAD_KEY] = offload or (lambda: None)
     app[POLICY_KEY] = policies or (lambda: None)
+    app[READ_KEY] = reads or (lambda: None)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/v1/info", info)
@@ -479,6 +524,8 @@ def build_admin_app(
     app.router.add_get("/admin/v1/topics/offload-policies", get_offload_policies)
     app.router.add_post("/admin/v1/topics/offload-policies", set_offload_policies)
     app.router.add_delete("/admin/v1/topics/offload-policies", remove_offload_policies)
+    app.router.add_get("/admin/v1/topics/read-state", topic_read_state)
+    app.router.add_get("/admin/v1/topics/entries", topic_entries)
     verbs = "{verb:retention|message-ttl|backlog-quota}"
     app.router.add_get(f"/admin/v1/topics/{verbs}", get_topic_policy)
     app.router.add_post(f"/admin/v1/topics/{verbs}", set_topic_policy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
+from txnkeeper.ledger.position import Position
 
 
 class FormatLevelRefusal(Exception):
@@ -119,3 +120,14 @@ class TopicPolicyView(Protocol):
     async def set(self, verb: str, topic: str, settings: dict[str, Any]) -> dict[str, Any]: ...
 
     async def remove(self, verb: str, topic: str) -> dict[str, Any]: ...
+
+
+class TopicReadView(Protocol):
+    """What a bulk reader of a store pod's topics asks (the Spark data source; contracts §5)."""
+
+    async def read_state(self, topic: str) -> dict[str, Any]: ...  # layout, aborted set, max read position
+
+    # (durable entries of the ledger, entries from ``start`` on), bounded by both limits
+    async def read_entries(
+        self, topic: str, start: Position, max_entries: int, max_bytes: int
+    ) -> tuple[int, list[bytes]]: ...

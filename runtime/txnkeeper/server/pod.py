@@ -61,6 +61,7 @@ from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.server.topic_policies import TopicPolicyStore
 from txnkeeper.server.topic_policies import collect as topic_policy_metrics
+from txnkeeper.server.topic_reads import TopicReads
 from txnkeeper.topic.partition import BLOCK_BYTES_BUCKETS
 from txnkeeper.topic.pending_ack_log import PendingAckLogAdapter
 from txnkeeper.topic.service import TopicLedger, TopicService
@@ -105,6 +106,7 @@ class PodRuntime:
         self._collector: _PodCollector | None = None
         self.offloads: TopicOffloads | None = None  # store pods: PIP-76 offload of topic ledgers
         self.policies: TopicPolicyStore | None = None  # store pods: retention, message TTL, backlog quota
+        self.reads: TopicReads | None = None  # store pods: bulk reads of topics (the Spark data source)
         self.client_address = ""
         self.admin_address = ""
         self._registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
@@ -243,7 +245,13 @@ class PodRuntime:
             raise ValueError(str(exc)) from exc
 
     async def _start_admin(self) -> None:
-        app = build_admin_app(self, self.config.admin_token, lambda: self.offloads, lambda: self.policies)
+        app = build_admin_app(
+            self,
+            self.config.admin_token,
+            lambda: self.offloads,
+            lambda: self.policies,
+            lambda: self.reads,
+        )
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
@@ -326,6 +334,7 @@ class PodRuntime:
         )
         await self.topics.recover()
         self.policies = policies
+        self.reads = TopicReads(factory, self.topics, ledger_exists)
 
     def _write_ports_file(self) -> None:
         path = self.config.ports_file

@@ -273,6 +273,14 @@ class TransactionBuffer:
                 self._open[txn_id] = first
                 self._open_since.setdefault(txn_id, restarted)
 
+    def aborted_ids(self) -> list[TxnID]:
+        """The aborted transactions whose outcomes are kept (every one whose messages can be read)."""
+        return list(self._aborted)
+
+    def open_ids(self) -> list[TxnID]:
+        """The transactions still open here (their messages are not readable yet)."""
+        return list(self._open)
+
     def ended_ids(self) -> list[TxnID]:
         """The ended transactions whose outcomes are kept."""
         return [*self._aborted, *self._committed]

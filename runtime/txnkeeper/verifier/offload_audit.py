@@ -7,6 +7,12 @@ decodes and its lengths match the data object, and a sample of blocks read back 
 structure intact; then it lists the store and reports orphans (objects no segment of any pod names).
 Segments are spread over Spark partitions; each partition opens its own blob-store client.
 
+Then, for a sample of the Offloaded segments (``--compare-segments``), it compares what the topic data
+source (``txnkeeper.spark``) reads from the tier with what the pod serves for the same positions
+(``GET /admin/v1/topics/entries``, from its local files while it keeps them): an entry that differs is
+a ``mismatch`` finding naming pod, topic, segment and position. A pod without that verb (an older
+release) or no longer holding the ledger is listed under ``comparisonsSkipped``, not a finding.
+
 Input: the pods (``--endpoint``/``--endpoints-file`` as for verify-invalidation, or in-cluster
 ``--selector`` discovery, which is how the operator's CronJob finds them; each pod's
 GET /admin/v1/offload/summary lists its segments) and the blob store's settings (``--offload-config``
@@ -26,9 +32,11 @@ import random
 import sys
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from txnkeeper.ledger.offload.blobstore import BlobStore
@@ -37,6 +45,9 @@ from txnkeeper.ledger.offload.errors import BlobNotFound, OffloadError
 from txnkeeper.ledger.offload.offloader import open_blob_store
 from txnkeeper.ledger.offload.reader import SegmentReader
 from txnkeeper.ledger.offload.writer import INDEX_SUFFIX
+from txnkeeper.spark import store_http
+from txnkeeper.spark.entries import PartReadError, tier_entries
+from txnkeeper.spark.plan import ReadOptions, TierPart, TopicView
 from txnkeeper.verifier import k8s
 from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
@@ -49,6 +60,8 @@ if TYPE_CHECKING:
 COMMAND = "verify-offload"
 SUMMARY_PATH = "/admin/v1/offload/summary"
 DEFAULT_SAMPLE_BLOCKS = 4
+DEFAULT_COMPARE_SEGMENTS = 2
+MAX_COMPARE_ENTRIES = 2_000  # per compared segment: its first entries, in position order
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -58,6 +71,7 @@ class SegmentRef:
     store: str
     uuid: str
     status: str
+    url: str | None = None  # the pod's admin API (where its entries are read for a comparison)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +92,8 @@ class SegmentResult:
     blocks: int
     sampled: int
     findings: tuple[Finding, ...]
+    compared: int = 0  # entries compared between the tier and the pod
+    skipped: str | None = None  # why a comparison asked for did not happen
 
 
 def store_config(properties: Mapping[str, Any]) -> OffloadConfig:
@@ -108,7 +124,11 @@ def fetch_segments(
                 doc = json.loads(response.read())
             for store in doc["stores"]:
                 for seg in store.get("segmentList", []):
-                    refs.append(SegmentRef(pod, str(store["name"]), str(seg["uuid"]), str(seg["status"])))
+                    refs.append(
+                        SegmentRef(
+                            pod, str(store["name"]), str(seg["uuid"]), str(seg["status"]), endpoint.url
+                        )
+                    )
         except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as exc:
             # Without this pod's segments its objects would look like orphans: the audit cannot pass.
             problems.append(Finding("pod-unreadable", f"{url}: {type(exc).__name__}: {exc}", pod=pod))
@@ -150,26 +170,116 @@ async def _check_segment(store: BlobStore, ref: SegmentRef, sample: int) -> Segm
 
 
 def check_segments(
-    refs: Iterable[SegmentRef], properties: Mapping[str, Any], sample: int
+    refs: Iterable[SegmentRef],
+    properties: Mapping[str, Any],
+    sample: int,
+    compare: frozenset[str] = frozenset(),
 ) -> Iterator[SegmentResult]:
-    """Check a group of segments (one Spark partition) with one blob-store client."""
+    """Check a group of segments (one Spark partition) with one blob-store client; compare those whose
+    uuid is in ``compare`` (and that checked out) with what their pod serves."""
     batch = list(refs)
 
-    async def run() -> list[SegmentResult]:
+    async def run() -> list[tuple[SegmentResult, list[tuple[int, int, int]]]]:
         store = open_blob_store(store_config(properties))
         try:
-            return [await _check_segment(store, ref, sample) for ref in batch]
+            out = []
+            for ref in batch:
+                result = await _check_segment(store, ref, sample)
+                ranges = []
+                if ref.uuid in compare and not result.findings:
+                    ranges = _ranges(await SegmentReader(store, ref.uuid).index())
+                out.append((result, ranges))
+            return out
         finally:
             await store.close()
 
-    yield from asyncio.run(run()) if batch else []
+    for result, ranges in asyncio.run(run()) if batch else []:
+        yield compare_segment(result, ranges, properties) if ranges else result
+
+
+def _ranges(index: Any) -> list[tuple[int, int, int]]:
+    """(ledger, first, last) of the segment's entries, cut to the first MAX_COMPARE_ENTRIES."""
+    out: list[tuple[int, int, int]] = []
+    budget = MAX_COMPARE_ENTRIES
+    for led in index.ledgers:
+        first, last = led.entries[0].first_entry_id, led.info.last_entry_id
+        if last is None or budget <= 0:
+            continue
+        last = min(last, first + budget - 1)
+        out.append((led.info.ledger_id, first, last))
+        budget -= last - first + 1
+    return out
+
+
+def compare_segment(
+    result: SegmentResult, ranges: list[tuple[int, int, int]], properties: Mapping[str, Any]
+) -> SegmentResult:
+    """What the data source reads from the tier against what the pod serves, entry by entry."""
+    ref = result.ref
+    if ref.url is None:
+        return replace(result, skipped="the pod has no address")
+    view = TopicView(ref.store, ref.url, frozenset(), frozenset(), None, None)
+    options = ReadOptions(topics=(ref.store,), admin_urls=(ref.url,), offload=dict(properties))
+    tier = tier_entries(TierPart(view, ref.uuid, tuple(ranges)), options)
+    pod = _pod_entries(ref, ranges, options)
+    compared = 0
+    try:
+        for item, served in zip_longest(tier, pod):
+            if item is None or served is None:
+                what = "more entries than" if item is None else f"no entry {item[0]}:{item[1]}, unlike"
+                detail = (
+                    f"segment {ref.uuid} of {ref.store}: after {compared} equal entries the pod serves "
+                    f"{what} the tier"
+                )
+                finding = Finding("mismatch", detail, ref.pod, ref.store, ref.uuid)
+                return replace(result, compared=compared, findings=(*result.findings, finding))
+            ledger_id, entry_id, stored = item
+            if stored != served:
+                detail = (
+                    f"entry {ledger_id}:{entry_id} of {ref.store}: the tier holds {len(stored)} bytes "
+                    f"(CRC-32 {zlib.crc32(stored):08x}), the pod serves {len(served)} bytes (CRC-32 "
+                    f"{zlib.crc32(served):08x}); find out which copy is right before the pod deletes its own"
+                )
+                finding = Finding("mismatch", detail, ref.pod, ref.store, ref.uuid)
+                return replace(result, compared=compared + 1, findings=(*result.findings, finding))
+            compared += 1
+    except store_http.TopicNotHere as exc:
+        return replace(result, compared=compared, skipped=str(exc))
+    except (PartReadError, store_http.StoreReadError, ValueError) as exc:
+        finding = Finding(
+            "pod-unreadable", f"comparing segment {ref.uuid}: {exc}", ref.pod, ref.store, ref.uuid
+        )
+        return replace(result, compared=compared, findings=(*result.findings, finding))
+    finally:
+        tier.close()  # closes its blob-store client and event loop when the comparison stopped early
+    return replace(result, compared=compared)
+
+
+def _pod_entries(
+    ref: SegmentRef, ranges: list[tuple[int, int, int]], options: ReadOptions
+) -> Iterator[bytes]:
+    assert ref.url is not None
+    for ledger_id, first, last in ranges:
+        entry = first
+        while entry <= last:
+            limits = (min(1_000, last - entry + 1), 4 * 1024 * 1024)
+            got = store_http.read_entries(ref.url, ref.store, (ledger_id, entry), limits, options.timeout_s)
+            if not got.entries:
+                raise store_http.TopicNotHere(
+                    f"the pod holds {got.durable_entries} entries of ledger {ledger_id}, not {entry}..{last}"
+                )
+            yield from got.entries[: last - entry + 1]
+            entry += len(got.entries)
 
 
 def check_partition(
-    refs: Iterable[SegmentRef], properties: Mapping[str, Any], sample: int
+    refs: Iterable[SegmentRef],
+    properties: Mapping[str, Any],
+    sample: int,
+    compare: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[ExecutorRef, list[SegmentResult]]]:
     """One Spark task: its executor, and its segments' results."""
-    yield current_executor(), list(check_segments(refs, properties, sample))
+    yield current_executor(), list(check_segments(refs, properties, sample, compare))
 
 
 def find_orphans(keys: Iterable[str], referenced: set[str]) -> list[Finding]:
@@ -192,6 +302,7 @@ def audit(
     spark: SparkSession,
     sample_blocks: int = DEFAULT_SAMPLE_BLOCKS,
     timeout_s: float = 10.0,
+    compare_segments: int = DEFAULT_COMPARE_SEGMENTS,
 ) -> dict[str, Any]:
     """The audit report (module docstring); ``ok`` is false when anything was found."""
     if not endpoints:
@@ -216,13 +327,17 @@ def audit(
         raise VerifierInfraError(f"cannot list the blob store: {exc}") from exc
     refs, findings = fetch_segments(endpoints, timeout_s)
     offloaded = [r for r in refs if r.status == "Offloaded"]
+    candidates = sorted(r.uuid for r in offloaded if r.url is not None)
+    # The same segments every run over the same tier: findings are reproducible.
+    rng = random.Random(len(candidates))
+    compare = frozenset(rng.sample(candidates, min(max(compare_segments, 0), len(candidates))))
     context = spark.sparkContext
     ship_executor_code(context)
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
     try:
         tasks = (
             context.parallelize(offloaded, partitions)
-            .mapPartitions(lambda part: check_partition(part, props, sample_blocks))
+            .mapPartitions(lambda part: check_partition(part, props, sample_blocks, compare))
             .collect()
         )
     except Exception as exc:
@@ -242,6 +357,13 @@ def audit(
         "segments": len(refs),
         "segmentsChecked": len(results),
         "blocksSampled": sum(r.sampled for r in results),
+        "segmentsCompared": sum(
+            1 for r in results if r.ref.uuid in compare and r.skipped is None and r.compared
+        ),
+        "entriesCompared": sum(r.compared for r in results),
+        "comparisonsSkipped": [
+            {"pod": r.ref.pod, "uuid": r.ref.uuid, "reason": r.skipped} for r in results if r.skipped
+        ],
         "objects": len(keys),
         "findings": [{k: v for k, v in asdict(f).items() if v is not None} for f in findings],
         "executors": [row.to_dict() for row in tally(ref for ref, _ in tasks)],
@@ -268,6 +390,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings.add_argument("--offload-json", help="the offload section as JSON text")
     parser.add_argument(
         "--sample-blocks", type=int, default=DEFAULT_SAMPLE_BLOCKS, help="blocks read per segment"
+    )
+    parser.add_argument(
+        "--compare-segments",
+        type=int,
+        default=DEFAULT_COMPARE_SEGMENTS,
+        help="segments whose entries are compared between the tier and their pod",
     )
     parser.add_argument("--master", default="local[*]", help="Spark master URL")
     parser.add_argument(
@@ -342,6 +470,8 @@ def run(ns: argparse.Namespace) -> int:
         endpoints = _endpoints(ns, kube)
         if ns.sample_blocks < 0:
             raise VerifierInputError(f"--sample-blocks must be >= 0, got {ns.sample_blocks}")
+        if ns.compare_segments < 0:
+            raise VerifierInputError(f"--compare-segments must be >= 0, got {ns.compare_segments}")
         text = ns.offload_json
         if ns.offload_config:
             with open(ns.offload_config, encoding="utf-8") as handle:
@@ -358,7 +488,12 @@ def run(ns: argparse.Namespace) -> int:
         spark = spark_session(ns.master)
         try:
             report = audit(
-                endpoints, properties, spark=spark, sample_blocks=ns.sample_blocks, timeout_s=ns.timeout
+                endpoints,
+                properties,
+                spark=spark,
+                sample_blocks=ns.sample_blocks,
+                timeout_s=ns.timeout,
+                compare_segments=ns.compare_segments,
             )
         finally:
             if owned:
