@@ -31,7 +31,7 @@ all: test
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,operator,spark,offload]'
+	$(BIN)/python -m pip install -q -e '.[dev,operator,spark,spark-source,offload]'
 	@touch $@
 
 install: $(INSTALLED) $(GENERATED)

@@ -66,6 +66,17 @@ def arrow_batches(rows: Iterator[Row]) -> Iterator[pa.RecordBatch]:
         )
 
 
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "the txnkeeper data source hands rows to Spark as Arrow batches and needs pyarrow, which "
+            "is not installed here: pip install 'txnkeeper[spark-source]' (PySpark >= 4.0 and pyarrow) "
+            "in the driver's and the executors' Python"
+        ) from exc
+
+
 class TopicPartition(InputPartition):
     """One planned part (``plan.PodPart`` or ``plan.TierPart``), shipped to an executor."""
 
@@ -83,6 +94,7 @@ class TxnkeeperDataSource(DataSource):
         return SCHEMA
 
     def _options(self) -> ReadOptions:
+        _require_pyarrow()  # checked where the query is planned, before any executor reads
         return parse_options(dict(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
