@@ -68,12 +68,13 @@ unit: install
 
 # `make test` splits the unit suite in two pytest processes run side by side: the few tests that mostly
 # wait on real time (marker `wallclock`: the minute-long tier outages, retention by age; about 3 min)
-# and the rest, whose computing is what the suite's wall time is made of.
+# together with the Spark tests (marker `spark`: about 2 min, much of it JVMs starting), and the rest,
+# whose computing is what the suite's wall time is made of.
 unit-compute: install
-	$(BIN)/pytest --durations=25 -m 'not wallclock' --junitxml=$(REPORTS)/unit.xml $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 -m 'not wallclock and not spark' --junitxml=$(REPORTS)/unit.xml $(PYTEST_ARGS)
 
 unit-wallclock: install
-	$(BIN)/pytest -m wallclock --junitxml=$(REPORTS)/unit-wallclock.xml $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'wallclock or spark' --junitxml=$(REPORTS)/unit-wallclock.xml $(PYTEST_ARGS)
 
 # The README's test command: lint, strict typing, every build the tests need, then every test (soak
 # tests in their bounded form) side by side with the cluster tests on kind when this machine can run
