@@ -918,7 +918,10 @@ def _status(kind: str) -> Schema:
         finding = _obj(
             "One thing the audit found wrong.",
             {
-                "kind": _p("string", "missing-object, corrupt, orphan or pod-unreadable."),
+                "kind": _p(
+                    "string",
+                    "missing-object, corrupt, orphan, pod-unreadable or mismatch (tier and pod differ).",
+                ),
                 "pod": _p("string", "Pod whose metadata names the segment."),
                 "store": _p("string", "Managed-ledger name."),
                 "uuid": _p("string", "Segment uuid."),

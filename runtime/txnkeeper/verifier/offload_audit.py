@@ -76,7 +76,7 @@ class SegmentRef:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One thing wrong: ``kind`` is missing-object, corrupt, orphan or pod-unreadable."""
+    """One thing wrong: ``kind`` is missing-object, corrupt, orphan, pod-unreadable or mismatch."""
 
     kind: str
     detail: str
