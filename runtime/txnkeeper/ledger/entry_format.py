@@ -185,7 +185,10 @@ def skip_records(
 ) -> int:
     """Where in ``chunk`` (read from ``base_offset``, starting with record ``first_entry_id``) the record
     ``count`` records later starts: the walk from a sparse index's anchor. Headers are checked (their
-    checksum and entry id say where the next record is); the skipped bodies are not read."""
+    checksum and entry id say where the next record is); the skipped bodies are not read.
+
+    The header checks repeat decode_records' on purpose: that loop is the disk read path, and moving
+    them into a shared function cost it 14% (10,000 records of 200 bytes: 14.5 -> 16.5 ms)."""
     pos = 0
     view = memoryview(chunk)
     for entry_id in range(first_entry_id, first_entry_id + count):
