@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from txnkeeper.ledger.offload.restore import inventory
+from txnkeeper.verifier.model import VerifierInfraError
+from txnkeeper.verifier.registration import wait_seconds
 from txnkeeper.verifier.shipping import executor_code_zip
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
 
@@ -90,3 +94,10 @@ def test_the_shipped_zip_is_removed_when_the_driver_exits() -> None:
     directory = Path(completed.stdout.strip())
     assert directory.name.startswith("txnkeeper-verifier-")
     assert not directory.exists()
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "x", "1e9", "nan"])
+def test_a_bad_executor_wait_is_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(VerifierInfraError, match="TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS"):
+        wait_seconds({"TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS": text})
+    assert wait_seconds({}) == 240.0 and wait_seconds({"TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS": "8"}) == 8
