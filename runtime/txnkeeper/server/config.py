@@ -16,6 +16,7 @@ from typing import Any
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
 from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
+from txnkeeper.contract.tls import TlsServerSettings
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
@@ -71,6 +72,7 @@ class ServeConfig:
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
     # Where Pulsar's clients are sent (server/pulsar_config.py); no URLs: this pod itself
     pulsar: PulsarPlacement = field(default_factory=PulsarPlacement)
+    tls: TlsServerSettings | None = None  # server/tls_settings.py; None: plaintext
 
 
 def env(name: str, default: str | None = None) -> str | None:
