@@ -17,6 +17,8 @@ import datetime as dt
 import os
 import socket
 import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,3 +230,25 @@ def _peer_certificate(host: str, port: int, settings: TlsClientSettings | None) 
     except (OSError, ValueError):
         return None
     return x509.load_der_x509_certificate(der) if der else None
+
+
+# --- HTTPS with urllib (the CLI, the verifier's and the Spark source's fetches) ----------------------
+
+
+def url_opener(settings: TlsClientSettings | None) -> urllib.request.OpenerDirector:
+    """An opener without proxies (pods are reached directly) whose https:// URLs are verified against
+    ``settings.ca_file`` (the system's CAs without settings), presenting its client certificate."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if settings is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=client_context(settings)))
+    return urllib.request.build_opener(*handlers)
+
+
+def describe_url_error(reason: object, url: str, settings: TlsClientSettings | None) -> str | None:
+    """The TLS sentence for a urllib failure's ``reason`` reaching ``url`` (None: not a TLS failure)."""
+    if not isinstance(reason, BaseException):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "https" or parts.hostname is None:
+        return None
+    return describe(reason, host=parts.hostname, port=parts.port or 443, settings=settings)

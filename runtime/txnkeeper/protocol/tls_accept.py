@@ -59,6 +59,13 @@ class _Accepting(sslproto.SSLProtocol):
         self.peer = transport.get_extra_info("peername")
         super().connection_made(transport)
 
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        if handshake_exc is not None:
+            # asyncio drops the connection without sending the TLS alert OpenSSL wrote: send it, so
+            # the client learns why ("certificate required", "unknown CA") instead of a reset.
+            self._process_outgoing()  # type: ignore[attr-defined]
+        super()._on_handshake_complete(handshake_exc)
+
 
 def _handshake_done(
     source: TlsSource, listener: str, accepting: _Accepting, waiter: asyncio.Future[None]

@@ -73,8 +73,8 @@ class TlsReloader:
         """Read the files; swap in new contexts if they changed and make a usable set. True if swapped."""
         try:
             files = read_files(self.config)
-        except TlsSettingsError as exc:
-            return self._failed(None, exc)
+        except TlsSettingsError as exc:  # a missing file is reported once, not at every check
+            return self._failed(f"unreadable: {exc}", exc)
         digest = files.digest
         if digest in (self._current.files.digest, self._failed_digest):
             return False
@@ -88,8 +88,8 @@ class TlsReloader:
         log.info("TLS files changed: new connections use %s; open connections keep theirs", self.describe())
         return True
 
-    def _failed(self, digest: str | None, exc: BaseException) -> bool:
-        if digest is not None and digest == self._failed_digest:
+    def _failed(self, digest: str, exc: BaseException) -> bool:
+        if digest == self._failed_digest:
             return False
         self._failed_digest = digest
         self.reload_errors += 1
