@@ -5,10 +5,11 @@ and the errors a client shows for an expired, wrong-host or wrong-CA server cert
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pulsar
@@ -250,3 +251,81 @@ def test_serve_refuses_an_expired_certificate_a_mismatched_key_and_a_missing_fil
     bundle = write_bundle(tmp_path / "empty.crt")
     err = _serve_fails(tmp_path, *tls.flags("--tls-ca-file", str(bundle)))
     assert "holds no" in err and str(bundle) in err
+
+
+# --- the settings (flags, env, the config file's "tls" section) ----------------------------------------
+
+
+def _settings(tmp_path: Path, *args: str, config: Mapping[str, object] | None = None) -> object:
+    import json
+
+    from txnkeeper.cli import build_parser
+    from txnkeeper.server import tls_settings
+
+    path = None
+    if config is not None:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+    ns = build_parser().parse_args(["serve", "--role", "store", "--data-dir", str(tmp_path), *args])
+    return tls_settings.settings(ns, path)
+
+
+def test_tls_settings_from_the_config_section_and_flags(tls: TlsFiles, tmp_path: Path) -> None:
+    from txnkeeper.contract.tls import TlsServerSettings
+    from txnkeeper.server.config import ConfigError
+
+    section = {
+        "certFile": str(tls.cert_file),
+        "keyFile": str(tls.key_file),
+        "caFile": str(tls.ca_file),
+        "listeners": ["client", "peers"],
+        "clientAuth": {"client": "require"},
+        "reloadIntervalSeconds": 2,
+    }
+    got = _settings(tmp_path, config={"tls": section})
+    assert got == TlsServerSettings(
+        str(tls.cert_file),
+        str(tls.key_file),
+        str(tls.ca_file),
+        frozenset({"client", "peers"}),
+        {"client": "require", "admin": "none"},
+        2.0,
+    )
+    flagged = _settings(
+        tmp_path, "--tls-listeners", "admin", "--tls-admin-client-auth", "request", config={"tls": section}
+    )
+    assert isinstance(flagged, TlsServerSettings)
+    assert flagged.listeners == {"admin"} and flagged.client_auth["admin"] == "request"
+    assert _settings(tmp_path) is None  # no certificate: plaintext
+    for config, args, message in (
+        (
+            {"tls": {**section, "listeners": ["client", "gossip"]}},
+            (),
+            "give one or more of client, admin, peers",
+        ),
+        ({"tls": {**section, "certfile": "x"}}, (), "tls has unknown keys ['certfile']"),
+        ({"tls": {**section, "clientAuth": {"client": "always"}}}, (), "give none, request or require"),
+        ({"tls": {**section, "reloadIntervalSeconds": 0}}, (), "must be seconds between 0.05 and 3600"),
+        ({"tls": {k: v for k, v in section.items() if k != "caFile"}}, (), "TLS needs a CA file"),
+        (None, ("--tls-ca-file", str(tls.ca_file)), "TLS settings were given without a certificate"),
+        (None, ("--tls-cert-file", str(tls.cert_file)), "--tls-key-file is missing"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            _settings(tmp_path, *args, config=config)
+
+
+async def test_operator_admin_client_over_https(
+    tls: TlsFiles, tls_cluster: tuple[ServePod, ServePod]
+) -> None:
+    import aiohttp
+
+    from txnkeeper.contract.admin import AdminClient, AdminError
+
+    _, store = tls_cluster
+    base = f"https://{store.admin}"
+    async with aiohttp.ClientSession() as session:
+        info = await AdminClient(session, tls=tls.client_settings(with_cert=False)).info(base)
+        assert info["role"] == "store"
+        assert await AdminClient(session, tls=tls.client_settings().context()).ready(base)
+        with pytest.raises(AdminError, match=r"certificate is not signed by a trusted CA \(CA file \(system"):
+            await AdminClient(session).info(base)

@@ -28,7 +28,7 @@ ROLES = ("coordinator", "store")
 
 # Top-level sections of the --config file that other modules read (through ``section``); the batch
 # settings parser skips them, and refuses any other key next to its own.
-OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies", "pulsar")
+OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies", "pulsar", "tls")
 _BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
