@@ -124,6 +124,12 @@ def test_admin_cli_over_https_and_tls_metrics(tls: TlsFiles, tls_cluster: tuple[
     untrusted = _admin("--url", url, "info")  # the system's CAs do not know the test CA
     assert untrusted.returncode == 1
     assert "certificate is not signed by a trusted CA" in untrusted.stderr, untrusted.stderr
+    wait_until_sync(
+        lambda: "refusing admin connection from 127.0.0.1:" in coordinator.log()
+        and "it does not trust this server's certificate" in coordinator.log(),
+        10,
+        "the admin refusal logged",
+    )
     metrics = https_metrics(coordinator, tls.client_settings())
     for listener in ("admin", "client", "peers"):
         line = next(
