@@ -125,8 +125,10 @@ def test_admin_cli_over_https_and_tls_metrics(tls: TlsFiles, tls_cluster: tuple[
     assert untrusted.returncode == 1
     assert "certificate is not signed by a trusted CA" in untrusted.stderr, untrusted.stderr
     wait_until_sync(
-        lambda: "refusing admin connection from 127.0.0.1:" in coordinator.log()
-        and "it does not trust this server's certificate" in coordinator.log(),
+        lambda: (
+            "refusing admin connection from 127.0.0.1:" in coordinator.log()
+            and "it does not trust this server's certificate" in coordinator.log()
+        ),
         10,
         "the admin refusal logged",
     )
