@@ -15,9 +15,9 @@ from cryptography.x509.oid import NameOID
 from txnkeeper.contract.tls import TlsClientSettings
 
 
-def write_material(directory: Path) -> tuple[list[str], TlsClientSettings]:
+def write_material(directory: Path, client_auth: str = "require") -> tuple[list[str], TlsClientSettings]:
     """Write ca.crt, tls.crt and tls.key (P-256, SANs 127.0.0.1 and localhost) into ``directory``;
-    returns the serve flags using them and the client's settings."""
+    returns the serve flags using them (``client_auth`` on the client port) and the client's settings."""
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -67,6 +67,6 @@ def write_material(directory: Path) -> tuple[list[str], TlsClientSettings]:
         "--tls-listeners",
         "client,peers",
         "--tls-client-auth",
-        "require",
+        client_auth,
     ]
     return flags, TlsClientSettings(str(ca_file), str(cert_file), str(key_file))

@@ -214,10 +214,12 @@ async def bench(
     pods: tuple[int, int],
     flush_mode: str,
     register_at_begin: bool = True,
-    tls: bool = False,
+    tls: str | None = None,
 ) -> dict[str, Any]:
-    if tls:
-        return await bench_tls(levels, seconds, rounds, root, loop=loop, flush_mode=flush_mode)
+    if tls is not None:
+        return await bench_tls(
+            levels, seconds, rounds, root, loop=loop, flush_mode=flush_mode, client_auth=tls
+        )
     # One coordinator per coordinator pod (ids by ordinal); the client begins transactions round-robin
     # over them and places topics on the store pods by hash, as with the CRs.
     procs: list[RuntimeProcess] = []
@@ -301,12 +303,19 @@ async def bench(
 
 
 async def bench_tls(
-    levels: list[int], seconds: float, rounds: int, root: Path, *, loop: str, flush_mode: str
+    levels: list[int],
+    seconds: float,
+    rounds: int,
+    root: Path,
+    *,
+    loop: str,
+    flush_mode: str,
+    client_auth: str,
 ) -> dict[str, Any]:
     """TLS on vs off (``--tls``): two coordinator + store pairs, one plaintext and one serving TLS on its
     client port and between its pods (mutual TLS: the client presents a certificate too), both with
     the batch log on; rounds alternate between them as the batching comparison does."""
-    flags, settings = write_material(root / "tls")
+    flags, settings = write_material(root / "tls", client_auth)
     procs: dict[str, list[RuntimeProcess]] = {"tls_off": [], "tls_on": []}
     try:
         for mode, extra in (("tls_off", ()), ("tls_on", tuple(flags))):
@@ -371,8 +380,8 @@ async def bench_tls(
             "benchmark": "txn_e2e --tls",
             "operation": "begin + produce 1 + ack 1 + commit",
             "transport": "loopback TCP, 1 coordinator pod + 1 store pod per mode, fsync on, batch log on",
-            "tls": "TLS 1.3, P-256 certificates; client port and pod to pod, mutual (client certificate"
-            " required)",
+            "tls": "TLS 1.3, P-256 certificates; client port and pod to pod",
+            "client_auth": client_auth,
             "cpus": os.cpu_count(),
             "seconds_per_run": seconds,
             "client_event_loop": loop,
@@ -412,7 +421,13 @@ def main() -> int:
     parser.add_argument(
         "--tls",
         action="store_true",
-        help="compare TLS on vs off (client port and pod to pod, mutual TLS) instead of batching on vs off",
+        help="compare TLS on vs off (client port and pod to pod) instead of batching on vs off",
+    )
+    parser.add_argument(
+        "--tls-client-auth",
+        choices=("none", "request", "require"),
+        default="require",
+        help="with --tls: the pods' client-port client certificate mode (require: mutual TLS everywhere)",
     )
     process_settings.add_arguments(parser)
     ns = parser.parse_args()
@@ -438,7 +453,7 @@ def main() -> int:
                 pods=(pods[0], pods[1]),
                 flush_mode=ns.flush_mode,
                 register_at_begin=ns.register_at_begin == "yes",
-                tls=ns.tls,
+                tls=ns.tls_client_auth if ns.tls else None,
             )
         )
     print(json.dumps(result, indent=2))
