@@ -114,9 +114,9 @@ def tls_factory(
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         context = source.server_context(listener)
-        # uvloop's TLS protocol costs less CPU per record (measured: bench/txn_e2e.py --tls) but drops
-        # a refused handshake without its alert; where client certificates are checked the client
-        # must learn why it was refused, so asyncio's (which sends it, _Accepting) serves there.
+        # uvloop's TLS protocol (Cython; asyncio's is pure Python) drops a refused handshake without
+        # its alert; where client certificates are checked the client must learn why it was refused,
+        # so asyncio's (which sends it, _Accepting) serves there.
         uv = _UvAccepting is not None and isinstance(loop, _UvLoop) and context.verify_mode == ssl.CERT_NONE
         accepting = (_UvAccepting if uv else _Accepting)(
             loop,
