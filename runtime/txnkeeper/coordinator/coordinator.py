@@ -178,6 +178,20 @@ class TransactionCoordinator:
         self.state = "Ready"
         self._ticker = self._loop.create_task(self._tick_forever())
 
+    async def quiesce(self, within: float) -> int:
+        """Wait up to ``within`` seconds until no end is being delivered (a pod handing this
+        coordinator id to another pod lets the ends it decided finish first, so that their callers
+        hear the outcome); how many are still in progress then (the new owner resumes those from the
+        log)."""
+        deadline = time.monotonic() + within
+        while self._ending:
+            left = deadline - time.monotonic()
+            pending = [done for _, done in self._ending.values() if not done.done()]
+            if left <= 0 or not pending:
+                break
+            await asyncio.wait(pending, timeout=left)
+        return len(self._ending)
+
     async def close(self) -> None:
         self.state = "Closed"
         await self._seals.drain()  # the log is still open: a graceful stop leaves nothing to resume
