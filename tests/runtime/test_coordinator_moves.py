@@ -171,3 +171,31 @@ async def test_a_move_rolled_back_serves_the_id_again_and_the_client_waits_it_ou
         assert await next_payload(verify) == b"kept"
         status, refused = await verb(tc1, 0, "fence", {"move": "m0"})
         assert status == 409 and "owned by pod 0" in refused["error"]
+
+
+async def test_a_file_damaged_on_the_way_is_refused_and_nothing_is_installed(
+    pods: Callable[..., ServePod],
+) -> None:
+    tc0 = pods("tc-0", "coordinator", extra=PLACED)
+    tc1 = pods("tc-1", "coordinator", extra=PLACED)
+    tcs = [tc0, tc1]
+    for tc in tcs:
+        await put(tc, record(2, [0, 1], tcs))
+    async with Client(coordinators=[tc1.listen], stores=[]) as client:
+        for _ in range(3):
+            await (await client.new_transaction(timeout_ms=60_000)).abort()
+    status, manifest = await verb(tc1, 1, "fence", {"move": "m1"})
+    assert status == 200, manifest
+    entry = max((f for f in manifest["files"] if f["path"].startswith("ledgers/")), key=lambda f: f["size"])
+    damaged = tc1.data_dir / entry["path"]
+    original = damaged.read_bytes()
+    damaged.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # the source's disk flips a bit
+    status, refused = await verb(tc0, 1, "receive", {"move": "m1", "source": tc1.admin_url()})
+    assert status == 502, refused
+    assert entry["path"] in refused["error"] and str(entry["crc32c"]) in refused["error"]
+    assert not any((tc0.data_dir / "ledgers").glob("*transaction_log_1*"))  # nothing installed
+    status, listing = await asyncio.to_thread(http, "GET", f"{tc0.admin_url()}/admin/v1/coordinators")
+    assert {r["coordinator"]: r["state"] for r in listing["coordinators"]}[1] == "elsewhere"
+    damaged.write_bytes(original)
+    status, received = await verb(tc0, 1, "receive", {"move": "m1", "source": tc1.admin_url()})
+    assert status == 200 and received["files"] == len(manifest["files"]), received

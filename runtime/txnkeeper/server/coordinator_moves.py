@@ -48,6 +48,12 @@ PULL_TIMEOUT = aiohttp.ClientTimeout(total=600, sock_connect=10, sock_read=60)
 CHUNK = 1 << 20
 RATE_WINDOW = 60.0  # seconds the txn/s of GET /admin/v1/coordinators is measured over
 RATE_SAMPLE_EVERY = 5.0
+MANIFEST_KIND = "coordinator-move-manifest"
+MANIFEST_VERSION = 1
+_MANIFEST_REMEDY = (
+    "the move cannot go on from this source: roll it back (POST .../discard on the target, .../unfence "
+    "here), which removes the file, and move the coordinator id again"
+)
 
 
 class CoordinatorHost(Protocol):
@@ -168,18 +174,18 @@ class CoordinatorMoves:
                 await asyncio.to_thread(
                     statefile.write, export, ROUTES_KIND, ROUTES_VERSION, {"routes": rows}
                 )
-            return await asyncio.to_thread(self._manifest, c, move)
+            return await asyncio.to_thread(self._fenced_manifest, c, move)
 
     def manifest(self, c: int, move: str) -> dict[str, Any]:
         """The fence's answer again (GET .../files?move=ID without a path): only while fenced for it."""
         self._check_id(c)
         self._require_fenced(c, move)
-        return self._manifest(c, move)
+        return self._fenced_manifest(c, move)
 
     def file(self, c: int, move: str, path: str) -> Path:
         self._check_id(c)
         self._require_fenced(c, move)
-        if path not in self._paths(c):
+        if path not in {f["path"] for f in self._fenced_manifest(c, move)["files"]}:
             raise AdminRefusal(404, f"{path!r} is not a file of coordinator {c}'s move {move!r}")
         return self._data / path
 
@@ -213,7 +219,7 @@ class CoordinatorMoves:
                     f"{record.epoch}: the move is done, release it instead",
                 )
             self._clear(c, move)
-            self._export_path(c).unlink(missing_ok=True)
+            self._forget_move(c)
             if c not in self._host.coordinators:
                 await self._host.open_coordinator(c)
             return {"coordinator": c, "move": move, "state": "serving"}
@@ -327,6 +333,11 @@ class CoordinatorMoves:
         state = self._state
         return [snapshot_path(state, c), state / f"{c}.sequence", self._export_path(c)]
 
+    def _forget_move(self, c: int) -> None:
+        """The source's own records of a move: the exported routes and the fence's manifest."""
+        self._export_path(c).unlink(missing_ok=True)
+        self._manifest_path(c).unlink(missing_ok=True)
+
     def _holds(self, c: int) -> bool:
         return self._ledger_dir(c).is_dir()
 
@@ -352,6 +363,23 @@ class CoordinatorMoves:
             self._ledger_dir(c) in path.parents and path.name != LOCK_FILE and not path.name.endswith(".tmp")
         )
 
+    def _manifest_path(self, c: int) -> Path:
+        return self._state / f"{c}.move-manifest"
+
+    def _fenced_manifest(self, c: int, move: str) -> dict[str, Any]:
+        """The manifest as the fence computed it, kept beside the files (a checksummed state file):
+        a repeated fence answers the same, and a file that changes on the source's disk afterwards is
+        caught by the target's check instead of being copied with a fresh checksum."""
+        path = self._manifest_path(c)
+        doc = statefile.read(path, MANIFEST_KIND, frozenset({MANIFEST_VERSION}), remedy=_MANIFEST_REMEDY)
+        if doc is not None:
+            body = statefile.obj(doc.body, "move manifest")
+            if body.get("move") == move:
+                return body
+        manifest = self._manifest(c, move)
+        statefile.write(path, MANIFEST_KIND, MANIFEST_VERSION, manifest)
+        return manifest
+
     def _manifest(self, c: int, move: str) -> dict[str, Any]:
         files = []
         for rel in self._paths(c):
@@ -370,6 +398,7 @@ class CoordinatorMoves:
         return {"files": len(paths), "bytes": sum((self._data / p).stat().st_size for p in paths)}
 
     def _delete_copy(self, c: int) -> None:
+        self._forget_move(c)
         shutil.rmtree(self._ledger_dir(c), ignore_errors=True)
         shutil.rmtree(self._staging(c), ignore_errors=True)
         for path in self._singles(c):
