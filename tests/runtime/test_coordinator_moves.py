@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pulsar_wire import RawPulsar, T, command
 from runtime_pods import TOKEN, ServePod, http
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client, Consumer
+from txnkeeper.server.pulsar_placement import TC_ASSIGN_TOPIC
 
 IN = "persistent://t/ns/in"
 OUT = "persistent://t/ns/out"
@@ -44,6 +46,20 @@ async def put(pod: ServePod, body: dict[str, Any]) -> None:
 async def restart(pod: ServePod) -> None:
     pod.kill()
     await asyncio.to_thread(pod.start)
+
+
+def tc_lookup(pod: ServePod, coordinator: int) -> str:
+    """What LOOKUP of partition ``coordinator`` of the coordinator-assign topic answers on ``pod``."""
+    raw = RawPulsar(pod.listen)
+    try:
+        raw.handshake()
+        lookup = command(T.LOOKUP)
+        lookup.lookupTopic.topic = f"{TC_ASSIGN_TOPIC}-partition-{coordinator}"
+        lookup.lookupTopic.request_id = 1
+        raw.send(lookup)
+        return str(raw.expect(T.LOOKUP_RESPONSE).lookupTopicResponse.brokerServiceUrl)
+    finally:
+        raw.close()
 
 
 async def next_payload(consumer: Consumer) -> bytes:
@@ -102,6 +118,8 @@ async def test_a_coordinator_id_moves_with_its_open_transactions(pods: Callable[
         flipped = record(3, [0, 0], tcs)
         await put(tc0, flipped)
         await put(tc1, flipped)
+        # Pulsar's clients find coordinator 1 on the new owner: the lookup answers from the record.
+        assert await asyncio.to_thread(tc_lookup, tc1, 1) == f"pulsar://{tc0.listen}"
 
         # The open transaction commits through the new owner (the client follows the redirect).
         await txn.commit()

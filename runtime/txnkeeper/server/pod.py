@@ -156,6 +156,7 @@ class PodRuntime:
                 placement,
                 lambda: self.client_address,
                 authenticates=self.config.client_token_key is not None,
+                record=lambda: self.placement.record if self.placement is not None else None,
             )
             if self.topics is not None:
                 self._registrations = TxnRegistrations(self._secret, placement, self._store_address)
