@@ -24,6 +24,7 @@ from runtime_pods import ServePod
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client, Consumer, Message, MessageId
+from txnkeeper.errors import NotServedHereError
 
 TOPIC = "persistent://t/ns/moving"
 PLAIN = "persistent://t/ns/plain"
@@ -199,3 +200,22 @@ async def test_a_move_under_load_raises_nothing_and_loses_or_duplicates_nothing(
     stats = moving.stats()
     assert stats["moving"] >= 1 and stats["redirects"] >= 1, stats
     assert len({tuple(b) for b in blocks}) == 30
+
+
+async def test_a_client_gives_up_after_a_few_redirects_in_a_row(
+    pods: Callable[..., ServePod], redirectors: Callable[..., Redirector]
+) -> None:
+    store = pods("pas-0", "store")
+    # Pods that keep sending the client on (placement records out of step): 4 hops before the owner.
+    owner = store.listen
+    chain = []
+    for i in range(4):
+        chain.append(redirectors(f"hop-{i}", owner, mode="redirect"))
+        owner = chain[-1].listen
+    async with Client(coordinators=[], stores=[owner], operation_timeout=10) as client:
+        producer = await client.create_producer(PLAIN)
+        started = time.monotonic()
+        with pytest.raises(NotServedHereError, match="redirected 4 times in a row") as refused:
+            await producer.send(b"nowhere")
+        assert refused.value.owner_address == store.listen  # the 4th redirect, not followed
+        assert time.monotonic() - started < 10  # given up on by the hop count, not the timeout

@@ -217,3 +217,44 @@ async def test_a_file_damaged_on_the_way_is_refused_and_nothing_is_installed(
     damaged.write_bytes(original)
     status, received = await verb(tc0, 1, "receive", {"move": "m1", "source": tc1.admin_url()})
     assert status == 200 and received["files"] == len(manifest["files"]), received
+
+
+async def test_the_coordinator_verbs_refuse_bad_requests_saying_why(pods: Callable[..., ServePod]) -> None:
+    store = pods("pas-0", "store")
+    listed = pods("tc-9", "coordinator", extra=["--coordinators", "2", "--coordinator-ids", "0,1"])
+    tc0 = pods("tc-0", "coordinator", extra=PLACED)
+    base = f"{tc0.admin_url()}/admin/v1/coordinators"
+
+    async def call(method: str, url: str, body: object = None, token: str | None = TOKEN) -> tuple[int, Any]:
+        return await asyncio.to_thread(http, method, url, body, token)
+
+    for pod in (store, listed):  # ids that do not move: said so
+        status, answer = await call("POST", f"{pod.admin_url()}/admin/v1/coordinators/0/fence", {"move": "m"})
+        assert status == 404 and "--coordinator-ids auto" in answer["error"], answer
+    cases: list[tuple[str, str, object, int, str]] = [
+        ("POST", f"{base}/0x1/fence", {"move": "m"}, 400, "plain digits"),
+        ("POST", f"{base}/7/fence", {"move": "m"}, 404, "ids 0..1"),
+        ("POST", f"{base}/0/fence", {"move": ""}, 400, "move id"),
+        ("POST", f"{base}/0/fence", {"move": "m", "force": True}, 400, "unknown keys"),
+        ("POST", f"{base}/1/fence", {"move": "m"}, 409, "owned by pod 1"),
+        ("POST", f"{base}/0/receive", {"move": "m", "source": "file:///etc"}, 400, "admin URL"),
+        ("POST", f"{base}/0/receive", {"move": "m", "source": "http://x"}, 409, "this pod owns"),
+        ("POST", f"{base}/0/release", {"move": "m"}, 409, "still owns"),
+        ("GET", f"{base}/0/files?move=m", None, 409, "not fenced"),
+        ("PUT", f"{tc0.admin_url()}/admin/v1/placement", {"kind": "store-shards"}, 400, "epoch"),
+    ]
+    for method, url, body, expected, words in cases:
+        status, answer = await call(method, url, body)
+        assert status == expected and words in answer["error"], (method, url, status, answer)
+    status, answer = await call("GET", f"{base}/0/files?move=m", token=None)
+    assert status == 401  # the files are the coordinator's whole log: the token is needed
+    status, answer = await call("POST", f"{base}/0/fence", {"move": "m"}, token=None)
+    assert status == 401
+    status, answer = await call("GET", f"{base}/0/files?move=m&path=placement.json", None)
+    assert status == 409  # not fenced; fenced, only the manifest's paths are served
+    status, manifest = await call("POST", f"{base}/0/fence", {"move": "m"})
+    assert status == 200 and manifest["files"], manifest
+    status, answer = await call("GET", f"{base}/0/files?move=m&path=placement.json", None)
+    assert status == 404 and "not a file of coordinator 0" in answer["error"]
+    status, answer = await call("GET", f"{base}/0/files?move=m&path=../../etc/passwd", None)
+    assert status == 404
