@@ -24,6 +24,7 @@ from runtime_pods import ServePod
 from runtime_waits import wait_until
 
 from txnkeeper.client import Client, Consumer, Message, MessageId
+from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.errors import NotServedHereError
 
 TOPIC = "persistent://t/ns/moving"
@@ -134,6 +135,11 @@ async def test_every_client_object_follows_a_redirect_to_the_owner(
         await out.send(b"in-txn", txn=txn)
         await txn.commit()
         assert await client.transaction_status(txn) == "COMMITTED"
+        # The coordinator was told OUT was at the redirector (the registration came first); the end
+        # it sent there was refused with the owner, which is OUT's route now (durably).
+        routes = RouteTable(tc.data_dir / "coordinator" / "routes.json")
+        routes.load()
+        assert routes.get(OUT) == store.listen
         verify = await client.subscribe(OUT, "verify")
         assert (await verify.receive(timeout=30)).data == b"in-txn"
     assert all(len(ids) == 1 for ids in seen.values()), seen
