@@ -19,14 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from txnkeeper.client.errors import ClientClosedError
-from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
-from txnkeeper.client.placement import MAX_HOPS, following, is_placement
+from txnkeeper.client.placement import MAX_HOPS, following, is_placement, same
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.errors import NotServedHereError, ServiceError, UnavailableError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESUBSCRIBE_BACKOFF = (0.05, 1.0)
+T = TypeVar("T")
 
 
 class Consumer:
@@ -212,7 +212,7 @@ class Consumer:
             added.entry_id = message_id.entry_id
         body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
         if txn is None:
-            return then(self._request_ack(command), _nothing)
+            return self._request_ack(command, _nothing)
         registration = txn.subscription_registration(self.topic, self.subscription, self.store_address)
 
         def ack() -> Awaitable[api.Command]:
@@ -222,14 +222,18 @@ class Consumer:
 
         return txn.operation(registration, ack, _nothing)
 
-    def _request_ack(self, command: api.Command) -> asyncio.Future[api.Command]:
+    def _request_ack(
+        self,
+        command: api.Command,
+        convert: Callable[[api.Command], T] = same,  # type: ignore[assignment]
+    ) -> asyncio.Future[T]:
         conn = self._conn
         if conn is None or not conn.is_open:
             # Typed and UNAVAILABLE: the application can tell "retry later" by the code.
             raise UnavailableError(
                 f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
             )
-        return following(conn.request(command), partial(self._ack_where_served, conn, command))
+        return following(conn.request(command), partial(self._ack_where_served, conn, command), convert)
 
     async def _ack_where_served(
         self, conn: RpcConnection, command: api.Command, failure: NotServedHereError

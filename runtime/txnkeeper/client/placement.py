@@ -20,9 +20,10 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from txnkeeper.aio import failure_of, settle
+from txnkeeper.client.futures import converted
 from txnkeeper.errors import NotServedHereError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
@@ -137,8 +138,14 @@ class StoreRouter:
 
     def request(self, topic: str, command: api.Command) -> asyncio.Future[api.Command]:
         """Send ``command`` for ``topic``; a placement answer re-sends it where the topic is served."""
+        return self.request_then(topic, command, same)
+
+    def request_then(
+        self, topic: str, command: api.Command, convert: Callable[[api.Command], T]
+    ) -> asyncio.Future[T]:
+        """``request`` whose future resolves to ``convert(answer)`` (a send's message id)."""
         first = self._request(self.address(topic), command)
-        return following(first, partial(self._follow, topic, command))
+        return following(first, partial(self._follow, topic, command), convert)
 
     async def _follow(self, topic: str, command: api.Command, failure: NotServedHereError) -> api.Command:
         redirects = Redirects(f"{command.WhichOneof('body')} of {topic}", self.operation_timeout)
@@ -154,31 +161,40 @@ class StoreRouter:
                 failure = exc
 
 
+def same(response: api.Command) -> api.Command:
+    """The answer itself (``following``'s conversion when none is given)."""
+    return response
+
+
 def following(
     first: Awaitable[api.Command],
     retry: Callable[[NotServedHereError], Awaitable[api.Command]],
-) -> asyncio.Future[api.Command]:
-    """``first``'s answer, or, when it is a placement answer, ``retry(that answer)``'s. The usual
-    request costs one future and one callback more; only a redirect takes a task."""
-    result: asyncio.Future[api.Command] = asyncio.get_running_loop().create_future()
-    asyncio.ensure_future(first).add_done_callback(partial(_first_answered, retry, result))
+    convert: Callable[[api.Command], T] = same,  # type: ignore[assignment]
+) -> asyncio.Future[T]:
+    """``convert`` of ``first``'s answer, or, when that is a placement answer, of ``retry(that
+    answer)``'s. As cheap as ``futures.then`` when no redirect comes (one future, one callback); only a
+    redirect takes a task."""
+    result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    asyncio.ensure_future(first).add_done_callback(partial(_first_answered, retry, convert, result))
     return result
 
 
 def _first_answered(
     retry: Callable[[NotServedHereError], Awaitable[api.Command]],
-    result: asyncio.Future[api.Command],
+    convert: Callable[[api.Command], T],
+    result: asyncio.Future[T],
     response: asyncio.Future[api.Command],
 ) -> None:
     failure = failure_of(response)
     if not is_placement(failure):
-        settle(result, failure, response.result() if failure is None else api.Command())
+        _settle_converted(result, convert, response)
         return
     assert isinstance(failure, NotServedHereError)
-    asyncio.ensure_future(retry(failure)).add_done_callback(partial(relay, result))
+    asyncio.ensure_future(retry(failure)).add_done_callback(partial(_settle_converted, result, convert))
 
 
-def relay(result: asyncio.Future[api.Command], task: asyncio.Future[api.Command]) -> None:
-    """Settle ``result`` as ``task`` ended."""
-    failure = failure_of(task)
-    settle(result, failure, task.result() if failure is None else api.Command())
+def _settle_converted(
+    result: asyncio.Future[T], convert: Callable[[api.Command], T], response: asyncio.Future[api.Command]
+) -> None:
+    failure, value = converted(convert, response)
+    settle(result, failure, cast(T, value))

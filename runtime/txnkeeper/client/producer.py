@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, MAX_EVENT_BYTES, BlockAppender
 from txnkeeper.client.errors import ClientClosedError, MaxTransactionSizeExceededError
-from txnkeeper.client.futures import then
 from txnkeeper.client.idempotence import SequencedSends
 from txnkeeper.client.message import MessageId
 from txnkeeper.client.transaction import Transaction
@@ -94,7 +93,7 @@ class Producer:
         body.key = key
         router = self._router
         if txn is None:
-            return then(router.request(self.topic, command), _receipt)
+            return router.request_then(self.topic, command, _receipt)
         registration = txn.partition_registration(self.topic, self.store_address)
 
         def produce() -> Awaitable[api.Command]:
