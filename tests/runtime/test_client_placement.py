@@ -16,10 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pulsar_wire import free_port
 from runtime_pods import ServePod
 from runtime_waits import wait_until
 
@@ -225,3 +227,23 @@ async def test_a_client_gives_up_after_a_few_redirects_in_a_row(
             await producer.send(b"nowhere")
         assert refused.value.owner_address == store.listen  # the 4th redirect, not followed
         assert time.monotonic() - started < 10  # given up on by the hop count, not the timeout
+
+
+async def test_a_store_address_that_cannot_be_reached_is_passed_over_for_one_that_redirects(
+    pods: Callable[..., ServePod], redirectors: Callable[..., Redirector]
+) -> None:
+    store = pods("pas-0", "store")
+    live = redirectors("live", store.listen, mode="redirect")
+    gone = f"127.0.0.1:{free_port()}"  # a pod removed by a scale-in: nothing listens there
+    first, second = [
+        t for t in (f"persistent://t/ns/gone-{i}" for i in range(100)) if zlib.crc32(t.encode()) % 2 == 0
+    ][:2]
+    async with Client(coordinators=[], stores=[gone, live.listen], operation_timeout=10) as client:
+        assert client.store_for(first) == gone and client.store_for(second) == gone
+        consumer = await client.subscribe(first, "s")  # passed over to the live pod, then redirected
+        assert client.store_for(first) == store.listen
+        producer = await client.create_producer(second)
+        await producer.send(b"reached")  # the same for a send
+        assert client.store_for(second) == store.listen
+        await (await client.create_producer(first)).send(b"first")
+        assert (await consumer.receive(timeout=30)).data == b"first"

@@ -130,7 +130,9 @@ class Client:
             producer_name=producer_name,
             resync_timeout=self._operation_timeout,
         )
-        await self.connections.get(producer.store_address)
+        # Connected now, so that a store that cannot be reached fails the create (after the other
+        # store addresses were tried: any of them redirects to the topic's owner).
+        await self.router.at_owner(topic, self.connections.get, f"producer of {topic}")
         if producer_name is not None:
             await producer.open_sequenced()
             self._named[(topic, producer_name)] = producer

@@ -9,7 +9,9 @@ to 1 s) and asks again, within the operation's timeout; a move lasts a few secon
 applied, so re-sending it elsewhere cannot write anything twice.
 
 The first placement is the arithmetic one (``crc32(topic) mod stores`` over the addresses the client was
-given); a redirect overrides it per topic.
+given); a redirect overrides it per topic. A store pod that cannot be connected to at all (removed by a
+scale-in, or not there yet) sent nothing and applied nothing: the request goes to the other store
+addresses in turn, any of which redirects it to the owner.
 """
 
 from __future__ import annotations
@@ -24,15 +26,21 @@ from typing import TypeVar, cast
 
 from txnkeeper.aio import failure_of, settle
 from txnkeeper.client.futures import converted
-from txnkeeper.errors import NotServedHereError
+from txnkeeper.errors import ConnectionClosedError, NotServedHereError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+E = TypeVar("E", bound=ServiceError)
 
 MAX_HOPS = 3  # redirects in a row before the client gives up (pods disagreeing about placement)
 MOVE_BACKOFF = (0.05, 1.0)  # seconds: first wait while a shard is being moved, cap
 STORE_CACHE = 100_000  # topics whose store pod is remembered (the hash of each name is computed once)
+
+
+def unreachable(failure: BaseException | None) -> bool:
+    """Whether ``failure`` is a connection that could not be made (nothing was sent)."""
+    return isinstance(failure, ConnectionClosedError) and str(failure).startswith("cannot connect")
 
 
 def is_placement(failure: BaseException | None) -> bool:
@@ -126,15 +134,21 @@ class StoreRouter:
         """``attempt(address)`` at the topic's store pod, following redirects and waiting out a move
         (within the operation timeout)."""
         redirects = Redirects(what, self.operation_timeout)
+        tried: set[str] = set()
         while True:
+            address = self.address(topic)
             try:
-                return await attempt(self.address(topic))
+                return await attempt(address)
             except NotServedHereError as exc:
                 if not is_placement(exc):
                     raise
                 owner = await redirects.after(exc)
                 if owner is not None:
                     self.moved(topic, owner)
+            except ConnectionClosedError as exc:
+                tried.add(address)
+                if not (unreachable(exc) and self._elsewhere(topic, tried)):
+                    raise
 
     def request(self, topic: str, command: api.Command) -> asyncio.Future[api.Command]:
         """Send ``command`` for ``topic``; a placement answer re-sends it where the topic is served."""
@@ -145,20 +159,44 @@ class StoreRouter:
     ) -> asyncio.Future[T]:
         """``request`` whose future resolves to ``convert(answer)`` (a send's message id)."""
         first = self._request(self.address(topic), command)
-        return following(first, partial(self._follow, topic, command), convert)
+        return following(first, partial(self._follow, topic, command), convert, self._retried)
 
-    async def _follow(self, topic: str, command: api.Command, failure: NotServedHereError) -> api.Command:
+    def _retried(self, failure: BaseException | None) -> bool:
+        return is_placement(failure) or (unreachable(failure) and len(self._stores) > 1)
+
+    async def _follow(self, topic: str, command: api.Command, failure: ServiceError) -> api.Command:
         redirects = Redirects(f"{command.WhichOneof('body')} of {topic}", self.operation_timeout)
+        tried: set[str] = set()
         while True:
-            owner = await redirects.after(failure)
-            if owner is not None:
-                self.moved(topic, owner)
+            if isinstance(failure, NotServedHereError):
+                owner = await redirects.after(failure)
+                if owner is not None:
+                    self.moved(topic, owner)
+            else:
+                tried.add(self.address(topic))
+                if not self._elsewhere(topic, tried):
+                    raise failure
             try:
                 return await self._request(self.address(topic), command)
             except NotServedHereError as exc:
                 if not is_placement(exc):
                     raise
                 failure = exc
+            except ConnectionClosedError as exc:
+                if not unreachable(exc):
+                    raise
+                failure = exc
+
+    def _elsewhere(self, topic: str, tried: set[str]) -> bool:
+        """Point ``topic`` at the next store address not ``tried`` (a pod that cannot be reached
+        cannot redirect; any other can); False when every one was tried."""
+        for address in self._stores:
+            if address not in tried:
+                log.info("topic %s: %s cannot be reached; asking %s", topic, sorted(tried), address)
+                self._store_of[topic] = address
+                self.moves += 1
+                return True
+        return False
 
 
 def same(response: api.Command) -> api.Command:
@@ -168,29 +206,32 @@ def same(response: api.Command) -> api.Command:
 
 def following(
     first: Awaitable[api.Command],
-    retry: Callable[[NotServedHereError], Awaitable[api.Command]],
+    retry: Callable[[E], Awaitable[api.Command]],
     convert: Callable[[api.Command], T] = same,  # type: ignore[assignment]
+    retried: Callable[[BaseException | None], bool] = is_placement,
 ) -> asyncio.Future[T]:
-    """``convert`` of ``first``'s answer, or, when that is a placement answer, of ``retry(that
-    answer)``'s. As cheap as ``futures.then`` when no redirect comes (one future, one callback); only a
-    redirect takes a task."""
+    """``convert`` of ``first``'s answer, or, when that is a failure ``retried`` says to retry (a
+    placement answer), of ``retry(that failure)``'s. As cheap as ``futures.then`` when no redirect
+    comes (one future, one callback); only a redirect takes a task."""
     result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-    asyncio.ensure_future(first).add_done_callback(partial(_first_answered, retry, convert, result))
+    answered = partial(_first_answered, (retry, retried), convert, result)
+    asyncio.ensure_future(first).add_done_callback(answered)
     return result
 
 
 def _first_answered(
-    retry: Callable[[NotServedHereError], Awaitable[api.Command]],
+    retrying: tuple[Callable[[E], Awaitable[api.Command]], Callable[[BaseException | None], bool]],
     convert: Callable[[api.Command], T],
     result: asyncio.Future[T],
     response: asyncio.Future[api.Command],
 ) -> None:
+    retry, retried = retrying
     failure = failure_of(response)
-    if not is_placement(failure):
+    if not retried(failure):
         _settle_converted(result, convert, response)
         return
-    assert isinstance(failure, NotServedHereError)
-    asyncio.ensure_future(retry(failure)).add_done_callback(partial(_settle_converted, result, convert))
+    again = asyncio.ensure_future(retry(cast(E, failure)))
+    again.add_done_callback(partial(_settle_converted, result, convert))
 
 
 def _settle_converted(
