@@ -260,3 +260,68 @@ async def test_the_coordinator_verbs_refuse_bad_requests_saying_why(pods: Callab
     assert status == 404 and "not a file of coordinator 0" in answer["error"]
     status, answer = await call("GET", f"{base}/0/files?move=m&path=../../etc/passwd", None)
     assert status == 404
+
+
+async def test_transactions_keep_committing_exactly_once_while_their_coordinator_id_moves(
+    pods: Callable[..., ServePod],
+) -> None:
+    """Workers run consume-process-produce transactions on both coordinator ids while id 1 moves from
+    tc-1 to tc-0: no commit is lost, none applied twice, and the workers see no error."""
+    store = pods("pas-0", "store")
+    tc0 = pods("tc-0", "coordinator", extra=PLACED)
+    tc1 = pods("tc-1", "coordinator", extra=PLACED)
+    tcs = [tc0, tc1]
+    for tc in tcs:
+        await put(tc, record(2, [0, 1], tcs))
+    jobs = 120
+    async with Client(coordinators=[tc0.listen, tc1.listen], stores=[store.listen]) as client:
+        feeder = await client.create_producer(IN)
+        for i in range(jobs):
+            await feeder.send(f"job-{i}".encode())
+        work = await client.subscribe(IN, "work", receiver_queue_size=8)
+        out = await client.create_producer(OUT)
+        verify = await client.subscribe(OUT, "verify")
+        done: list[bytes] = []
+        by_coordinator = {0: 0, 1: 0}
+
+        async def worker() -> None:
+            while len(done) < jobs:
+                try:
+                    job = await work.receive(timeout=1)
+                except TimeoutError:
+                    continue
+                txn = await client.new_transaction(timeout_ms=60_000)
+                await out.send(job.data.replace(b"job", b"result"), txn=txn)
+                await work.acknowledge(job, txn=txn)
+                await txn.commit()
+                by_coordinator[txn.txn_id.most] += 1
+                done.append(job.data)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(4)]
+
+        async def progressed(count: int) -> bool:
+            for w in workers:
+                if w.done():
+                    w.result()  # a worker's error fails the test here
+            return len(done) >= count
+
+        await wait_until(lambda: progressed(20), 60, "transactions before the move")
+        status, manifest = await verb(tc1, 1, "fence", {"move": "load"})
+        assert status == 200, manifest
+        status, received = await verb(tc0, 1, "receive", {"move": "load", "source": tc1.admin_url()})
+        assert status == 200, received
+        for tc in (tc0, tc1):
+            await put(tc, record(3, [0, 0], tcs))
+        moved_at = len(done)
+        await wait_until(lambda: progressed(min(jobs, moved_at + 20)), 60, "transactions after the move")
+        await asyncio.wait_for(asyncio.gather(*workers), 120)
+        assert (await verb(tc1, 1, "release", {"move": "load"}))[0] == 200
+        results: dict[bytes, int] = {}
+        while len(results) < jobs:
+            message = await verify.receive(timeout=30)
+            results[message.data] = results.get(message.data, 0) + 1
+            await verify.acknowledge(message)
+    assert sorted(done) == sorted(f"job-{i}".encode() for i in range(jobs))  # each job committed once
+    assert set(results) == {f"result-{i}".encode() for i in range(jobs)}
+    assert all(count == 1 for count in results.values()), results
+    assert by_coordinator[1] > 0 and by_coordinator[0] > 0
