@@ -111,6 +111,14 @@ class CoordinatorMoves:
             marker = self.placement.markers.get(c)
             if marker is not None and marker.state == "fenced":
                 continue
+            if self._installing(c).exists():
+                log.error(
+                    "coordinator %d: this pod holds a half-installed copy (a receive that did not "
+                    "finish): not opened; receive it again (POST /admin/v1/coordinators/%d/receive)",
+                    c,
+                    c,
+                )
+                continue
             if marker is not None or record.epoch == 1 or self._holds(c):
                 ids.append(c)
             else:
@@ -201,11 +209,13 @@ class CoordinatorMoves:
                 raise AdminRefusal(409, f"this pod owns coordinator {c} (placement epoch {record.epoch})")
             held = self.placement.markers.get(c)
             if held is not None and held.move == move and held.state == "received":
+                await asyncio.to_thread(self._installing(c).unlink, True)  # a crash right after marking
                 return self._held_summary(c)
             if held is not None:
                 raise _other_move(c, held.state, held.move, move)
             summary = await self._pull(c, move, source.rstrip("/"))
             self._mark(c, move, "received")
+            await asyncio.to_thread(self._installing(c).unlink, True)
             return summary
 
     async def unfence(self, c: int, move: str) -> dict[str, Any]:
@@ -403,9 +413,15 @@ class CoordinatorMoves:
         shutil.rmtree(self._staging(c), ignore_errors=True)
         for path in self._singles(c):
             path.unlink(missing_ok=True)
+        self._installing(c).unlink(missing_ok=True)
         for directory in (self._data / "ledgers", self._state):
             if directory.is_dir():
                 _fsync_dir(directory)
+
+    def _installing(self, c: int) -> Path:
+        """Present from the start of an install until "received" is persisted: a copy it marks is
+        never opened (the files may be half replaced)."""
+        return self._state / f"{c}.installing"
 
     def _staging(self, c: int) -> Path:
         return self._state / f"receiving-{c}"
@@ -468,6 +484,9 @@ class CoordinatorMoves:
     def _install(self, c: int, paths: list[str], staging: Path) -> None:
         """Replace whatever this pod holds of ``c`` (a leftover of an unfinished receive: it does not
         own ``c``) by the checked staged copy."""
+        sentinel = self._installing(c)
+        sentinel.write_bytes(b"")
+        _fsync_dir(sentinel.parent)
         shutil.rmtree(self._ledger_dir(c), ignore_errors=True)
         for path in self._singles(c):
             path.unlink(missing_ok=True)
