@@ -23,9 +23,11 @@ from prometheus_client.registry import Collector
 
 from txnkeeper import memtrim
 from txnkeeper.admin.app import HttpServerLog, build_admin_app
+from txnkeeper.admin.coordinator_moves import add_coordinator_routes
 from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, StoreView
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, has_feature
+from txnkeeper.contract.placement import Placement
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.recovery import highest_sequence, recovered_transactions
 from txnkeeper.coordinator.routes import RouteTable
@@ -52,9 +54,11 @@ from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
 from txnkeeper.server.blocks import PendingBudget
 from txnkeeper.server.config import ServeConfig
+from txnkeeper.server.coordinator_moves import CoordinatorMoves
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
+from txnkeeper.server.placement_state import PodPlacement, pod_ordinal
 from txnkeeper.server.pulsar_coordinator import PulsarCoordinators
 from txnkeeper.server.pulsar_handler import PulsarPodHandler
 from txnkeeper.server.pulsar_txns import TxnRegistrations
@@ -110,6 +114,12 @@ class PodRuntime:
         self.client_address = ""
         self.admin_address = ""
         self._registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
+        # Coordinator pods: the route table their coordinators share, and with --coordinator-ids auto
+        # the placement record of the coordinator ids and their moves (contracts §12).
+        self.routes: RouteTable | None = None
+        self._coordinator_state = Path()
+        self.placement: PodPlacement | None = None
+        self.coordinator_moves: CoordinatorMoves | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,7 +144,11 @@ class PodRuntime:
                     "no cluster secret (%s): this pod refuses every transactional request", SECRET_FLAG
                 )
             handler = PodHandler(
-                self.coordinators, self.topics, self._secret, client_key=self.config.client_token_key
+                self.coordinators,
+                self.topics,
+                self._secret,
+                client_key=self.config.client_token_key,
+                coordinator_placement=self.placement,
             )
             placement = self.config.pulsar
             pulsar_coordinators = PulsarCoordinators(
@@ -142,6 +156,7 @@ class PodRuntime:
                 placement,
                 lambda: self.client_address,
                 authenticates=self.config.client_token_key is not None,
+                record=lambda: self.placement.record if self.placement is not None else None,
             )
             if self.topics is not None:
                 self._registrations = TxnRegistrations(self._secret, placement, self._store_address)
@@ -252,6 +267,7 @@ class PodRuntime:
             lambda: self.policies,
             lambda: self.reads,
         )
+        add_coordinator_routes(app, lambda: self.coordinator_moves)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
@@ -264,33 +280,82 @@ class PodRuntime:
         self.admin_address = f"{host}:{sockets[0].getsockname()[1]}"
 
     async def _start_coordinators(self, state_dir: Path) -> None:
-        assert self._factory is not None
-        routes = RouteTable(state_dir / "routes.json")
-        routes.load()
-        for coordinator_id in self.config.coordinator_ids:
-            path = snapshot_path(state_dir, coordinator_id)
-            snapshot = await asyncio.to_thread(read_snapshot, path, transaction_log_name(coordinator_id))
-            store = await TransactionLogStore.open(
-                self._factory,
-                coordinator_id,
-                self._txnlog_batch,
-                self.format_level,
-                snapshots=True,
-                snapshot=snapshot,
-            )
-            self._txn_logs[coordinator_id] = store
-            snapshots = self._snapshots[coordinator_id] = TxnLogSnapshots(path, store)
-            replayed = await store.replay()
-            sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
-            sequence.load(highest_sequence(replayed, coordinator_id))
-            coordinator = TransactionCoordinator(
-                coordinator_id, store, sequence, routes, self._peers, timeouts=self.config.txn_timeouts
-            )
-            coordinator.recover(recovered_transactions(replayed))
-            self.coordinators[coordinator_id] = coordinator
-            # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
-            # so readiness does not wait for it), so the next restart does not replay them again.
-            snapshots.start(due=store.replayed_records >= snapshots.threshold)
+        self._coordinator_state = state_dir
+        self.routes = RouteTable(state_dir / "routes.json")
+        self.routes.load()
+        ids: list[int] | tuple[int, ...] = self.config.coordinator_ids
+        placed = self.config.coordinator_placement
+        if placed is not None:
+            # --coordinator-ids auto: the ids this pod's placement record gives it (contracts §12).
+            count, replicas = placed
+            initial = Placement.initial("coordinator-ids", replicas, count)
+            ordinal = pod_ordinal(self.pod_name)
+            self.placement = PodPlacement.load(self.config.data_dir, "coordinator-ids", ordinal, initial)
+            moves = CoordinatorMoves(self, self.placement, self.config.data_dir, self.config.admin_token)
+            self.coordinator_moves = moves
+            ids = moves.ids_to_open()
+        for coordinator_id in ids:
+            await self.open_coordinator(coordinator_id)
+            if self.coordinator_moves is not None:
+                await self.coordinator_moves.opened(coordinator_id)
+        if self.coordinator_moves is not None and self.placement is not None:
+            self.placement.on_change(self.coordinator_moves.record_changed)
+            self.coordinator_moves.start_sampling()
+
+    @property
+    def route_table(self) -> RouteTable:
+        assert self.routes is not None, "a coordinator pod's routes are loaded at its start"
+        return self.routes
+
+    async def open_coordinator(self, coordinator_id: int) -> None:
+        """Open coordinator ``coordinator_id`` from its log and snapshot and start serving it."""
+        assert self._factory is not None and self.routes is not None
+        state_dir = self._coordinator_state
+        path = snapshot_path(state_dir, coordinator_id)
+        snapshot = await asyncio.to_thread(read_snapshot, path, transaction_log_name(coordinator_id))
+        store = await TransactionLogStore.open(
+            self._factory,
+            coordinator_id,
+            self._txnlog_batch,
+            self.format_level,
+            snapshots=True,
+            snapshot=snapshot,
+        )
+        self._txn_logs[coordinator_id] = store
+        snapshots = self._snapshots[coordinator_id] = TxnLogSnapshots(path, store)
+        replayed = await store.replay()
+        sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
+        sequence.load(highest_sequence(replayed, coordinator_id))
+        coordinator = TransactionCoordinator(
+            coordinator_id, store, sequence, self.routes, self._peers, timeouts=self.config.txn_timeouts
+        )
+        coordinator.recover(recovered_transactions(replayed))
+        self.coordinators[coordinator_id] = coordinator
+        # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
+        # so readiness does not wait for it), so the next restart does not replay them again.
+        snapshots.start(due=store.replayed_records >= snapshots.threshold)
+
+    async def close_coordinator(self, coordinator_id: int, quiesce: float) -> None:
+        """Stop serving ``coordinator_id`` (it moves to another pod): refused from now on, the ends in
+        progress get ``quiesce`` seconds to finish, then the log is flushed, snapshotted and closed, so
+        its files stay as they are until they are released."""
+        coordinator = self.coordinators.pop(coordinator_id, None)
+        if coordinator is not None:
+            left = await coordinator.quiesce(quiesce)
+            if left:
+                log.warning(
+                    "coordinator %d: %d end(s) still in progress after %.1fs; the next owner resumes them",
+                    coordinator_id,
+                    left,
+                    quiesce,
+                )
+            await coordinator.close()
+        snapshots = self._snapshots.pop(coordinator_id, None)
+        if snapshots is not None:
+            await snapshots.close()
+        store = self._txn_logs.pop(coordinator_id, None)
+        if store is not None:
+            await store.close()
 
     async def _start_store(self, state_dir: Path) -> None:
         factory = self._factory
@@ -352,6 +417,8 @@ class PodRuntime:
             self._collector = None
         if self._protocol is not None:
             await self._protocol.close()
+        if self.coordinator_moves is not None:
+            await self.coordinator_moves.close()
         for coordinator in self.coordinators.values():
             await coordinator.close()
         await self._peers.close()

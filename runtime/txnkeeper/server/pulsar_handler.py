@@ -298,7 +298,9 @@ class PulsarPodHandler:
         response.request_id = body.request_id
         coordinator = coordinator_partition(body.topic)
         if coordinator is not None:
-            response.brokerServiceUrl = self._placement.coordinator_url(coordinator, self._own_url())
+            response.brokerServiceUrl = self._coordinators.owner_url(
+                coordinator
+            ) or self._placement.coordinator_url(coordinator, self._own_url())
         else:
             response.brokerServiceUrl = self._placement.store_url(body.topic, self._own_url())
         response.response = pulsar.CommandLookupTopicResponse.Connect

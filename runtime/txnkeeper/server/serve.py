@@ -27,6 +27,7 @@ from txnkeeper.server.config import (
     ROLES,
     ConfigError,
     ServeConfig,
+    auto_coordinator_placement,
     batch_configs,
     coordinator_ids,
     default_pod_name,
@@ -233,6 +234,9 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
             f" tail cache: consumers read from disk) or more bytes (default {DEFAULT_TAIL_CACHE_BYTES})"
         )
     pod_name = ns.pod_name or default_pod_name()
+    placed = auto_coordinator_placement(
+        ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name
+    )
     return ServeConfig(
         role=ns.role,
         data_dir=ns.data_dir,
@@ -240,9 +244,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         listen=ns.listen,
         admin_listen=ns.admin_listen,
         pod_name=pod_name,
-        coordinator_ids=coordinator_ids(
-            ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name
-        ),
+        coordinator_ids=placed[0]
+        if placed is not None
+        else coordinator_ids(ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name),
+        coordinator_placement=placed[1] if placed is not None else None,
         admin_token=token,
         txnlog_batch=txnlog_batch,
         pending_ack_batch=pending_ack_batch,
