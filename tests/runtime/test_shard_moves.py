@@ -29,6 +29,7 @@ from txnkeeper.client import Client, Consumer, Message
 from txnkeeper.contract.placement import Member, Placement, shard_of
 from txnkeeper.errors import ConnectionClosedError, NotServedHereError, ServiceError
 from txnkeeper.ledger.names import encode_name
+from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection, connect
 
@@ -225,6 +226,13 @@ async def test_a_shard_moves_with_its_transactions_acks_and_writer_state(
         raw.send(lookup)
         answer = raw.expect(T.LOOKUP_RESPONSE).lookupTopicResponse
         assert answer.brokerServiceUrl == f"pulsar://127.0.0.1:{ports[1]}"
+        open_producer = command(T.PRODUCER)
+        open_producer.producer.topic = IN
+        open_producer.producer.producer_id = 1
+        open_producer.producer.request_id = 2
+        raw.send(open_producer)
+        error = raw.expect(T.ERROR).error
+        assert error.error == pulsar.ServiceNotReady and target.listen in error.message
     finally:
         raw.close()
     quoted = urllib.parse.quote(IN)
@@ -547,3 +555,32 @@ def test_hostile_placement_and_shard_requests_are_refused_saying_why(pods: Calla
     assert got == 200
     status, _ = http("POST", f"{store.admin_url()}/admin/v1/shards/0/unfence", {"move": "m"}, TOKEN)
     assert status == 200
+
+
+async def test_a_move_rolled_back_before_the_flip_leaves_the_source_serving(
+    pods: Callable[..., ServePod],
+) -> None:
+    tc = pods("tc-0", "coordinator")
+    stores = [pods(f"pas-{i}", "store", extra=["--replicas", "2", "--shards", str(SHARDS)]) for i in range(2)]
+    source, target = stores
+    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
+        consumer = await client.subscribe(IN, SUB)
+        await (await client.create_producer(IN)).send(b"kept")
+        await consumer.close()
+    status, _ = _verb(source, "fence", {"move": MOVE})
+    assert status == 200
+    status, receipt = _verb(target, "receive", {"move": MOVE, "source": source.admin_url()})
+    assert status == 200 and receipt["files"] > 0 and _files(target, IN).exists()
+    status, refused = _verb(source, "unfence", {"move": "other"})
+    assert status == 409 and MOVE in refused["error"]
+    for _ in range(2):  # idempotent
+        status, discarded = _verb(target, "discard", {"move": MOVE})
+        assert status == 200, discarded
+        status, _ = _verb(source, "unfence", {"move": MOVE})
+        assert status == 200
+    assert not _files(target, IN).exists() and not list((target.data_dir / "moves-in").glob("*"))
+    status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
+    assert MOVED not in {r["shard"] for r in listing["shards"]}
+    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
+        consumer = await client.subscribe(IN, SUB)
+        assert (await consumer.receive(timeout=10)).data == b"kept"

@@ -489,7 +489,9 @@ class ShardMoves:
                 )
             manifest = await self._fetch_manifest(shard, move, source)
             staged = incoming / "data"
-            await asyncio.to_thread(sf.remove, incoming)
+            # Only the staged copy goes: an install plan left by an attempt that crashed is what a
+            # discard needs to find what that attempt installed.
+            await asyncio.to_thread(sf.remove, staged)
             await self._pull(shard, move, source, manifest, staged)
             answer = await self._install(shard, move, manifest, staged)
             self._mark(placement, shard, move, "received")
