@@ -212,7 +212,13 @@ class PodRuntime:
         return f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
 
     def _store_address(self, topic: str) -> str:
-        """This store pod's address for ``topic`` as coordinators reach it (where ends go)."""
+        """This store pod's address for ``topic`` as coordinators reach it (where ends go): by its
+        placement record when it has one (a topic moved here is not where --pulsar-urls put it)."""
+        placement = self.shards.placement if self.shards is not None else None
+        if placement is not None and placement.record.owner_of_topic(topic) == placement.ordinal:
+            member = placement.record.member(placement.ordinal)
+            if member is not None:
+                return member.address
         return self.config.pulsar.store_address(topic) or self._reachable_address()
 
     def _check_data_features(self, root: Path) -> None:

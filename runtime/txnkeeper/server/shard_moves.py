@@ -84,6 +84,7 @@ class ShardMoves:
         self._lock = asyncio.Lock()  # one verb at a time: they read and change the same markers
         self.moves_out = 0
         self.moves_in = 0
+        self._listed: dict[str, frozenset[str]] = {}  # the paths of each fenced move's manifest
         self._samples: deque[tuple[float, dict[int, tuple[int, int]]]] = deque()
         self._sampler: asyncio.Task[None] | None = None
 
@@ -392,9 +393,11 @@ class ShardMoves:
                 + (f" (it is {marker.state} for move {marker.move!r})" if marker is not None else "")
                 + ": files are served only between fence and release",
             )
-        topics = await asyncio.to_thread(self._shard_topics, shard)
-        listed = await asyncio.to_thread(sf.list_files, self.data_dir, self._units(topics))
-        if path not in listed and path != sf.rows_path(move):
+        listed = self._listed.get(move)
+        if listed is None:
+            manifest = await self._manifest(shard, move)
+            listed = self._listed[move] = frozenset(f["path"] for f in manifest["files"])
+        if path not in listed:
             raise AdminRefusal(
                 404, f"{path[:300]!r} is not a file of shard {shard}'s manifest for move {move!r}"
             )
@@ -421,6 +424,7 @@ class ShardMoves:
             units = self._units(topics)
             deleted = await asyncio.to_thread(self._delete_units, units)
             await self._drop_rows(set(topics))
+            self._listed.pop(move, None)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             if marker is not None:
                 placement.clear(shard, move)
@@ -461,6 +465,7 @@ class ShardMoves:
                     placement.clear(shard, move)
                 except PlacementRefusal as exc:
                     raise AdminRefusal(exc.status, str(exc)) from exc
+            self._listed.pop(move, None)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             return {"shard": shard, "move": move, "state": "serving"}
 
