@@ -11,6 +11,7 @@ end with NOT_SERVED_HERE naming the new owner.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -20,11 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pulsar as pulsar_client
 import pytest
 from pulsar_wire import RawPulsar, T, command, free_port
 from runtime_pods import TOKEN, ServePod, coordinator_connection, http, pod_gauge
 from runtime_waits import wait_until
 
+from txnkeeper.admin.move import move_shard
 from txnkeeper.client import Client, Consumer, Message
 from txnkeeper.contract.placement import Member, Placement, shard_of
 from txnkeeper.errors import ConnectionClosedError, NotServedHereError, ServiceError
@@ -584,3 +587,65 @@ async def test_a_move_rolled_back_before_the_flip_leaves_the_source_serving(
     async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
         consumer = await client.subscribe(IN, SUB)
         assert (await consumer.receive(timeout=10)).data == b"kept"
+
+
+def test_pulsar_clients_follow_the_move_and_batch_index_acks_move_with_it(
+    pods: Callable[..., ServePod],
+) -> None:
+    """Apache Pulsar's own client: batch-index acks made on the source hold on the target, and a live
+    consumer and a producer of the moving shard are closed, look the topic up again and reconnect to
+    the new owner by themselves."""
+    ports = [free_port(), free_port()]
+    urls = ",".join(f"pulsar://127.0.0.1:{p}" for p in ports)
+    stores = [
+        pods(
+            f"pas-{i}",
+            "store",
+            extra=[
+                "--listen",
+                f"127.0.0.1:{ports[i]}",
+                "--replicas",
+                "2",
+                "--shards",
+                "2",
+                "--pulsar-urls",
+                urls,
+            ],
+        )
+        for i in range(2)
+    ]
+    source, target = stores
+    topic = _topic_in(0, "pulsar")
+    client = pulsar_client.Client(f"pulsar://{source.listen}", operation_timeout_seconds=30)
+    try:
+        live = client.subscribe(topic, "live", initial_position=pulsar_client.InitialPosition.Earliest)
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=50
+        )
+        consumer = client.subscribe(
+            topic, SUB, initial_position=pulsar_client.InitialPosition.Earliest, batch_index_ack_enabled=True
+        )
+        for i in range(30):
+            producer.send_async(f"i{i}".encode(), None)
+        producer.flush()
+        received = [consumer.receive(timeout_millis=10_000) for _ in range(30)]
+        assert max(m.message_id().batch_index() for m in received) > 0, "the producer batched"
+        for message in received:
+            if int(message.data()[1:]) % 3 == 0:
+                consumer.acknowledge(message)
+        consumer.close()  # flushes the grouped acks
+        for _ in range(30):
+            live.acknowledge(live.receive(timeout_millis=10_000))
+
+        report = asyncio.run(move_shard(0, source.admin_url(), target.admin_url(), token=TOKEN))
+        assert report.steps == ["fence", "receive", "placement", "release"]
+
+        producer.send(b"after-move")  # the producer was closed, looked the topic up and reconnected
+        assert live.receive(timeout_millis=30_000).data() == b"after-move"
+        left = sorted(f"i{i}" for i in range(30) if i % 3)
+        again = client.subscribe(topic, SUB, batch_index_ack_enabled=True)
+        got = sorted(again.receive(timeout_millis=20_000).data().decode() for _ in range(len(left) + 1))
+        assert got == sorted([*left, "after-move"]), got
+    finally:
+        client.close()
+    assert not _files(source, topic).exists() and _files(target, topic).exists()
