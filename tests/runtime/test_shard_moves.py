@@ -197,6 +197,7 @@ async def test_a_shard_moves_with_its_transactions_acks_and_writer_state(
     status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
     row = next(r for r in listing["shards"] if r["shard"] == MOVED)
     assert row["state"] == "received" and row["owner"] == 0 and row["bytes"] > 0
+    assert pod_gauge(target, "txnkeeper_shard_bytes", f'shard="{MOVED}"') == row["bytes"]
 
     # --- 4. the flip: the target first, then the source; 5. release -----------------------------------
     for i, pod in enumerate((target, source)):

@@ -219,6 +219,7 @@ class ShardMoves:
         if placement is None or self._topics is None:
             return {"ordinal": self.ordinal, "epoch": 0, "shards": []}
         usage = await asyncio.to_thread(self._usage)
+        self._record_sample(usage)
         record = placement.record
         held = set(usage) | set(placement.markers) | set(record.shards_of(self.ordinal))
         rates = self._rates()
@@ -258,7 +259,10 @@ class ShardMoves:
     async def _sample(self) -> None:
         if self.placement is None or self._topics is None:
             return
-        usage = await asyncio.to_thread(self._usage)
+        self._record_sample(await asyncio.to_thread(self._usage))
+
+    def _record_sample(self, usage: dict[int, tuple[list[str], int]]) -> None:
+        assert self._topics is not None
         ends = self._topics.txn_ends
         per_shard: dict[int, tuple[int, int]] = {}
         for shard, (topics, size) in usage.items():
@@ -277,7 +281,7 @@ class ShardMoves:
         span = max(t1 - t0, 1e-9)
         out = {}
         for shard, (size, ends) in last.items():
-            size0, ends0 = first.get(shard, (size, 0))
+            size0, ends0 = first.get(shard, (size, ends))
             out[shard] = (round(max(size - size0, 0) / span, 3), round(max(ends - ends0, 0) / span, 3))
         return out
 
