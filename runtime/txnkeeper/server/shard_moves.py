@@ -87,6 +87,7 @@ class ShardMoves:
         self._listed: dict[str, frozenset[str]] = {}  # the paths of each fenced move's manifest
         self._samples: deque[tuple[float, dict[int, tuple[int, int]]]] = deque()
         self._sampler: asyncio.Task[None] | None = None
+        self._opening: set[asyncio.Task[None]] = set()  # received shards being opened after a flip
 
     # --- wiring -----------------------------------------------------------------------------------
     def attach(self, topics: TopicService, offloads: TopicOffloads, policies: TopicPolicyStore) -> None:
@@ -119,9 +120,10 @@ class ShardMoves:
         self._sampler = asyncio.get_running_loop().create_task(self._sample_forever())
 
     async def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
-            await asyncio.gather(self._sampler, return_exceptions=True)
+        tasks = [*self._opening, *([self._sampler] if self._sampler is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- the record ---------------------------------------------------------------------------------
     def placement_doc(self) -> dict[str, Any]:
@@ -179,7 +181,9 @@ class ShardMoves:
         # Opened now, as a restart would (pending acks known before a consumer is served); in the
         # background: the flip's answer does not wait for the replays.
         self.moves_in += 1
-        asyncio.get_running_loop().create_task(self._topics.open_registered(topics))
+        task = asyncio.get_running_loop().create_task(self._topics.open_registered(topics))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
 
     # --- the listing --------------------------------------------------------------------------------
     def _shard(self, topic: str) -> int:
@@ -206,13 +210,17 @@ class ShardMoves:
 
     def _usage(self) -> dict[int, tuple[list[str], int]]:
         """Per shard with data here: its topics and their bytes on disk (blocking)."""
-        out: dict[int, tuple[list[str], int]] = {}
+        topics: dict[int, list[str]] = {}
+        sizes: dict[int, int] = {}
         for topic in self._stored_topics():
-            files = sf.list_files(self.data_dir, self._units([topic]))
-            size = sum((self.data_dir / f).stat().st_size for f in files if (self.data_dir / f).exists())
-            topics, total = out.get(self._shard(topic), ([], 0))
-            out[self._shard(topic)] = ([*topics, topic], total + size)
-        return out
+            shard = self._shard(topic)
+            topics.setdefault(shard, []).append(topic)
+            size = 0
+            for rel in sf.list_files(self.data_dir, self._units([topic])):
+                with contextlib.suppress(OSError):  # deleted meanwhile (a trim, a release)
+                    size += (self.data_dir / rel).stat().st_size
+            sizes[shard] = sizes.get(shard, 0) + size
+        return {shard: (names, sizes[shard]) for shard, names in topics.items()}
 
     async def shards_doc(self) -> dict[str, Any]:
         placement = self.placement
