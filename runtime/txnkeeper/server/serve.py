@@ -17,7 +17,7 @@ from typing import Any
 from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, require_feature
-from txnkeeper.contract.placement import Placement, PlacementError
+from txnkeeper.contract.placement import MAX_MEMBERS, MAX_SHARDS
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
@@ -202,10 +202,13 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     if ns.role == "store" and (ns.replicas is not None or ns.shards is not None):
         if ns.replicas is None:
             raise ConfigError("--shards (or TXNKEEPER_SHARDS) needs --replicas: the pods the shards start on")
-        try:
-            Placement.initial("store-shards", ns.replicas, ns.shards)
-        except PlacementError as exc:
-            raise ConfigError(f"--replicas {ns.replicas} --shards {ns.shards}: {exc}") from exc
+        # Ranges only: whether --shards is a multiple of --replicas matters for the first record, which a
+        # pod builds only when it holds none (after scaling, its record's count no longer divides).
+        if not 1 <= ns.replicas <= MAX_MEMBERS or not 1 <= (ns.shards or 1) <= MAX_SHARDS:
+            raise ConfigError(
+                f"--replicas must be 1..{MAX_MEMBERS} and --shards 1..{MAX_SHARDS}, not {ns.replicas}"
+                f" and {ns.shards}"
+            )
     try:
         token = load_admin_token(ns.admin_token_file)
     except ValueError as exc:

@@ -706,25 +706,29 @@ def initial_placement(
     shards: int | None,
     members: Mapping[int, Member] | None = None,
 ) -> PodPlacement | None:
-    """The pod's placement at start: its persisted copy, else the first record its flags describe,
-    else None (no --replicas, never given one: it serves every topic, as before placement)."""
-    if replicas is not None:
-        try:
-            initial = Placement.initial(kind, replicas, shards, members)
-        except PlacementError as exc:
-            raise statefile.StateFileError(
-                data_dir / "placement.json", str(exc), "fix --replicas/--shards"
-            ) from exc
-        return PodPlacement.load(data_dir, kind, ordinal, initial)
+    """The pod's placement at start: its persisted copy (the flags only have to agree with it on an
+    explicit --shards: after scaling, --replicas no longer divides the shard count, and the record is
+    what the pod was given), else the first record its flags describe, else None (no --replicas and
+    never given one: it serves every topic, as before placement)."""
     path = data_dir / "placement.json"
-    if not path.exists():
-        return None
     doc = statefile.read(path, "placement", frozenset({1}))
-    if doc is None:
+    if doc is not None:
+        body = statefile.obj(doc.body, "placement state")
+        try:
+            held = Placement.from_json(body.get("record"), f"{path}: record")
+        except PlacementError as exc:
+            raise statefile.StateFileError(path, str(exc)) from exc
+        if shards is not None and held.shards != shards:
+            raise statefile.StateFileError(
+                path,
+                f"it holds a record of {held.shards} shards, but this pod was started with --shards {shards}",
+                "start the pod with the shard count of its resource, or without --shards",
+            )
+        return PodPlacement.load(data_dir, kind, ordinal, held)
+    if replicas is None:
         return None
-    body = statefile.obj(doc.body, "placement state")
     try:
-        held = Placement.from_json(body.get("record"), f"{path}: record")
+        initial = Placement.initial(kind, replicas, shards, members)
     except PlacementError as exc:
-        raise statefile.StateFileError(path, str(exc)) from exc
-    return PodPlacement.load(data_dir, kind, ordinal, held)
+        raise statefile.StateFileError(path, str(exc), "fix --replicas/--shards") from exc
+    return PodPlacement.load(data_dir, kind, ordinal, initial)
