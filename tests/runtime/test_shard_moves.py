@@ -642,7 +642,9 @@ def test_pulsar_clients_follow_the_move_and_batch_index_acks_move_with_it(
         assert report.steps == ["fence", "receive", "placement", "release"]
 
         producer.send(b"after-move")  # the producer was closed, looked the topic up and reconnected
-        assert live.receive(timeout_millis=30_000).data() == b"after-move"
+        # (Acks the client still held back in its ack group may come back once: at least once.)
+        while live.receive(timeout_millis=30_000).data() != b"after-move":
+            pass
         left = sorted(f"i{i}" for i in range(30) if i % 3)
         again = client.subscribe(topic, SUB, batch_index_ack_enabled=True)
         got = sorted(again.receive(timeout_millis=20_000).data().decode() for _ in range(len(left) + 1))
