@@ -501,7 +501,8 @@ def build_admin_app(
     shards: ShardProvider | None = None,
 ) -> web.Application:
     """``offload``, ``policies``, ``reads`` and ``shards`` return the pod's topic offload, topic
-    policy, topic read and placement views once its stores are up (None: no topics)."""
+    policy, topic read and placement views once its stores are up (None: no topics); without
+    ``shards`` the placement and shard routes are not added (a coordinator pod adds its own)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
@@ -540,7 +541,6 @@ def build_admin_app(
     app.router.add_get(f"/admin/v1/topics/{verbs}", get_topic_policy)
     app.router.add_post(f"/admin/v1/topics/{verbs}", set_topic_policy)
     app.router.add_delete(f"/admin/v1/topics/{verbs}", remove_topic_policy)
-    add_shard_routes(
-        app, shards or (lambda: None), token=token, read_body=_json_object, read_query=_utf8_query
-    )
+    if shards is not None:  # store pods (a coordinator pod's placement routes are its own)
+        add_shard_routes(app, shards, token=token, read_body=_json_object, read_query=_utf8_query)
     return app

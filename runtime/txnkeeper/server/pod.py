@@ -287,7 +287,9 @@ class PodRuntime:
             lambda: self.offloads,
             lambda: self.policies,
             lambda: self.reads,
-            shards=lambda: self.shards if self.shards is not None and self.shards.attached else None,
+            shards=(lambda: self.shards if self.shards is not None and self.shards.attached else None)
+            if self.role == "store"
+            else None,
         )
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
