@@ -21,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pulsar as pulsar_client
 import pytest
+from aiohttp import web
 from pulsar_wire import RawPulsar, T, command, free_port
 from runtime_pods import TOKEN, ServePod, coordinator_connection, http, pod_gauge
 from runtime_waits import wait_until
@@ -652,3 +654,74 @@ def test_pulsar_clients_follow_the_move_and_batch_index_acks_move_with_it(
     finally:
         client.close()
     assert not _files(source, topic).exists() and _files(target, topic).exists()
+
+
+async def test_a_target_killed_while_it_pulls_files_starts_over_and_installs_nothing_partial(
+    pods: Callable[..., ServePod],
+) -> None:
+    """The target is SIGKILLed while the second file is on its way (a stand-in source hands out the
+    real source's manifest and first file, then holds the second): after its restart nothing of the
+    shard is installed or listed, a discard removes the staged rest, and the receive repeated from the
+    real source completes the move."""
+    tc = pods("tc-0", "coordinator")
+    stores = [pods(f"pas-{i}", "store", extra=["--replicas", "2", "--shards", str(SHARDS)]) for i in range(2)]
+    source, target = stores
+    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
+        consumer = await client.subscribe(IN, SUB)
+        producer = await client.create_producer(IN)
+        for i in range(20):
+            await producer.send(f"x{i}".encode() * 100)
+        await consumer.close()
+    status, manifest = _verb(source, "fence", {"move": MOVE})
+    assert status == 200 and len(manifest["files"]) >= 2
+    served: list[str] = []
+    release = asyncio.Event()
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def fence(request: web.Request) -> web.Response:
+        return web.json_response(manifest)
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        served.append(request.query["path"])
+        if len(served) > 1:
+            await release.wait()  # held until the target is dead
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(
+                f"{source.admin_url()}/admin/v1/shards/{MOVED}/files", params=request.query, headers=headers
+            ) as response,
+        ):
+            return web.Response(body=await response.read())
+
+    app = web.Application()
+    app.router.add_post(f"/admin/v1/shards/{MOVED}/fence", fence)
+    app.router.add_get(f"/admin/v1/shards/{MOVED}/files", files)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        receiving = asyncio.create_task(
+            asyncio.to_thread(_verb, target, "receive", {"move": MOVE, "source": f"http://127.0.0.1:{port}"})
+        )
+
+        async def second_file_asked() -> bool:
+            return len(served) >= 2
+
+        await wait_until(second_file_asked, 30, "the target to ask for the second file")
+        target.kill(signal.SIGKILL)
+        release.set()
+        await asyncio.gather(receiving, return_exceptions=True)
+    finally:
+        await runner.cleanup()
+    target.start()
+    assert (target.data_dir / "moves-in").exists(), "the staged first file is still there"
+    assert not _files(target, IN).exists()
+    status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
+    assert MOVED not in {r["shard"] for r in listing["shards"]}
+    status, _ = _verb(target, "discard", {"move": MOVE})
+    assert status == 200 and not list((target.data_dir / "moves-in").glob("*"))
+    status, receipt = _verb(target, "receive", {"move": MOVE, "source": source.admin_url()})
+    assert status == 200 and receipt["files"] == len(manifest["files"]), receipt
+    assert _files(target, IN).exists()
