@@ -563,35 +563,6 @@ def test_hostile_placement_and_shard_requests_are_refused_saying_why(pods: Calla
     assert status == 200
 
 
-async def test_a_move_rolled_back_before_the_flip_leaves_the_source_serving(
-    pods: Callable[..., ServePod],
-) -> None:
-    tc = pods("tc-0", "coordinator")
-    stores = [pods(f"pas-{i}", "store", extra=["--replicas", "2", "--shards", str(SHARDS)]) for i in range(2)]
-    source, target = stores
-    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
-        consumer = await client.subscribe(IN, SUB)
-        await (await client.create_producer(IN)).send(b"kept")
-        await consumer.close()
-    status, _ = _verb(source, "fence", {"move": MOVE})
-    assert status == 200
-    status, receipt = _verb(target, "receive", {"move": MOVE, "source": source.admin_url()})
-    assert status == 200 and receipt["files"] > 0 and _files(target, IN).exists()
-    status, refused = _verb(source, "unfence", {"move": "other"})
-    assert status == 409 and MOVE in refused["error"]
-    for _ in range(2):  # idempotent
-        status, discarded = _verb(target, "discard", {"move": MOVE})
-        assert status == 200, discarded
-        status, _ = _verb(source, "unfence", {"move": MOVE})
-        assert status == 200
-    assert not _files(target, IN).exists() and not list((target.data_dir / "moves-in").glob("*"))
-    status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
-    assert MOVED not in {r["shard"] for r in listing["shards"]}
-    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
-        consumer = await client.subscribe(IN, SUB)
-        assert (await consumer.receive(timeout=10)).data == b"kept"
-
-
 def test_pulsar_clients_follow_the_move_and_batch_index_acks_move_with_it(
     pods: Callable[..., ServePod],
 ) -> None:
@@ -656,13 +627,13 @@ def test_pulsar_clients_follow_the_move_and_batch_index_acks_move_with_it(
     assert not _files(source, topic).exists() and _files(target, topic).exists()
 
 
-async def test_a_target_killed_while_it_pulls_files_starts_over_and_installs_nothing_partial(
+async def test_a_target_killed_while_it_pulls_installs_nothing_and_a_rollback_restores_the_source(
     pods: Callable[..., ServePod],
 ) -> None:
     """The target is SIGKILLed while the second file is on its way (a stand-in source hands out the
     real source's manifest and first file, then holds the second): after its restart nothing of the
     shard is installed or listed, a discard removes the staged rest, and the receive repeated from the
-    real source completes the move."""
+    real source completes; then the move is rolled back (discard, unfence) and the source serves."""
     tc = pods("tc-0", "coordinator")
     stores = [pods(f"pas-{i}", "store", extra=["--replicas", "2", "--shards", str(SHARDS)]) for i in range(2)]
     source, target = stores
@@ -725,3 +696,18 @@ async def test_a_target_killed_while_it_pulls_files_starts_over_and_installs_not
     status, receipt = _verb(target, "receive", {"move": MOVE, "source": source.admin_url()})
     assert status == 200 and receipt["files"] == len(manifest["files"]), receipt
     assert _files(target, IN).exists()
+
+    # Rolled back before the flip: the received copy goes, the source serves again (both idempotent).
+    status, refused = _verb(source, "unfence", {"move": "other"})
+    assert status == 409 and MOVE in refused["error"]
+    for _ in range(2):
+        status, discarded = _verb(target, "discard", {"move": MOVE})
+        assert status == 200, discarded
+        status, _ = _verb(source, "unfence", {"move": MOVE})
+        assert status == 200
+    assert not _files(target, IN).exists() and not list((target.data_dir / "moves-in").glob("*"))
+    status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
+    assert MOVED not in {r["shard"] for r in listing["shards"]}
+    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
+        consumer = await client.subscribe(IN, SUB)
+        assert (await consumer.receive(timeout=10)).data == b"x0" * 100
