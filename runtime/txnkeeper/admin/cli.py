@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
 
 from txnkeeper.admin import move
@@ -187,6 +188,7 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _run_shards(ns: argparse.Namespace) -> int:
+    move_id = getattr(ns, "move_id", None) or f"shard-{getattr(ns, 'shard', 0)}-{uuid.uuid4().hex[:12]}"
     try:
         if ns.shards_action == "list":
             result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url]))
@@ -201,13 +203,14 @@ def _run_shards(ns: argparse.Namespace) -> int:
                     ns.target,
                     token=load_admin_token(ns.token_file),
                     others=others,
-                    move=ns.move_id,
+                    move=move_id,
                     roll_back=not ns.no_rollback,
                 )
             )
             result = report.to_json()
     except (move.MoveError, ValueError) as exc:
-        print(f"txnkeeper admin shards {ns.shards_action}: {exc}", file=sys.stderr)
+        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if ns.shards_action == "move" else ""
+        print(f"txnkeeper admin shards {ns.shards_action}: {exc}{hint}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2, sort_keys=True))
     return 0
