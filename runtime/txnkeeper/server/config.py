@@ -75,6 +75,10 @@ class ServeConfig:
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
     # Where Pulsar's clients are sent (server/pulsar_config.py); no URLs: this pod itself
     pulsar: PulsarPlacement = field(default_factory=PulsarPlacement)
+    # Store pods: the placement record's first epoch (docs/contracts.md §12) when the pod holds none;
+    # without replicas (and no record given) the pod serves every topic, as before placement.
+    replicas: int | None = None
+    shards: int | None = None
 
 
 def env(name: str, default: str | None = None) -> str | None:

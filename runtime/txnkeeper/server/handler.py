@@ -172,6 +172,10 @@ class ConsumerEndpoint:
     def ready(self) -> bool:
         return self._session.ready_for_push()
 
+    @property
+    def session(self) -> Session:
+        return self._session
+
     def deliver(
         self,
         position: Position,
@@ -293,6 +297,24 @@ class PodHandler:
         self._coordinator_sessions.discard(session.session_id)
         for endpoint in self._consumers.pop(session.session_id, {}).values():
             endpoint.subscription.remove_consumer(endpoint.consumer_id)
+
+    def topics_closed(self, topics: set[str]) -> None:
+        """These topics were closed here (their shard is fenced for a move or served elsewhere now):
+        their consumers' connections are closed, which the client answers by subscribing again (and is
+        told where the topic is served now). Other consumers of such a connection subscribe again too:
+        the own protocol has no push that ends one consumer alone."""
+        for endpoints in list(self._consumers.values()):
+            moving = [e for e in endpoints.values() if e.topic in topics]
+            if not moving:
+                continue
+            for endpoint in moving:
+                endpoints.pop(endpoint.client_consumer_id, None)
+                endpoint.subscription.remove_consumer(endpoint.consumer_id)
+            session = moving[0].session
+            # The connection object closes itself with an error frame (protocol/server.py close_for).
+            close_for = getattr(session, "close_for", None)
+            if close_for is not None:
+                close_for("placement", api.NOT_SERVED_HERE, f"topic {moving[0].topic} moved off this pod")
 
     def session_holds_state(self, session: Session) -> bool:
         return bool(self._consumers.get(session.session_id))

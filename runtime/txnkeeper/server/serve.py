@@ -17,6 +17,7 @@ from typing import Any
 from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, require_feature
+from txnkeeper.contract.placement import MAX_MEMBERS, MAX_SHARDS
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
@@ -57,7 +58,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--pod-name", default=env("POD_NAME"))
     parser.add_argument("--coordinators", type=int, default=env("COORDINATORS"))
     parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"), help="0,1,... or auto")
-    parser.add_argument("--replicas", type=int, default=env("REPLICAS"), help="pods sharing the coordinators")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=env("REPLICAS"),
+        help="pods of the resource: sharing the coordinators, or (store pods) the first placement record's"
+        " pods (docs/contracts.md §12; without it and without a record given, a store serves every topic)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=env("SHARDS"),
+        help="store pods: the resource's shard count (a multiple of --replicas; default 16 x --replicas)",
+    )
     parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
     parser.add_argument(
         "--cluster-secret-file",
@@ -187,6 +200,16 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         format_level(ns.release)
     except UnknownReleaseError as exc:
         raise ConfigError(str(exc)) from exc
+    if ns.role == "store" and (ns.replicas is not None or ns.shards is not None):
+        if ns.replicas is None:
+            raise ConfigError("--shards (or TXNKEEPER_SHARDS) needs --replicas: the pods the shards start on")
+        # Ranges only: whether --shards is a multiple of --replicas matters for the first record, which a
+        # pod builds only when it holds none (after scaling, its record's count no longer divides).
+        if not 1 <= ns.replicas <= MAX_MEMBERS or not 1 <= (ns.shards or 1) <= MAX_SHARDS:
+            raise ConfigError(
+                f"--replicas must be 1..{MAX_MEMBERS} and --shards 1..{MAX_SHARDS}, not {ns.replicas}"
+                f" and {ns.shards}"
+            )
     try:
         token = load_admin_token(ns.admin_token_file)
     except ValueError as exc:
@@ -261,6 +284,8 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         topic_policies=policies,
         tail_cache_bytes=ns.tail_cache_bytes,
         pulsar=pulsar_config.placement(ns, ns.config),
+        replicas=ns.replicas,
+        shards=ns.shards,
     )
 
 
