@@ -278,10 +278,15 @@ class PushPlacement:
 ScalingAction = ScaleStatefulSet | MoveStep | PushPlacement
 
 
+def describe_move(move: Move, kind: PlacementKind) -> str:
+    """``shard 3 (s3-m7) from pod 2 to pod 0``."""
+    unit = "shard" if kind == "store-shards" else "coordinator id"
+    return f"{unit} {move.unit} ({move.id}) from pod {move.source} to pod {move.target}"
+
+
 def describe_step(move: Move, kind: PlacementKind) -> str:
     """One line for Events and status: what this phase of ``move`` does."""
-    unit = "shard" if kind == "store-shards" else "coordinator id"
-    where = f"{unit} {move.unit} ({move.id}) from pod {move.source} to pod {move.target}"
+    where = describe_move(move, kind)
     match move.phase:
         case MovePhase.FENCE:
             return f"fence {where}"

@@ -35,7 +35,8 @@ def test_round_trip() -> None:
         ("{", "not JSON"),
         ('{"version": 2}', "version 1"),
         (
-            '{"version": 1, "initialReplicas": 0, "nextMove": 1, "balancedFor": 0, "moves": [], "failed": []}',
+            '{"version": 1, "initialReplicas": 0, "nextMove": 1, "balancedFor": 0, "moves": [], '
+            '"failed": []}',
             "initialReplicas",
         ),
         (
@@ -51,6 +52,6 @@ def test_round_trip() -> None:
     ],
 )
 def test_damaged_state_is_refused_naming_the_field(text: str, fragment: str) -> None:
-    with pytest.raises(ScalingStateError, match="moves.json") as err:
+    with pytest.raises(ScalingStateError, match=r"moves\.json") as err:
         ScalingState.loads(text)
     assert fragment in str(err.value)
