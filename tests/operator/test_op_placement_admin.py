@@ -230,6 +230,27 @@ async def test_coordinator_ids_use_their_own_paths(
     assert [u.unit for u in held.units] == [0, 2]
 
 
+def test_a_coordinator_listing_names_every_id_but_holds_only_its_own() -> None:
+    """Coordinator pods list every id of the record (``elsewhere``: owned by another pod, no data
+    here; ``closed``: owned, not open yet) and report no bytes."""
+    doc = {
+        "epoch": 3,
+        "ordinal": 1,
+        "coordinators": [
+            {"coordinator": 0, "owner": 0, "state": "elsewhere"},
+            {"coordinator": 1, "owner": 1, "state": "serving", "openTxns": 2, "txnPerSecond": 4.5},
+            {"coordinator": 2, "owner": 1, "state": "closed"},
+            {"coordinator": 3, "owner": 0, "state": "received", "move": "c3-m1"},
+        ],
+    }
+    held = parse_held(COORDINATOR_ROUTE, doc)
+    assert [(u.unit, u.state, u.bytes, u.txn_per_second) for u in held.units] == [
+        (1, "serving", 0, 4.5),
+        (2, "closed", 0, 0.0),
+        (3, "received", 0, 0.0),
+    ]
+
+
 @pytest.mark.parametrize(
     ("route", "doc"),
     [

@@ -275,12 +275,16 @@ class HeldUnits:
     units: tuple[HeldUnit, ...]
 
 
-HELD_STATES = ("serving", "fenced", "received")
+HELD_STATES = ("serving", "fenced", "received", "closed")
+# A listing may name every unit of the record: these it only knows of (owned elsewhere, no data here).
+NOT_HELD_STATES = ("elsewhere",)
 
 
 def parse_held(route: UnitRoute, doc: Any) -> HeldUnits:
-    """``GET /admin/v1/shards`` (``/admin/v1/coordinators``) -> HeldUnits; a malformed entry is an
-    AdminError (the engine then treats the pod as "holdings unknown" and never shrinks past it)."""
+    """``GET /admin/v1/shards`` (``/admin/v1/coordinators``) -> HeldUnits: the units the pod holds
+    data of (``closed``: owned, not open yet); rows in ``NOT_HELD_STATES`` are left out. A malformed
+    entry is an AdminError (the engine then treats the pod as "holdings unknown" and never shrinks
+    past it)."""
     try:
         epoch = doc["epoch"]
         rows = doc[route.list_key]
@@ -289,14 +293,19 @@ def parse_held(route: UnitRoute, doc: Any) -> HeldUnits:
         units = []
         for row in rows:
             state = row["state"]
-            if state not in HELD_STATES or not all(_is_int(row[k]) for k in (route.id_key, "owner", "bytes")):
+            size = row.get("bytes", 0)
+            if state not in HELD_STATES + NOT_HELD_STATES or not all(
+                _is_int(v) for v in (row[route.id_key], row["owner"], size)
+            ):
                 raise ValueError(f"bad entry {row!r}")
+            if state in NOT_HELD_STATES:
+                continue
             units.append(
                 HeldUnit(
                     unit=row[route.id_key],
                     owner=row["owner"],
                     state=state,
-                    bytes=row["bytes"],
+                    bytes=size,
                     bytes_in_per_second=float(row.get("bytesInPerSecond", 0.0)),
                     txn_per_second=float(row.get("txnPerSecond", 0.0)),
                 )
