@@ -230,7 +230,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
         last_action=last_action,
         offload_audit=offload_audit,
         placement=scaling.status(cr, placed, scaled, problem),
-        scaling=scaled.condition if scaled is not None else None,
+        scaling=scaling.condition(scaled, _not_scaling(cr, template is None, problem)),
     )
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)
@@ -248,6 +248,15 @@ async def _placement(
     except scaling.ScalingUnusable as err:
         ctx.events.emit(body, "Warning", "PlacementUnusable", str(err))
         return None, str(err)
+
+
+def _not_scaling(cr: Resource, creating: bool, problem: str | None) -> str:
+    """Why no scaling decision was made in this reconcile (ScaleInSafe is then Unknown)."""
+    if cr.paused:
+        return "reconciliation is paused"
+    if problem is not None:
+        return problem
+    return "the pods are being created" if creating else "not evaluated"
 
 
 def _count(cr: Resource, placed: scaling.Placed | None, running: int | None) -> builders.PodCount:

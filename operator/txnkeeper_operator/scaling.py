@@ -18,8 +18,15 @@ from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.placement import SHARDS_PER_REPLICA, Placement, PlacementError, PlacementKind
 from txnkeeper_operator import builders, naming
 from txnkeeper_operator.context import Context
-from txnkeeper_operator.engine.model import Condition
-from txnkeeper_operator.engine.moves import ScalingDecision, completed, decide, failed, gave_up
+from txnkeeper_operator.engine.model import Condition, ConditionStatus
+from txnkeeper_operator.engine.moves import (
+    SCALE_IN_CONDITION,
+    ScalingDecision,
+    completed,
+    decide,
+    failed,
+    gave_up,
+)
 from txnkeeper_operator.engine.placement import (
     MemberView,
     Move,
@@ -309,5 +316,9 @@ def status(
     return out
 
 
-def condition(decision: ScalingDecision | None) -> Condition | None:
-    return decision.condition if decision is not None else None
+def condition(decision: ScalingDecision | None, why_not: str) -> Condition:
+    """ScaleInSafe: the decision's, or Unknown saying why there was none (paused, being created, an
+    unusable ConfigMap), so the condition is always there."""
+    if decision is not None:
+        return decision.condition
+    return Condition(SCALE_IN_CONDITION, ConditionStatus.UNKNOWN, "NotEvaluated", why_not)
