@@ -398,6 +398,22 @@ def statefulset(
     }
 
 
+def started_with(statefulset_obj: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """The first record's (replicas, shards) the StatefulSet's pods are started with (``--replicas``,
+    ``--shards``; None where absent: a StatefulSet from before placement, or none)."""
+    if not statefulset_obj:
+        return None, None
+    containers = statefulset_obj["spec"]["template"]["spec"].get("containers") or []
+    args = [str(a) for a in (containers[0].get("args") or [])] if containers else []
+
+    def flag(name: str) -> int | None:
+        if name in args[:-1] and args[args.index(name) + 1].isdecimal():
+            return int(args[args.index(name) + 1])
+        return None
+
+    return flag("--replicas"), flag("--shards")
+
+
 def template_of(statefulset_obj: Mapping[str, Any] | None) -> Template | None:
     """Read back what a recreated pod would start with (None: no StatefulSet yet)."""
     if not statefulset_obj:

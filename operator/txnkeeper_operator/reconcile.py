@@ -161,7 +161,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     template = builders.template_of(statefulset)
     peer = await _pulsar_peer(ctx, cr, body)
     running = int(statefulset["spec"].get("replicas") or 0) if statefulset else None
-    placed, problem = await _placement(ctx, cr, body, running)
+    placed, problem = await _placement(ctx, cr, body, statefulset)
     count = _count(cr, placed, running)
     if template is not None and not cr.paused:
         # Keep image, resources in step; the replica count moves only by scaling (ScaleStatefulSet), the
@@ -239,12 +239,12 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
 
 
 async def _placement(
-    ctx: Context, cr: Resource, body: Mapping[str, Any], running: int | None
+    ctx: Context, cr: Resource, body: Mapping[str, Any], statefulset: Mapping[str, Any] | None
 ) -> tuple[scaling.Placed | None, str | None]:
     """The placement ConfigMap (created with the first record), or why it cannot be used (a Warning
     Event says so; nothing moves until it is repaired)."""
     try:
-        return await scaling.load(ctx, cr, running, create=not cr.paused), None
+        return await scaling.load(ctx, cr, statefulset, create=not cr.paused), None
     except scaling.ScalingUnusable as err:
         ctx.events.emit(body, "Warning", "PlacementUnusable", str(err))
         return None, str(err)

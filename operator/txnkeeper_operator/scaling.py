@@ -62,27 +62,30 @@ class Placed:
     state: ScalingState
 
 
-async def load(
-    ctx: Context, cr: Resource, statefulset_replicas: int | None, *, create: bool = True
-) -> Placed:
-    """The ConfigMap, created with the first record when absent (unless ``create`` is false: paused):
-    ``Placement.initial`` of the pods that exist (or spec.replicas before any), so every topic and
-    coordinator id stays where the arithmetic rule put it."""
+async def load(ctx: Context, cr: Resource, statefulset: Obj | None, *, create: bool = True) -> Placed:
+    """The ConfigMap, created with the first record when absent (unless ``create`` is false: paused).
+    For a new resource that is ``Placement.initial`` at spec.replicas; for a StatefulSet that exists
+    (a resource from before placement, or a ConfigMap deleted by hand) the counts its pods were
+    started with (``--replicas``/``--shards``, else its size), so every topic and coordinator id stays
+    where those pods put it; pods holding a newer record are followed later (``_adopt_newer``)."""
     name = naming.placement_config_map(cr.name)
     found = await ctx.kube.get("ConfigMap", cr.namespace, name)
     if not create and found is None:
         raise ScalingUnusable(f"no ConfigMap {name} yet (reconciliation is paused)")
     if found is None or not (found.get("data") or {}).get(naming.PLACEMENT_KEY):
-        replicas = statefulset_replicas or cr.replicas
-        kind = _kind(cr)
-        units = builders.initial_units(cr) if statefulset_replicas is None else _existing_units(cr, replicas)
+        flag_replicas, flag_units = builders.started_with(statefulset)
+        running = int(statefulset["spec"].get("replicas") or 0) if statefulset else 0
+        replicas = flag_replicas or running or cr.replicas
+        units = flag_units or (
+            builders.initial_units(cr) if statefulset is None else _existing_units(cr, replicas)
+        )
         try:
             record = Placement.initial(
-                kind, replicas, units, {o: builders.member(cr, o) for o in range(replicas)}
+                _kind(cr), replicas, units, {o: builders.member(cr, o) for o in range(max(replicas, running))}
             )
         except PlacementError as err:
             raise ScalingUnusable(f"cannot write the first placement record: {err}") from err
-        state = ScalingState(initial_replicas=replicas, balanced_for=replicas)
+        state = ScalingState(initial_replicas=replicas, balanced_for=running or replicas)
         await ctx.kube.create_if_absent(builders.placement_config_map(cr, record, state.dumps()))
         found = await ctx.kube.get("ConfigMap", cr.namespace, name)
     data = (found or {}).get("data") or {}
@@ -113,11 +116,12 @@ def _kind(cr: Resource) -> PlacementKind:
     return "coordinator-ids" if cr.kind is naming.TRANSACTION_COORDINATOR else "store-shards"
 
 
-async def _view(ctx: Context, cr: Resource, pod: Obj) -> MemberView:
+async def _view(ctx: Context, cr: Resource, pod: Obj) -> tuple[MemberView, Placement | None]:
+    """What one pod reports, and the record it holds."""
     ordinal = naming.pod_ordinal(str(pod["metadata"]["name"]))
     ip = pod_ip(pod)
     if not pod_ready(pod) or ip is None:
-        return MemberView(ordinal, False)
+        return MemberView(ordinal, False), None
     base = admin_base(ip)
     try:
         record, held = await asyncio.gather(
@@ -125,13 +129,32 @@ async def _view(ctx: Context, cr: Resource, pod: Obj) -> MemberView:
         )
     except AdminError:
         # A pod that cannot say what it holds is not worked with (and never removed past).
-        return MemberView(ordinal, False)
+        return MemberView(ordinal, False), None
     load = {
         u.unit: UnitLoad(u.bytes, u.bytes_in_per_second, u.txn_per_second)
         for u in held.units
         if u.state == "serving"
     }
-    return MemberView(ordinal, True, record.epoch, {u.unit: u.state for u in held.units}, load)
+    return MemberView(ordinal, True, record.epoch, {u.unit: u.state for u in held.units}, load), record
+
+
+async def _adopt_newer(run: ScalingRun, placed: Placed, records: list[Placement | None]) -> Placed:
+    """A pod holding a newer epoch than the ConfigMap means the ConfigMap was lost or replaced (the
+    operator writes it before any pod sees an epoch): take the newest copy rather than push an older
+    record the pods would refuse, and say so."""
+    newest = max((r for r in records if r is not None), key=lambda r: r.epoch, default=None)
+    if newest is None or not newest.supersedes(placed.record):
+        return placed
+    run.emit(
+        "Warning",
+        "PlacementAdopted",
+        f"a pod holds placement epoch {newest.epoch}, newer than ConfigMap "
+        f"{naming.placement_config_map(run.cr.name)} (epoch {placed.record.epoch}): the pods' record is "
+        "taken (moves that were in flight are not known any more; their pods keep their markers)",
+    )
+    adopted = Placed(newest, placed.state)
+    await _save(run.ctx, run.cr, adopted)
+    return adopted
 
 
 def rebalance_requested(cr: Resource) -> bool:
@@ -223,7 +246,9 @@ async def step(
     addresses = {o: builders.member(run.cr, o) for o in range(max(desired, statefulset_replicas))}
     decision: ScalingDecision | None = None
     for _ in range(MAX_ROUNDS):
-        views = await asyncio.gather(*(_view(run.ctx, run.cr, p) for p in run.pods))
+        seen = await asyncio.gather(*(_view(run.ctx, run.cr, p) for p in run.pods))
+        views = [view for view, _ in seen]
+        placed = await _adopt_newer(run, placed, [record for _, record in seen])
         inp = ScalingInput(
             kind=kind,
             placement=placed.record,

@@ -154,6 +154,13 @@ async def test_scale_out_and_in_moves_coordinator_ids_through_the_verbs() -> Non
     status = placement()
     assert status["epoch"] == record.epoch and [p["count"] for p in status["pods"]] == [2, 2]
 
+    # The ConfigMap lost (deleted by hand): the first record is written again, then the pods' newer
+    # copy is taken instead of being pushed an older one they would refuse.
+    del kube.objects[("ConfigMap", "ns", "txn-placement")]
+    await reconcile(kube.cr, ctx)
+    assert _cm(kube)[0] == record and _cm(kube)[1]["initialReplicas"] == 1  # what the pods started with
+    assert "PlacementAdopted" in [r for _, r, _ in events.seen]
+
     kube.cr["spec"]["replicas"] = 1
     await _settle(
         kube,
