@@ -179,8 +179,12 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
             await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer, sized))
 
         run = scaling.ScalingRun(ctx, cr, body, pod_objs, resize, token)
-        placed, scaled, replicas = await scaling.step(run, placed, cr.replicas, count.replicas)
-        count = replace(count, replicas=replicas)
+        try:
+            placed, scaled, replicas = await scaling.step(run, placed, cr.replicas, count.replicas)
+            count = replace(count, replicas=replicas)
+        except scaling.ScalingUnusable as err:
+            problem = str(err)
+            ctx.events.emit(body, "Warning", "PlacementUnusable", problem)
     views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
     jobs = await ctx.kube.list_jobs(cr.namespace, f"{naming.VERIFIER_OF_LABEL}={cr.name}")
     report_cm = await ctx.kube.get("ConfigMap", cr.namespace, naming.report_config_map(cr.name))

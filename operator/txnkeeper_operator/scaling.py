@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from txnkeeper.contract.admin import AdminError
-from txnkeeper.contract.placement import SHARDS_PER_REPLICA, Placement, PlacementError, PlacementKind
+from txnkeeper.contract.placement import (
+    SHARDS_PER_REPLICA,
+    Member,
+    Placement,
+    PlacementError,
+    PlacementKind,
+)
 from txnkeeper_operator import builders, naming
 from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine.model import Condition, ConditionStatus
@@ -85,7 +91,7 @@ async def load(ctx: Context, cr: Resource, statefulset: Obj | None, *, create: b
             )
         except PlacementError as err:
             raise ScalingUnusable(f"cannot write the first placement record: {err}") from err
-        state = ScalingState(initial_replicas=replicas, balanced_for=running or replicas)
+        state = ScalingState(initial_replicas=replicas, balanced_for=replicas)
         await ctx.kube.create_if_absent(builders.placement_config_map(cr, record, state.dumps()))
         found = await ctx.kube.get("ConfigMap", cr.namespace, name)
     data = (found or {}).get("data") or {}
@@ -116,13 +122,20 @@ def _kind(cr: Resource) -> PlacementKind:
     return "coordinator-ids" if cr.kind is naming.TRANSACTION_COORDINATOR else "store-shards"
 
 
-async def _view(ctx: Context, cr: Resource, pod: Obj) -> tuple[MemberView, Placement | None]:
+def pod_admin_base(pod: Obj) -> str | None:
+    """A pod's admin API by its IP (None: no IP yet)."""
+    ip = pod_ip(pod)
+    return admin_base(ip) if ip is not None else None
+
+
+async def _view(
+    ctx: Context, cr: Resource, pod: Obj, base_of: Callable[[Obj], str | None]
+) -> tuple[MemberView, Placement | None]:
     """What one pod reports, and the record it holds."""
     ordinal = naming.pod_ordinal(str(pod["metadata"]["name"]))
-    ip = pod_ip(pod)
-    if not pod_ready(pod) or ip is None:
+    base = base_of(pod)
+    if not pod_ready(pod) or base is None:
         return MemberView(ordinal, False), None
-    base = admin_base(ip)
     try:
         record, held = await asyncio.gather(
             ctx.admin.get_placement(base), ctx.admin.placement_calls(_kind(cr)).held(base)
@@ -141,7 +154,23 @@ async def _view(ctx: Context, cr: Resource, pod: Obj) -> tuple[MemberView, Place
 async def _adopt_newer(run: ScalingRun, placed: Placed, records: list[Placement | None]) -> Placed:
     """A pod holding a newer epoch than the ConfigMap means the ConfigMap was lost or replaced (the
     operator writes it before any pod sees an epoch): take the newest copy rather than push an older
-    record the pods would refuse, and say so."""
+    record the pods would refuse, and say so. A pod holding another record of the ConfigMap's own
+    epoch is a conflict nobody can settle by epochs: ScalingUnusable."""
+    for record in records:
+        if (
+            record is not None
+            and record.epoch == placed.record.epoch
+            and record.owners != placed.record.owners
+        ):
+            # Two different records of one epoch: the pods were started with other --replicas/--shards
+            # than the ConfigMap's first record, or the ConfigMap was replaced. Pushing either would
+            # hand shards to pods that hold none of their data.
+            raise ScalingUnusable(
+                f"a pod holds placement epoch {record.epoch} with owners {list(record.owners)[:16]}, but "
+                f"ConfigMap {naming.placement_config_map(run.cr.name)} has that epoch with owners "
+                f"{list(placed.record.owners)[:16]}: the operator changes no placement until they agree "
+                "(restore the ConfigMap, or delete it so it is written again from the pods' flags)"
+            )
     newest = max((r for r in records if r is not None), key=lambda r: r.epoch, default=None)
     if newest is None or not newest.supersedes(placed.record):
         return placed
@@ -175,11 +204,15 @@ class ScalingRun:
     pods: Sequence[Obj]
     resize: Callable[[int, int, int], Awaitable[None]]  # (replicas, initial replicas, units)
     token: str
+    # Where a pod's admin API is, and the record's member entry of an ordinal (tests of real local
+    # processes give their ports; in Kubernetes: the pod IP, the DNS names).
+    base_of: Callable[[Obj], str | None] = pod_admin_base
+    member_of: Callable[[Resource, int], Member] = builders.member
 
     def _base(self, ordinal: int) -> str:
         for pod in self.pods:
-            if naming.pod_ordinal(str(pod["metadata"]["name"])) == ordinal and (ip := pod_ip(pod)):
-                return admin_base(ip)
+            if naming.pod_ordinal(str(pod["metadata"]["name"])) == ordinal and (base := self.base_of(pod)):
+                return base
         raise AdminError(f"{self.cr.name}-{ordinal} has no pod IP")
 
     def emit(self, type_: str, reason: str, message: str) -> None:
@@ -243,10 +276,10 @@ async def step(
     """Decide and act, a few rounds; returns what is persisted, the last decision and the StatefulSet's
     replicas after the actions."""
     kind = _kind(run.cr)
-    addresses = {o: builders.member(run.cr, o) for o in range(max(desired, statefulset_replicas))}
+    addresses = {o: run.member_of(run.cr, o) for o in range(max(desired, statefulset_replicas))}
     decision: ScalingDecision | None = None
     for _ in range(MAX_ROUNDS):
-        seen = await asyncio.gather(*(_view(run.ctx, run.cr, p) for p in run.pods))
+        seen = await asyncio.gather(*(_view(run.ctx, run.cr, p, run.base_of) for p in run.pods))
         views = [view for view, _ in seen]
         placed = await _adopt_newer(run, placed, [record for _, record in seen])
         inp = ScalingInput(

@@ -180,3 +180,26 @@ async def test_scale_out_and_in_moves_coordinator_ids_through_the_verbs() -> Non
         kube, pods, ctx, lambda: naming.REBALANCE_ANNOTATION not in kube.cr["metadata"]["annotations"]
     )
     assert ("Normal", "Rebalanced") in [(t, r) for t, r, _ in events.seen]
+
+
+async def test_a_record_of_the_same_epoch_that_differs_stops_all_placement_changes() -> None:
+    """The ConfigMap's epoch 1 puts ids on pods 0 and 1, the pods' own epoch 1 all on pod 0 (they were
+    started with other counts): pushing either would hand ids to a pod without their data."""
+    cr: Obj = _cr("2.0.0")
+    cr["spec"].update(replicas=2, coordinators=4)
+    kube = ScalingKube(cr)
+    pods = PlacementPods(kube, Placement.initial("coordinator-ids", 1, 4))
+    events = Events()
+    ctx = Context(kube=kube, admin=pods, settings=OperatorSettings(), events=events, clock=Clock())  # type: ignore[arg-type]
+    for _ in range(6):
+        kube.run_statefulset_controller()
+        await reconcile(kube.cr, ctx)
+    record, _ = _cm(kube)
+    assert (record.epoch, record.owners) == (1, (0, 1, 0, 1))  # written from spec.replicas: 2
+    assert all(s.record.epoch == 1 and s.record.owners == (0, 0, 0, 0) for s in pods.sims.values())
+    assert pods.verbs == []  # no verb, no push
+    assert kube.cr["status"]["placement"]["phase"] == "Unusable"
+    warnings = [m for _, r, m in events.seen if r == "PlacementUnusable"]
+    assert warnings and "with owners [0, 0, 0, 0]" in warnings[0]
+    conditions = {c["type"]: c for c in kube.cr["status"]["conditions"]}
+    assert conditions["ScaleInSafe"]["status"] == "Unknown"
