@@ -5,7 +5,8 @@ source SIGKILLed and restarted right after its first fence) and back to 1; every
 from the owner the record names, and pod 1 holds nothing when the StatefulSet would shrink.
 
 The operator is "restarted" before every decision: each round starts from the ConfigMap alone.
-Skipped while the runtime serves no shard moves (the store side of contracts §12 is another branch's).
+Each test is skipped while the runtime serves no moves of its kind (the pods' side of contracts §12 is
+built beside this).
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ from txnkeeper_operator.engine.placement import MovePhase
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
 
-pytest.importorskip(
-    "txnkeeper.admin.shard_routes", reason="this runtime serves no shard moves yet (contracts §12 store side)"
-)
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "scaling-pods-token-0123456789"
 TOPICS = [f"persistent://t/ns/orders-{i}" for i in range(8)]
@@ -70,6 +68,10 @@ class Events:
 
 @pytest.fixture
 async def pods(tmp_path: Path) -> AsyncIterator[dict[int, RuntimeProcess]]:
+    pytest.importorskip(
+        "txnkeeper.admin.shard_routes",
+        reason="this runtime serves no shard moves yet (contracts §12 store side)",
+    )
     token = write_admin_token(tmp_path / "token", TOKEN)
     procs = {
         o: RuntimeProcess.in_work_dir(
@@ -189,3 +191,74 @@ async def test_scale_store_pods_out_and_in_with_a_source_killed(
         assert sorted(await _read_all(placed.record, pods, "after-scale-in")) == sent
     reasons = [r for r, _ in events.seen]
     assert reasons.count("ShardMoved") == 4 and "Scaled" in reasons
+
+
+async def test_scale_coordinator_pods_out_and_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for coordinator ids: two coordinator pods started with `--coordinators 4
+    --coordinator-ids auto --replicas 1`, scaled to 2 (two ids move with their logs) and back to 1."""
+    pytest.importorskip(
+        "txnkeeper.admin.coordinator_moves", reason="this runtime moves no coordinator ids yet"
+    )
+    monkeypatch.setattr(scaling, "MAX_ROUNDS", 1)
+    token = write_admin_token(tmp_path / "token", TOKEN)
+    procs = {
+        o: RuntimeProcess.in_work_dir(
+            tmp_path, f"tc-{o}", "coordinator", token_file=token, release="2.0.0",
+            extra_args=["--coordinators", "4", "--coordinator-ids", "auto", "--replicas", "1"],
+        )
+        for o in (0, 1)
+    }  # fmt: skip
+    body = {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "TransactionCoordinator",
+        "metadata": {"name": "tc", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"version": "2.0.0", "replicas": 2, "coordinators": 4},
+    }
+    cr = Resource.from_body(body)
+    started = builders.statefulset(
+        cr, Template("2.0.0", BatchSettings()), OperatorSettings(), None, builders.PodCount(2, 1, 4)
+    )
+    kube, events = ConfigMaps(), Events()
+
+    async def resize(replicas: int, initial: int, units: int) -> None:
+        assert (initial, units) == (1, 4)
+
+    def member(_cr: Resource, ordinal: int) -> Member:
+        address = procs[ordinal].client_address
+        assert address is not None
+        return Member(address, f"pulsar://{address}", procs[ordinal].admin_url)
+
+    try:
+        for proc in procs.values():
+            proc.start()
+        for proc in procs.values():
+            await proc.wait_started()
+        async with aiohttp.ClientSession() as session:
+            admin = AdminClient(session, timeout_seconds=20, token=TOKEN)
+            ctx = Context(kube=kube, admin=admin, settings=OperatorSettings(), events=events)  # type: ignore[arg-type]
+            pod_objs = [_pod(0), _pod(1)]
+            for pod in pod_objs:
+                pod["metadata"]["name"] = pod["metadata"]["name"].replace("pas", "tc")
+            run = scaling.ScalingRun(
+                ctx, cr, body, pod_objs, resize, TOKEN,
+                base_of=lambda pod: procs[int(pod["metadata"]["name"][-1])].admin_url, member_of=member,
+            )  # fmt: skip
+            for desired in (2, 1):
+                for _ in range(60):
+                    placed = await scaling.load(ctx, cr, started)
+                    placed, decision, replicas = await scaling.step(run, placed, desired, 2)
+                    if decision.phase == "Balanced" and replicas == desired:
+                        break
+                else:
+                    raise AssertionError(f"not balanced at {desired}: {placed.state}")
+                held = {o: await admin.list_coordinator_ids(procs[o].admin_url) for o in (0, 1)}
+                assert {o: sorted(u.unit for u in h.units) for o, h in held.items()} == {
+                    o: sorted(placed.record.shards_of(o)) for o in (0, 1)
+                }
+                if desired == 2:
+                    assert sorted(len(placed.record.shards_of(o)) for o in (0, 1)) == [2, 2]
+            assert placed.record.owners == (0, 0, 0, 0)
+    finally:
+        for proc in procs.values():
+            await proc.stop()
+    assert [r for r, _ in events.seen].count("ShardMoved") == 4
