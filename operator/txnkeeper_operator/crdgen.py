@@ -525,8 +525,9 @@ def _client_authentication() -> Schema:
 def _storage() -> Schema:
     return _obj(
         "The persistent volume each pod keeps its ledgers on. Immutable: a StatefulSet cannot change its "
-        "volume claim templates. PVCs are retained when the resource is deleted or scaled down (delete "
-        "them yourself to drop the data).",
+        "volume claim templates. PVCs are retained when the resource is deleted (delete them yourself to "
+        "drop the data); a scale-in deletes the removed pods' PVCs, only once their data moved to the "
+        "pods that stay.",
         {
             "size": _quantity("Requested size of each pod's volume, e.g. 10Gi.")
             | {
