@@ -250,7 +250,8 @@ async def _placement(
     try:
         return await scaling.load(ctx, cr, statefulset, create=not cr.paused), None
     except scaling.ScalingUnusable as err:
-        ctx.events.emit(body, "Warning", "PlacementUnusable", str(err))
+        if not cr.paused:  # paused before its first record: nothing is wrong
+            ctx.events.emit(body, "Warning", "PlacementUnusable", str(err))
         return None, str(err)
 
 
