@@ -86,9 +86,9 @@ async def load(ctx: Context, cr: Resource, statefulset: Obj | None, *, create: b
             builders.initial_units(cr) if statefulset is None else _existing_units(cr, replicas)
         )
         try:
-            record = Placement.initial(
-                _kind(cr), replicas, units, {o: builders.member(cr, o) for o in range(max(replicas, running))}
-            )
+            # Exactly the pods' own epoch 1 (they derive it from their flags and refuse another record
+            # of the same epoch): the members, their DNS names, come with epoch 2 at the first decision.
+            record = Placement.initial(_kind(cr), replicas, units)
         except PlacementError as err:
             raise ScalingUnusable(f"cannot write the first placement record: {err}") from err
         state = ScalingState(initial_replicas=replicas, balanced_for=replicas)

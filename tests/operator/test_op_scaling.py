@@ -133,7 +133,9 @@ async def test_scale_out_and_in_moves_coordinator_ids_through_the_verbs() -> Non
 
     await _settle(kube, pods, ctx, lambda: placement().get("phase") == "Balanced")
     record, moves = _cm(kube)
-    assert (record.epoch, record.owners, moves["initialReplicas"]) == (1, (0, 0, 0, 0), 1)
+    # Epoch 1 as the pods derive it, then epoch 2 with the members (pushed to the pod).
+    assert (record.epoch, record.owners, moves["initialReplicas"]) == (2, (0, 0, 0, 0), 1)
+    assert record.members[0].admin_url == "http://txn-0.txn.ns.svc:8080" and pods.sims[0].record == record
     sts = kube.objects[("StatefulSet", "ns", "txn")]
     args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--replicas") + 1] == "1"

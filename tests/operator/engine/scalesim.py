@@ -149,7 +149,7 @@ class SimScaling:
     @classmethod
     def create(cls, kind: PlacementKind, replicas: int, units: int, max_moves: int) -> SimScaling:
         sim = cls(kind, replicas, replicas, units, max_moves)
-        record = Placement.initial(kind, replicas, units, {o: member(o) for o in range(replicas)})
+        record = Placement.initial(kind, replicas, units)  # the pods' own epoch 1: no members yet
         sim.record = record
         sim.state = ScalingState(initial_replicas=replicas, balanced_for=replicas)
         for o in range(replicas):
