@@ -19,9 +19,10 @@ import aiohttp
 import kopf
 
 from txnkeeper.contract.admin import AdminClient
+from txnkeeper_operator.context import Context
 from txnkeeper_operator.kube import KubernetesClient
 from txnkeeper_operator.naming import API_VERSION, GROUP, KINDS
-from txnkeeper_operator.reconcile import Context, reconcile
+from txnkeeper_operator.reconcile import reconcile
 from txnkeeper_operator.settings import OperatorSettings
 
 log = logging.getLogger("txnkeeper_operator")

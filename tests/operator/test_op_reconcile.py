@@ -16,10 +16,11 @@ import pytest
 
 from txnkeeper.contract.admin import AdminError, PodBatchLog
 from txnkeeper_operator import naming
+from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import BatchSettings, Phase
 from txnkeeper_operator.engine.persist import format_time
 from txnkeeper_operator.naming import Kind
-from txnkeeper_operator.reconcile import Context, reconcile
+from txnkeeper_operator.reconcile import reconcile
 from txnkeeper_operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
@@ -99,6 +100,9 @@ class FakeKube:
         self.status_writes.append(json.loads(json.dumps(status)))
         _merge(self.cr.setdefault("status", {}), status)
 
+    async def patch_resource(self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        _merge(self.cr, patch)
+
     def run_statefulset_controller(self) -> None:
         sts = self.objects.get(("StatefulSet", "ns", "txn"))
         if sts is None:
@@ -144,6 +148,16 @@ class FakePods:
                 block["enabled"], block["maxRecords"], block["maxSizeBytes"], block["maxDelayMillis"]
             )
         return pod
+
+    async def get_placement(self, base: str) -> Any:
+        # Pods of a release before placement (contracts §12): the operator then moves nothing.
+        raise AdminError(f"GET {base}/admin/v1/placement: HTTP 404: not found")
+
+    def placement_calls(self, kind: str) -> FakePods:
+        return self
+
+    async def held(self, base: str) -> Any:
+        raise AdminError(f"GET {base}/admin/v1/shards: HTTP 404: not found")
 
     async def batch_log(self, base: str, kind: Kind) -> PodBatchLog:
         name = self._pod(base)["metadata"]["name"]
