@@ -264,7 +264,7 @@ PROMTOOL := $(CACHE_DIR)/bin/promtool
 PROMETHEUS := $(CACHE_DIR)/bin/prometheus
 PROMETHEUS_STAMP := $(CACHE_DIR)/bin/.prometheus-$(PROMETHEUS_VERSION)
 export PROMTOOL PROMETHEUS
-.PHONY: prometheus
+.PHONY: prometheus monitoring
 
 $(PROMETHEUS_STAMP):
 	@mkdir -p $(CACHE_DIR)/bin
@@ -275,6 +275,10 @@ $(PROMETHEUS_STAMP):
 prometheus:
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(PROMETHEUS_STAMP); \
 	else echo "prometheus: SKIPPED: Go is not installed; the monitoring tests will be skipped"; fi
+
+# The monitoring checks alone (docs/monitoring.md): the chart's templates, promtool, a real Prometheus.
+monitoring: install helm prometheus
+	$(BIN)/pytest tests/monitoring tests/chart/test_chart_monitoring.py $(PYTEST_ARGS)
 
 # --- Pulsar's Go client as a test peer (tests/peers/pulsar-go): transactions driven by Apache's own Go
 # client (tests/runtime/test_pulsar_go.py). Built from the Go module proxy into $(CACHE_DIR)/bin; the
