@@ -11,11 +11,11 @@ The dashboard check, per target of every panel, variables at "All":
 - the query runs and returns at least one series (a misspelt label or a metric nobody exports returns
   none);
 - every metric it names exists in the scrape (a query can return series for one of its metrics only);
-- it returns at least one number that is not NaN, except for the queries in QUIET: those divide rates
-  of events this run cannot cause; their metrics must still be scraped.
+- it returns at least one number that is not NaN, except for the queries in QUIET (empty: a panel
+  whose events a run cannot cause would be listed there with why; its metrics must still be scraped).
 The workload runs in two rounds around a restart of the store, so that every series has a sample before
-it moves and round 1 reads from the tier. Then the coordinator pod is killed and the alert must fire
-for it (it did not before).
+it moves and round 1 reads from the tier; the check reads a scrape that started after the workload.
+Then the coordinator pod is killed and the alert must fire for it (it did not before).
 """
 
 from __future__ import annotations
@@ -67,14 +67,11 @@ QUIET: dict[str, str] = {}
 RATE_INTERVAL = "2m"  # covers the whole run: every change of the workload is inside the window
 
 
-def _wait(
-    predicate: Callable[[], bool], within: float, what: str, state: Callable[[], object] = lambda: ""
-) -> None:
-    """Poll ``predicate`` until it holds; on timeout say what ``state`` is then."""
+def _wait(predicate: Callable[[], bool], within: float, what: str) -> None:
     deadline = time.monotonic() + within
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within}s waiting for {what}: {state()}")
+            raise TimeoutError(f"timed out after {within}s waiting for {what}")
         time.sleep(0.2)
 
 
@@ -155,28 +152,30 @@ def _offload(store: ServePod, *, new_segment: bool) -> None:
     assert status == 200 and bool(doc["offloaded"]) == new_segment, doc
 
 
-PROGRESS = (
-    "sum(txnkeeper_coordinator_committed_transactions_total)",
-    "sum(txnkeeper_coordinator_aborted_transactions_total)",
-    'sum(txnkeeper_offload_segments{status="Offloaded"})',
-    "sum(brk_ledgeroffloader_read_ledger_latency_count)",
-)
+def _scrape_after(prom: PrometheusServer, moment: float) -> None:
+    """Wait until Prometheus scraped both pods after ``moment`` (Unix time): a scrape starts after it,
+    so it sees everything done before it."""
+    # timestamp() of a plain selector is the sample's (scrape's) time; of an expression it is "now".
+    query = f"count(timestamp(txnkeeper_pod_ready) > {moment})"
+    _wait(lambda: _value(prom, query) == 2, 30, f"both pods scraped after {moment}")
 
 
-def _progress(prom: PrometheusServer) -> dict[str, float]:
-    return {query: _value(prom, query) for query in PROGRESS}
+def _totals(prom: PrometheusServer) -> dict[str, float]:
+    return {
+        "committed": _value(prom, "sum(txnkeeper_coordinator_committed_transactions_total)"),
+        "aborted": _value(prom, "sum(txnkeeper_coordinator_aborted_transactions_total)"),
+        "offloaded": _value(prom, 'sum(txnkeeper_offload_segments{status="Offloaded"})'),
+        "tier reads": _value(prom, "sum(brk_ledgeroffloader_read_ledger_latency_count)"),
+    }
 
 
-def _scraped(prom: PrometheusServer, rounds: int) -> bool:
-    """Whether Prometheus has scraped both pods after ``rounds`` rounds of the workload."""
-    committed, aborted, offloaded, tier_reads = _progress(prom).values()
-    done = ROUNDS[:rounds]
-    return (
-        committed == sum(2 * n // 3 for n, _ in done)
-        and aborted == sum(n - 2 * n // 3 for n, _ in done)
-        and offloaded >= 1
-        and (rounds < 2 or tier_reads > 0)
-    )
+def _samples(prom: PrometheusServer, query: str) -> list[tuple[dict[str, str], list[str]]]:
+    """What Prometheus holds of a query's metrics over the rate window (a few series), to say why."""
+    found: list[tuple[dict[str, str], list[str]]] = []
+    for metric in sorted(metric_names(query)):
+        data = prom.api("query", query=f'{metric}{{le=~"|[+]Inf"}}[{RATE_INTERVAL}]')
+        found += [(r["metric"], [v for _, v in r["values"]]) for r in data["result"][:4]]
+    return found
 
 
 def _check_dashboards(prom: PrometheusServer) -> None:
@@ -201,7 +200,7 @@ def _check_dashboards(prom: PrometheusServer) -> None:
             if not result:
                 problems.append(f"{name}: {where}: no series for {query}")
             elif not numbers and where.split(" [")[0] not in QUIET:
-                problems.append(f"{name}: {where}: only NaN for {query}")
+                problems.append(f"{name}: {where}: only NaN for {query}; samples: {_samples(prom, query)}")
     assert checked >= 40, f"only {checked} dashboard queries found"
     assert problems == [], "\n".join(problems)
 
@@ -252,14 +251,18 @@ def test_dashboards_have_data_and_the_coordinator_alert_fires(tmp_path: Path, op
         # round 1 moves it: rates and quantiles need a change between two samples of a series).
         asyncio.run(_workload(tc, store, 0))
         _offload(store, new_segment=True)
-        _wait(lambda: _scraped(prom, 1), 30, "a scrape after round 0", lambda: _progress(prom))
+        _scrape_after(prom, time.time())
+        assert _totals(prom) == {"committed": 2, "aborted": 1, "offloaded": 1, "tier reads": 0}
         # A graceful restart closes the ledger; the next offload deletes its local file, so round 1's
         # new subscription reads round 0's messages from the tier.
         store.stop()
         store.start()
         _offload(store, new_segment=False)
         asyncio.run(_workload(tc, store, 1))
-        _wait(lambda: _scraped(prom, 2), 30, "a scrape after round 1", lambda: _progress(prom))
+        _scrape_after(prom, time.time())
+        totals = _totals(prom)
+        assert (totals["committed"], totals["aborted"], totals["offloaded"]) == (8, 4, 1), totals
+        assert totals["tier reads"] > 0, totals
         _check_dashboards(prom)
 
         assert _alert_states(prom, "TxnkeeperCoordinatorNotReady") == {}
