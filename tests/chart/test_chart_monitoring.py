@@ -68,7 +68,8 @@ def test_runtime_pod_monitor_selects_the_operators_pods_on_their_admin_port() ->
     selector = pods_monitor["spec"]["selector"]
     assert pods_monitor["spec"]["namespaceSelector"] == {"matchNames": ["apps", "data"]}
     (endpoint,) = pods_monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["path"] == "/metrics"
+    assert endpoint["path"] == "/metrics" and endpoint["interval"] == "30s"
+    assert "scrapeTimeout" not in endpoint  # empty by default: Prometheus's own (never above interval)
     for kind in ("TransactionCoordinator", "PendingAckStore"):
         pod = _runtime_pod(kind)
         assert _selects(selector, pod["metadata"]["labels"]), kind
