@@ -24,6 +24,7 @@ from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
+from txnkeeper_operator.engine import windows
 
 VERSION = "v1"
 
@@ -669,6 +670,25 @@ def _spec(kind: str) -> Schema:
         "resources": _resources(),
         "verifier": _verifier(),
         "connectionLimits": _connection_limits(),
+        "maintenanceWindows": _arr(
+            "When rollouts may restart healthy pods: cron expressions in UTC (minute hour day-of-month "
+            "month day-of-week; the time is inside a window during every minute one matches), e.g. "
+            f"'{windows.EXAMPLE}'. A planned restart waits for the next window (status says when); steps "
+            "that restart nothing (templates, batch-log switches, rollovers, the verifier) and the restart "
+            "of a pod that is down do not wait. Empty: restarts whenever a rollout needs them.",
+            _p("string", "One window (cron, UTC).", minLength=1, maxLength=windows.MAX_EXPRESSION_LENGTH),
+            maxItems=windows.MAX_WINDOWS,
+            **{
+                "x-kubernetes-validations": [
+                    _rule(
+                        f"self.all(w, w.matches('{windows.crd_pattern()}'))",
+                        "spec.maintenanceWindows: each entry is a cron expression in UTC with five fields "
+                        "(minute 0-59, hour 0-23, day-of-month 1-31, month 1-12 or JAN-DEC, day-of-week 0-7 "
+                        f"or SUN-SAT; *, N, N-M, /STEP, lists with ','), e.g. '{windows.EXAMPLE}'",
+                    )
+                ]
+            },
+        ),
         "maxUnavailable": _p(
             "integer",
             "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once, "

@@ -80,8 +80,13 @@ class Resource:
         value = self.spec.get(key) or {}
         return value if isinstance(value, Mapping) else {}
 
+    @property
+    def maintenance_windows(self) -> tuple[str, ...]:
+        raw = self.spec.get("maintenanceWindows") or []
+        return tuple(str(w) for w in raw) if isinstance(raw, list) else ()
+
     def desired(self) -> Desired:
-        return Desired(self.version, self.replicas, self.batch)
+        return Desired(self.version, self.replicas, self.batch, self.maintenance_windows)
 
     def owner_reference(self) -> dict[str, Any]:
         return {

@@ -42,7 +42,22 @@ class TxnConflictError(ServiceError):
 
 
 class NotServedHereError(ServiceError):
+    """Not on this pod. With ``owner_address`` set, placement says where it is served now (a redirect,
+    docs/contracts.md §12); with it empty and ``moving`` true, it is being moved: retry shortly."""
+
     code = api.NOT_SERVED_HERE
+
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        *,
+        owner_address: str = "",
+        placement_epoch: int = 0,
+    ) -> None:
+        super().__init__(message, code)
+        self.owner_address = owner_address
+        self.placement_epoch = placement_epoch
 
 
 class UnavailableError(ServiceError):
@@ -100,5 +115,9 @@ _BY_CODE: dict[int, type[ServiceError]] = {
 
 def from_error_frame(error: api.Error) -> ServiceError:
     """Rebuild the exception a remote service raised."""
+    if error.code == api.NOT_SERVED_HERE:
+        return NotServedHereError(
+            error.message, owner_address=error.owner_address, placement_epoch=error.placement_epoch
+        )
     cls = _BY_CODE.get(error.code, ServiceError)
     return cls(error.message, error.code)

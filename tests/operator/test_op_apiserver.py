@@ -254,6 +254,14 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
             _cr("PendingAckStore", "b8", {"version": "2.0.0", "connectionLimits": {"maxUnsentBytes": 1024}}),
             "maxUnsentBytes",
         ),
+        (
+            _cr(
+                "PendingAckStore",
+                "b9",
+                {"version": "2.0.0", "maintenanceWindows": ["* 22-23 * * SAT", "* 24 * * *"]},
+            ),
+            "each entry is a cron expression in UTC with five fields",
+        ),
     ]:
         plural = "pendingackstores" if body["kind"] == "PendingAckStore" else "transactioncoordinators"
         with pytest.raises(client.ApiException) as refused:
@@ -266,6 +274,7 @@ def test_crds_invalid_resources_and_the_operator_under_chart_rbac(apiserver: Pat
         "txnkeeper.io", "v1", "demo", "transactioncoordinators",
         _cr("TransactionCoordinator", "txn", {
             "version": "1.0.0", "replicas": 3, "coordinators": 6,
+            "maintenanceWindows": ["* 22-23 * * SAT,SUN"],
             "transactions": {
                 "maxTimeoutMs": 600000,
                 "topics": [{"name": "persistent://public/default/orders", "maxTimeoutMs": 60000}],

@@ -4,7 +4,9 @@ a range no segment holds refused)."""
 
 from __future__ import annotations
 
+import re
 import struct
+import zlib
 from datetime import UTC, datetime
 
 import pytest
@@ -49,9 +51,44 @@ def test_a_pulsar_batch_is_split_with_batch_indexes_keys_and_properties() -> Non
     assert {r[5] for r in rows} == {datetime.fromtimestamp(1_700_000_000.123, UTC)}
 
 
-def test_compressed_or_cut_batches_are_refused_not_guessed() -> None:
-    with pytest.raises(TopicDataError, match="compressed with LZ4"):
-        list(entry_rows(TOPIC, 5, 9, _batch([("a", b"x", {})], pulsar.LZ4), VIS))
+def _compressed(codec: pulsar.CompressionType.ValueType, payload: bytes, declared: int) -> bytes:
+    meta = pulsar.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1)
+    meta.compression = codec
+    meta.uncompressed_size = declared
+    return encode_data(payload, "", None, 1, metadata=meta.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("codec", "payload", "declared", "problem"),
+    [
+        (pulsar.ZLIB, zlib.compress(b"hello"), 4, "decompresses to 4 bytes or more, not the 4"),
+        (pulsar.ZLIB, zlib.compress(b"hello"), 6, "decompresses to 5 bytes, not the 6"),
+        (pulsar.ZLIB, zlib.compress(b"hello") + b"junk", 5, "or more"),
+        (pulsar.ZLIB, b"not zlib", 5, "ZLIB payload does not decompress"),
+        (pulsar.LZ4, b"\xff\xff\xff\xff", 5, "LZ4 payload does not decompress"),
+        (pulsar.ZSTD, b"garbage!", 5, "ZSTD payload does not decompress"),
+        (pulsar.SNAPPY, b"\xff\xff\xff\xff\x0f", 5, "SNAPPY payload does not decompress"),
+        (pulsar.ZLIB, zlib.compress(b"x"), 1 << 30, "declares 1073741824 uncompressed bytes"),
+    ],
+)
+def test_damaged_compressed_payloads_are_refused_naming_the_entry(
+    codec: pulsar.CompressionType.ValueType, payload: bytes, declared: int, problem: str
+) -> None:
+    with pytest.raises(TopicDataError, match=re.escape(problem)) as refused:
+        list(entry_rows(TOPIC, 5, 9, _compressed(codec, payload, declared), VIS))
+    assert f"{TOPIC}@5:9" in str(refused.value)
+
+
+def test_a_codec_newer_than_our_proto_is_refused_not_served_as_data() -> None:
+    meta = pulsar.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1)
+    compression = pulsar.MessageMetadata.DESCRIPTOR.fields_by_name["compression"].number
+    raw = meta.SerializeToString() + bytes([compression << 3, 9])  # compression = 9 (varint)
+    entry = encode_data(b"compressed?", "", None, 1, metadata=raw)
+    with pytest.raises(TopicDataError, match="compression type 9, which this reader does not know"):
+        list(entry_rows(TOPIC, 5, 9, entry, VIS))
+
+
+def test_cut_batches_are_refused_not_guessed() -> None:
     meta = pulsar.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=2)
     single = pulsar.SingleMessageMetadata(payload_size=3).SerializeToString()
     cut = encode_data(

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from txnkeeper.ledger.offload.restore import inventory
+from txnkeeper.verifier.model import VerifierInfraError
+from txnkeeper.verifier.registration import wait_seconds
 from txnkeeper.verifier.shipping import executor_code_zip
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
 
@@ -65,3 +69,35 @@ def test_executor_zip_runs_the_offload_audit_without_site_packages(
     assert executor == "unknown"  # not in a Spark task: said so, not guessed
     assert len(sampled) == len(uuids) >= 2 and all(n > 0 for n in sampled)
     assert findings == [[]] * len(uuids)
+
+
+CLEANUP_PROBE = """
+import os, sys
+from txnkeeper.verifier.shipping import ship_executor_code
+
+class Context:  # the two attributes and the one call ship_executor_code uses of a SparkContext
+    master = "spark://127.0.0.1:7077"
+    applicationId = "app-1"
+    def addPyFile(self, path):
+        assert os.path.isfile(path)
+        print(os.path.dirname(path))
+
+ship_executor_code(Context())
+"""
+
+
+def test_the_shipped_zip_is_removed_when_the_driver_exits() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", CLEANUP_PROBE], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    directory = Path(completed.stdout.strip())
+    assert directory.name.startswith("txnkeeper-verifier-")
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "x", "1e9", "nan"])
+def test_a_bad_executor_wait_is_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(VerifierInfraError, match="TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS"):
+        wait_seconds({"TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS": text})
+    assert wait_seconds({}) == 240.0 and wait_seconds({"TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS": "8"}) == 8

@@ -197,3 +197,31 @@ def _offload_case(
         _spread_over_both_executors(report, tasks=4)  # 2 cores x 2 partitions
 
     return command, check
+
+
+def test_a_job_no_executor_can_join_fails_with_a_report(
+    cluster: StandaloneCluster, pods: SyntheticPods, tmp_path: Path
+) -> None:
+    """Executors asking for more cores than any worker has are never launched (as executor pods that
+    cannot be scheduled): the job must fail within its wait with a report, not hang to its deadline."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for path in cluster.conf_dir.iterdir():
+        text = path.read_text()
+        if path.name == "spark-defaults.conf":
+            text = text.replace("spark.executor.cores 1", "spark.executor.cores 4")
+        (conf / path.name).write_text(text)
+    invalidation, _ = _invalidation_case(pods, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env.update(cluster.driver_env(), SPARK_CONF_DIR=str(conf), TXNKEEPER_VERIFIER_EXECUTOR_WAIT_SECONDS="8")
+    argv = [invalidation[0], "--master", cluster.master_url, *invalidation[1:]]
+    run = subprocess.run(
+        [sys.executable, "-c", DRIVER, cluster.master_url, json.dumps([argv])],
+        env=env, capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == [2], run.stderr
+    assert "no Spark executor registered with the driver within 8 s" in run.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["safe"] is False
+    assert "no Spark executor registered" in json.dumps(report)

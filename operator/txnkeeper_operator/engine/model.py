@@ -22,6 +22,9 @@ class Desired:
     version: str
     replicas: int
     batch: BatchSettings
+    # spec.maintenanceWindows: cron expressions in UTC (engine/windows.py); planned pod restarts
+    # wait for one to be open. Empty: restarts whenever the rollout needs them.
+    maintenance_windows: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ same way). Each call runs this algorithm and stops at the first step that has so
 
  1. Place the desired version, every pod's and the template's on the release table
     (contract.formats); an unknown release is FAILED. The data level is the highest of them.
- 2. Paused by annotation: PAUSED, nothing else.
+ 2. Paused by annotation: PAUSED, nothing else. Maintenance windows that do not parse: FAILED.
  3. No StatefulSet: create it (CREATING) at a version the data can live with, never below what the
     running pods or an unfinished downgrade say the volumes may hold (``_create_template``).
  4. A pod missing or not ready: a not-ready pod at a version other than the template's is restarted
@@ -36,6 +36,10 @@ same way). Each call runs this algorithm and stops at the first step that has so
     the template moves to the desired version, then pods restart highest ordinal first; batching is
     switched on (template, then pods, live) only once every pod can read batched entries; READY.
 The downgrade steps return their new progress inside the Decision rather than mutating the planner.
+Maintenance windows (``spec.maintenanceWindows``, engine/windows.py) hold every planned restart of a
+ready pod while none is open: the decision then has no action, keeps its phase and progress, and says
+when the next window opens. A pod that is not ready is restarted at once (recovery, step 4), and every
+step that restarts nothing goes on, so the rollout waits at its first restart.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from txnkeeper_operator.engine.model import (
     Template,
     VerifierReport,
 )
+from txnkeeper_operator.engine.windows import WindowError, inside, next_opening, parse_windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,10 @@ class _Planner:
         except UnknownReleaseError as err:
             return self._decision(None, Phase.FAILED, str(err))
         self.data_level = max(levels, default=self.target_level)
+        try:
+            self.windows = parse_windows(self.desired.maintenance_windows)
+        except WindowError as err:
+            return self._decision(None, Phase.FAILED, f"spec.maintenanceWindows: {err}")
         self.want_batch = self.desired.batch.enabled and self.target_level >= BATCHED_LEVEL
         if self.observed.paused:
             return self._decision(
@@ -528,7 +537,24 @@ class _Planner:
     # ---- results ---------------------------------------------------------------------------------
 
     def _act(self, action: Action, phase: Phase, downgrade: DowngradeProgress | None = None) -> Decision:
+        if (
+            isinstance(action, RestartPod)
+            and self._planned(action)
+            and not inside(self.windows, self.observed.now)
+        ):
+            opening = next_opening(self.windows, self.observed.now)
+            when = (
+                f"the next opens at {_fmt_time(opening)}"
+                if opening is not None
+                else "none of them opens within a year: check spec.maintenanceWindows"
+            )
+            reason = f"{action.reason}: waits for a maintenance window ({when})"
+            return self._decision(None, phase, reason, downgrade)
         return self._decision(action, phase, action.reason, downgrade)
+
+    def _planned(self, restart: RestartPod) -> bool:
+        """A restart of a pod that is up (a rollout step), not of one that is down (recovery)."""
+        return any(p.name == restart.pod and p.ready for p in self.pods)
 
     def _decision(
         self, action: Action | None, phase: Phase, reason: str, downgrade: DowngradeProgress | None = None

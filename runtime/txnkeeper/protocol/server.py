@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, Generic, Protocol, cast
 
 from txnkeeper import memtrim
-from txnkeeper.errors import BadRequestError, ServiceError
+from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.connection import SERVER_FLUSH_EVERY, CommandT, Decoder, WireConnection
 from txnkeeper.protocol.frames import FrameDecoder, FrameError, encode_error, encode_frame
@@ -123,6 +123,9 @@ def fill_error(error: api.Error, exc: BaseException) -> None:
     if isinstance(exc, ServiceError):
         error.code = exc.code  # type: ignore[assignment]
         error.message = str(exc)
+        if isinstance(exc, NotServedHereError):
+            error.owner_address = exc.owner_address
+            error.placement_epoch = exc.placement_epoch
         return
     log.exception("request failed unexpectedly", exc_info=exc)
     error.code = api.UNKNOWN_ERROR

@@ -5,8 +5,9 @@ dispatch): markers are never messages; a message of an aborted transaction is ne
 message of an open transaction is not readable yet, and neither is anything after it (the planner
 never reads past the max read position, so such a message here means the picture changed under the
 reader: refused, never guessed). A Pulsar batch (an entry holding ``num_messages_in_batch`` messages)
-is split into one row per message with its batch index; a message sent without batching has batch
-index -1, as Pulsar's MessageId. Pure functions, used by the executors and by the offload audit.
+is split into one row per message with its batch index (after undoing the producer's compression,
+codecs.py); a message sent without batching has batch index -1, as Pulsar's MessageId. Pure
+functions, used by the executors and by the offload audit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
+from txnkeeper.spark.codecs import CompressedPayloadError, decompress
 from txnkeeper.topic.records import CorruptRecordError, DecodedRecord, decode
 from txnkeeper.txnid import TxnID
 
@@ -109,15 +111,14 @@ def _messages(record: DecodedRecord, where: str) -> Iterator[_Message]:
     properties = {kv.key: kv.value for kv in meta.properties}
     key = meta.partition_key or record.key or None
     producer = meta.producer_name or record.writer_id or None
+    try:
+        payload = decompress(record.payload, meta, where)
+    except CompressedPayloadError as exc:
+        raise TopicDataError(str(exc)) from None
     if not meta.HasField("num_messages_in_batch"):
-        yield (-1, meta.publish_time, producer, key, properties, record.payload)
+        yield (-1, meta.publish_time, producer, key, properties, payload)
         return
-    if meta.compression != pulsar.NONE:
-        raise TopicDataError(
-            f"entry {where} is a batch compressed with {pulsar.CompressionType.Name(meta.compression)}; "
-            "this reader splits uncompressed batches only (produce without compression to read it here)"
-        )
-    yield from _batch(record.payload, meta, producer, where)
+    yield from _batch(payload, meta, producer, where)
 
 
 def _batch(

@@ -30,6 +30,7 @@ from txnkeeper.verifier.model import (
     VerifierInfraError,
     VerifierInputError,
 )
+from txnkeeper.verifier.registration import await_executors
 from txnkeeper.verifier.shipping import ship_executor_code
 from txnkeeper.verifier.spark_k8s import is_kubernetes, kubernetes_conf
 
@@ -134,6 +135,7 @@ def collect_on_spark(
     tasks each executor ran."""
     context = spark.sparkContext
     ship_executor_code(context)
+    await_executors(context)
     shared_markers = context.broadcast(dict(markers))
     try:
 

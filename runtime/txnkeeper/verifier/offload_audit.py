@@ -52,6 +52,7 @@ from txnkeeper.verifier import k8s
 from txnkeeper.verifier.executors import ExecutorRef, current_executor, tally
 from txnkeeper.verifier.inputs import dedupe_endpoints, load_endpoints, parse_endpoint
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
+from txnkeeper.verifier.registration import await_executors
 from txnkeeper.verifier.shipping import ship_executor_code
 
 if TYPE_CHECKING:
@@ -333,6 +334,7 @@ def audit(
     compare = frozenset(rng.sample(candidates, min(max(compare_segments, 0), len(candidates))))
     context = spark.sparkContext
     ship_executor_code(context)
+    await_executors(context)
     partitions = max(1, min(len(offloaded), int(context.defaultParallelism) * 2))
     try:
         tasks = (

@@ -12,6 +12,8 @@ executors: the verifier image has it.)
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 import threading
 import zipfile
@@ -53,6 +55,9 @@ def ship_executor_code(context: Any) -> None:
         if application in _shipped:
             return
         directory = Path(tempfile.mkdtemp(prefix="txnkeeper-verifier-"))
+        # Spark's file server reads the zip from here for as long as the application may start
+        # executors, so it goes when the driver process does, not when this call returns.
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
         try:
             context.addPyFile(str(executor_code_zip(directory)))
         except Exception as exc:

@@ -50,6 +50,8 @@ log, records/delay change its limits):
   offload-config on|off            the template's config offloads automatically (on: running 3.x
                                    pods too, as if started with it; off: running pods keep theirs)
   persisted                        which keys the persisted status.downgrade holds (or "none")
+  windows EXPR[; EXPR...]          spec.maintenanceWindows from now on (cron in UTC; none: no windows)
+  now                              the simulated clock (UTC; the scenarios start Saturday 22:00)
 """
 
 from __future__ import annotations
@@ -149,6 +151,11 @@ class _Runner:
         self.phases: list[Phase] = []
         # The logs of the clusters an earlier new/install replaced (a file may hold several stories).
         self.earlier: list[str] = []
+        # spec.maintenanceWindows of every DESIRED from the ``windows`` command on.
+        self.windows: tuple[str, ...] = ()
+
+    def _wanted(self, args: list[str]) -> Desired:
+        return replace(_desired(args), maintenance_windows=self.windows)
 
     def cluster(self) -> SimCluster:
         if self.sim is None:
@@ -174,18 +181,19 @@ class _Runner:
             self.sim = SimCluster()
             return ""
         if word == "install":
-            want = _desired(args)
+            want = self._wanted(args)
             self.sim = installed(want.version, want.batch, want.replicas)
             return ""
         sim = self.cluster()
         if word == "step":
-            return _decision_line(sim.step(_desired(args)))
+            return _decision_line(sim.step(self._wanted(args)))
         if word == "run":
-            return self._run(sim, _desired(args), dict(a.split("=", 1) for a in args if "=" in a), after)
+            return self._run(sim, self._wanted(args), dict(a.split("=", 1) for a in args if "=" in a), after)
         if word == "steps":
-            return self._steps(sim, int(args[0]), _desired(args[1:]))
+            return self._steps(sim, int(args[0]), self._wanted(args[1:]))
         if word == "judge":
-            return self._judge(sim, _desired(args), dict(a.split("=", 1) for a in args if "=" in a)["report"])
+            report = dict(a.split("=", 1) for a in args if "=" in a)["report"]
+            return self._judge(sim, self._wanted(args), report)
         handled = self._world(sim, word, args, command)
         if handled is None:
             raise ValueError(f"unknown scenario command {word!r}")
@@ -195,6 +203,10 @@ class _Runner:
         """Commands that change (or look at) the simulated world without a decision of the engine."""
         if word == "tick":
             sim.tick(int(args[0]) if args else 1)
+        elif word == "windows":
+            self.windows = tuple(w.strip() for w in command.partition(" ")[2].split(";") if w.strip())
+        elif word == "now":
+            return sim.now.strftime("%A %Y-%m-%d %H:%M:%S UTC")
         elif word in ("pin", "unpin"):
             sim.pods[self.pod(args[0])].pinned = word == "pin"
         elif word == "crash":
@@ -221,11 +233,11 @@ class _Runner:
         elif word == "report" and args == ["stale"]:
             sim.report = VerifierReport(T0, {}, True)
         elif word == "template":
-            want = _desired(args)
+            want = self._wanted(args)
             sim.template = Template(want.version, want.batch)
         elif word == "controller":
             try:
-                sim._statefulset_controller(_desired(args))
+                sim._statefulset_controller(self._wanted(args))
             except InvariantViolation as violation:
                 return f"violation: {violation}"
             return "ok"
