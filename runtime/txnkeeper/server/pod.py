@@ -633,13 +633,7 @@ class _PodCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         pod = self._pod
-        # /metrics answers before the pod is ready (the admin API starts first): a pod stuck recovering
-        # is up for Prometheus, and only this gauge tells the "not ready" alert (docs/monitoring.md).
-        yield GaugeMetricFamily(
-            "txnkeeper_pod_ready",
-            "1 when /ready answers 200 (the client port serves), else 0",
-            value=0 if pod.readiness() else 1,
-        )
+        yield ready_metric(pod.readiness())
         if pod.coordinators:
             ongoing = GaugeMetricFamily(
                 "txnkeeper_coordinator_ongoing_transactions", "Open or ending", labels=["coordinator_id"]
@@ -813,6 +807,17 @@ def _shard_metrics(shards: ShardMoves) -> Iterator[Metric]:
             "Epoch of the placement record this pod serves by",
             value=shards.placement.record.epoch,
         )
+
+
+def ready_metric(not_ready: str | None) -> Metric:
+    """txnkeeper_pod_ready from the pod's readiness (None: ready, else why not). /metrics answers
+    before the pod is ready (the admin API starts first): a pod stuck recovering is up for Prometheus,
+    and only this gauge tells the "not ready" alert (docs/monitoring.md)."""
+    return GaugeMetricFamily(
+        "txnkeeper_pod_ready",
+        "1 when /ready answers 200 (the client port serves), else 0",
+        value=0 if not_ready else 1,
+    )
 
 
 def _ledger_metrics() -> Iterator[Metric]:
