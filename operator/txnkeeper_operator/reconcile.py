@@ -20,7 +20,7 @@ from typing import Any
 from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import auditfresh, builders, gated, naming, scaling
+from txnkeeper_operator import auditfresh, builders, gated, metrics, naming, scaling
 from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import (
     Action,
@@ -239,6 +239,16 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)
     _scale_in_event(ctx, body, status, scaled)
+    report = verifier.report
+    metrics.RESOURCES.record(
+        metrics_key(cr),
+        metrics.ResourceRecord(
+            phase=final.phase,
+            verifier_scheduled=bool(cr.section("verifier").get("schedule")),
+            report_generated_at=report.generated_at if report is not None else None,
+            report_safe=report.safe if report is not None else None,
+        ),
+    )
     return final
 
 
@@ -272,6 +282,11 @@ def _count(cr: Resource, placed: scaling.Placed | None, running: int | None) -> 
     return builders.PodCount(
         running or placed.state.initial_replicas, placed.state.initial_replicas, placed.record.shards
     )
+
+
+def metrics_key(cr: Resource) -> tuple[str, str, str]:
+    """The operator metrics' labels of ``cr``: namespace, kind, name."""
+    return cr.namespace, cr.kind.kind, cr.name
 
 
 async def _pulsar_peer(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> Resource | None:

@@ -32,6 +32,7 @@ from txnkeeper.errors import (
     TxnNotFoundError,
     UnavailableError,
 )
+from txnkeeper.ledger.io_stats import LatencyHistogram
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
 from txnkeeper.topicnames import name_problem
 from txnkeeper.txnid import TxnID
@@ -54,6 +55,8 @@ ENDED_MEMORY = 100_000
 # commit (at most this many; older ones are told only that the transaction is ABORTED).
 ADMIN_ABORTS_MEMORY = 10_000
 TICK_SECONDS = 0.1
+# Pulsar's buckets of pulsar_txn_tc_execution_latency (10 ms .. 50 min), in seconds.
+TXN_DURATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 1500.0, 3000.0)
 RETRY_BACKOFF = (0.05, 2.0)
 # Ends re-sent at once after store redirects (routes updated, or an end split per topic) before the
 # usual backoff applies again: pods that disagree about placement must not be asked in a tight loop.
@@ -147,6 +150,8 @@ class TransactionCoordinator:
         self.aborted_count = 0
         self.timed_out_count = 0
         self.created_count = 0
+        # Begin to end applied everywhere, of every committed or aborted txn (Pulsar's execution latency).
+        self.durations = LatencyHistogram(TXN_DURATION_BUCKETS)
         self._deletions: DeferredBatch[TxnID] = DeferredBatch(
             f"coordinator {coordinator_id} record deletion", self._delete_many, DELETE_INTERVAL
         )
@@ -718,6 +723,7 @@ class TransactionCoordinator:
             self.committed_count += 1
         else:
             self.aborted_count += 1
+        self.durations.observe(max(0.0, (self._clock() - meta.start_time_ms) / 1000))
         settle(done, None, None)
         if self.state == "Closed":
             return  # ended after the last round was drained: sealed by the replay after the restart

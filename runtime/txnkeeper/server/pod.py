@@ -41,7 +41,7 @@ from txnkeeper.errors import (
     TxnNotFoundError,
     UnavailableError,
 )
-from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger import ManagedLedgerFactory, io_stats
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.offload.restore import (
@@ -633,6 +633,7 @@ class _PodCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         pod = self._pod
+        yield ready_metric(pod.readiness())
         if pod.coordinators:
             ongoing = GaugeMetricFamily(
                 "txnkeeper_coordinator_ongoing_transactions", "Open or ending", labels=["coordinator_id"]
@@ -651,14 +652,20 @@ class _PodCollector(Collector):
                 "Aborted by timeout",
                 labels=["coordinator_id"],
             )
+            durations = HistogramMetricFamily(
+                "txnkeeper_coordinator_txn_duration_seconds",
+                "Committed and aborted txns, from begin to their end applied on every participant",
+                labels=["coordinator_id"],
+            )
             for cid, c in pod.coordinators.items():
                 label = [str(cid)]
+                durations.add_metric(label, *c.durations.snapshot())
                 ongoing.add_metric(label, c.ongoing_count)
                 created.add_metric(label, c.created_count)
                 committed.add_metric(label, c.committed_count)
                 aborted.add_metric(label, c.aborted_count)
                 timed_out.add_metric(label, c.timed_out_count)
-            yield from (ongoing, created, committed, aborted, timed_out)
+            yield from (ongoing, created, committed, aborted, timed_out, durations)
         if pod.topics is not None:
             published = CounterMetricFamily(
                 "txnkeeper_topic_published_messages", "Messages written", labels=["topic"]
@@ -681,13 +688,19 @@ class _PodCollector(Collector):
                 "Seconds since the first message of the topic's oldest open transaction (0: none open)",
                 labels=["topic"],
             )
+            # Kept aborted outcomes grow with the data of a topic nobody subscribes to when no retention
+            # trims it (docs/contracts.md "Kept outcomes"): the alert on that growth needs this count.
+            subscriptions = GaugeMetricFamily(
+                "txnkeeper_topic_subscriptions", "Durable subscriptions (cursors)", labels=["topic"]
+            )
             now = time.time()
             for topic, partition in pod.topics.partitions().items():
+                subscriptions.add_metric([topic], len(partition.subscriptions))
                 published.add_metric([topic], partition.published_count)
                 open_txns.add_metric([topic], partition.buffer.ongoing)
                 kept.add_metric([topic], partition.buffer.ended_count)
                 oldest.add_metric([topic], round(partition.buffer.oldest_open_age_s(now), 3))
-            yield from (published, open_txns, kept, oldest)
+            yield from (published, open_txns, kept, oldest, subscriptions)
             yield from topic_policy_metrics(pod.topics.partitions().items())
         protocol = pod._protocol
         if protocol is not None:
@@ -750,6 +763,7 @@ class _PodCollector(Collector):
             yield from pod.offloads.collect()
         if pod.shards is not None:
             yield from _shard_metrics(pod.shards)
+        yield from _ledger_metrics()
         yield from _heap_metrics()
         index_bytes = pod.ledger_index_bytes()
         if index_bytes is not None:
@@ -793,6 +807,40 @@ def _shard_metrics(shards: ShardMoves) -> Iterator[Metric]:
             "Epoch of the placement record this pod serves by",
             value=shards.placement.record.epoch,
         )
+
+
+def ready_metric(not_ready: str | None) -> Metric:
+    """txnkeeper_pod_ready from the pod's readiness (None: ready, else why not). /metrics answers
+    before the pod is ready (the admin API starts first): a pod stuck recovering is up for Prometheus,
+    and only this gauge tells the "not ready" alert (docs/monitoring.md)."""
+    return GaugeMetricFamily(
+        "txnkeeper_pod_ready",
+        "1 when /ready answers 200 (the client port serves), else 0",
+        value=0 if not_ready else 1,
+    )
+
+
+def _ledger_metrics() -> Iterator[Metric]:
+    """txnkeeper_ledger_*: this process's group commits (every managed ledger's, ledger/io_stats.py)."""
+    appends = HistogramMetricFamily(
+        "txnkeeper_ledger_append_seconds",
+        "Append to acknowledgement (durable), each append counted with its group's oldest wait",
+    )
+    appends.add_metric([], *io_stats.APPEND.snapshot())
+    fsyncs = HistogramMetricFamily("txnkeeper_ledger_fsync_seconds", "fdatasync of one group commit's data")
+    fsyncs.add_metric([], *io_stats.FSYNC.snapshot())
+    watermark = CounterMetricFamily(
+        "txnkeeper_ledger_watermark_writes", "Confirmed-entry watermark writes (fsynced, ledger/watermark.py)"
+    )
+    watermark.add_metric([], io_stats.WATERMARK.writes)
+    errors = CounterMetricFamily(
+        "txnkeeper_ledger_watermark_errors",
+        "Watermark updates that failed (mark: the written mark; confirm: the fsynced write)",
+        labels=["kind"],
+    )
+    for kind in ("mark", "confirm"):
+        errors.add_metric([kind], io_stats.WATERMARK.errors[kind])
+    yield from (appends, fsyncs, watermark, errors)
 
 
 def _heap_metrics() -> Iterator[Metric]:
