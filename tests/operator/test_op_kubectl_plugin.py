@@ -70,6 +70,19 @@ def _create(
     return obj
 
 
+def test_without_the_crds_says_they_are_not_installed(apiserver: Path) -> None:
+    """First in the module: the ``kube`` fixture installs the CRDs for every later test."""
+    from kubernetes import client
+
+    served = client.ApiextensionsV1Api(_client(apiserver)).list_custom_resource_definition().items
+    if served:
+        pytest.skip("the CRDs were installed by an earlier test of this module (run it first)")
+    for argv in (["status"], ["status", "tc", "x"], ["pause", "pas/x"]):
+        code, _, err = run(apiserver, *argv)
+        assert code == 1, argv
+        assert "does not serve" in err and "the txnkeeper CRDs are not installed" in err, err
+
+
 STORE_STATUS: dict[str, Any] = {
     "phase": "DowngradeBlocked",
     "phaseReason": "the verifier found live batched entries",

@@ -3,6 +3,7 @@ parse as kubectl's do, and status sections only a newer operator writes (``statu
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,17 @@ def test_console_script_is_installed_and_answers() -> None:
     assert (
         done.stderr.startswith("error: unknown resource type 'deployment'") and "Traceback" not in done.stderr
     )
+
+
+def test_no_kubeconfig_and_not_in_a_pod(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+    done = subprocess.run(
+        [str(SCRIPT), "status"], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: cannot configure the Kubernetes client from the in-cluster")
+    assert "set --kubeconfig or $KUBECONFIG" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
