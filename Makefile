@@ -156,13 +156,13 @@ e2e-if-possible:
 	  $(MAKE) --no-print-directory e2e; fi
 
 # Everything the test run builds, before the unit run: helm (the chart checks), MinIO (the S3 offload
-# tests), kube-apiserver and etcd (tests/operator/test_op_apiserver.py), and for the e2e suite the
-# node binaries, kind's components and the project's images. Three at a time: the Go builds are
+# tests), promtool and Prometheus (the monitoring tests), kube-apiserver and etcd
+# (tests/operator/test_op_apiserver.py), and for the e2e suite the node binaries, kind's components and the project's images. Three at a time: the Go builds are
 # CPU-bound, the images mostly wait on the package index, so they overlap well on two cores.
 test-prereqs:
 	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
 	  "the chart, S3 offload and API-server tests will be skipped"; \
-	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PULSAR_GO_PEER_STAMP) \
+	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PROMETHEUS_STAMP) $(PULSAR_GO_PEER_STAMP) \
 	  $(if $(JAVA_SKIP),,$(PULSAR_JAVA_STAMP) $(PULSAR_PEER_STAMP)) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
@@ -254,6 +254,31 @@ $(MINIO_STAMP):
 minio:
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(MINIO_STAMP); \
 	else echo "minio: SKIPPED: Go is not installed, so MinIO cannot be built; the S3 offload tests will be skipped"; fi
+
+# --- Monitoring checks (tests/monitoring): promtool and Prometheus, built from the Go module proxy ------
+# Only for tests (the chart ships the rules and dashboards, not Prometheus): promtool checks and unit-tests
+# the chart's alert rules, a real Prometheus scrapes real pods (docs/monitoring.md). Built without the
+# builtinassets tag: no web UI, the HTTP API the tests query works without it. Cold: ~8 min on 2 cores.
+PROMETHEUS_VERSION ?= v0.316.0
+PROMTOOL := $(CACHE_DIR)/bin/promtool
+PROMETHEUS := $(CACHE_DIR)/bin/prometheus
+PROMETHEUS_STAMP := $(CACHE_DIR)/bin/.prometheus-$(PROMETHEUS_VERSION)
+export PROMTOOL PROMETHEUS
+.PHONY: prometheus monitoring
+
+$(PROMETHEUS_STAMP):
+	@mkdir -p $(CACHE_DIR)/bin
+	GOBIN=$(CACHE_DIR)/bin nice -n 19 go install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION) \
+	  github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_VERSION)
+	@rm -f $(CACHE_DIR)/bin/.prometheus-* && touch $@
+
+prometheus:
+	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(PROMETHEUS_STAMP); \
+	else echo "prometheus: SKIPPED: Go is not installed; the monitoring tests will be skipped"; fi
+
+# The monitoring checks alone (docs/monitoring.md): the chart's templates, promtool, a real Prometheus.
+monitoring: install helm prometheus
+	$(BIN)/pytest tests/monitoring tests/chart/test_chart_monitoring.py $(PYTEST_ARGS)
 
 # --- Pulsar's Go client as a test peer (tests/peers/pulsar-go): transactions driven by Apache's own Go
 # client (tests/runtime/test_pulsar_go.py). Built from the Go module proxy into $(CACHE_DIR)/bin; the

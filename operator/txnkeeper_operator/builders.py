@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from txnkeeper.contract.placement import SHARDS_PER_REPLICA, Member, Placement
 from txnkeeper_operator import gated, naming, podsettings
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
@@ -138,13 +140,60 @@ def pod_disruption_budget(cr: Resource) -> Manifest:
         "kind": "PodDisruptionBudget",
         "metadata": _meta(cr, cr.name),
         "spec": {
-            "maxUnavailable": int(cr.spec.get("maxUnavailable", 1)),
+            # More than the pods there are means all of them (kubectl scale is never refused for it).
+            "maxUnavailable": max(1, min(int(cr.spec.get("maxUnavailable", 1)), cr.replicas)),
             "selector": {"matchLabels": naming.selector_labels(cr.kind, cr.name)},
         },
     }
 
 
-def _args(cr: Resource, version: str) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class PodCount:
+    """How many pods the StatefulSet runs now (the scaling engine's choice, not spec.replicas while
+    work moves), and the first record's replica and unit counts every pod is started with: a pod that
+    holds no copy of the record yet uses ``Placement.initial`` of exactly those (docs/contracts.md §12),
+    so they never change for the resource's life."""
+
+    replicas: int
+    initial_replicas: int
+    units: int
+
+    @classmethod
+    def of(cls, cr: Resource) -> PodCount:
+        """Before any record exists: what the first record will be."""
+        return cls(cr.replicas, cr.replicas, initial_units(cr))
+
+
+def initial_units(cr: Resource) -> int:
+    """The first record's shard count (spec.shards, default 16 per pod) or coordinator-id count."""
+    if cr.kind is naming.TRANSACTION_COORDINATOR:
+        return cr.coordinators
+    return int(cr.spec.get("shards") or SHARDS_PER_REPLICA * cr.replicas)
+
+
+def member(cr: Resource, ordinal: int) -> Member:
+    """How a pod is reached, by its DNS name behind the headless Service (what the record names)."""
+    host = f"{cr.name}-{ordinal}.{cr.name}.{cr.namespace}.svc"
+    return Member(
+        f"{host}:{naming.CLIENT_PORT}",
+        f"pulsar://{host}:{naming.CLIENT_PORT}",
+        f"http://{host}:{naming.ADMIN_PORT}",
+    )
+
+
+def placement_config_map(cr: Resource, record: Placement, moves: str) -> Manifest:
+    """ConfigMap ``<resource>-placement``: the record (key placement.json, Placement.dumps()) and the
+    operator's scaling state (key moves.json: moves in flight with their phase, failed moves, the
+    first record's replica count). Owned by the resource, written only by the operator."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cr, naming.placement_config_map(cr.name)),
+        "data": {naming.PLACEMENT_KEY: record.dumps(), naming.MOVES_KEY: moves},
+    }
+
+
+def _args(cr: Resource, version: str, count: PodCount) -> list[str]:
     args = [
         "serve",
         "--role",
@@ -168,7 +217,10 @@ def _args(cr: Resource, version: str) -> list[str]:
     ]
     if cr.kind is naming.TRANSACTION_COORDINATOR:
         args += ["--coordinators", str(cr.coordinators), "--coordinator-ids", "auto"]
-        args += ["--replicas", str(cr.replicas)]
+    else:
+        args += ["--shards", str(count.units)]
+    # The first record's count, never the current one (see PodCount).
+    args += ["--replicas", str(count.initial_replicas)]
     return args
 
 
@@ -228,10 +280,16 @@ def _client_authentication(
 
 
 def statefulset(
-    cr: Resource, template: Template, settings: OperatorSettings, peer: Resource | None = None
+    cr: Resource,
+    template: Template,
+    settings: OperatorSettings,
+    peer: Resource | None = None,
+    count: PodCount | None = None,
 ) -> Manifest:
     """``peer``: the resource spec.pulsar names (reconcile reads it), whose pods' Pulsar URLs the
-    pods are told."""
+    pods are told; ``count``: the pods to run and the first record's counts (default: spec.replicas
+    before any record exists)."""
+    count = count or PodCount.of(cr)
     storage = cr.section("storage")
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
@@ -247,7 +305,7 @@ def statefulset(
         "image": str(cr.spec.get("image") or settings.image),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["txnkeeper"],
-        "args": _args(cr, template.version),
+        "args": _args(cr, template.version, count),
         "env": [
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -291,12 +349,15 @@ def statefulset(
         "metadata": _meta(cr, cr.name),
         "spec": {
             "serviceName": cr.name,
-            "replicas": cr.replicas,
+            "replicas": count.replicas,
             # Pods start together; the operator alone sequences restarts (OnDelete).
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "OnDelete"},
-            # Ledgers outlive the resource: deleting it (or scaling down) keeps the PVCs.
-            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+            # Ledgers outlive the resource: deleting it keeps the PVCs. Scaling down deletes the removed
+            # pods' PVCs: the operator shrinks the StatefulSet only once those pods own nothing and
+            # report holding no data (their shards moved and released), so nothing reachable is lost
+            # and no stale copy waits for a later scale-out to pick it up.
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Delete"},
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {
@@ -335,6 +396,22 @@ def statefulset(
             ],
         },
     }
+
+
+def started_with(statefulset_obj: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """The first record's (replicas, shards) the StatefulSet's pods are started with (``--replicas``,
+    ``--shards``; None where absent: a StatefulSet from before placement, or none)."""
+    if not statefulset_obj:
+        return None, None
+    containers = statefulset_obj["spec"]["template"]["spec"].get("containers") or []
+    args = [str(a) for a in (containers[0].get("args") or [])] if containers else []
+
+    def flag(name: str) -> int | None:
+        if name in args[:-1] and args[args.index(name) + 1].isdecimal():
+            return int(args[args.index(name) + 1])
+        return None
+
+    return flag("--replicas"), flag("--shards")
 
 
 def template_of(statefulset_obj: Mapping[str, Any] | None) -> Template | None:

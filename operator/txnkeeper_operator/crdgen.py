@@ -526,8 +526,9 @@ def _client_authentication() -> Schema:
 def _storage() -> Schema:
     return _obj(
         "The persistent volume each pod keeps its ledgers on. Immutable: a StatefulSet cannot change its "
-        "volume claim templates. PVCs are retained when the resource is deleted or scaled down (delete "
-        "them yourself to drop the data).",
+        "volume claim templates. PVCs are retained when the resource is deleted (delete them yourself to "
+        "drop the data); a scale-in deletes the removed pods' PVCs, only once their data moved to the "
+        "pods that stay.",
         {
             "size": _quantity("Requested size of each pod's volume, e.g. 10Gi.")
             | {
@@ -641,8 +642,11 @@ def _spec(kind: str) -> Schema:
     props: dict[str, Schema] = {
         "replicas": _p(
             "integer",
-            "Number of pods. Each pod owns its own persistent volume, and data is placed by pod "
-            "(coordinator ids by ordinal, topics by a hash over the store pods), so it is fixed at creation.",
+            "Number of pods (kubectl scale works). Each pod owns its own persistent volume; what it serves "
+            "(shards of topics, coordinator ids) is recorded in the ConfigMap {name}-placement and moved "
+            "online: on scale-out the new pods receive work once Ready, on scale-in the work moves off "
+            "the pods being removed first and the StatefulSet shrinks only when they hold nothing "
+            "(docs/contracts.md §12).",
             default=3,
             minimum=1,
             maximum=64,
@@ -692,7 +696,8 @@ def _spec(kind: str) -> Schema:
         "maxUnavailable": _p(
             "integer",
             "PodDisruptionBudget: how many pods voluntary disruptions (drains) may take down at once, "
-            "from 1 (0 would block every node drain) to spec.replicas.",
+            "from 1 (0 would block every node drain); more than spec.replicas counts as spec.replicas "
+            "(so that kubectl scale is never refused for it).",
             default=1,
             minimum=1,
         ),
@@ -701,6 +706,21 @@ def _spec(kind: str) -> Schema:
         ("pendingAckStore", "PendingAckStore")
         if coordinator
         else ("transactionCoordinator", "TransactionCoordinator")
+    )
+    props["scaling"] = _obj(
+        "How the operator moves work between pods when spec.replicas changes or a rebalance is "
+        "requested (annotation txnkeeper.io/rebalance=now).",
+        {
+            "maxConcurrentMoves": _p(
+                "integer",
+                "Shards (coordinator ids) moved at the same time. Each move fences its unit for a moment "
+                "on the old pod; more at once finishes sooner but pauses more clients together.",
+                default=1,
+                minimum=1,
+                maximum=16,
+            ),
+        },
+        default={"maxConcurrentMoves": 1},
     )
     props["pulsar"] = _obj(
         "Pulsar's binary protocol (served on port 6650 beside txnkeeper's own).",
@@ -725,10 +745,6 @@ def _spec(kind: str) -> Schema:
             "spec.version must be a known release line (" + ", ".join(f"{m}.x" for m in known_majors()) + ")",
         ),
         _rule(
-            "!has(self.maxUnavailable) || self.maxUnavailable <= self.replicas",
-            "spec.maxUnavailable must not exceed spec.replicas",
-        ),
-        _rule(
             "!self.batchedWrite.enabled || !self.version.startsWith('1.')",
             "batchedWrite.enabled needs version 2.x: 1.x releases cannot read batched entries; set "
             "batchedWrite.enabled to false or upgrade spec.version",
@@ -746,19 +762,34 @@ def _spec(kind: str) -> Schema:
                 "singleKeyTransactions", Feature.SINGLE_KEY_TRANSACTIONS, "self.singleKeyTransactions.enabled"
             )
         )
+        props["shards"] = _p(
+            "integer",
+            "How many shards the topics hash into (crc32(topic) mod shards); each shard is owned by one "
+            "pod and moves as a whole. Fixed for the resource's life; at creation a multiple of "
+            "spec.replicas (so every existing topic stays on its pod). Default: 16 x spec.replicas at "
+            "creation (status.placement.shards shows the count in force).",
+            minimum=1,
+            maximum=4096,
+            **{
+                "x-kubernetes-validations": [
+                    _rule("self == oldSelf", "spec.shards is immutable: every topic's shard depends on it")
+                ]
+            },
+        )
         rules.append(
             _rule(
-                "self.replicas == oldSelf.replicas",
-                "spec.replicas of a PendingAckStore is immutable: clients place a topic on store "
-                "crc32(topic) mod replicas, so a new count would strand every topic's data on the old pod",
+                "has(self.shards) == has(oldSelf.shards)",
+                "spec.shards cannot be added or removed after creation: the shard count was fixed when the "
+                "resource was created (see status.placement.shards)",
             )
         )
     if coordinator:
         props["transactions"] = _transactions()
         props["coordinators"] = _p(
             "integer",
-            "Number of transaction coordinators (TxnID most-significant bits 0..N-1); coordinator id c is "
-            "served by pod c mod replicas.",
+            "Number of transaction coordinators (TxnID most-significant bits 0..N-1); each coordinator id "
+            "is owned by one pod (first c mod replicas) and moves with its transaction log when "
+            "spec.replicas changes. A pod that owns none only waits.",
             default=16,
             minimum=1,
             maximum=4096,
@@ -766,19 +797,6 @@ def _spec(kind: str) -> Schema:
         props["coordinators"]["x-kubernetes-validations"] = [
             _rule("self == oldSelf", "coordinators is immutable: TxnIDs already issued name coordinator ids")
         ]
-        rules.append(
-            _rule(
-                "self.replicas == oldSelf.replicas",
-                "spec.replicas of a TransactionCoordinator is immutable: coordinator c lives on the volume "
-                "of pod c mod replicas; create a new TransactionCoordinator to change it",
-            )
-        )
-        rules.append(
-            _rule(
-                "self.coordinators >= self.replicas",
-                "spec.coordinators must be at least spec.replicas so every pod serves a coordinator",
-            )
-        )
     return _obj(
         f"Desired state of the {kind}.",
         props,
@@ -811,7 +829,7 @@ def _status(kind: str) -> Schema:
             "type": _p(
                 "string",
                 "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, "
-                "FeaturesSupported, OffloadHealthy or OffloadAudit.",
+                "ScaleInSafe, FeaturesSupported, OffloadHealthy or OffloadAudit.",
             ),
             "status": _p("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _p("string", "CamelCase reason."),
@@ -891,8 +909,10 @@ def _status(kind: str) -> Schema:
         "phase": _p("string", "Rollout phase, e.g. Ready, RollingUpgrade, DowngradeBlocked."),
         "phaseReason": _p("string", "Human explanation of the phase and what the operator waits for."),
         "conditions": _arr(
-            "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid (and for a "
-            "PendingAckStore FeaturesSupported, OffloadHealthy, OffloadAudit).",
+            "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, ScaleInSafe "
+            "(False, reason WouldLoseData: a scale-in refused because a pod being removed still holds "
+            "data whose move failed; the message says what to do) (and for a PendingAckStore "
+            "FeaturesSupported, OffloadHealthy, OffloadAudit).",
             condition,
             **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),
@@ -905,6 +925,7 @@ def _status(kind: str) -> Schema:
         ),
         "pods": _arr("Per-pod version and batch-log state.", pod),
         "downgrade": downgrade,
+        "placement": _placement_status(),
         "lastVerifierReport": _obj(
             "The last verifier report the operator read (docs/contracts.md §7).",
             {
@@ -984,6 +1005,83 @@ def _status(kind: str) -> Schema:
     return _obj(f"Observed state of the {kind}, written by the operator.", props)
 
 
+def _root_rules(kind: str) -> Schema:
+    """Rules that need status: "a multiple of spec.replicas when the resource is created" cannot be a
+    spec rule (it would refuse every later kubectl scale to another count) nor a transition rule (those
+    never run on create; optionalOldSelf needs Kubernetes 1.30). The operator writes status.placement
+    with the first record, so until then (on create, where the API server drops any status) the rule
+    holds spec.shards to the replica count; afterwards the count is fixed and spec.replicas free."""
+    if kind != "PendingAckStore":
+        return {}
+    return {
+        "x-kubernetes-validations": [
+            _rule(
+                "!has(self.spec.shards) || self.spec.shards % self.spec.replicas == 0 || "
+                "(has(self.status) && has(self.status.placement))",
+                "spec.shards must be a multiple of spec.replicas when the PendingAckStore is created (the "
+                "first placement keeps every topic on pod crc32(topic) mod replicas): e.g. 16 x "
+                "spec.replicas, or leave spec.shards out",
+            )
+        ]
+    }
+
+
+def _placement_status() -> Schema:
+    move = {
+        "id": _p("string", "Move id (the pods' verbs are idempotent for it)."),
+        "unit": _p("integer", "Shard (coordinator id) being moved."),
+        "source": _p("integer", "Ordinal of the pod it moves off."),
+        "target": _p("integer", "Ordinal of the pod it moves to."),
+        "error": _p("string", "Why its last step failed, if it did."),
+    }
+    return _obj(
+        "Who owns what (the record in ConfigMap {name}-placement, docs/contracts.md §12) and the moves "
+        "in flight.",
+        {
+            "kind": _p("string", "store-shards or coordinator-ids."),
+            "epoch": _p("integer", "Epoch of the record (every change is a new epoch)."),
+            "shards": _p("integer", "How many shards (coordinator ids) the record has; fixed."),
+            "phase": _p("string", "Balanced, ScalingOut, Draining, Rebalancing or ScaleInRefused."),
+            "message": _p("string", "What the scaling waits for or does."),
+            "rebalance": _p("string", "Why a rebalance is running, if one is."),
+            "pods": _arr(
+                "What each pod owns.",
+                _obj(
+                    "One pod's share.",
+                    {
+                        "pod": _p("string", "Pod name."),
+                        "owned": _arr(
+                            "Shards (coordinator ids) it owns.", _p("integer", "A shard (coordinator id).")
+                        ),
+                        "count": _p("integer", "How many."),
+                    },
+                ),
+            ),
+            "moves": _arr(
+                "Moves in flight, at most spec.scaling.maxConcurrentMoves.",
+                _obj(
+                    "One move.",
+                    {
+                        **move,
+                        "phase": _p(
+                            "string",
+                            "The step it takes next: fence, receive, switch, release or rollback.",
+                            enum=["fence", "receive", "switch", "release", "rollback"],
+                        ),
+                        "reason": _p("string", "drain (scale-in), count or load (rebalance)."),
+                        "failures": _p("integer", "Failures of its current step (5 roll it back)."),
+                    },
+                ),
+            ),
+            "failedMoves": _arr(
+                "Moves rolled back after failing for good; their units are not moved again until "
+                "txnkeeper.io/rebalance=now is set.",
+                _obj("One failed move.", move),
+            ),
+        },
+    )
+
+
 def _crd(kind: str, plural: str, short: str, description: str) -> dict[str, Any]:
     ready = '.status.conditions[?(@.type=="Ready")].status'
     return {
@@ -1020,6 +1118,7 @@ def _crd(kind: str, plural: str, short: str, description: str) -> dict[str, Any]
                                 "status": _status(kind),
                             },
                             required=["spec"],
+                            **_root_rules(kind),
                         )
                     },
                     "subresources": {

@@ -19,9 +19,11 @@ import aiohttp
 import kopf
 
 from txnkeeper.contract.admin import AdminClient
+from txnkeeper_operator import metrics
+from txnkeeper_operator.context import Context
 from txnkeeper_operator.kube import KubernetesClient
 from txnkeeper_operator.naming import API_VERSION, GROUP, KINDS
-from txnkeeper_operator.reconcile import Context, reconcile
+from txnkeeper_operator.reconcile import reconcile
 from txnkeeper_operator.settings import OperatorSettings
 
 log = logging.getLogger("txnkeeper_operator")
@@ -69,8 +71,14 @@ async def _reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
         try:
             await reconcile(body, memo["context"])
         except Exception as err:
+            metrics.RESOURCES.failed(_key(body))
             # Level-based: the next trigger recomputes everything; say why this one did not finish.
             raise kopf.TemporaryError(f"reconcile failed: {type(err).__name__}: {err}", delay=5) from err
+
+
+def _key(body: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = body["metadata"]
+    return str(meta.get("namespace", "")), str(body.get("kind", "")), str(meta["name"])
 
 
 _INTERVAL = OperatorSettings.from_env().reconcile_seconds
@@ -90,6 +98,7 @@ def _register(plural: str) -> None:
     @kopf.on.delete(GROUP, API_VERSION, plural, optional=True, id="forget")
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo["locks"].pop(str(body["metadata"]["uid"]), None)
+        metrics.RESOURCES.forget(_key(body))
 
 
 for _kind in KINDS:

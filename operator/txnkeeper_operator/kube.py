@@ -28,6 +28,9 @@ class KubeApi(Protocol):
     async def patch_status(
         self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None: ...
+    async def patch_resource(
+        self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> None: ...
 
 
 class KubernetesClient:
@@ -152,5 +155,18 @@ class KubernetesClient:
             name,
             {"status": dict(status)},
             # Merge patch: a null removes a field (how a finished downgrade's block is cleared).
+            _content_type="application/merge-patch+json",
+        )
+
+    async def patch_resource(self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch the custom resource itself (how a done rebalance's annotation is removed)."""
+        await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            API_VERSION,
+            namespace,
+            plural,
+            name,
+            dict(patch),
             _content_type="application/merge-patch+json",
         )

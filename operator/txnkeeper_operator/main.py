@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import kopf
 
+from txnkeeper_operator import metrics
 from txnkeeper_operator.settings import OperatorSettings
 
 
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txnkeeper-operator", description=__doc__)
     parser.add_argument("--namespace", action="append", default=[], help="watch this namespace (repeatable)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
+    parser.add_argument(
+        "--metrics-port", type=int, default=8082, help="serve Prometheus /metrics on this port (0: off)"
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -33,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Kopf logs every timer tick at INFO; the operator's own Events and status say what happened.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
     namespaces = list(args.namespace) or list(OperatorSettings.from_env().namespaces)
     asyncio.run(
         kopf.operator(

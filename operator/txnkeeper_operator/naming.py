@@ -12,6 +12,7 @@ from txnkeeper.contract.admin import COORDINATOR_LOG, PENDING_ACK_LOG
 from txnkeeper.contract.names import (
     GROUP,
     PAUSE_ANNOTATION,
+    REBALANCE_ANNOTATION,
     STARTUP_BATCH_ANNOTATION,
     VERIFIER_OF_LABEL,
     VERSION_LABEL,
@@ -22,6 +23,7 @@ __all__ = [
     "API_VERSION",
     "GROUP",
     "PAUSE_ANNOTATION",
+    "REBALANCE_ANNOTATION",
     "STARTUP_BATCH_ANNOTATION",
     "VERIFIER_OF_LABEL",
     "VERSION_LABEL",
@@ -45,6 +47,8 @@ CLUSTER_SECRET_FILE = f"{CLUSTER_SECRET_DIR}/secret"
 CLIENT_TOKEN_KEY_DIR = "/etc/txnkeeper/client-token-key"
 CLIENT_TOKEN_KEY_FILE = f"{CLIENT_TOKEN_KEY_DIR}/key"
 MARKERS_KEY = "markers.json"
+PLACEMENT_KEY = "placement.json"
+MOVES_KEY = "moves.json"
 REPORT_KEY = "report.json"
 
 
@@ -151,6 +155,11 @@ def offload_audit_labels(name: str) -> dict[str, str]:
         "app.kubernetes.io/component": "offload-audit",
         "app.kubernetes.io/managed-by": FIELD_MANAGER,
     }
+
+
+def placement_config_map(name: str) -> str:
+    """contracts §12: the placement record and the operator's moves in flight."""
+    return f"{name}-placement"
 
 
 def verifier_job(name: str, stamp: int) -> str:

@@ -12,15 +12,16 @@ import asyncio
 import copy
 import secrets
 from base64 import b64decode
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from txnkeeper.contract import store_settings as gated_settings
-from txnkeeper.contract.admin import AdminClient, AdminError
+from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import auditfresh, builders, gated, naming
+from txnkeeper_operator import auditfresh, builders, gated, metrics, naming, scaling
+from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
@@ -39,13 +40,13 @@ from txnkeeper_operator.engine import (
     describe,
     record_rollover,
 )
+from txnkeeper_operator.engine.moves import ScalingDecision
 from txnkeeper_operator.engine.persist import (
     format_time,
     parse_time,
     progress_from_status,
     progress_to_status,
 )
-from txnkeeper_operator.kube import KubeApi
 from txnkeeper_operator.observe import (
     PodView,
     admin_base,
@@ -56,23 +57,9 @@ from txnkeeper_operator.observe import (
     verifier_state,
 )
 from txnkeeper_operator.resource import Resource
-from txnkeeper_operator.settings import OperatorSettings
 from txnkeeper_operator.status import AuditView, build_status
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class EventSink(Protocol):
-    def emit(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
-
-
-@dataclass
-class Context:
-    kube: KubeApi
-    admin: AdminClient
-    settings: OperatorSettings
-    events: EventSink
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 def engine_config(cr: Resource) -> EngineConfig:
@@ -173,12 +160,31 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
     template = builders.template_of(statefulset)
     peer = await _pulsar_peer(ctx, cr, body)
+    running = int(statefulset["spec"].get("replicas") or 0) if statefulset else None
+    placed, problem = await _placement(ctx, cr, body, statefulset)
+    count = _count(cr, placed, running)
     if template is not None and not cr.paused:
-        # Keep replicas, image, resources in step; version and start-up batch only move by ApplyTemplate.
-        # The ConfigMap follows the template it belongs to (recreated if someone deleted it).
+        # Keep image, resources in step; the replica count moves only by scaling (ScaleStatefulSet), the
+        # version and start-up batch only by ApplyTemplate. The ConfigMap follows the template it
+        # belongs to (recreated if someone deleted it).
         await ctx.kube.apply(builders.config_map(cr, template.batch, template.version))
-        await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer))
+        await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer, count))
     pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
+    scaled: ScalingDecision | None = None
+    if template is not None and placed is not None and not cr.paused:
+
+        async def resize(replicas: int, initial: int, units: int) -> None:
+            assert template is not None
+            sized = builders.PodCount(replicas, initial, units)
+            await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer, sized))
+
+        run = scaling.ScalingRun(ctx, cr, body, pod_objs, resize, token)
+        try:
+            placed, scaled, replicas = await scaling.step(run, placed, cr.replicas, count.replicas)
+            count = replace(count, replicas=replicas)
+        except scaling.ScalingUnusable as err:
+            problem = str(err)
+            ctx.events.emit(body, "Warning", "PlacementUnusable", problem)
     views = list(await asyncio.gather(*(_observe_pod(ctx, cr, p) for p in pod_objs)))
     jobs = await ctx.kube.list_jobs(cr.namespace, f"{naming.VERIFIER_OF_LABEL}={cr.name}")
     report_cm = await ctx.kube.get("ConfigMap", cr.namespace, naming.report_config_map(cr.name))
@@ -188,7 +194,9 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     observed = Observed(template, states, now, verifier, cr.paused)
 
     progress = progress_from_status(status.get("downgrade"))
-    decision = decide(cr.desired(), observed, progress, engine_config(cr))
+    # The rollout waits for the pods the StatefulSet runs now (scaling moves spec.replicas there).
+    desired = replace(cr.desired(), replicas=count.replicas)
+    decision = decide(desired, observed, progress, engine_config(cr))
     persisted = progress_to_status(decision.progress)
     if persisted != status.get("downgrade"):
         await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, {"downgrade": persisted})
@@ -209,6 +217,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
                 now=now,
                 peer=peer,
                 creating=template is None,
+                count=count,
             )
             ctx.events.emit(body, "Normal", type(decision.action).__name__, decision.action.reason)
         except AdminError as err:
@@ -224,10 +233,60 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
         report=verifier.report,
         last_action=last_action,
         offload_audit=offload_audit,
+        placement=scaling.status(cr, placed, scaled, problem),
+        scaling=scaling.condition(scaled, _not_scaling(cr, template is None, problem)),
     )
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)
+    _scale_in_event(ctx, body, status, scaled)
+    report = verifier.report
+    metrics.RESOURCES.record(
+        metrics_key(cr),
+        metrics.ResourceRecord(
+            phase=final.phase,
+            verifier_scheduled=bool(cr.section("verifier").get("schedule")),
+            report_generated_at=report.generated_at if report is not None else None,
+            report_safe=report.safe if report is not None else None,
+        ),
+    )
     return final
+
+
+async def _placement(
+    ctx: Context, cr: Resource, body: Mapping[str, Any], statefulset: Mapping[str, Any] | None
+) -> tuple[scaling.Placed | None, str | None]:
+    """The placement ConfigMap (created with the first record), or why it cannot be used (a Warning
+    Event says so; nothing moves until it is repaired)."""
+    try:
+        return await scaling.load(ctx, cr, statefulset, create=not cr.paused), None
+    except scaling.ScalingUnusable as err:
+        if not cr.paused:  # paused before its first record: nothing is wrong
+            ctx.events.emit(body, "Warning", "PlacementUnusable", str(err))
+        return None, str(err)
+
+
+def _not_scaling(cr: Resource, creating: bool, problem: str | None) -> str:
+    """Why no scaling decision was made in this reconcile (ScaleInSafe is then Unknown)."""
+    if cr.paused:
+        return "reconciliation is paused"
+    if problem is not None:
+        return problem
+    return "the pods are being created" if creating else "not evaluated"
+
+
+def _count(cr: Resource, placed: scaling.Placed | None, running: int | None) -> builders.PodCount:
+    """The StatefulSet's replicas as they are (the scaling engine changes them) and the first record's
+    counts the pods are started with."""
+    if placed is None:
+        return replace(builders.PodCount.of(cr), replicas=running or cr.replicas)
+    return builders.PodCount(
+        running or placed.state.initial_replicas, placed.state.initial_replicas, placed.record.shards
+    )
+
+
+def metrics_key(cr: Resource) -> tuple[str, str, str]:
+    """The operator metrics' labels of ``cr``: namespace, kind, name."""
+    return cr.namespace, cr.kind.kind, cr.name
 
 
 async def _pulsar_peer(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> Resource | None:
@@ -252,6 +311,17 @@ async def _pulsar_peer(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> R
 
 def replace_progress(decision: Decision, progress: Progress) -> Decision:
     return replace(decision, progress=progress)
+
+
+def _scale_in_event(
+    ctx: Context, body: Mapping[str, Any], status: Mapping[str, Any], scaled: ScalingDecision | None
+) -> None:
+    """A Warning when a scale-in becomes refused (once per refusal, not every reconcile)."""
+    if scaled is None or scaled.condition.status != "False":
+        return
+    before = next((c for c in status.get("conditions") or [] if c.get("type") == scaled.condition.type), None)
+    if before is None or before.get("status") != "False":
+        ctx.events.emit(body, "Warning", "ScaleInRefused", scaled.condition.message)
 
 
 def _phase_events(
@@ -281,6 +351,7 @@ async def _execute(
     now: datetime,
     peer: Resource | None = None,
     creating: bool = False,
+    count: builders.PodCount | None = None,
 ) -> Progress:
     by_name = {v.name: v for v in views}
     match action:
@@ -294,7 +365,9 @@ async def _execute(
                 )
             # ConfigMap first: a pod created from the new template must never read the old settings.
             await ctx.kube.apply(builders.config_map(cr, batch, version))
-            await ctx.kube.apply(builders.statefulset(cr, Template(version, batch), ctx.settings, peer))
+            await ctx.kube.apply(
+                builders.statefulset(cr, Template(version, batch), ctx.settings, peer, count)
+            )
         case RestartPod(pod=pod):
             await ctx.kube.delete_pod(cr.namespace, pod, by_name[pod].uid)
         case ConfigureBatchLog(pod=pod, batch=batch):

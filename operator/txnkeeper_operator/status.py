@@ -130,10 +130,13 @@ def build_status(
     report: VerifierReport | None,
     last_action: str | None,
     offload_audit: AuditView = (None, None, None),
+    placement: Mapping[str, Any] | None = None,
+    scaling: Condition | None = None,
 ) -> dict[str, Any]:
     """The full status to merge-patch (None values clear stale fields). ``offload_audit`` is the
     verify-offload report (None: none), why it is unusable, if it is, and why it is not the last
-    run's, if it is not (``auditfresh.stale_reason``)."""
+    run's, if it is not (``auditfresh.stale_reason``); ``placement``/``scaling``: status.placement and
+    the ScaleInSafe condition (scaling.py)."""
     ours = [p for p in pods if p.state() is not None]
     status: dict[str, Any] = {
         "observedGeneration": cr.generation,
@@ -144,7 +147,7 @@ def build_status(
             decision,
             cr.generation,
             now,
-            _gated_conditions(cr, ours, offload_audit),
+            (*_gated_conditions(cr, ours, offload_audit), *((scaling,) if scaling is not None else ())),
         ),
         "replicas": len(ours),
         "readyReplicas": sum(1 for p in ours if (s := p.state()) is not None and s.ready),
@@ -155,6 +158,8 @@ def build_status(
         cr.kind.array_key: _arrays(cr, sorted(ours, key=lambda p: p.name)),
         "downgrade": progress_to_status(decision.progress),
     }
+    if placement is not None:
+        status["placement"] = placement
     if report is not None:
         status["lastVerifierReport"] = report_status(report)
     if cr.kind is naming.PENDING_ACK_STORE:

@@ -155,3 +155,38 @@ async def test_a_store_refuses_a_push_sent_to_it_as_a_request(
         assert conn.is_open  # and the connection stays usable
     finally:
         conn.close()
+
+
+async def test_a_not_served_here_push_moves_the_consumer_to_the_owner() -> None:
+    """A store that stops serving the topic (its shard moved, contracts §12) says so by a push naming
+    the owner: the consumer resubscribes there and raises nothing."""
+    old, new = PushingStore(), PushingStore()
+    servers = [ProtocolServer(old), ProtocolServer(new)]
+    for server in servers:
+        await server.start("127.0.0.1", 0)
+    old_address, new_address = (f"127.0.0.1:{s.port}" for s in servers)
+    async with Client(coordinators=[], stores=[old_address], operation_timeout=10) as client:
+        consumer = await client.subscribe(TOPIC, "s")
+        await old.subscribed.wait()
+        old.push(lambda c: message(c, 7))
+
+        def moved(consumer_id: int) -> api.Command:
+            command = api.Command()
+            command.consumer_error.consumer_id = consumer_id
+            command.consumer_error.error.code = api.NOT_SERVED_HERE
+            command.consumer_error.error.message = "the shard moved"
+            command.consumer_error.error.owner_address = new_address
+            command.consumer_error.error.placement_epoch = 5
+            return command
+
+        old.push(moved)
+        await asyncio.wait_for(new.subscribed.wait(), 30)
+        assert consumer.store_address == new_address and client.store_for(TOPIC) == new_address
+        new.push(lambda c: message(c, 8))
+        received = await consumer.receive(timeout=30)
+        # m7 may have been dropped with the old connection's queue (the new owner redelivers it).
+        assert received.data in (b"m7", b"m8")
+        if received.data == b"m7":
+            assert (await consumer.receive(timeout=30)).data == b"m8"
+    for server in servers:
+        await server.close()

@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 
 from txnkeeper.client import Consumer, MessageId
+from txnkeeper.client.placement import StoreRouter
 from txnkeeper.errors import UnavailableError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 
 
 async def test_an_ack_while_reconnecting_is_unavailable_and_says_to_ack_again() -> None:
+    pool = ConnectionPool(5.0)
     consumer = Consumer(
-        ConnectionPool(5.0),
+        pool,
         "persistent://t/ns/x",
         "s",
-        store_address="127.0.0.1:1",
+        router=StoreRouter(["127.0.0.1:1"], 5.0, pool.request, lambda _: None),
         consumer_id=1,
         queue_size=10,
     )

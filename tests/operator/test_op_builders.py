@@ -67,7 +67,9 @@ def test_statefulset_is_rolled_by_the_operator_and_restricted() -> None:
     sts = builders.statefulset(TC, Template("1.0.0", BatchSettings()), SETTINGS)
     spec = sts["spec"]
     assert spec["updateStrategy"] == {"type": "OnDelete"}
-    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    # Scaled-away pods held nothing (the operator shrinks only then): their claims go; a deleted
+    # resource keeps its ledgers.
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Delete"}
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] and not pod["automountServiceAccountToken"]

@@ -230,7 +230,6 @@ def test_minimal_resources_are_valid_and_defaulted() -> None:
         (PAS, {"version": "1.2.0", "batchedWrite": {"enabled": True}}, "needs version 2.x"),
         (TC, {"version": "9.0.0"}, "known release line"),
         (TC, {"version": "2.0.0", "batchedWrite": {"enabled": True, "maxRecords": 1}}, "at least 2"),
-        (TC, {"version": "2.0.0", "replicas": 5, "coordinators": 2}, "at least spec.replicas"),
     ],
 )
 def test_cel_rejects_with_a_message_that_says_what_to_fix(
@@ -255,12 +254,55 @@ def test_storage_and_coordinators_are_immutable() -> None:
     assert any("coordinators is immutable" in e for e in errors)
 
 
-def test_replicas_are_immutable_because_data_is_placed_by_pod() -> None:
-    errors = cel_errors(TC, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
-    assert any("replicas of a TransactionCoordinator is immutable" in e for e in errors)
-    errors = cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"})
-    assert any("replicas of a PendingAckStore is immutable" in e for e in errors)
-    assert cel_errors(PAS, {"version": "2.1.0", "replicas": 3}, {"version": "2.0.0"}) == []
+def test_replicas_are_mutable_for_both_kinds() -> None:
+    """kubectl scale: placement moves with the count, so any replica count is accepted, also one above
+    spec.coordinators (a pod that owns no coordinator id only waits)."""
+    assert cel_errors(TC, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []
+    assert cel_errors(TC, {"version": "2.0.0", "replicas": 5, "coordinators": 2}) == []
+    assert cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []
+    spec = _default(_schema(PAS, "spec"), {"version": "2.0.0"})
+    assert spec["scaling"] == {"maxConcurrentMoves": 1} and "shards" not in spec
+    for bad in ({"maxConcurrentMoves": 0}, {"maxConcurrentMoves": 17}):
+        with pytest.raises(jsonschema.ValidationError):
+            cel_errors(TC, {"version": "2.0.0", "scaling": bad})
+
+
+def test_shards_are_fixed_once_the_resource_exists() -> None:
+    old = {"version": "2.0.0", "replicas": 2, "shards": 32}
+    assert cel_errors(PAS, {**old, "replicas": 3}, old) == []
+    errors = cel_errors(PAS, {**old, "shards": 64}, old)
+    assert any("spec.shards is immutable" in e for e in errors)
+    errors = cel_errors(PAS, {"version": "2.0.0", "replicas": 2}, old)
+    assert any("cannot be added or removed" in e for e in errors)
+    errors = cel_errors(PAS, old, {"version": "2.0.0", "replicas": 2})
+    assert any("cannot be added or removed" in e for e in errors)
+    for bad in (0, 4097):
+        with pytest.raises(jsonschema.ValidationError):
+            cel_errors(PAS, {"version": "2.0.0", "shards": bad})
+
+
+def _root_errors(obj: dict[str, Any]) -> list[str]:
+    root = _load(PAS)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = {**obj, "spec": _default(root["properties"]["spec"], copy.deepcopy(obj["spec"]))}
+    return [
+        r["message"]
+        for r in root["x-kubernetes-validations"]
+        if not _evaluate(r["rule"], {"self": json_to_cel(obj)})
+    ]
+
+
+def test_shards_must_be_a_multiple_of_replicas_until_the_first_record_exists() -> None:
+    """On create (the API server drops status there) spec.shards must divide by spec.replicas; once the
+    operator wrote status.placement any replica count is accepted (kubectl scale 2 -> 3 with 32)."""
+    errors = _root_errors({"spec": {"version": "2.0.0", "replicas": 3, "shards": 32}})
+    assert any("multiple of spec.replicas" in e for e in errors)
+    assert _root_errors({"spec": {"version": "2.0.0", "replicas": 2, "shards": 32}}) == []
+    assert _root_errors({"spec": {"version": "2.0.0", "replicas": 3}}) == []
+    placed = {
+        "spec": {"version": "2.0.0", "replicas": 3, "shards": 32},
+        "status": {"placement": {"epoch": 1}},
+    }
+    assert _root_errors(placed) == []
 
 
 def test_defaults_satisfy_their_own_rules_as_written() -> None:
@@ -356,10 +398,6 @@ def test_schema_refuses_specs_that_would_fail_later(spec: dict[str, Any]) -> Non
             },
             "requests must not exceed resources.limits",
         ),
-        (
-            {"version": "2.0.0", "replicas": 3, "maxUnavailable": 4},
-            "maxUnavailable must not exceed spec.replicas",
-        ),
     ],
 )
 def test_cel_refuses_specs_that_would_fail_later(spec: dict[str, Any], fragment: str) -> None:
@@ -375,6 +413,8 @@ def test_cel_refuses_specs_that_would_fail_later(spec: dict[str, Any], fragment:
         _batch(maxDelayMillis=batching.MAX_MAX_DELAY_MILLIS, maxSizeBytes=batching.MIN_MAX_SIZE_BYTES),
         _batch(maxDelayMillis=0),
         {"version": "2.0.0", "replicas": 3, "maxUnavailable": 3},
+        {"version": "2.0.0", "replicas": 1, "maxUnavailable": 2},  # kubectl scale is never refused for it
+        {"version": "2.0.0", "scaling": {"maxConcurrentMoves": 16}},
         {"version": "2.0.0", "image": "ghcr.io/txnkeeper/txnkeeper:2.0.0"},
         {"version": "2.0.0", "storage": {"size": 1073741824, "storageClassName": "fast-ssd.example.com"}},
         {"version": "2.0.0", "storage": {"size": "500M", "storageClassName": ""}},

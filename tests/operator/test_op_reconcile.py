@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from txnkeeper.contract.admin import AdminError, PodBatchLog
-from txnkeeper_operator import naming
+from txnkeeper_operator import metrics, naming
+from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import BatchSettings, Phase
 from txnkeeper_operator.engine.persist import format_time
 from txnkeeper_operator.naming import Kind
-from txnkeeper_operator.reconcile import Context, reconcile
+from txnkeeper_operator.reconcile import reconcile
 from txnkeeper_operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
@@ -99,6 +100,9 @@ class FakeKube:
         self.status_writes.append(json.loads(json.dumps(status)))
         _merge(self.cr.setdefault("status", {}), status)
 
+    async def patch_resource(self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        _merge(self.cr, patch)
+
     def run_statefulset_controller(self) -> None:
         sts = self.objects.get(("StatefulSet", "ns", "txn"))
         if sts is None:
@@ -144,6 +148,16 @@ class FakePods:
                 block["enabled"], block["maxRecords"], block["maxSizeBytes"], block["maxDelayMillis"]
             )
         return pod
+
+    async def get_placement(self, base: str) -> Any:
+        # Pods of a release before placement (contracts §12): the operator then moves nothing.
+        raise AdminError(f"GET {base}/admin/v1/placement: HTTP 404: not found")
+
+    def placement_calls(self, kind: str) -> FakePods:
+        return self
+
+    async def held(self, base: str) -> Any:
+        raise AdminError(f"GET {base}/admin/v1/shards: HTTP 404: not found")
 
     async def batch_log(self, base: str, kind: Kind) -> PodBatchLog:
         name = self._pod(base)["metadata"]["name"]
@@ -254,6 +268,16 @@ async def test_install_creates_children_and_reports_status(world: Any) -> None:
     assert ("Normal", "ApplyTemplate", "create pods at 1.0.0") in events.seen
 
 
+def _operator_samples() -> dict[tuple[str, str], float]:
+    """The operator metrics of the resource these tests reconcile, keyed by name and phase label."""
+    return {
+        (sample.name, sample.labels.get("phase", "")): sample.value
+        for family in metrics.RESOURCES.collect()
+        for sample in family.samples
+        if sample.labels.get("name") == "txn" and sample.labels.get("namespace") == "ns"
+    }
+
+
 async def test_upgrade_then_verified_downgrade(world: Any) -> None:
     kube, pods, events, ctx = world
     await _until(kube, ctx, Phase.READY)
@@ -309,6 +333,11 @@ async def test_upgrade_then_verified_downgrade(world: Any) -> None:
     sts = kube.objects[("StatefulSet", "ns", "txn")]
     assert sts["spec"]["template"]["metadata"]["labels"][naming.VERSION_LABEL] == "2.0.0"
     assert kube.deleted == ["txn-2", "txn-1", "txn-0"]  # nothing restarted while held
+    # What the "downgrade blocked" alert and the operator dashboard read (docs/monitoring.md).
+    samples = _operator_samples()
+    assert samples[("txnkeeper_operator_resource_phase", "DowngradeBlocked")] == 1
+    assert samples[("txnkeeper_operator_resource_phase", "Ready")] == 0
+    assert samples[("txnkeeper_operator_verifier_report_safe", "")] == 0
 
     verdict["safe"] = True
     await _until(kube, ctx, Phase.READY, verifier)
@@ -317,6 +346,12 @@ async def test_upgrade_then_verified_downgrade(world: Any) -> None:
     assert status["currentVersion"] == "1.0.0" and "verifiedAt" in status["downgrade"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["DowngradeSafe"] == "True"
     assert status["lastVerifierReport"]["safe"] is True
+    samples = _operator_samples()
+    assert samples[("txnkeeper_operator_resource_phase", "Ready")] == 1
+    assert samples[("txnkeeper_operator_verifier_report_safe", "")] == 1
+    assert samples[("txnkeeper_operator_verifier_report_timestamp_seconds", "")] == pytest.approx(
+        ctx.clock.now.timestamp(), abs=60
+    )
     # Write-ahead: the markers were in the status before the verifier was ever started.
     first_verify = next(
         i for i, w in enumerate(kube.status_writes) if "verifierRequestedAt" in (w.get("downgrade") or {})

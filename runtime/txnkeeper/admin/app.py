@@ -18,6 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from txnkeeper.admin import entry_query
 from txnkeeper.admin.auth import check_bearer
+from txnkeeper.admin.shard_routes import ShardProvider, add_shard_routes
 from txnkeeper.admin.views import (
     AdminRefusal,
     FormatLevelRefusal,
@@ -29,6 +30,7 @@ from txnkeeper.admin.views import (
 )
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract import entry_frames
+from txnkeeper.errors import NotServedHereError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,12 @@ async def _errors_and_auth(request: web.Request, handler: Handler) -> web.Stream
         return _error(400, str(exc))
     except AdminRefusal as exc:
         return _error(exc.status, str(exc))
+    except NotServedHereError as exc:
+        # A topic of a shard this pod does not serve (docs/contracts.md §12): the owner is named.
+        return web.json_response(
+            {"error": str(exc), "ownerAddress": exc.owner_address, "placementEpoch": exc.placement_epoch},
+            status=409,
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -489,9 +497,12 @@ def build_admin_app(
     offload: OffloadProvider | None = None,
     policies: PolicyProvider | None = None,
     reads: ReadProvider | None = None,
+    *,
+    shards: ShardProvider | None = None,
 ) -> web.Application:
-    """``offload``, ``policies`` and ``reads`` return the pod's topic offload, topic policy and topic
-    read views once its stores are up (None: no topics)."""
+    """``offload``, ``policies``, ``reads`` and ``shards`` return the pod's topic offload, topic
+    policy, topic read and placement views once its stores are up (None: no topics); without
+    ``shards`` the placement and shard routes are not added (a coordinator pod adds its own)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
@@ -530,4 +541,6 @@ def build_admin_app(
     app.router.add_get(f"/admin/v1/topics/{verbs}", get_topic_policy)
     app.router.add_post(f"/admin/v1/topics/{verbs}", set_topic_policy)
     app.router.add_delete(f"/admin/v1/topics/{verbs}", remove_topic_policy)
+    if shards is not None:  # store pods (a coordinator pod's placement routes are its own)
+        add_shard_routes(app, shards, token=token, read_body=_json_object, read_query=_utf8_query)
     return app

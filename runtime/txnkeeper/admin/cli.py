@@ -6,6 +6,7 @@ Prints the JSON the pod returns; exits non-zero with the pod's error message whe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -13,8 +14,10 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
 
+from txnkeeper.admin import move
 from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
 from txnkeeper.contract import tls
 from txnkeeper.contract.batching import FLUSH_MODES
@@ -185,7 +188,58 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         setter = actions.add_parser("set", help=f"set KEY=VALUE pairs ({keys}) over the pod's defaults")
         setter.add_argument("topic")
         setter.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    _register_shards(verbs)
     parser.set_defaults(func=run)
+
+
+def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    shards = verbs.add_parser("shards", help="store shards: list them, move one between pods, unload one")
+    actions = shards.add_subparsers(dest="shards_action", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", help="GET /admin/v1/shards of each pod (default: --url)")
+    listing.add_argument("pods", nargs="*", metavar="ADMIN_URL")
+    mover = actions.add_parser(
+        "move",
+        help="move a shard: fence on --from, receive on --to, the new placement record (to, from, --pods),"
+        " release on --from (docs/contracts.md §12); not for operator-managed resources",
+    )
+    mover.add_argument("--shard", type=int, required=True)
+    mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--to", dest="target", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
+    mover.add_argument("--move-id", help="resume an interrupted move with its id")
+    mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+    unload = actions.add_parser("unload", help="fence and unfence a topic's shard: its clients reconnect")
+    unload.add_argument("topic")
+
+
+def _run_shards(ns: argparse.Namespace) -> int:
+    move_id = getattr(ns, "move_id", None) or f"shard-{getattr(ns, 'shard', 0)}-{uuid.uuid4().hex[:12]}"
+    try:
+        if ns.shards_action == "list":
+            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url]))
+        elif ns.shards_action == "unload":
+            result = asyncio.run(move.unload(ns.url, ns.topic, token=load_admin_token(ns.token_file)))
+        else:
+            others = [p for p in ns.pods.split(",") if p]
+            report = asyncio.run(
+                move.move_shard(
+                    ns.shard,
+                    ns.source,
+                    ns.target,
+                    token=load_admin_token(ns.token_file),
+                    others=others,
+                    move=move_id,
+                    roll_back=not ns.no_rollback,
+                )
+            )
+            result = report.to_json()
+    except (move.MoveError, ValueError) as exc:
+        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if ns.shards_action == "move" else ""
+        print(f"txnkeeper admin shards {ns.shards_action}: {exc}{hint}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
 
 
 def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
@@ -271,6 +325,8 @@ def _tls_settings(ns: argparse.Namespace) -> TlsClientSettings | None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.verb == "shards":
+        return _run_shards(ns)
     try:
         method, path, body = _request(ns)
     except ValueError as exc:

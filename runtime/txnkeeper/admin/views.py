@@ -6,6 +6,7 @@ Keeping the seam explicit lets the API be served by any role (coordinator or sto
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
@@ -131,3 +132,27 @@ class TopicReadView(Protocol):
     async def read_entries(
         self, topic: str, start: Position, max_entries: int, max_bytes: int
     ) -> tuple[int, list[bytes]]: ...
+
+
+class ShardAdminView(Protocol):
+    """A pod's placement record and the shard move verbs (docs/contracts.md §12), served by store pods.
+    Every method raises ``AdminRefusal`` (400 bad input, 404 no such shard or file, 409 not in this
+    state, 502 the source pod failed or sent something that does not match its manifest)."""
+
+    def placement_doc(self) -> dict[str, Any]: ...  # GET /admin/v1/placement: the record
+
+    async def put_placement(self, body: dict[str, Any]) -> dict[str, Any]: ...  # {"epoch", "changed"}
+
+    async def shards_doc(self) -> dict[str, Any]: ...  # GET /admin/v1/shards
+
+    async def fence(self, shard: int, move: str) -> dict[str, Any]: ...  # the manifest
+
+    async def unfence(self, shard: int, move: str) -> dict[str, Any]: ...
+
+    async def receive(self, shard: int, move: str, source: str) -> dict[str, Any]: ...
+
+    async def discard(self, shard: int, move: str) -> dict[str, Any]: ...
+
+    async def release(self, shard: int, move: str) -> dict[str, Any]: ...
+
+    async def shard_file(self, shard: int, move: str, path: str) -> Path: ...  # one manifest file

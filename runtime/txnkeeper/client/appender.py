@@ -14,6 +14,10 @@ One block of a writer id is on the wire at a time (the next is numbered at once 
 previous is answered): the store remembers the first message id of a writer's last block only, so this
 is what lets every commit, also one decided by a reconnect, return its message ids. Parallelism comes
 from several writers (one per routing key, or per worker).
+
+A block refused ``NOT_SERVED_HERE`` (the topic moved to another store pod, contracts §12) was not
+applied: the appender resynchronises at the pod that serves the topic now (``SetupAppend`` follows the
+redirect), which holds the writer id's moved state, and decides the block there as after a reconnect.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 from txnkeeper.client.appendstate import BlockNumbers, reconcile
 from txnkeeper.client.errors import ClientClosedError, UnsupportedFeatureError, writer_error
 from txnkeeper.client.message import MessageId
+from txnkeeper.client.placement import is_placement
 from txnkeeper.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -43,6 +48,7 @@ from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection
 
 if TYPE_CHECKING:
+    from txnkeeper.client.placement import StoreRouter
     from txnkeeper.protocol.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -98,7 +104,7 @@ class BlockAppender:
         self,
         connections: ConnectionPool,
         topic: str,
-        store_address: str,
+        router: StoreRouter,
         writer_id: str,
         *,
         key: str,
@@ -108,7 +114,7 @@ class BlockAppender:
             raise ValueError("a writer id must not be empty")
         self._connections = connections
         self.topic = topic
-        self.store_address = store_address
+        self._router = router
         self.writer_id = writer_id
         self.key = key
         self._resync_timeout = resync_timeout
@@ -128,6 +134,11 @@ class BlockAppender:
         # This writer instance's token: its reconnects resume the id, which the store refuses once
         # another instance took the id over since (that one's blocks may carry this one's numbers).
         self._instance = uuid.uuid4().hex
+
+    @property
+    def store_address(self) -> str:
+        """The store pod the writer's topic is served by now (redirects move it)."""
+        return self._router.address(self.topic)
 
     @property
     def in_flight(self) -> int:
@@ -229,7 +240,7 @@ class BlockAppender:
         if failure is None:
             self._applied(block, response.result())
             return
-        if isinstance(failure, _DOUBTFUL):
+        if isinstance(failure, _DOUBTFUL) or is_placement(failure):
             log.info(
                 "writer %s of %s: block %s..%s unanswered (%s); resynchronising",
                 self.writer_id,
@@ -360,8 +371,15 @@ class BlockAppender:
     async def _setup(self, *, resume: bool) -> tuple[RpcConnection, int]:
         """SetupAppend of the writer id as this instance: the first one takes the id over (fencing
         every other instance), a reconnect (``resume``) is refused WRITER_FENCED once another instance
-        took it since."""
-        conn = await self._connections.get(self.store_address)
+        took it since. Sent to the pod that serves the topic (following redirects)."""
+
+        async def setup(address: str) -> tuple[RpcConnection, int]:
+            return await self._setup_at(address, resume=resume)
+
+        return await self._router.at_owner(self.topic, setup, f"writer {self.writer_id} of {self.topic}")
+
+    async def _setup_at(self, address: str, *, resume: bool) -> tuple[RpcConnection, int]:
+        conn = await self._connections.get(address)
         command = api.Command()
         command.setup_append.topic = self.topic
         command.setup_append.writer_id = self.writer_id

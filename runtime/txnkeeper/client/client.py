@@ -1,7 +1,8 @@
 """The client: entry point of the asyncio client library (Pulsar-like API).
 
 Topics are placed on store pods by a stable hash of the topic name over the ``stores`` list, so every
-client with the same list finds the same store; transactions are begun round-robin on ``coordinators``.
+client with the same list finds the same store, until a pod redirects a topic elsewhere (placement,
+``client/placement.py``); transactions are begun round-robin on ``coordinators``.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ import asyncio
 import itertools
 import logging
 import uuid
-import zlib
 from collections.abc import Sequence
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, BlockAppender
 from txnkeeper.client.consumer import Consumer
+from txnkeeper.client.placement import Redirects, StoreRouter, is_placement
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.contract.tls import TlsClientSettings
+from txnkeeper.errors import NotServedHereError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
 from txnkeeper.protocol.rpc import RpcConnection, StaticClientTls, expect, split_address
@@ -32,7 +34,6 @@ DEFAULT_OPERATION_TIMEOUT = 30.0  # seconds, Pulsar's default
 # NewTxn bodies remembered per (timeout, topics, subscriptions): an application begins its
 # transactions with the same few names, and copying a built body is a fraction of building it.
 BEGIN_TEMPLATES = 256
-STORE_CACHE = 100_000  # topics whose store pod is remembered (the hash of each name is computed once)
 
 
 class Client:
@@ -78,7 +79,8 @@ class Client:
         self._closables: list[Producer | SingleKeyWriter] = []
         self._named: dict[tuple[str, str], Producer] = {}  # (topic, producer name) -> open producer
         self._consumer_ids = itertools.count(1)
-        self._store_of: dict[str, str] = {}
+        self.router = StoreRouter(self._stores, operation_timeout, self.connections.request, self._new_store)
+        self._templates_at = 0  # router.moves when the templates were built
         self._begin_templates: dict[tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]], _Begin] = {}
         # The loop of the first transaction, kept: asyncio.get_running_loop() costs a getpid() system
         # call per call on CPython 3.11, and a client serves one loop (its connections do).
@@ -88,7 +90,7 @@ class Client:
 
     async def _authenticate(self, conn: RpcConnection) -> None:
         """Present the token on a new store connection (coordinators take none) before any request."""
-        if conn.address not in self._stores or self._auth_token is None:
+        if not self.router.is_store(conn.address) or self._auth_token is None:
             return
         command = api.Command()
         command.client_auth.token = self._auth_token
@@ -109,16 +111,12 @@ class Client:
         await self.close()
 
     def store_for(self, topic: str) -> str:
-        """The store pod that serves ``topic``."""
-        store = self._store_of.get(topic)
-        if store is None:
-            if not self._stores:
-                raise ValueError("this client was given no store addresses")
-            store = self._stores[zlib.crc32(topic.encode()) % len(self._stores)]
-            if len(self._store_of) >= STORE_CACHE:
-                self._store_of.clear()  # an application naming ever new topics: start over
-            self._store_of[topic] = store
-        return store
+        """The store pod that serves ``topic`` (as far as this client knows: redirects update it)."""
+        return self.router.address(topic)
+
+    def _new_store(self, address: str) -> None:
+        """A redirect named a store pod this client was not given: its pushes reach the consumers."""
+        self.connections.on_push(address, self._on_push)
 
     async def create_producer(self, topic: str, *, producer_name: str | None = None) -> Producer:
         """A producer of ``topic``. With ``producer_name`` its sends are idempotent (Pulsar's producer
@@ -136,11 +134,13 @@ class Client:
         producer = Producer(
             self.connections,
             topic,
-            self.store_for(topic),
+            self.router,
             producer_name=producer_name,
             resync_timeout=self._operation_timeout,
         )
-        await self.connections.get(producer.store_address)
+        # Connected now, so that a store that cannot be reached fails the create (after the other
+        # store addresses were tried: any of them redirects to the topic's owner).
+        await self.router.at_owner(topic, self.connections.get, f"producer of {topic}")
         if producer_name is not None:
             await producer.open_sequenced()
             self._named[(topic, producer_name)] = producer
@@ -162,7 +162,7 @@ class Client:
         appender = BlockAppender(
             self.connections,
             topic,
-            self.store_for(topic),
+            self.router,
             writer_id or uuid.uuid4().hex,
             key=routing_key,
             resync_timeout=self._operation_timeout,
@@ -177,7 +177,7 @@ class Client:
             self.connections,
             topic,
             subscription,
-            store_address=self.store_for(topic),
+            router=self.router,
             consumer_id=next(self._consumer_ids),
             queue_size=receiver_queue_size,
         )
@@ -218,20 +218,45 @@ class Client:
                 self._begin_templates.clear()
             self._begin_templates[key] = begin
         template, store = begin
+        if store and self._templates_at != self.router.moves:
+            # A topic moved since these were built: their store addresses may be stale.
+            self._begin_templates.clear()
+            self._templates_at = self.router.moves
+            begin = self._begin_template(timeout_ms, topics, subscriptions)
+            template, store = begin
         command = api.Command()
         command.CopyFrom(template)  # a fresh command each time: the request id is stamped into it
-        response = await self.connections.request(address, command)
+        address, response = await self._begin_at(address, command)
         answer = response.new_txn_response
         txn = answer.txn_id
         loop = self._event_loop
         if loop is None:
             loop = self._event_loop = asyncio.get_running_loop()
         transaction = Transaction(
-            self.connections, TxnID(txn.most, txn.least), address, answer.owner_token, loop=loop
+            self.connections,
+            TxnID(txn.most, txn.least),
+            address,
+            answer.owner_token,
+            loop=loop,
+            operation_timeout=self._operation_timeout,
         )
         if answer.tickets:
             transaction.registered_at_begin(store, response)
         return transaction
+
+    async def _begin_at(self, address: str, command: api.Command) -> tuple[str, api.Command]:
+        """NewTxn at ``address``; one answered by placement goes to the owner it names, or, when that
+        pod serves no coordinator id now (being moved), to the next coordinator pod after a wait."""
+        redirects = Redirects("beginning a transaction", self._operation_timeout)
+        while True:
+            try:
+                return address, await self.connections.request(address, command)
+            except NotServedHereError as exc:
+                if not is_placement(exc):
+                    raise
+                owner = await redirects.after(exc)
+                assert self._coordinator_cycle is not None
+                address = owner if owner is not None else next(self._coordinator_cycle)
 
     def _begin_template(
         self, timeout_ms: int, topics: Sequence[str], subscriptions: Sequence[tuple[str, str]]
@@ -254,7 +279,7 @@ class Client:
 
     async def transaction_status(self, txn: Transaction) -> str:
         body = api.GetTxnStatus(txn_id=api.TxnId(most=txn.txn_id.most, least=txn.txn_id.least))
-        response = await self.connections.request(txn.coordinator_address, api.Command(get_txn_status=body))
+        response = await txn.coordinator_request(api.Command(get_txn_status=body))
         return response.txn_status.status
 
     def _on_push(self, conn: RpcConnection, command: api.Command) -> None:

@@ -6,6 +6,11 @@ everything that was not acknowledged). When the store cannot read the subscripti
 (offloaded tier data damaged or unreachable) it says so (a ConsumerError push, repeated while it lasts):
 ``receive`` raises that error (``DataUnreadableError``, naming the position) once the messages received
 before it were handed out, and returns messages again when the store resumes delivery.
+
+When the topic moves to another store pod (placement, contracts §12), a subscribe is redirected to the
+pod that serves it now; a consumer whose pod stops serving the topic (its connection closed for the
+move, a ``NOT_SERVED_HERE`` push, or an ack refused that way) resubscribes there as after a lost
+connection, and a refused ack is sent again once it has (the moved subscription knows the message ids).
 """
 
 from __future__ import annotations
@@ -13,23 +18,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 from txnkeeper.client.errors import ClientClosedError
-from txnkeeper.client.futures import then
 from txnkeeper.client.message import Message, MessageId
+from txnkeeper.client.placement import MAX_HOPS, following, is_placement, same
 from txnkeeper.client.transaction import Transaction
-from txnkeeper.errors import ServiceError, UnavailableError, from_error_frame
+from txnkeeper.errors import NotServedHereError, ServiceError, UnavailableError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection
 
 if TYPE_CHECKING:
+    from txnkeeper.client.placement import StoreRouter
     from txnkeeper.protocol.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
 RESUBSCRIBE_BACKOFF = (0.05, 1.0)
+T = TypeVar("T")
 
 
 class Consumer:
@@ -39,7 +48,7 @@ class Consumer:
         topic: str,
         subscription: str,
         *,
-        store_address: str,
+        router: StoreRouter,
         consumer_id: int,
         queue_size: int,
     ) -> None:
@@ -48,7 +57,7 @@ class Consumer:
         self._connections = connections
         self.topic = topic
         self.subscription = subscription
-        self.store_address = store_address
+        self._router = router
         self.consumer_id = consumer_id
         self._queue_size = queue_size
         # None: the store's error (``_error``) comes next; at most one is queued, the newest error wins.
@@ -59,8 +68,18 @@ class Consumer:
         self._closed = False
         self._resubscriber: asyncio.Task[None] | None = None
 
+    @property
+    def store_address(self) -> str:
+        """The store pod the consumer's topic is served by now (redirects move it)."""
+        return self._router.address(self.topic)
+
     async def subscribe(self) -> None:
-        conn = await self._connections.get(self.store_address)
+        """Subscribe at the pod that serves the topic (following redirects, waiting out a move)."""
+        what = f"subscription {self.subscription!r} of {self.topic}"
+        await self._router.at_owner(self.topic, self._subscribe_at, what)
+
+    async def _subscribe_at(self, address: str) -> None:
+        conn = await self._connections.get(address)
         # Messages may arrive in the same read as the Subscribe response, before this coroutine
         # resumes: the consumer must already accept pushes from this connection.
         self._conn = conn
@@ -88,6 +107,14 @@ class Consumer:
         self._conn = None
         self._drop_queue()
         self._resubscriber = asyncio.get_running_loop().create_task(self._resubscribe())
+
+    def _not_served(self, conn: RpcConnection, failure: NotServedHereError) -> None:
+        """The pod behind ``conn`` no longer serves the topic: resubscribe where it is served."""
+        if failure.owner_address:
+            self._router.moved(self.topic, failure.owner_address)
+        if conn is self._conn and not self._closed:
+            log.info("%s/%s not served at %s now: %s", self.topic, self.subscription, conn.address, failure)
+            self._connection_lost(conn)
 
     async def _resubscribe(self) -> None:
         delay = RESUBSCRIBE_BACKOFF[0]
@@ -119,6 +146,10 @@ class Consumer:
         if conn is not self._conn:
             return
         error = from_error_frame(failure.error)
+        if is_placement(error):
+            assert isinstance(error, NotServedHereError)
+            self._not_served(conn, error)
+            return
         if not str(error):
             error = type(error)(
                 f"the store cannot deliver what comes next on {self.topic} (subscription "
@@ -181,7 +212,7 @@ class Consumer:
             added.entry_id = message_id.entry_id
         body.ack_type = api.CUMULATIVE if cumulative else api.INDIVIDUAL
         if txn is None:
-            return then(self._request_ack(command), _nothing)
+            return self._request_ack(command, _nothing)
         registration = txn.subscription_registration(self.topic, self.subscription, self.store_address)
 
         def ack() -> Awaitable[api.Command]:
@@ -191,14 +222,48 @@ class Consumer:
 
         return txn.operation(registration, ack, _nothing)
 
-    def _request_ack(self, command: api.Command) -> asyncio.Future[api.Command]:
+    def _request_ack(
+        self,
+        command: api.Command,
+        convert: Callable[[api.Command], T] = same,  # type: ignore[assignment]
+    ) -> asyncio.Future[T]:
         conn = self._conn
         if conn is None or not conn.is_open:
             # Typed and UNAVAILABLE: the application can tell "retry later" by the code.
             raise UnavailableError(
                 f"consumer {self.subscription} of {self.topic} is reconnecting; ack again later"
             )
-        return conn.request(command)
+        return following(conn.request(command), partial(self._ack_where_served, conn, command), convert)
+
+    async def _ack_where_served(
+        self, conn: RpcConnection, command: api.Command, failure: NotServedHereError
+    ) -> api.Command:
+        """An ack refused because the pod stopped serving the topic: resubscribe where it is served
+        now, then send the ack there (message ids are the same on the pod the topic moved to)."""
+        timeout = self._router.operation_timeout
+        deadline = time.monotonic() + timeout
+        for _ in range(MAX_HOPS + 1):
+            self._not_served(conn, failure)
+            resubscriber = self._resubscriber
+            try:
+                if resubscriber is not None and not resubscriber.done():
+                    left = max(0.0, deadline - time.monotonic())
+                    await asyncio.wait_for(asyncio.shield(resubscriber), left)
+            except TimeoutError:
+                pass
+            current = self._conn
+            if current is None or not current.is_open:
+                raise UnavailableError(
+                    f"consumer {self.subscription} of {self.topic} is still resubscribing where the topic "
+                    f"is served now ({failure}); ack again later"
+                )
+            try:
+                return await current.request(command, timeout)
+            except NotServedHereError as exc:
+                if not is_placement(exc):
+                    raise
+                conn, failure = current, exc
+        raise failure
 
     async def redeliver_unacknowledged_messages(self) -> None:
         conn = self._conn

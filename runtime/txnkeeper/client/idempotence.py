@@ -16,6 +16,11 @@ instance took the name, and which this class refuses itself when the store's las
 any it assigned (another producer wrote under the name while the store forgot who held it, e.g. after a
 restart). Two producers would otherwise interleave sequence ids and the store would drop one's sends as
 the other's duplicates.
+
+When the topic moves to another store pod (placement, contracts §12), a send refused ``NOT_SERVED_HERE``
+was not written: it is treated like a lost receipt, and the resume goes to the pod that serves the topic
+now (following the redirect), which holds the name's moved de-duplication state, so the re-sent sends
+are still written once.
 """
 
 from __future__ import annotations
@@ -29,11 +34,19 @@ from typing import TYPE_CHECKING
 
 from txnkeeper.client.errors import ClientClosedError, ProducerFencedError, UnsupportedFeatureError
 from txnkeeper.client.message import MessageId
-from txnkeeper.errors import ConnectionClosedError, RequestTimeoutError, ServiceError, UnavailableError
+from txnkeeper.client.placement import Redirects, is_placement
+from txnkeeper.errors import (
+    ConnectionClosedError,
+    NotServedHereError,
+    RequestTimeoutError,
+    ServiceError,
+    UnavailableError,
+)
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.rpc import RpcConnection
 
 if TYPE_CHECKING:
+    from txnkeeper.client.placement import StoreRouter
     from txnkeeper.protocol.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -52,14 +65,14 @@ class SequencedSends:
         self,
         connections: ConnectionPool,
         topic: str,
-        store_address: str,
+        router: StoreRouter,
         producer_name: str,
         *,
         resend_timeout: float,
     ) -> None:
         self._connections = connections
         self.topic = topic
-        self.store_address = store_address
+        self._router = router
         self.producer_name = producer_name
         self._resend_timeout = resend_timeout
         self.last_sequence_id = -1  # the last sequence id assigned (they start at 0)
@@ -74,11 +87,21 @@ class SequencedSends:
         # sends: sent alone, the others wait for its answer (``_resend``).
         self._probe: int | None = None
 
+    @property
+    def store_address(self) -> str:
+        return self._router.address(self.topic)
+
     async def open(self) -> None:
         """Take the name on the store (fencing older producers of it) and continue after its last
         persisted sequence id (-1: none)."""
-        conn = await self._connections.get(self.store_address)
-        self.last_sequence_id = await self._setup(conn, resume=False)
+
+        async def setup(address: str) -> tuple[RpcConnection, int]:
+            conn = await self._connections.get(address)
+            return conn, await self._setup(conn, resume=False)
+
+        conn, self.last_sequence_id = await self._router.at_owner(
+            self.topic, setup, f"producer {self.producer_name!r} of {self.topic}"
+        )
         self._use(conn)
 
     async def _setup(self, conn: RpcConnection, *, resume: bool) -> int:
@@ -150,7 +173,8 @@ class SequencedSends:
         failure = asyncio.CancelledError() if response.cancelled() else response.exception()
         if session != self._session or sequence_id not in self._unanswered:
             return  # sent again on a newer session; that answer counts
-        if isinstance(failure, _DOUBTFUL):
+        if isinstance(failure, _DOUBTFUL) or is_placement(failure):
+            # Refused by a pod that does not serve the topic (now): not written; resumed at the owner.
             self._start_resend()
             return
         probe = self._probe == sequence_id
@@ -211,6 +235,7 @@ class SequencedSends:
             self._doubt_since = time.monotonic()
         deadline = self._doubt_since + self._resend_timeout
         delay = RESEND_BACKOFF[0]
+        redirects = Redirects(f"producer {self.producer_name!r} of {self.topic}", self._resend_timeout)
         while True:
             try:
                 if time.monotonic() > deadline:
@@ -220,6 +245,17 @@ class SequencedSends:
                 # Produce of a name without a session of it there).
                 persisted = await self._setup(conn, resume=True)
                 break
+            except NotServedHereError as exc:
+                try:
+                    if not is_placement(exc):
+                        raise
+                    owner = await redirects.after(exc)
+                except ServiceError as final:
+                    self._resending = None
+                    self._fail(final)
+                    return
+                if owner is not None:
+                    self._router.moved(self.topic, owner)
             except _DOUBTFUL as exc:
                 if time.monotonic() + delay > deadline:
                     self._resending = None

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from txnkeeper.client.appender import DEFAULT_MAX_TXN_BYTES, MAX_EVENT_BYTES, BlockAppender
 from txnkeeper.client.errors import ClientClosedError, MaxTransactionSizeExceededError
-from txnkeeper.client.futures import then
 from txnkeeper.client.idempotence import SequencedSends
 from txnkeeper.client.message import MessageId
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 
 if TYPE_CHECKING:
+    from txnkeeper.client.placement import StoreRouter
     from txnkeeper.protocol.pool import ConnectionPool
 
 DEFAULT_RESYNC_TIMEOUT = 30.0  # seconds a producer tries to get its unanswered sends answered
@@ -32,7 +32,7 @@ class Producer:
         self,
         connections: ConnectionPool,
         topic: str,
-        store_address: str,
+        router: StoreRouter,
         *,
         producer_name: str | None = None,
         resync_timeout: float = DEFAULT_RESYNC_TIMEOUT,
@@ -41,7 +41,7 @@ class Producer:
             raise ValueError("producer_name must not be empty (leave it out for a non-idempotent producer)")
         self._connections = connections
         self.topic = topic
-        self.store_address = store_address
+        self._router = router
         self.producer_name = producer_name
         self._resync_timeout = resync_timeout
         self._sequenced: SequencedSends | None = None
@@ -49,6 +49,11 @@ class Producer:
         self._appenders: dict[str, BlockAppender] = {}
         self._opening_appenders: dict[str, asyncio.Future[None]] = {}
         self._closed = False
+
+    @property
+    def store_address(self) -> str:
+        """The store pod this producer's topic is served by now (redirects move it)."""
+        return self._router.address(self.topic)
 
     @property
     def last_sequence_id(self) -> int:
@@ -62,7 +67,7 @@ class Producer:
         sequenced = SequencedSends(
             self._connections,
             self.topic,
-            self.store_address,
+            self._router,
             self.producer_name,
             resend_timeout=self._resync_timeout,
         )
@@ -86,15 +91,15 @@ class Producer:
         body.topic = self.topic
         body.payload = bytes(data)
         body.key = key
-        connections = self._connections
+        router = self._router
         if txn is None:
-            return then(connections.request(self.store_address, command), _receipt)
+            return router.request_then(self.topic, command, _receipt)
         registration = txn.partition_registration(self.topic, self.store_address)
 
         def produce() -> Awaitable[api.Command]:
             body.txn_id.CopyFrom(txn.pb_id)
             body.ticket.CopyFrom(txn.ticket(registration, self.topic, ""))
-            return connections.request(self.store_address, command)
+            return router.request(self.topic, command)
 
         return txn.operation(registration, produce, _receipt)
 
@@ -129,7 +134,7 @@ class Producer:
             appender = BlockAppender(
                 self._connections,
                 self.topic,
-                self.store_address,
+                self._router,
                 uuid.uuid4().hex,
                 key=key,
                 resync_timeout=self._resync_timeout,

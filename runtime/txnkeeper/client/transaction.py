@@ -4,6 +4,11 @@ using them, tracks its in-flight operations, and commits only when every one of 
 Why the bookkeeping: the coordinator can only end a transaction on partitions and subscriptions it
 knows, and a commit must not race an unfinished send or ack; if any operation failed (for example an
 ack conflict), committing would lose that operation, so ``commit`` aborts instead and says why.
+
+The transaction's coordinator id may move to another coordinator pod while it is open (placement,
+contracts §12): a request answered ``NOT_SERVED_HERE`` goes to the owner it names (and the transaction
+remembers that pod), or, while the id is being moved, again after a short wait. Nothing refused was
+applied, so re-sending an add or an end there is safe (an end is idempotent anyway).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from txnkeeper.aio import failure_of, settle
 from txnkeeper.client.errors import TransactionFailedError
 from txnkeeper.client.futures import converted
-from txnkeeper.errors import InvalidTxnStatusError, ServiceError
+from txnkeeper.client.placement import Redirects, following, is_placement
+from txnkeeper.errors import InvalidTxnStatusError, NotServedHereError, ServiceError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.txnid import TxnID
 
@@ -37,8 +43,10 @@ class Transaction:
         owner_token: bytes = b"",
         *,
         loop: asyncio.AbstractEventLoop | None = None,
+        operation_timeout: float = 30.0,
     ) -> None:
         self._connections = connections
+        self._operation_timeout = operation_timeout
         # The loop its futures belong to (``loop`` saves asking asyncio, a getpid() system call, for
         # every operation; a Transaction lives on the loop it was begun on).
         self._loop = loop if loop is not None else asyncio.get_running_loop()
@@ -148,13 +156,30 @@ class Transaction:
         for store_address, body in by_store.items():
             registrations = waiting[store_address]
             try:
-                response = asyncio.ensure_future(
-                    self._connections.request(self.coordinator_address, api.Command(add_to_txn=body))
-                )
+                response = self.coordinator_request(api.Command(add_to_txn=body))
             except Exception as exc:
                 _settle_all(registrations, exc, None)
                 continue
             response.add_done_callback(partial(_registered, registrations))
+
+    def coordinator_request(self, command: api.Command) -> asyncio.Future[api.Command]:
+        """Send ``command`` to the transaction's coordinator, following it when its id moved."""
+        first = self._connections.request(self.coordinator_address, command)
+        return following(first, partial(self._follow_coordinator, command))
+
+    async def _follow_coordinator(self, command: api.Command, failure: NotServedHereError) -> api.Command:
+        what = f"{command.WhichOneof('body')} of transaction {self.txn_id}"
+        redirects = Redirects(what, self._operation_timeout)
+        while True:
+            owner = await redirects.after(failure)
+            if owner is not None:
+                self.coordinator_address = owner
+            try:
+                return await self._connections.request(self.coordinator_address, command)
+            except NotServedHereError as exc:
+                if not is_placement(exc):
+                    raise
+                failure = exc
 
     def ticket(
         self, registration: asyncio.Future[api.Command], topic: str, subscription: str
@@ -302,7 +327,7 @@ class Transaction:
         body.action = api.COMMIT if commit else api.ABORT
         body.owner_token = self.owner_token
         try:
-            await self._connections.request(self.coordinator_address, command)
+            await self.coordinator_request(command)
         except ServiceError:
             self.state = "ERROR"
             raise

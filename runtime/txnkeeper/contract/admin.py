@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from txnkeeper.contract.batching import BatchSettings
+from txnkeeper.contract.placement import Placement, PlacementError, PlacementKind
 from txnkeeper.contract.tls import TlsClientSettings, describe_url_error
 
 
@@ -180,3 +181,206 @@ class AdminClient:
         """The pod's Prometheus text exposition."""
         text: str = await self._call("GET", f"{base}/metrics", text=True)
         return text
+
+    # ---- placement (docs/contracts.md §12) ----------------------------------------------------------
+    async def verb(self, method: str, url: str, token: str | None = None, body: Any = None) -> Any:
+        """One JSON call; mutating calls carry ``token`` (default: the client's)."""
+        return await self._call(method, url, token or self._token if method != "GET" else None, body)
+
+    async def put_placement(self, base: str, record: Placement, token: str | None = None) -> None:
+        """``PUT /admin/v1/placement`` with the record: the pod takes it when it is newer than its own
+        (the same record again is a no-op; an older epoch is a 409)."""
+        await self.verb("PUT", f"{base}/admin/v1/placement", token, record.to_json())
+
+    async def get_placement(self, base: str) -> Placement:
+        """``GET /admin/v1/placement``: the record the pod judges by (the answer is the record, or an
+        object holding it under ``record`` beside the pod's move markers)."""
+        url = f"{base}/admin/v1/placement"
+        doc = await self.verb("GET", url)
+        raw = doc.get("record", doc) if isinstance(doc, dict) else doc
+        try:
+            return Placement.from_json(raw, f"GET {url}")
+        except PlacementError as err:
+            raise AdminError(str(err)) from err
+
+    def placement_calls(self, kind: PlacementKind) -> PlacementCalls:
+        """The move verbs of store shards or of coordinator ids."""
+        return PlacementCalls(self, SHARD_ROUTE if kind == "store-shards" else COORDINATOR_ROUTE)
+
+    async def shard_fence(self, base: str, shard: int, move: str, token: str | None = None) -> dict[str, Any]:
+        return await self.placement_calls("store-shards").fence(base, shard, move, token)
+
+    async def shard_receive(
+        self, base: str, shard: int, move: str, source: str, token: str | None = None
+    ) -> dict[str, Any]:
+        return await self.placement_calls("store-shards").receive(base, shard, move, source, token)
+
+    async def shard_unfence(self, base: str, shard: int, move: str, token: str | None = None) -> None:
+        await self.placement_calls("store-shards").unfence(base, shard, move, token)
+
+    async def shard_discard(self, base: str, shard: int, move: str, token: str | None = None) -> None:
+        await self.placement_calls("store-shards").discard(base, shard, move, token)
+
+    async def shard_release(self, base: str, shard: int, move: str, token: str | None = None) -> None:
+        await self.placement_calls("store-shards").release(base, shard, move, token)
+
+    async def list_shards(self, base: str) -> HeldUnits:
+        return await self.placement_calls("store-shards").held(base)
+
+    async def coordinator_fence(
+        self, base: str, coordinator: int, move: str, token: str | None = None
+    ) -> dict[str, Any]:
+        return await self.placement_calls("coordinator-ids").fence(base, coordinator, move, token)
+
+    async def coordinator_receive(
+        self, base: str, coordinator: int, move: str, source: str, token: str | None = None
+    ) -> dict[str, Any]:
+        return await self.placement_calls("coordinator-ids").receive(base, coordinator, move, source, token)
+
+    async def coordinator_unfence(
+        self, base: str, coordinator: int, move: str, token: str | None = None
+    ) -> None:
+        await self.placement_calls("coordinator-ids").unfence(base, coordinator, move, token)
+
+    async def coordinator_discard(
+        self, base: str, coordinator: int, move: str, token: str | None = None
+    ) -> None:
+        await self.placement_calls("coordinator-ids").discard(base, coordinator, move, token)
+
+    async def coordinator_release(
+        self, base: str, coordinator: int, move: str, token: str | None = None
+    ) -> None:
+        await self.placement_calls("coordinator-ids").release(base, coordinator, move, token)
+
+    async def list_coordinator_ids(self, base: str) -> HeldUnits:
+        return await self.placement_calls("coordinator-ids").held(base)
+
+
+# ---- placement and moves (docs/contracts.md §12) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRoute:
+    """Where one placement kind's move verbs live: ``/admin/v1/{path}/{unit}/{verb}`` and the listing
+    ``GET /admin/v1/{path}`` whose ``{list_key}`` array has one entry per unit, keyed ``{id_key}``."""
+
+    path: str
+    list_key: str
+    id_key: str
+
+
+SHARD_ROUTE = UnitRoute("shards", "shards", "shard")
+COORDINATOR_ROUTE = UnitRoute("coordinators", "coordinators", "coordinator")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldUnit:
+    """One shard (coordinator id) a pod holds data of, as ``GET /admin/v1/shards`` reports it: the
+    owner its record names, ``serving``/``fenced``/``received``, and the load a rebalance weighs."""
+
+    unit: int
+    owner: int
+    state: str
+    bytes: int
+    bytes_in_per_second: float
+    txn_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeldUnits:
+    """A pod's listing: the epoch of the record it judges by and every unit it holds data of."""
+
+    epoch: int
+    units: tuple[HeldUnit, ...]
+
+
+HELD_STATES = ("serving", "fenced", "received", "closed")
+# A listing may name every unit of the record: these it only knows of (owned elsewhere, no data here).
+NOT_HELD_STATES = ("elsewhere",)
+
+
+def parse_held(route: UnitRoute, doc: Any) -> HeldUnits:
+    """``GET /admin/v1/shards`` (``/admin/v1/coordinators``) -> HeldUnits: the units the pod holds
+    data of (``closed``: owned, not open yet); rows in ``NOT_HELD_STATES`` are left out. A malformed
+    entry is an AdminError (the engine then treats the pod as "holdings unknown" and never shrinks
+    past it)."""
+    try:
+        epoch = doc["epoch"]
+        rows = doc[route.list_key]
+        if not _is_int(epoch) or not isinstance(rows, list):
+            raise TypeError(f"epoch must be an integer and {route.list_key} a list")
+        units = []
+        for row in rows:
+            state = row["state"]
+            size = row.get("bytes", 0)
+            if state not in HELD_STATES + NOT_HELD_STATES or not all(
+                _is_int(v) for v in (row[route.id_key], row["owner"], size)
+            ):
+                raise ValueError(f"bad entry {row!r}")
+            if state in NOT_HELD_STATES:
+                continue
+            units.append(
+                HeldUnit(
+                    unit=row[route.id_key],
+                    owner=row["owner"],
+                    state=state,
+                    bytes=size,
+                    bytes_in_per_second=float(row.get("bytesInPerSecond", 0.0)),
+                    txn_per_second=float(row.get("txnPerSecond", 0.0)),
+                )
+            )
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise AdminError(f"malformed {route.list_key} listing: {err!r}") from err
+    return HeldUnits(epoch, tuple(units))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class PlacementCalls:
+    """The §12 verbs on one pod, for one placement kind (``SHARD_ROUTE`` or ``COORDINATOR_ROUTE``).
+    Every verb is idempotent for the same move id, so a caller that crashed repeats it."""
+
+    def __init__(self, admin: AdminClient, route: UnitRoute) -> None:
+        self._admin = admin
+        self._route = route
+
+    def _url(self, base: str, unit: int, verb: str) -> str:
+        return f"{base}/admin/v1/{self._route.path}/{unit}/{verb}"
+
+    async def fence(self, base: str, unit: int, move: str, token: str | None = None) -> dict[str, Any]:
+        """Step 1 on the source: the manifest ``{"shard"|"coordinator", "move", "epoch", "files",
+        "bytes", ...}`` (409: the pod's record does not make it the owner)."""
+        url = self._url(base, unit, "fence")
+        doc = await self._admin.verb("POST", url, token, {"move": move})
+        if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
+            raise AdminError(f"POST {url}: not a move manifest")
+        return doc
+
+    async def receive(
+        self, base: str, unit: int, move: str, source: str, token: str | None = None
+    ) -> dict[str, Any]:
+        """Step 3 on the target: it pulls every file of the manifest from ``source`` (the source's
+        admin base URL) and answers ``{"files", "bytes"}`` once it has them, checked and fsync'd."""
+        url = self._url(base, unit, "receive")
+        doc = await self._admin.verb("POST", url, token, {"move": move, "source": source})
+        if not isinstance(doc, dict) or not _is_int(doc.get("files")) or not _is_int(doc.get("bytes")):
+            raise AdminError(f"POST {url}: not a receive answer (files, bytes)")
+        return doc
+
+    async def unfence(self, base: str, unit: int, move: str, token: str | None = None) -> None:
+        """Roll back on the source (409: it no longer owns the unit)."""
+        await self._admin.verb("POST", self._url(base, unit, "unfence"), token, {"move": move})
+
+    async def discard(self, base: str, unit: int, move: str, token: str | None = None) -> None:
+        """Roll back on the target: delete a staged or received copy (409: it owns the unit)."""
+        await self._admin.verb("POST", self._url(base, unit, "discard"), token, {"move": move})
+
+    async def release(self, base: str, unit: int, move: str, token: str | None = None) -> None:
+        """Step 5 on the source: delete its copy (409 while its record still names it owner)."""
+        await self._admin.verb("POST", self._url(base, unit, "release"), token, {"move": move})
+
+    async def held(self, base: str) -> HeldUnits:
+        """``GET /admin/v1/shards`` (or ``/admin/v1/coordinators``): what the pod holds."""
+        return parse_held(self._route, await self._admin.verb("GET", f"{base}/admin/v1/{self._route.path}"))

@@ -16,6 +16,8 @@ VERSION = "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 PAUSE_ANNOTATION = f"{GROUP}/pause-reconciliation"
+# "now": rebalance placement (contracts §12); the operator removes it once the rebalance is done.
+REBALANCE_ANNOTATION = f"{GROUP}/rebalance"
 VERSION_LABEL = f"{GROUP}/version"
 STARTUP_BATCH_ANNOTATION = f"{GROUP}/startup-batch"
 VERIFIER_OF_LABEL = f"{GROUP}/verifier-of"

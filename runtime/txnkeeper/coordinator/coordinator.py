@@ -28,9 +28,11 @@ from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.errors import (
     BadRequestError,
     InvalidTxnStatusError,
+    NotServedHereError,
     TxnNotFoundError,
     UnavailableError,
 )
+from txnkeeper.ledger.io_stats import LatencyHistogram
 from txnkeeper.pb import PulsarTransactionMetadata_pb2 as meta_pb
 from txnkeeper.topicnames import name_problem
 from txnkeeper.txnid import TxnID
@@ -53,7 +55,12 @@ ENDED_MEMORY = 100_000
 # commit (at most this many; older ones are told only that the transaction is ABORTED).
 ADMIN_ABORTS_MEMORY = 10_000
 TICK_SECONDS = 0.1
+# Pulsar's buckets of pulsar_txn_tc_execution_latency (10 ms .. 50 min), in seconds.
+TXN_DURATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 1500.0, 3000.0)
 RETRY_BACKOFF = (0.05, 2.0)
+# Ends re-sent at once after store redirects (routes updated, or an end split per topic) before the
+# usual backoff applies again: pods that disagree about placement must not be asked in a tight loop.
+MAX_END_REDIRECTS = 8
 DELETE_INTERVAL = 0.05  # seconds between batched deletions of ended transactions' records
 # Seconds between rounds that log COMMITTED/ABORTED for the transactions ended since the last one and
 # delete their records. Not needed for the outcome (the end is decided by the durable COMMITTING/
@@ -143,6 +150,8 @@ class TransactionCoordinator:
         self.aborted_count = 0
         self.timed_out_count = 0
         self.created_count = 0
+        # Begin to end applied everywhere, of every committed or aborted txn (Pulsar's execution latency).
+        self.durations = LatencyHistogram(TXN_DURATION_BUCKETS)
         self._deletions: DeferredBatch[TxnID] = DeferredBatch(
             f"coordinator {coordinator_id} record deletion", self._delete_many, DELETE_INTERVAL
         )
@@ -173,6 +182,20 @@ class TransactionCoordinator:
         heapq.heapify(self._deadlines)  # once, not a push per recovered transaction
         self.state = "Ready"
         self._ticker = self._loop.create_task(self._tick_forever())
+
+    async def quiesce(self, within: float) -> int:
+        """Wait up to ``within`` seconds until no end is being delivered (a pod handing this
+        coordinator id to another pod lets the ends it decided finish first, so that their callers
+        hear the outcome); how many are still in progress then (the new owner resumes those from the
+        log)."""
+        deadline = time.monotonic() + within
+        while self._ending:
+            left = deadline - time.monotonic()
+            pending = [done for _, done in self._ending.values() if not done.done()]
+            if left <= 0 or not pending:
+                break
+            await asyncio.wait(pending, timeout=left)
+        return len(self._ending)
 
     async def close(self) -> None:
         self.state = "Closed"
@@ -700,6 +723,7 @@ class TransactionCoordinator:
             self.committed_count += 1
         else:
             self.aborted_count += 1
+        self.durations.observe(max(0.0, (self._clock() - meta.start_time_ms) / 1000))
         settle(done, None, None)
         if self.state == "Closed":
             return  # ended after the last round was drained: sealed by the replay after the restart
@@ -755,41 +779,47 @@ class TransactionCoordinator:
 
     async def _fan_out(self, meta: TxnMeta, commit: bool) -> None:
         """Deliver the end to every store pod of the transaction (one request per pod), retrying
-        what failed with backoff until every partition and subscription has applied it."""
+        what failed with backoff until every partition and subscription has applied it.
+
+        A store pod that does not serve a topic of the end any more (placement, contracts §12) refuses
+        the whole end ``NOT_SERVED_HERE``, applying nothing. Its answer names one owner, not which topic
+        moved, so from then on the end goes out as one end per topic; a topic's own refusal names its
+        owner, which becomes the topic's route (durably, for later ends too) and gets the end at once.
+        An owner-less refusal (being moved) is retried with backoff like any failure."""
         topics, subs = meta.partitions, meta.subscriptions
         if not topics and not subs:
             return
         txn_id = meta.txn_id
         delay = RETRY_BACKOFF[0]
+        per_topic = False
+        redirects = 0
         while True:
             try:
                 # Routes are looked up again on every attempt: a store that moved is found there.
-                by_store = self._group_by_store(topics, subs)
-                if len(by_store) == 1:
-                    ((address, (store_topics, store_subs)),) = by_store.items()
-                    await self._sink.end_on_store(
-                        address, txn_id, commit, store_topics, store_subs, deadline_ms=meta.deadline_ms
-                    )
-                    return
-                stores = list(by_store.items())
+                groups = self._group_by_store(topics, subs, per_topic=per_topic)
                 results = await asyncio.gather(
                     *(
                         self._sink.end_on_store(a, txn_id, commit, t, s, deadline_ms=meta.deadline_ms)
-                        for a, (t, s) in stores
+                        for a, t, s in groups
                     ),
                     return_exceptions=True,
                 )
-                outcomes = zip(stores, results, strict=True)
-                errors = [(a, r) for (a, _), r in outcomes if isinstance(r, BaseException)]
+                outcomes = zip(groups, results, strict=True)
+                errors = [(g, r) for g, r in outcomes if isinstance(r, BaseException)]
                 if not errors:
                     return
                 for _, error in errors:
                     if not isinstance(error, Exception):
                         raise error  # cancelled: stop, the logged decision is resumed by recovery
-                # Retry only the stores that failed (ends are idempotent, so re-sending is safe too).
-                failed = {a for a, _ in errors}
-                topics = [t for a, (ts, _) in stores if a in failed for t in ts]
-                subs = [s for a, (_, ss) in stores if a in failed for s in ss]
+                # Retry only the ends that failed (ends are idempotent, so re-sending is safe too).
+                topics = [t for (_, ts, _), _ in errors for t in ts]
+                subs = [s for (_, _, ss), _ in errors for s in ss]
+                moved = await self._follow_redirects(errors)
+                if moved is not None:
+                    per_topic = True
+                    if moved and redirects < MAX_END_REDIRECTS:
+                        redirects += 1
+                        continue  # a route changed or the end was split: re-send now, not after a wait
                 raise errors[0][1]
             except asyncio.CancelledError:
                 raise
@@ -804,15 +834,48 @@ class TransactionCoordinator:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_BACKOFF[1])
 
+    async def _follow_redirects(
+        self, errors: list[tuple[tuple[str, list[str], list[tuple[str, str]]], BaseException]]
+    ) -> bool | None:
+        """Placement refusals among the failed ends: None if there were none; else whether re-sending
+        at once makes sense (a topic's route was updated to its owner, or a many-topic end must be
+        split per topic to learn which topic moved)."""
+        refused = False
+        progress = False
+        for (address, ts, ss), error in errors:
+            if not isinstance(error, NotServedHereError):
+                continue
+            refused = True
+            names = list(dict.fromkeys([*ts, *(t for t, _ in ss)]))
+            owner = error.owner_address
+            if len(names) > 1:
+                progress = True  # split per topic on the next attempt
+            elif owner and owner != address:
+                log.info(
+                    "coordinator %d: %s is served at %s now (was %s); ending there",
+                    self.coordinator_id,
+                    names[0],
+                    owner,
+                    address,
+                )
+                await self._routes.learn(names, owner)
+                progress = True
+        return progress if refused else None
+
     def _group_by_store(
-        self, topics: list[str], subs: list[tuple[str, str]]
-    ) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
-        by_store: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
+        self, topics: list[str], subs: list[tuple[str, str]], *, per_topic: bool = False
+    ) -> list[tuple[str, list[str], list[tuple[str, str]]]]:
+        """The end's parts by store address (by topic too when ``per_topic``)."""
+        groups: dict[tuple[str, str], tuple[str, list[str], list[tuple[str, str]]]] = {}
         for topic in topics:
-            by_store.setdefault(self._route(topic), ([], []))[0].append(topic)
+            address = self._route(topic)
+            key = (address, topic if per_topic else "")
+            groups.setdefault(key, (address, [], []))[1].append(topic)
         for topic, sub in subs:
-            by_store.setdefault(self._route(topic), ([], []))[1].append((topic, sub))
-        return by_store
+            address = self._route(topic)
+            key = (address, topic if per_topic else "")
+            groups.setdefault(key, (address, [], []))[2].append((topic, sub))
+        return list(groups.values())
 
     def _route(self, topic: str) -> str:
         address = self._routes.get(topic)

@@ -49,6 +49,24 @@ class RouteTable:
     def get(self, topic: str) -> str | None:
         return self._routes.get(topic)
 
+    def rows(self) -> dict[str, str]:
+        """Every route (a copy): what a coordinator id moving to another pod takes along."""
+        return dict(self._routes)
+
+    async def add_missing(self, rows: dict[str, str]) -> None:
+        """Add the routes of ``rows`` for topics this table has no row for (a coordinator id arriving
+        from another pod: this pod's own row for a topic is as good, a stale one is corrected by the
+        store's redirect); durable before returning."""
+        async with self._lock:
+            missing = {t: a for t, a in rows.items() if t not in self._routes}
+            if not missing:
+                return
+            updated = {**self._routes, **missing}
+            await asyncio.to_thread(
+                statefile.write, self._path, ROUTES_KIND, ROUTES_VERSION, {"routes": updated}
+            )
+            self._routes = updated
+
     def knows(self, topics: list[str], address: str) -> bool:
         """True when ``learn(topics, address)`` would change nothing (the usual case)."""
         return not address or all(self._routes.get(t) == address for t in topics)

@@ -2,7 +2,9 @@
 
 Three coordinator processes and two store processes start at release 1.0.0 (format level 1) under
 transactional load; the fleet upgrades them to 2.0.0 one at a time with the batch log off, enables
-batching member by member, shows what batching does to the logs, then downgrades back to 1.0.0:
+batching member by member, shows what batching does to the logs, scales the stores out to three
+(the operator's scaling engine moves shards to the new member while clients follow redirects) and
+rebalances, then downgrades back to 1.0.0:
 batching off, every ledger rolled over, the Spark verifier run until it proves no batched entry is
 still live (a transaction deliberately left open holds the gate until it commits), and only then the
 old release, which itself refuses to start on live batched data. Every
@@ -34,6 +36,7 @@ from txnkeeper.contract.admin import AdminClient, AdminError
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
 from txnkeeper.fleet.load import TransactionalLoad
+from txnkeeper.fleet.scaling import ScalingDriver
 from txnkeeper_operator.engine import BatchSettings, Decision, Desired, EngineConfig, Phase
 
 OLD, NEW = "1.0.0", "2.0.0"
@@ -41,6 +44,7 @@ OLD, NEW = "1.0.0", "2.0.0"
 BATCHED = BatchSettings(enabled=True, max_records=512, max_size_bytes=4 * 1024 * 1024, max_delay_millis=10)
 RECONCILE_PERIOD_S = 0.25
 HELD_TXN_TIMEOUT_MS = 90_000
+SCALE_DEADLINE_S = 120
 
 
 class DemoError(RuntimeError):
@@ -146,12 +150,12 @@ async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int
     async with aiohttp.ClientSession() as session:
         admin = AdminClient(session, timeout_seconds=10, token=token_file.read_text())
         tc = MemberGroup("tc", COORDINATOR, work_dir, token_file, admin, replicas=3, coordinators=3)
-        pas = MemberGroup("pas", STORE, work_dir, token_file, admin, replicas=2)
+        pas = MemberGroup("pas", STORE, work_dir, token_file, admin, replicas=2, placement_replicas=2)
         for group in (tc, pas):
             group.engine_config = config
         fleet = Fleet([tc, pas], display)
         try:
-            return await _lifecycle(fleet, admin, load_seconds)
+            return await _lifecycle(fleet, admin, load_seconds, token_file.read_text())
         finally:
             if fleet.load is not None:
                 await fleet.load.stop()
@@ -163,14 +167,14 @@ async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int
             display.line(f"stopped every process{'; LEFT RUNNING: ' + str(leftovers) if leftovers else ''}")
 
 
-async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float) -> int:
+async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, token: str) -> int:
     display = fleet.display
     tc, pas = fleet.groups
 
     def want(version: str, batch: BatchSettings) -> dict[str, Desired]:
-        return {"tc": Desired(version, 3, batch), "pas": Desired(version, 2, batch)}
+        return {"tc": Desired(version, 3, batch), "pas": Desired(version, pas.replicas, batch)}
 
-    display.stage(f"1/4 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
+    display.stage(f"1/5 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
     if not await fleet.drive(want(OLD, BatchSettings()), 60):
         raise DemoError("the fleet did not become ready at the old release")
     fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses())
@@ -179,16 +183,20 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float) -> i
     await asyncio.sleep(load_seconds)
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage(f"2/4 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
+    display.stage(f"2/5 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
     if not await fleet.drive(want(NEW, BATCHED), 90):
         raise DemoError("the upgrade did not finish")
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage("3/4 batching figures after a few seconds of load")
+    display.stage("3/5 batching figures after a few seconds of load")
     await asyncio.sleep(load_seconds)
     await _figures(fleet.groups, admin, display)
 
-    display.stage(f"4/4 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
+    display.stage("4/5 scale the stores 2 -> 3 under load, then a rebalance (the operator's scaling engine)")
+    await _scale_out(fleet, ScalingDriver(pas, admin, token, display.line), 3)
+    display.line(f"load: {fleet.load.figures.summary()}")
+
+    display.stage(f"5/5 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
     # A transaction left open across the downgrade keeps its batched log records live: the gate must
     # hold until it ends. The scripted user commits it once the operator says what it is waiting for.
     held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses())
@@ -221,6 +229,31 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float) -> i
         "format level 1 (a level-1 runtime refuses to start on a live batched entry)"
     )
     return 0
+
+
+async def _scale_out(fleet: Fleet, driver: ScalingDriver, replicas: int) -> None:
+    """Scale the store group out and rebalance, as `kubectl scale` and then the rebalance annotation
+    do in a cluster: the new member starts, becomes ready, then receives shards one move at a time
+    while the load's clients follow the redirects."""
+    display = fleet.display
+    before = driver.owners()
+    for rebalance in (False, True):
+        deadline = time.monotonic() + SCALE_DEADLINE_S
+        requested = rebalance  # the annotation: removed once the engine says the rebalance is done
+        while True:
+            decision = await driver.step(replicas, rebalance=requested)
+            requested = requested and not decision.rebalance_done
+            if decision.phase == "Balanced" and not decision.actions and not requested:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"scaling did not settle: {decision.phase}: {decision.message}")
+            await asyncio.sleep(RECONCILE_PERIOD_S)
+        rebalance_what = "the requested rebalance" if rebalance else f"the scale-out to {replicas}"
+        display.line(f"{driver.group.name}: {rebalance_what} is done: {decision.message}")
+    after = driver.owners()
+    display.line(
+        f"shards per member: before {before}, after {after} (placement epoch {driver.load().record.epoch})"
+    )
 
 
 class HeldTransaction:

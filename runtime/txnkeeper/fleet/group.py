@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -89,6 +90,8 @@ class MemberGroup:
     admin: AdminClient
     replicas: int
     coordinators: int = 0
+    # Store groups: started with placement (--replicas this many; fleet/scaling.py moves their shards).
+    placement_replicas: int = 0
     engine_config: EngineConfig = field(default_factory=EngineConfig)
     spark_master: str = "local[2]"
     template: Template | None = None
@@ -134,6 +137,8 @@ class MemberGroup:
                 ids = [c for c in range(self.coordinators) if c % self.replicas == index]
                 extra += ["--coordinators", str(self.coordinators)]
                 extra += ["--coordinator-ids", ",".join(map(str, ids))]
+            elif self.placement_replicas:
+                extra += ["--replicas", str(self.placement_replicas)]
             self.members.append(
                 RuntimeProcess(
                     name=f"{self.name}-{index}",
@@ -148,6 +153,28 @@ class MemberGroup:
                 )
             )
         return self.members[ordinal]
+
+    def member_process(self, ordinal: int) -> RuntimeProcess:
+        return self._member(ordinal)
+
+    def members_started(self) -> list[RuntimeProcess]:
+        """The members "the StatefulSet" has (a scale-in removes the highest ordinals)."""
+        return [m for m in self.members if m.release]
+
+    async def resize(self, replicas: int) -> None:
+        """What a StatefulSet does when its replicas change: start the missing members from the
+        template; stop the ones past ``replicas`` and delete their data (the scaling engine shrinks
+        only once they hold nothing: whenScaled: Delete)."""
+        for ordinal in range(replicas):
+            member = self._member(ordinal)
+            if not member.running():
+                self._start(member)
+        for member in self.members[replicas:]:
+            if member.release:
+                await member.stop()
+                member.release = ""
+                shutil.rmtree(member.data_dir, ignore_errors=True)
+        self.replicas = replicas
 
     def _start(self, member: RuntimeProcess) -> None:
         assert self.template is not None

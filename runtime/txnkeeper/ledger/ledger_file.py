@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable
 from pathlib import Path
 
-from . import commit_activity
+from . import commit_activity, io_stats
 from .entry_format import FILE_HEADER, ScanResult, decode_records, file_header, scan, skip_records
 from .errors import CorruptEntryError, LedgerWriteError, NoSuchEntryError
 from .fileio import FileIO
@@ -179,7 +179,9 @@ class LedgerFile:
             if mark_written is not None:
                 undo = mark_written()
             if sync:
+                began = time.perf_counter()
                 self.io.sync_data(self._write_fd)
+                io_stats.FSYNC.observe(time.perf_counter() - began)
         except OSError as exc:
             if undo is not None:
                 undo()  # before the cut: a crash in between must not find the mark past the file's end

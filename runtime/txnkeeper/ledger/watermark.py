@@ -49,6 +49,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import io_stats
 from .errors import CorruptMetadataError
 from .fileio import FileIO
 from .position import Position
@@ -266,6 +267,7 @@ class WatermarkKeeper:
         try:
             previous = file.mark_written(Position(ledger_id, entry_id))
         except OSError as exc:
+            io_stats.WATERMARK.failed("mark")
             log.warning("managed ledger %s: could not mark the watermark %s: %s", self._name, file.path, exc)
             return None
 
@@ -322,6 +324,7 @@ class WatermarkKeeper:
         self._settled.set()
         exc = None if future.cancelled() else future.exception()
         if exc is not None or future.cancelled():
+            io_stats.WATERMARK.failed("confirm")
             if not self._failing:  # once per failure spell: the next group retries
                 log.warning(
                     "managed ledger %s: could not update the watermark %s: %s; appends are unaffected, "
@@ -333,6 +336,7 @@ class WatermarkKeeper:
             self._failing = True
             return
         self._failing = False
+        io_stats.WATERMARK.wrote()
         if self._latest != target and self._timer is None:
             self._schedule()
 

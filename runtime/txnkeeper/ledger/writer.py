@@ -48,6 +48,7 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any, TypeVar
 
+from . import io_stats
 from .errors import LedgerWriteError
 from .ledger_file import GroupWriteFailed, LedgerFile
 
@@ -69,11 +70,22 @@ _PROBE_EVERY = 16
 class _Group:
     """Appends queued for one ledger, contiguous in entry ids and file offsets."""
 
-    __slots__ = ("buffers", "data_bytes", "end", "futures", "ledger", "offsets", "results", "start")
+    __slots__ = (
+        "buffers",
+        "created",
+        "data_bytes",
+        "end",
+        "futures",
+        "ledger",
+        "offsets",
+        "results",
+        "start",
+    )
 
     def __init__(self, ledger: LedgerFile, start: int) -> None:
         self.ledger = ledger
         self.start = start
+        self.created = time.perf_counter()  # when its first append was queued (io_stats.APPEND)
         self.end = start
         self.buffers: list[bytes] = []
         self.offsets: list[int] = []
@@ -377,7 +389,10 @@ class GroupCommitWriter:
             ledger.confirm(group.offsets, len(group.futures), group.data_bytes, group.end)
         if self._on_durable is not None:
             self._on_durable(ledger, count)  # e.g. the watermark: after confirm, before the acks
+        now = time.perf_counter()
         for group in groups:
+            # Every append of the group counted with its oldest append's wait: an upper bound.
+            io_stats.APPEND.observe(now - group.created, len(group.futures))
             for future, result in zip(group.futures, group.results, strict=True):
                 if not isinstance(future, asyncio.Future):
                     _notify(future, result, None)

@@ -55,6 +55,10 @@ class ServeConfig:
     admin_listen: str
     pod_name: str
     coordinator_ids: tuple[int, ...] = (0,)
+    # With --coordinator-ids auto: (coordinators, replicas) of the resource's first placement record;
+    # the pod then serves the ids its record (docs/contracts.md §12) gives it, and coordinator_ids are
+    # only what that first record gives it. None: the listed ids, fixed.
+    coordinator_placement: tuple[int, int] | None = None
     admin_token: str | None = None
     txnlog_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     pending_ack_batch: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
@@ -72,6 +76,10 @@ class ServeConfig:
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES
     # Where Pulsar's clients are sent (server/pulsar_config.py); no URLs: this pod itself
     pulsar: PulsarPlacement = field(default_factory=PulsarPlacement)
+    # Store pods: the placement record's first epoch (docs/contracts.md §12) when the pod holds none;
+    # without replicas (and no record given) the pod serves every topic, as before placement.
+    replicas: int | None = None
+    shards: int | None = None
     tls: TlsServerSettings | None = None  # server/tls_settings.py; None: plaintext
 
 
@@ -122,6 +130,26 @@ def coordinator_ids(
             raise ConfigError(f"--coordinator-ids must be distinct integers >= 0, got {ids!r}")
         return parsed
     return tuple(range(n))
+
+
+def auto_coordinator_placement(
+    count: int | None, ids: str | None, *, replicas: int | None, pod_name: str
+) -> tuple[tuple[int, ...], tuple[int, int]] | None:
+    """With ``--coordinator-ids auto``: the ids the first placement record gives this pod (``c mod
+    replicas == ordinal``; none for a pod added by a scale-out) and (coordinators, replicas) of that
+    record. None for an explicit list (today's fixed ids)."""
+    if ids is None or ids.strip() != "auto":
+        return None
+    n = 1 if count is None else count
+    if n < 1:
+        raise ConfigError(f"--coordinators must be >= 1, got {n}")
+    if replicas is None or replicas < 1:
+        raise ConfigError("--coordinator-ids auto needs --replicas R (R >= 1)")
+    ordinal_text = pod_name.rpartition("-")[2]
+    if not _is_ascii_decimal(ordinal_text):
+        raise ConfigError(f"--coordinator-ids auto needs a pod name ending in -<ordinal>, got {pod_name!r}")
+    ordinal = int(ordinal_text)
+    return tuple(c for c in range(n) if c % replicas == ordinal), (n, replicas)
 
 
 def load_document(path: Path) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Handlers that can answer at once do so synchronously; the rest return a future o
 path, a coroutine (the server replies when it completes). The per-transaction store requests
 (produce, transactional ack, end) return futures settled by the callbacks of the writes they queue:
 a coroutine would cost a task per request. A pod answers only its role's commands: a store command
-sent to a coordinator pod (or the reverse) gets NOT_SERVED_HERE.
+sent to a coordinator pod (or the reverse) gets NOT_SERVED_HERE. A coordinator pod that places its
+coordinator ids by a record (contracts §12) answers a request for an id it does not serve now with
+NOT_SERVED_HERE naming the owner (or none while the id is being moved).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.server import HandlerResult, Session, fill_error, require
 from txnkeeper.server.blocks import BlockAppender, PendingBudget
 from txnkeeper.server.client_auth import ClientPrincipals
+from txnkeeper.server.placement_state import PodPlacement
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.settled import when_all
@@ -169,6 +172,10 @@ class ConsumerEndpoint:
     def ready(self) -> bool:
         return self._session.ready_for_push()
 
+    @property
+    def session(self) -> Session:
+        return self._session
+
     def deliver(
         self,
         position: Position,
@@ -215,8 +222,13 @@ class PodHandler:
         *,
         clock_ms: Callable[[], int] = _now_ms,
         client_key: ClientTokenKey | None = None,
+        coordinator_placement: PodPlacement | None = None,
     ) -> None:
+        """``coordinator_placement``: the record of the coordinator ids (None: the ids in
+        ``coordinators`` are fixed); ``coordinators`` is the pod's live map (ids come and go)."""
         self._coordinators = coordinators
+        self._placement = coordinator_placement
+        self._begins = 0
         self._secret = secret
         self._clock_ms = clock_ms
         # Store role: the nonce each connection was challenged with, and the connections that proved
@@ -286,6 +298,24 @@ class PodHandler:
         for endpoint in self._consumers.pop(session.session_id, {}).values():
             endpoint.subscription.remove_consumer(endpoint.consumer_id)
 
+    def topics_closed(self, topics: set[str]) -> None:
+        """These topics were closed here (their shard is fenced for a move or served elsewhere now):
+        their consumers' connections are closed, which the client answers by subscribing again (and is
+        told where the topic is served now). Other consumers of such a connection subscribe again too:
+        the own protocol has no push that ends one consumer alone."""
+        for endpoints in list(self._consumers.values()):
+            moving = [e for e in endpoints.values() if e.topic in topics]
+            if not moving:
+                continue
+            for endpoint in moving:
+                endpoints.pop(endpoint.client_consumer_id, None)
+                endpoint.subscription.remove_consumer(endpoint.consumer_id)
+            session = moving[0].session
+            # The connection object closes itself with an error frame (protocol/server.py close_for).
+            close_for = getattr(session, "close_for", None)
+            if close_for is not None:
+                close_for("placement", api.NOT_SERVED_HERE, f"topic {moving[0].topic} moved off this pod")
+
     def session_holds_state(self, session: Session) -> bool:
         return bool(self._consumers.get(session.session_id))
 
@@ -297,18 +327,62 @@ class PodHandler:
     # --- coordinator role --------------------------------------------------------------------------
     def _coordinator(self, most: int) -> TransactionCoordinator:
         coordinator = self._coordinators.get(most)
+        placement = self._placement
+        if placement is not None and (coordinator is None or not placement.serves(most)):
+            self._not_served(placement, most)
         if coordinator is None:
             if not self._coordinators:
                 raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
             raise NotServedHereError(f"coordinator {most} is not hosted on this pod")
         return coordinator
 
+    @staticmethod
+    def _not_served(placement: PodPlacement, most: int) -> None:
+        """Raise the placement answer for coordinator id ``most`` on this pod."""
+        record = placement.record
+        if not 0 <= most < record.shards:
+            raise NotServedHereError(
+                f"coordinator {most} does not exist: this resource has ids 0..{record.shards - 1}"
+            )
+        placement.check(most, f"coordinator {most}")  # raises unless served here
+        raise NotServedHereError(  # ours by the record, being opened (it just arrived)
+            f"coordinator {most} is being opened on this pod; retry shortly",
+            placement_epoch=record.epoch,
+        )
+
+    def _placed_coordinator(self, placement: PodPlacement) -> TransactionCoordinator:
+        """The coordinator a NewTxn goes to on a pod that places its ids: round robin over those it
+        serves now; with none, the answer sends the client to a pod that serves one."""
+        served = [c for c in sorted(self._coordinators) if placement.serves(c)]
+        if served:
+            self._begins += 1
+            return self._coordinators[served[self._begins % len(served)]]
+        record = placement.record
+        for owner in record.owners:
+            member = record.member(owner)
+            if owner != placement.ordinal and member is not None:
+                raise NotServedHereError(
+                    f"this pod serves no coordinator id now (placement epoch {record.epoch}); "
+                    f"pod {owner} at {member.address} does",
+                    owner_address=member.address,
+                    placement_epoch=record.epoch,
+                )
+        raise NotServedHereError(
+            f"this pod serves no coordinator id now (placement epoch {record.epoch}); retry shortly",
+            placement_epoch=record.epoch,
+        )
+
     def _new_txn(self, session: Session, command: api.Command) -> HandlerResult:
-        if self._coordinator_cycle is None:
+        placement = self._placement
+        if self._coordinator_cycle is None and placement is None:
             raise NotServedHereError("this pod hosts no transaction coordinator (role store)")
         if self._secret is None:
             raise not_configured("beginning a transaction")
-        coordinator = self._coordinators[next(self._coordinator_cycle)]
+        if placement is not None:
+            coordinator = self._placed_coordinator(placement)
+        else:
+            assert self._coordinator_cycle is not None
+            coordinator = self._coordinators[next(self._coordinator_cycle)]
         body = command.new_txn
         # The coordinator builds the answer once the begin is durable: no future of our own.
         if not body.topics and not body.subscriptions:

@@ -149,6 +149,26 @@ class TopicOffloads:
             "effective": self.effective(topic) or {},
         }
 
+    # --- a shard's rows, moved with it (server/shard_moves.py) ----------------------------------------
+    def rows(self, topics: set[str]) -> dict[str, dict[str, Any]]:
+        return {t: dict(o) for t, o in self._overrides.items() if t in topics}
+
+    async def merge_rows(self, rows: dict[str, Any]) -> None:
+        """Take the overrides of topics moved here (checked as the state file is)."""
+        parsed = {t: offload_settings.parse(raw, f"offload overrides of {t!r}") for t, raw in rows.items()}
+        async with self._lock:
+            if all(self._overrides.get(t) == o for t, o in parsed.items()):
+                return
+            self._overrides.update(parsed)
+            await asyncio.get_running_loop().run_in_executor(None, self._save)
+
+    async def drop_rows(self, topics: set[str]) -> None:
+        async with self._lock:
+            if not any(t in self._overrides for t in topics):
+                return
+            self._overrides = {t: o for t, o in self._overrides.items() if t not in topics}
+            await asyncio.get_running_loop().run_in_executor(None, self._save)
+
     async def set_policies(self, topic: str, settings: dict[str, Any]) -> dict[str, Any]:
         self._require_topic(topic)
         try:

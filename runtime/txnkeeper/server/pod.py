@@ -23,17 +23,25 @@ from prometheus_client.registry import Collector
 
 from txnkeeper import memtrim
 from txnkeeper.admin.app import HttpServerLog, build_admin_app
-from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, StoreView
+from txnkeeper.admin.coordinator_moves import add_coordinator_routes
+from txnkeeper.admin.views import AdminRefusal, FormatLevelRefusal, StoreView, TopicRefusal
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, has_feature
+from txnkeeper.contract.placement import Member, Placement
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.coordinator.recovery import highest_sequence, recovered_transactions
 from txnkeeper.coordinator.routes import RouteTable
 from txnkeeper.coordinator.sequence import SequenceAllocator
 from txnkeeper.coordinator.snapshot import TxnLogSnapshots, snapshot_path
 from txnkeeper.coordinator.snapshot import read as read_snapshot
-from txnkeeper.errors import InvalidTxnStatusError, ServiceError, TxnNotFoundError, UnavailableError
-from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.errors import (
+    InvalidTxnStatusError,
+    NotServedHereError,
+    ServiceError,
+    TxnNotFoundError,
+    UnavailableError,
+)
+from txnkeeper.ledger import ManagedLedgerFactory, io_stats
 from txnkeeper.ledger.metadata import METADATA_FILE
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.ledger.offload.restore import (
@@ -52,12 +60,16 @@ from txnkeeper.protocol.server import ProtocolServer
 from txnkeeper.release import BATCHED_LEVEL, format_level
 from txnkeeper.server.blocks import PendingBudget
 from txnkeeper.server.config import ServeConfig
+from txnkeeper.server.coordinator_moves import CoordinatorMoves
 from txnkeeper.server.handler import PodHandler
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
+from txnkeeper.server.placement_state import PodPlacement, pod_ordinal
 from txnkeeper.server.pulsar_coordinator import PulsarCoordinators
 from txnkeeper.server.pulsar_handler import PulsarPodHandler
+from txnkeeper.server.pulsar_placement import PulsarPlacement, address_of
 from txnkeeper.server.pulsar_txns import TxnRegistrations
+from txnkeeper.server.shard_moves import ShardMoves, initial_placement
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
 from txnkeeper.server.tls_reload import TlsCollector, TlsReloader, TlsSite
 from txnkeeper.server.topic_policies import TopicPolicyStore
@@ -114,6 +126,13 @@ class PodRuntime:
         self.client_address = ""
         self.admin_address = ""
         self._registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
+        # Coordinator pods: the route table their coordinators share, and with --coordinator-ids auto
+        # the placement record of the coordinator ids and their moves (contracts §12).
+        self.routes: RouteTable | None = None
+        self._coordinator_state = Path()
+        self.placement: PodPlacement | None = None
+        self.coordinator_moves: CoordinatorMoves | None = None
+        self.shards: ShardMoves | None = None  # store pods: placement and shard moves (§12)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,7 +161,11 @@ class PodRuntime:
                     "no cluster secret (%s): this pod refuses every transactional request", SECRET_FLAG
                 )
             handler = PodHandler(
-                self.coordinators, self.topics, self._secret, client_key=self.config.client_token_key
+                self.coordinators,
+                self.topics,
+                self._secret,
+                client_key=self.config.client_token_key,
+                coordinator_placement=self.placement,
             )
             placement = self.config.pulsar
             pulsar_coordinators = PulsarCoordinators(
@@ -150,6 +173,7 @@ class PodRuntime:
                 placement,
                 lambda: self.client_address,
                 authenticates=self.config.client_token_key is not None,
+                record=lambda: self.placement.record if self.placement is not None else None,
             )
             if self.topics is not None:
                 self._registrations = TxnRegistrations(
@@ -160,6 +184,7 @@ class PodRuntime:
                 pulsar_coordinators,
                 placement,
                 self._pulsar_url,
+                store_url_of=self._placed_store_url,
                 registrations=self._registrations,
                 client_key=self.config.client_token_key,
                 pod_name=self.pod_name,
@@ -172,6 +197,8 @@ class PodRuntime:
                 other_wire=pulsar_wire(pulsar_handler),
                 tls=self._listener_tls("client"),
             )
+            if self.shards is not None:  # a fenced shard's clients are told to go (§12)
+                self.shards.on_closed += [handler.topics_closed, pulsar_handler.topics_closed]
             handler.share_pending_budget(
                 PendingBudget(self._protocol.stats, self.config.connection_limits.max_pending_bytes)
             )
@@ -190,12 +217,34 @@ class PodRuntime:
         """This pod's Pulsar service URL when no --pulsar-urls name the pods (server/pulsar_config.py)."""
         return f"pulsar://{self._reachable_address()}"
 
+    def _placed_store_url(self, topic: str) -> str | None:
+        """The Pulsar URL of ``topic``'s owner by this pod's placement record (None: no record, or
+        the owner's URL is unknown to it: the --pulsar-urls rule answers)."""
+        shards = self.shards
+        placement = shards.placement if shards is not None else None
+        if placement is None:
+            return None
+        owner = placement.record.owner_of_topic(topic)
+        member = placement.record.member(owner)
+        if member is not None and member.pulsar_url:
+            return member.pulsar_url
+        if owner != placement.ordinal:
+            return None
+        urls = self.config.pulsar.store_urls
+        return urls[owner] if owner < len(urls) else self._pulsar_url()
+
     def _reachable_address(self) -> str:
         host, _, port = self.client_address.rpartition(":")
         return f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
 
     def _store_address(self, topic: str) -> str:
-        """This store pod's address for ``topic`` as coordinators reach it (where ends go)."""
+        """This store pod's address for ``topic`` as coordinators reach it (where ends go): by its
+        placement record when it has one (a topic moved here is not where --pulsar-urls put it)."""
+        placement = self.shards.placement if self.shards is not None else None
+        if placement is not None and placement.record.owner_of_topic(topic) == placement.ordinal:
+            member = placement.record.member(placement.ordinal)
+            if member is not None:
+                return member.address
         return self.config.pulsar.store_address(topic) or self._reachable_address()
 
     def _check_data_features(self, root: Path) -> None:
@@ -264,7 +313,11 @@ class PodRuntime:
             lambda: self.offloads,
             lambda: self.policies,
             lambda: self.reads,
+            shards=(lambda: self.shards if self.shards is not None and self.shards.attached else None)
+            if self.role == "store"
+            else None,
         )
+        add_coordinator_routes(app, lambda: self.coordinator_moves)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
@@ -281,33 +334,82 @@ class PodRuntime:
         self.admin_address = f"{host}:{sockets[0].getsockname()[1]}"
 
     async def _start_coordinators(self, state_dir: Path) -> None:
-        assert self._factory is not None
-        routes = RouteTable(state_dir / "routes.json")
-        routes.load()
-        for coordinator_id in self.config.coordinator_ids:
-            path = snapshot_path(state_dir, coordinator_id)
-            snapshot = await asyncio.to_thread(read_snapshot, path, transaction_log_name(coordinator_id))
-            store = await TransactionLogStore.open(
-                self._factory,
-                coordinator_id,
-                self._txnlog_batch,
-                self.format_level,
-                snapshots=True,
-                snapshot=snapshot,
-            )
-            self._txn_logs[coordinator_id] = store
-            snapshots = self._snapshots[coordinator_id] = TxnLogSnapshots(path, store)
-            replayed = await store.replay()
-            sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
-            sequence.load(highest_sequence(replayed, coordinator_id))
-            coordinator = TransactionCoordinator(
-                coordinator_id, store, sequence, routes, self._peers, timeouts=self.config.txn_timeouts
-            )
-            coordinator.recover(recovered_transactions(replayed))
-            self.coordinators[coordinator_id] = coordinator
-            # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
-            # so readiness does not wait for it), so the next restart does not replay them again.
-            snapshots.start(due=store.replayed_records >= snapshots.threshold)
+        self._coordinator_state = state_dir
+        self.routes = RouteTable(state_dir / "routes.json")
+        self.routes.load()
+        ids: list[int] | tuple[int, ...] = self.config.coordinator_ids
+        placed = self.config.coordinator_placement
+        if placed is not None:
+            # --coordinator-ids auto: the ids this pod's placement record gives it (contracts §12).
+            count, replicas = placed
+            initial = Placement.initial("coordinator-ids", replicas, count)
+            ordinal = pod_ordinal(self.pod_name)
+            self.placement = PodPlacement.load(self.config.data_dir, "coordinator-ids", ordinal, initial)
+            moves = CoordinatorMoves(self, self.placement, self.config.data_dir, self.config.admin_token)
+            self.coordinator_moves = moves
+            ids = moves.ids_to_open()
+        for coordinator_id in ids:
+            await self.open_coordinator(coordinator_id)
+            if self.coordinator_moves is not None:
+                await self.coordinator_moves.opened(coordinator_id)
+        if self.coordinator_moves is not None and self.placement is not None:
+            self.placement.on_change(self.coordinator_moves.record_changed)
+            self.coordinator_moves.start_sampling()
+
+    @property
+    def route_table(self) -> RouteTable:
+        assert self.routes is not None, "a coordinator pod's routes are loaded at its start"
+        return self.routes
+
+    async def open_coordinator(self, coordinator_id: int) -> None:
+        """Open coordinator ``coordinator_id`` from its log and snapshot and start serving it."""
+        assert self._factory is not None and self.routes is not None
+        state_dir = self._coordinator_state
+        path = snapshot_path(state_dir, coordinator_id)
+        snapshot = await asyncio.to_thread(read_snapshot, path, transaction_log_name(coordinator_id))
+        store = await TransactionLogStore.open(
+            self._factory,
+            coordinator_id,
+            self._txnlog_batch,
+            self.format_level,
+            snapshots=True,
+            snapshot=snapshot,
+        )
+        self._txn_logs[coordinator_id] = store
+        snapshots = self._snapshots[coordinator_id] = TxnLogSnapshots(path, store)
+        replayed = await store.replay()
+        sequence = SequenceAllocator(state_dir / f"{coordinator_id}.sequence")
+        sequence.load(highest_sequence(replayed, coordinator_id))
+        coordinator = TransactionCoordinator(
+            coordinator_id, store, sequence, self.routes, self._peers, timeouts=self.config.txn_timeouts
+        )
+        coordinator.recover(recovered_transactions(replayed))
+        self.coordinators[coordinator_id] = coordinator
+        # Replayed records no snapshot covered: covered by a fresh one soon (in the background,
+        # so readiness does not wait for it), so the next restart does not replay them again.
+        snapshots.start(due=store.replayed_records >= snapshots.threshold)
+
+    async def close_coordinator(self, coordinator_id: int, quiesce: float) -> None:
+        """Stop serving ``coordinator_id`` (it moves to another pod): refused from now on, the ends in
+        progress get ``quiesce`` seconds to finish, then the log is flushed, snapshotted and closed, so
+        its files stay as they are until they are released."""
+        coordinator = self.coordinators.pop(coordinator_id, None)
+        if coordinator is not None:
+            left = await coordinator.quiesce(quiesce)
+            if left:
+                log.warning(
+                    "coordinator %d: %d end(s) still in progress after %.1fs; the next owner resumes them",
+                    coordinator_id,
+                    left,
+                    quiesce,
+                )
+            await coordinator.close()
+        snapshots = self._snapshots.pop(coordinator_id, None)
+        if snapshots is not None:
+            await snapshots.close()
+        store = self._txn_logs.pop(coordinator_id, None)
+        if store is not None:
+            await store.close()
 
     async def _start_store(self, state_dir: Path) -> None:
         factory = self._factory
@@ -319,13 +421,36 @@ class PodRuntime:
             # Checked without opening (an end for a topic this pod never held must not create it).
             return (root / encode_name(topic) / METADATA_FILE).is_file()
 
-        offloads = TopicOffloads(self.config.offload, state_dir, factory, ledger_exists)
+        shards = self.shards = ShardMoves(
+            self.config.data_dir,
+            initial_placement(
+                self.config.data_dir,
+                "store-shards",
+                ordinal=pod_ordinal(self.pod_name),
+                replicas=self.config.replicas,
+                shards=self.config.shards,
+                members=_store_members(self.config.pulsar),
+            ),
+            ordinal=pod_ordinal(self.pod_name),
+            factory=factory,
+            admin_token=self.config.admin_token,
+        )
+
+        def served_topic_exists(topic: str) -> bool:
+            # The admin's topic verbs: a topic of a shard another pod serves is named as such (409).
+            try:
+                shards.gate(topic)
+            except NotServedHereError as exc:
+                raise TopicRefusal(409, str(exc)) from exc
+            return ledger_exists(topic)
+
+        offloads = TopicOffloads(self.config.offload, state_dir, factory, served_topic_exists)
         self.offloads = offloads
         policies = TopicPolicyStore(
             self.config.topic_policies,
             state_dir,
             factory,
-            ledger_exists,
+            served_topic_exists,
             lambda: self.topics.partitions() if self.topics is not None else {},
         )
 
@@ -348,10 +473,13 @@ class PodRuntime:
             check_interval=policies.pod.check_interval_seconds,
             stored_topics=factory.list_names,  # (pending-ack logs are skipped by their name)
             tail_cache=TailCacheBudget(self.config.tail_cache_bytes),
+            gate=shards.gate,
         )
         await self.topics.recover()
         self.policies = policies
-        self.reads = TopicReads(factory, self.topics, ledger_exists)
+        self.reads = TopicReads(factory, self.topics, served_topic_exists)
+        shards.attach(self.topics, offloads, policies)
+        await shards.start()
 
     def _write_ports_file(self) -> None:
         path = self.config.ports_file
@@ -369,11 +497,15 @@ class PodRuntime:
             self._collector = None
         if self._protocol is not None:
             await self._protocol.close()
+        if self.coordinator_moves is not None:
+            await self.coordinator_moves.close()
         for coordinator in self.coordinators.values():
             await coordinator.close()
         await self._peers.close()
         if self._registrations is not None:
             await self._registrations.close()
+        if self.shards is not None:
+            await self.shards.close()
         if self.topics is not None:
             await self.topics.close()
         for coordinator_id, snapshots in self._snapshots.items():
@@ -530,6 +662,7 @@ class _PodCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         pod = self._pod
+        yield ready_metric(pod.readiness())
         if pod.coordinators:
             ongoing = GaugeMetricFamily(
                 "txnkeeper_coordinator_ongoing_transactions", "Open or ending", labels=["coordinator_id"]
@@ -548,14 +681,20 @@ class _PodCollector(Collector):
                 "Aborted by timeout",
                 labels=["coordinator_id"],
             )
+            durations = HistogramMetricFamily(
+                "txnkeeper_coordinator_txn_duration_seconds",
+                "Committed and aborted txns, from begin to their end applied on every participant",
+                labels=["coordinator_id"],
+            )
             for cid, c in pod.coordinators.items():
                 label = [str(cid)]
+                durations.add_metric(label, *c.durations.snapshot())
                 ongoing.add_metric(label, c.ongoing_count)
                 created.add_metric(label, c.created_count)
                 committed.add_metric(label, c.committed_count)
                 aborted.add_metric(label, c.aborted_count)
                 timed_out.add_metric(label, c.timed_out_count)
-            yield from (ongoing, created, committed, aborted, timed_out)
+            yield from (ongoing, created, committed, aborted, timed_out, durations)
         if pod.topics is not None:
             published = CounterMetricFamily(
                 "txnkeeper_topic_published_messages", "Messages written", labels=["topic"]
@@ -578,13 +717,19 @@ class _PodCollector(Collector):
                 "Seconds since the first message of the topic's oldest open transaction (0: none open)",
                 labels=["topic"],
             )
+            # Kept aborted outcomes grow with the data of a topic nobody subscribes to when no retention
+            # trims it (docs/contracts.md "Kept outcomes"): the alert on that growth needs this count.
+            subscriptions = GaugeMetricFamily(
+                "txnkeeper_topic_subscriptions", "Durable subscriptions (cursors)", labels=["topic"]
+            )
             now = time.time()
             for topic, partition in pod.topics.partitions().items():
+                subscriptions.add_metric([topic], len(partition.subscriptions))
                 published.add_metric([topic], partition.published_count)
                 open_txns.add_metric([topic], partition.buffer.ongoing)
                 kept.add_metric([topic], partition.buffer.ended_count)
                 oldest.add_metric([topic], round(partition.buffer.oldest_open_age_s(now), 3))
-            yield from (published, open_txns, kept, oldest)
+            yield from (published, open_txns, kept, oldest, subscriptions)
             yield from topic_policy_metrics(pod.topics.partitions().items())
         protocol = pod._protocol
         if protocol is not None:
@@ -645,6 +790,9 @@ class _PodCollector(Collector):
             yield from (refused, closed)
         if pod.offloads is not None:
             yield from pod.offloads.collect()
+        if pod.shards is not None:
+            yield from _shard_metrics(pod.shards)
+        yield from _ledger_metrics()
         yield from _heap_metrics()
         index_bytes = pod.ledger_index_bytes()
         if index_bytes is not None:
@@ -661,6 +809,67 @@ class _PodCollector(Collector):
                 "Txns ended on topics/subscriptions this pod does not hold, fenced until their deadline",
                 value=pod.topics.fence_count,
             )
+
+
+def _store_members(pulsar: PulsarPlacement) -> dict[int, Member]:
+    """The first record's members from --pulsar-urls (pod i at its i-th URL), else none known."""
+    return {i: Member(address_of(url), pulsar_url=url) for i, url in enumerate(pulsar.store_urls)}
+
+
+def _shard_metrics(shards: ShardMoves) -> Iterator[Metric]:
+    """txnkeeper_shard_*: bytes on disk per shard held here, and the moves this pod took part in."""
+    size = GaugeMetricFamily(
+        "txnkeeper_shard_bytes", "Bytes on disk of the shard's topics on this pod", labels=["shard"]
+    )
+    for shard, value in sorted(shards.shard_bytes().items()):
+        size.add_metric([str(shard)], value)
+    yield size
+    moves = CounterMetricFamily(
+        "txnkeeper_shard_moves", "Shard moves this pod completed, by direction", labels=["direction"]
+    )
+    moves.add_metric(["out"], shards.moves_out)
+    moves.add_metric(["in"], shards.moves_in)
+    yield moves
+    if shards.placement is not None:
+        yield GaugeMetricFamily(
+            "txnkeeper_placement_epoch",
+            "Epoch of the placement record this pod serves by",
+            value=shards.placement.record.epoch,
+        )
+
+
+def ready_metric(not_ready: str | None) -> Metric:
+    """txnkeeper_pod_ready from the pod's readiness (None: ready, else why not). /metrics answers
+    before the pod is ready (the admin API starts first): a pod stuck recovering is up for Prometheus,
+    and only this gauge tells the "not ready" alert (docs/monitoring.md)."""
+    return GaugeMetricFamily(
+        "txnkeeper_pod_ready",
+        "1 when /ready answers 200 (the client port serves), else 0",
+        value=0 if not_ready else 1,
+    )
+
+
+def _ledger_metrics() -> Iterator[Metric]:
+    """txnkeeper_ledger_*: this process's group commits (every managed ledger's, ledger/io_stats.py)."""
+    appends = HistogramMetricFamily(
+        "txnkeeper_ledger_append_seconds",
+        "Append to acknowledgement (durable), each append counted with its group's oldest wait",
+    )
+    appends.add_metric([], *io_stats.APPEND.snapshot())
+    fsyncs = HistogramMetricFamily("txnkeeper_ledger_fsync_seconds", "fdatasync of one group commit's data")
+    fsyncs.add_metric([], *io_stats.FSYNC.snapshot())
+    watermark = CounterMetricFamily(
+        "txnkeeper_ledger_watermark_writes", "Confirmed-entry watermark writes (fsynced, ledger/watermark.py)"
+    )
+    watermark.add_metric([], io_stats.WATERMARK.writes)
+    errors = CounterMetricFamily(
+        "txnkeeper_ledger_watermark_errors",
+        "Watermark updates that failed (mark: the written mark; confirm: the fsynced write)",
+        labels=["kind"],
+    )
+    for kind in ("mark", "confirm"):
+        errors.add_metric([kind], io_stats.WATERMARK.errors[kind])
+    yield from (appends, fsyncs, watermark, errors)
 
 
 def _heap_metrics() -> Iterator[Metric]:

@@ -20,6 +20,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from txnkeeper.contract.placement import Placement
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
 from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
@@ -50,7 +51,11 @@ class PulsarCoordinators:
         own_store_address: Callable[[], str],
         *,
         authenticates: bool,
+        record: Callable[[], Placement | None] = lambda: None,
     ) -> None:
+        """``record``: the coordinator-ids placement record this pod holds (None: ids fixed, found by
+        the arithmetic rule of ``placement``)."""
+        self._record = record
         self._coordinators = coordinators
         self._placement = placement
         self._own_store_address = own_store_address
@@ -67,6 +72,17 @@ class PulsarCoordinators:
                 f" partition {coordinator_id} of the coordinator-assign topic"
             )
         return coordinator
+
+    def owner_url(self, coordinator_id: int) -> str | None:
+        """Where coordinator ``coordinator_id`` is served by this pod's placement record (what a
+        lookup of the coordinator-assign topic's partition answers), or None without a record."""
+        record = self._record()
+        if record is None or not 0 <= coordinator_id < record.shards:
+            return None
+        member = record.member(record.owner_of(coordinator_id))
+        if member is None:
+            return None
+        return member.pulsar_url or f"pulsar://{member.address}"  # both protocols share the port
 
     def _store_address(self, topic: str) -> str:
         address = self._placement.store_address(topic)

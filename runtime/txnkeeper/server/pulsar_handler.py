@@ -37,7 +37,13 @@ from txnkeeper.protocol.pulsar_frames import (
     PulsarFrame,
     encode_command,
 )
-from txnkeeper.protocol.pulsar_server import PulsarResult, PulsarSession, error_command, frame_size
+from txnkeeper.protocol.pulsar_server import (
+    NO_REQUEST,
+    PulsarResult,
+    PulsarSession,
+    error_command,
+    frame_size,
+)
 from txnkeeper.server.pulsar_common import (
     MAX_PERMITS,
     SCHEMA_BYTES,
@@ -100,6 +106,7 @@ class PulsarPodHandler:
         placement: PulsarPlacement,
         own_url: Callable[[], str],
         *,
+        store_url_of: Callable[[str], str | None] | None = None,
         registrations: TxnRegistrations | None = None,
         client_key: ClientTokenKey | None = None,
         pod_name: str = "txnkeeper",
@@ -111,6 +118,8 @@ class PulsarPodHandler:
         self._coordinators = coordinators
         self._placement = placement
         self._own_url = own_url
+        # The owner's URL by the pod's placement record (docs/contracts.md §12); None: the flags' rule.
+        self._store_url_of = store_url_of or (lambda _topic: None)
         self._registrations = registrations
         self._client_key = client_key
         self._pod_name = pod_name
@@ -214,6 +223,26 @@ class PulsarPodHandler:
             if producer.deduplication is not None:
                 producer.deduplication.end()
 
+    def topics_closed(self, topics: set[str]) -> None:
+        """These topics were closed here (their shard is fenced for a move or served elsewhere):
+        CLOSE_PRODUCER / CLOSE_CONSUMER to their clients, as Pulsar's broker does when it unloads a
+        bundle; the clients look the topic up again and reconnect to its owner."""
+        for connection in self._connections.values():
+            for producer_id, producer in list(connection.producers.items()):
+                if producer.topic not in topics:
+                    continue
+                del connection.producers[producer_id]
+                if producer.deduplication is not None:
+                    producer.deduplication.end()
+                command = new_command(T.CLOSE_PRODUCER)
+                command.close_producer.producer_id = producer_id
+                command.close_producer.request_id = NO_REQUEST
+                producer.session.push_frame(encode_command(command))
+            for consumer in list(connection.consumers.values()):
+                if consumer.topic in topics:
+                    consumer.subscription.remove_consumer(consumer.consumer_id)
+                    consumer.detach()  # CLOSE_CONSUMER, and the connection forgets it
+
     def _release(self, consumer: PulsarConsumer) -> None:
         consumer.subscription.remove_consumer(consumer.consumer_id)
         self._close_reader(consumer)
@@ -298,9 +327,12 @@ class PulsarPodHandler:
         response.request_id = body.request_id
         coordinator = coordinator_partition(body.topic)
         if coordinator is not None:
-            response.brokerServiceUrl = self._placement.coordinator_url(coordinator, self._own_url())
+            response.brokerServiceUrl = self._coordinators.owner_url(
+                coordinator
+            ) or self._placement.coordinator_url(coordinator, self._own_url())
         else:
-            response.brokerServiceUrl = self._placement.store_url(body.topic, self._own_url())
+            placed = self._store_url_of(body.topic)
+            response.brokerServiceUrl = placed or self._placement.store_url(body.topic, self._own_url())
         # The same pod for clients on TLS (pulsar+ssl://): one port serves both (contracts §6 "TLS").
         response.brokerServiceUrlTls = tls_url(response.brokerServiceUrl)
         response.response = pulsar.CommandLookupTopicResponse.Connect
@@ -316,8 +348,11 @@ class PulsarPodHandler:
         return self._topics
 
     def _topic(self, topic: str) -> None:
-        """Refuse a name no producer or consumer may use (a partitioned topic's base name)."""
+        """Refuse a name no producer or consumer may use (a partitioned topic's base name), and a topic
+        this pod does not serve now (NOT_SERVED_HERE: ServiceNotReady, the client looks it up again)."""
         validate_name("topic", topic)
+        if self._topics is not None:
+            self._topics.check_served(topic)
         if self._placement.partitioned.get(topic):
             raise NotAllowedError(
                 f"{topic} is a partitioned topic: produce to and consume from its partitions"

@@ -9,7 +9,8 @@ for their end). So the store asks the coordinator itself, over txnkeeper's own p
 owner token it can compute from the cluster secret: the registration is idempotent (a partition the
 client registered costs the coordinator no log write), a transaction the coordinator does not know
 (forged, ended, timed out) is refused with its error, and a confirmed (transaction, partition,
-subscription) is remembered so later sends of it cost nothing.
+subscription) is remembered so later sends of it cost nothing. A coordinator id that moved to another
+coordinator pod (contracts §12) is followed: the pod asked answers with its owner, remembered per id.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from txnkeeper.aio import resolved
-from txnkeeper.errors import UnavailableError
+from txnkeeper.client.placement import Redirects, is_placement
+from txnkeeper.errors import NotServedHereError, UnavailableError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, not_configured
 from txnkeeper.protocol.pool import ConnectionPool
@@ -50,6 +52,7 @@ class TxnRegistrations:
         self._pool = ConnectionPool(REQUEST_TIMEOUT, tls=tls)  # tls: mutual, the pod's certificate
         self._confirmed: OrderedDict[_Key, None] = OrderedDict()
         self._pending: dict[_Key, asyncio.Future[None]] = {}
+        self._moved: dict[int, str] = {}  # coordinator id -> the address a redirect named
 
     def ensure(self, txn: TxnID, topic: str, subscription: str = "") -> Awaitable[None]:
         """Resolves once the coordinator holds ``topic`` (``subscription`` of it, if given) in
@@ -62,7 +65,7 @@ class TxnRegistrations:
             return asyncio.shield(pending)
         if self._secret is None:
             raise not_configured("a transactional send or ack over Pulsar's protocol")
-        address = self._placement.coordinator_address(txn.most)
+        address = self._moved.get(txn.most) or self._placement.coordinator_address(txn.most)
         if address is None:
             raise UnavailableError(
                 "this store pod does not know where transaction coordinators are: start it with"
@@ -79,13 +82,23 @@ class TxnRegistrations:
         body.txn_id.most, body.txn_id.least = txn.most, txn.least
         body.store_address = self._own_address(topic)
         body.owner_token = self._secret.owner_token(txn)
-        done = asyncio.ensure_future(self._register(address, command))
+        done = asyncio.ensure_future(self._register(txn.most, address, command))
         self._pending[key] = done
         done.add_done_callback(partial(self._registered, key))
         return asyncio.shield(done)
 
-    async def _register(self, address: str, command: api.Command) -> None:
-        await self._pool.request(address, command)
+    async def _register(self, coordinator_id: int, address: str, command: api.Command) -> None:
+        redirects = Redirects(f"confirming a registration with coordinator {coordinator_id}", REQUEST_TIMEOUT)
+        while True:
+            try:
+                await self._pool.request(address, command)
+                return
+            except NotServedHereError as exc:
+                if not is_placement(exc):
+                    raise
+                owner = await redirects.after(exc)
+                if owner is not None:
+                    address = self._moved[coordinator_id] = owner
 
     def _registered(self, key: _Key, done: asyncio.Future[None]) -> None:
         self._pending.pop(key, None)

@@ -17,6 +17,7 @@ from typing import Any
 from txnkeeper import __version__, gcpolicy, process_settings
 from txnkeeper.admin.auth import load_admin_token
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, require_feature
+from txnkeeper.contract.placement import MAX_MEMBERS, MAX_SHARDS
 from txnkeeper.process_settings import ProcessSettings
 from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster_secret
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
@@ -34,6 +35,7 @@ from txnkeeper.server.config import (
     ROLES,
     ConfigError,
     ServeConfig,
+    auto_coordinator_placement,
     batch_configs,
     coordinator_ids,
     default_pod_name,
@@ -63,7 +65,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--pod-name", default=env("POD_NAME"))
     parser.add_argument("--coordinators", type=int, default=env("COORDINATORS"))
     parser.add_argument("--coordinator-ids", default=env("COORDINATOR_IDS"), help="0,1,... or auto")
-    parser.add_argument("--replicas", type=int, default=env("REPLICAS"), help="pods sharing the coordinators")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=env("REPLICAS"),
+        help="pods of the resource: sharing the coordinators, or (store pods) the first placement record's"
+        " pods (docs/contracts.md §12; without it and without a record given, a store serves every topic)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=env("SHARDS"),
+        help="store pods: the resource's shard count (a multiple of --replicas; default 16 x --replicas)",
+    )
     parser.add_argument("--admin-token-file", default=env("ADMIN_TOKEN_FILE"))
     parser.add_argument(
         "--cluster-secret-file",
@@ -194,6 +208,16 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         format_level(ns.release)
     except UnknownReleaseError as exc:
         raise ConfigError(str(exc)) from exc
+    if ns.role == "store" and (ns.replicas is not None or ns.shards is not None):
+        if ns.replicas is None:
+            raise ConfigError("--shards (or TXNKEEPER_SHARDS) needs --replicas: the pods the shards start on")
+        # Ranges only: whether --shards is a multiple of --replicas matters for the first record, which a
+        # pod builds only when it holds none (after scaling, its record's count no longer divides).
+        if not 1 <= ns.replicas <= MAX_MEMBERS or not 1 <= (ns.shards or 1) <= MAX_SHARDS:
+            raise ConfigError(
+                f"--replicas must be 1..{MAX_MEMBERS} and --shards 1..{MAX_SHARDS}, not {ns.replicas}"
+                f" and {ns.shards}"
+            )
     try:
         token = load_admin_token(ns.admin_token_file)
     except ValueError as exc:
@@ -241,6 +265,9 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
             f" tail cache: consumers read from disk) or more bytes (default {DEFAULT_TAIL_CACHE_BYTES})"
         )
     pod_name = ns.pod_name or default_pod_name()
+    placed = auto_coordinator_placement(
+        ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name
+    )
     return ServeConfig(
         role=ns.role,
         data_dir=ns.data_dir,
@@ -248,9 +275,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         listen=ns.listen,
         admin_listen=ns.admin_listen,
         pod_name=pod_name,
-        coordinator_ids=coordinator_ids(
-            ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name
-        ),
+        coordinator_ids=placed[0]
+        if placed is not None
+        else coordinator_ids(ns.coordinators, ns.coordinator_ids, replicas=ns.replicas, pod_name=pod_name),
+        coordinator_placement=placed[1] if placed is not None else None,
         admin_token=token,
         txnlog_batch=txnlog_batch,
         pending_ack_batch=pending_ack_batch,
@@ -264,6 +292,8 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         topic_policies=policies,
         tail_cache_bytes=ns.tail_cache_bytes,
         pulsar=pulsar_config.placement(ns, ns.config),
+        replicas=ns.replicas,
+        shards=ns.shards,
         tls=tls_settings.settings(ns, ns.config),
     )
 

@@ -217,6 +217,37 @@ class TopicPolicyStore:
             found = self._effective[topic] = topic_policies(merged)
         return found
 
+    # --- a shard's rows, moved with it (server/shard_moves.py) ----------------------------------------
+    def rows(self, topics: set[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        return {t: {b: dict(v) for b, v in o.items()} for t, o in self._overrides.items() if t in topics}
+
+    async def merge_rows(self, rows: dict[str, Any]) -> None:
+        """Take the overrides of topics moved here (checked as the state file is)."""
+        parsed: dict[str, dict[str, dict[str, Any]]] = {}
+        for topic, raw in rows.items():
+            blocks = statefile.obj(raw, f"topic policies of {topic!r}")
+            parsed[topic] = {}
+            for block, settings in blocks.items():
+                if block not in _BLOCK_KEYS:
+                    raise TopicPolicySettingsError(f"topic policies of {topic!r}: unknown block {block!r}")
+                parsed[topic][block] = parse_block(block, settings, f"topic policies of {topic!r}: {block}")
+        async with self._lock:
+            if all(self._overrides.get(t) == o for t, o in parsed.items()):
+                return
+            self._overrides.update(parsed)
+            for topic in parsed:
+                self._effective.pop(topic, None)
+            await asyncio.get_running_loop().run_in_executor(None, self._save)
+
+    async def drop_rows(self, topics: set[str]) -> None:
+        async with self._lock:
+            if not any(t in self._overrides for t in topics):
+                return
+            self._overrides = {t: o for t, o in self._overrides.items() if t not in topics}
+            for topic in topics:
+                self._effective.pop(topic, None)
+            await asyncio.get_running_loop().run_in_executor(None, self._save)
+
     # --- admin verbs -------------------------------------------------------------------------------
 
     def _require_topic(self, topic: str) -> None:

@@ -107,8 +107,14 @@ class TopicService:
         check_interval: float = HOUSEKEEPING_INTERVAL,
         stored_topics: Callable[[], list[str]] | None = None,
         tail_cache: TailCacheBudget | None = None,
+        gate: Callable[[str], None] | None = None,
     ) -> None:
         self._registry_path = registry_path
+        # Raises NotServedHereError for a topic this pod does not serve now (its shard is owned by
+        # another pod or fenced for a move, server/shard_moves.py); None: every topic is served. Asked
+        # only where a topic is opened or a transaction is ended on a topic not open: an open topic
+        # is served (a fence closes the shard's topics first).
+        self._gate = gate
         # Every partition's recently written entries draw on this one budget (topic/tailcache.py).
         self.tail_cache = tail_cache or TailCacheBudget()
         # A topic's retention, message TTL and backlog quota now (server/topic_policies.py merges them).
@@ -136,7 +142,9 @@ class TopicService:
         self._registry: dict[str, list[str]] = {}
         self._registry_lock = asyncio.Lock()
         self._deleting: set[tuple[str, str]] = set()  # subscriptions being unsubscribed
-        self._housekeepers: list[asyncio.Task[None]] = []
+        self._housekeepers: dict[str, asyncio.Task[None]] = {}
+        # Transaction ends applied per topic since start: the txn/s a shard's listing reports.
+        self.txn_ends: dict[str, int] = {}
         self.recovered = False
         # Topics whose recovery could not read their entries: (monotonic time to try again, refusal).
         self._unopenable: dict[str, tuple[float, DataUnreadableError]] = {}
@@ -144,6 +152,8 @@ class TopicService:
     async def recover(self) -> None:
         self._registry = load_registry(self._registry_path)
         for topic, subs in self._registry.items():
+            if not self._served(topic):
+                continue  # its shard is another pod's or being moved: opened when it is served here
             try:
                 await self.partition(topic)
                 for sub in subs:
@@ -164,6 +174,8 @@ class TopicService:
         for topic in await asyncio.to_thread(self._stored_topics):
             if topic in self._partitions or name_problem("topic", topic) is not None:
                 continue
+            if not self._served(topic):
+                continue
             if self._policies(topic).retention is None:
                 continue
             try:
@@ -177,9 +189,9 @@ class TopicService:
         if self._opening_stored is not None:
             self._opening_stored.cancel()
             await asyncio.gather(self._opening_stored, return_exceptions=True)
-        for task in self._housekeepers:
+        for task in self._housekeepers.values():
             task.cancel()
-        await asyncio.gather(*self._housekeepers, return_exceptions=True)
+        await asyncio.gather(*self._housekeepers.values(), return_exceptions=True)
         for partition in self._partitions.values():
             await partition.close()
         for subscription in self._subscriptions.values():
@@ -187,12 +199,94 @@ class TopicService:
         for handle in self._pending_acks.values():
             await handle.close()
 
+    # --- shards moving between pods (server/shard_moves.py) ------------------------------------------
+    def _served(self, topic: str) -> bool:
+        if self._gate is None:
+            return True
+        try:
+            self._gate(topic)
+        except Exception:
+            return False
+        return True
+
+    def check_served(self, topic: str) -> None:
+        """Raise the redirect (NotServedHereError) unless this pod serves ``topic`` now."""
+        if self._gate is not None:
+            self._gate(topic)
+
+    def registered_topics(self) -> list[str]:
+        """Topics of the subscription registry (with or without subscriptions)."""
+        return list(self._registry)
+
+    def open_topics(self) -> list[str]:
+        return list(self._partitions)
+
+    async def close_topics(self, topics: set[str]) -> None:
+        """Close these topics (their partitions, readers, subscriptions and pending-ack logs), as a
+        pod close does, and forget them: the next use opens them again if they are served then. Taken
+        out of the lookups first, so that a request arriving meanwhile opens, and is refused by the
+        gate, instead of writing to what is closing; queued writes finish inside ``close``."""
+        partitions = [(t, self._partitions.pop(t)) for t in list(self._partitions) if t in topics]
+        subscriptions = [(k, self._subscriptions.pop(k)) for k in list(self._subscriptions) if k[0] in topics]
+        handles = [self._pending_acks.pop(k) for k in list(self._pending_acks) if k[0] in topics]
+        for topic in topics:
+            self._ledgers.pop(topic, None)
+            self._unopenable.pop(topic, None)
+        tasks = [self._housekeepers.pop(t) for t in list(self._housekeepers) if t in topics]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _, partition in partitions:
+            for reader in list(partition.readers):
+                await reader.close()
+            partition.readers.clear()
+            await partition.close()
+        for _, subscription in subscriptions:
+            await subscription.close()
+        for handle in handles:
+            await handle.close()
+
+    def registry_rows(self, topics: Iterable[str]) -> dict[str, list[str]]:
+        return {t: list(self._registry[t]) for t in topics if t in self._registry}
+
+    async def merge_registry(self, rows: dict[str, list[str]]) -> None:
+        """Add topics and subscriptions received from another pod (a shard moved here)."""
+        async with self._registry_lock:
+            updated = {t: list(s) for t, s in self._registry.items()}
+            for topic, subs in rows.items():
+                held = updated.setdefault(topic, [])
+                held.extend(s for s in subs if s not in held)
+            if updated != self._registry:
+                await asyncio.to_thread(save_registry, self._registry_path, updated)
+            self._registry = updated
+
+    async def drop_registry(self, topics: set[str]) -> None:
+        """Forget these topics' rows (their shard moved away and its copy is deleted)."""
+        async with self._registry_lock:
+            updated = {t: list(s) for t, s in self._registry.items() if t not in topics}
+            if updated != self._registry:
+                await asyncio.to_thread(save_registry, self._registry_path, updated)
+            self._registry = updated
+
+    async def open_registered(self, topics: Iterable[str]) -> None:
+        """Open these registered topics and their subscriptions now (what ``recover`` does at start),
+        e.g. a received shard once this pod owns it: pending acks are known before a consumer comes."""
+        for topic in topics:
+            try:
+                await self.partition(topic)
+                for sub in list(self._registry.get(topic, [])):
+                    await self.subscription(topic, sub)
+            except Exception as exc:  # opened again at its next use, which reports the same failure
+                log.error("opening received topic %s failed: %s", topic, exc)
+
     # --- lookup/creation ---------------------------------------------------------------------------
     async def partition(self, topic: str) -> Partition:
         existing = self._partitions.get(topic)
         if existing is not None:
             return existing
         validate_name("topic", topic)
+        if self._gate is not None:
+            self._gate(topic)
         refused = self._unopenable.get(topic)
         if refused is not None and time.monotonic() < refused[0]:
             raise refused[1]  # tried moments ago: not every request replays up to the damage again
@@ -208,6 +302,8 @@ class TopicService:
         if (topic, name) in self._deleting:
             raise UnavailableError(f"subscription {name!r} of {topic} is being deleted: subscribe again")
         validate_name("subscription", name)
+        if self._gate is not None:
+            self._gate(topic)
         return await self._single_flight(
             ("s", topic, name), lambda: self._create_subscription(topic, name, from_latest)
         )
@@ -309,9 +405,13 @@ class TopicService:
             self._unopenable[topic] = (time.monotonic() + REOPEN_UNREADABLE_SECONDS, refusal)
             raise refusal from exc
         self._unopenable.pop(topic, None)
+        if not self._served(topic):  # fenced while it was opening: the fence closes what it finds
+            await partition.close()
+            assert self._gate is not None
+            self._gate(topic)
         self._partitions[topic] = partition
-        self._housekeepers.append(
-            asyncio.get_running_loop().create_task(partition.housekeeping_forever(self._check_interval))
+        self._housekeepers[topic] = asyncio.get_running_loop().create_task(
+            partition.housekeeping_forever(self._check_interval)
         )
         return partition
 
@@ -343,6 +443,11 @@ class TopicService:
             topic, name, reader=partition, cursor=cursor, buffer=partition.buffer, pending_log=handle
         )
         await subscription.recover(await handle.recovered())
+        if not self._served(topic):  # fenced while it was opening
+            await subscription.close()
+            await handle.close()
+            assert self._gate is not None
+            self._gate(topic)
         self._pending_acks[(topic, name)] = handle
         self._subscriptions[(topic, name)] = subscription
         partition.attach(subscription)
@@ -513,6 +618,8 @@ class TopicService:
     ) -> None:
         partition = self._partitions.get(topic)
         if partition is None:
+            if self._gate is not None:
+                self._gate(topic)  # never "ended" as unknown here: the outcome belongs to the owner
             if self._unknown_topic(topic):
                 self._fence(topic, "", txn_id, deadline_ms)
                 return
@@ -524,6 +631,8 @@ class TopicService:
     ) -> None:
         subscription = self._subscriptions.get((topic, name))
         if subscription is None:
+            if self._gate is not None:
+                self._gate(topic)
             if self._unknown_subscription(topic, name):
                 self._fence(topic, name, txn_id, deadline_ms)
                 return
@@ -562,7 +671,19 @@ class TopicService:
         else the first of the futures that failed."""
         waiting: list[asyncio.Future[Any]] = []
         first_error: BaseException | None = None
+        topics = list(topics)
+        if self._gate is not None:
+            # Refused whole when any of its topics is not served here (docs/contracts.md §12): the
+            # coordinator re-groups the end by owner, and no part of it is applied twice or lost.
+            try:
+                for topic in (*topics, *(t for t, _ in subscriptions)):
+                    if topic not in self._partitions:
+                        self._gate(topic)
+            except Exception as exc:
+                return [], exc
+        ends = self.txn_ends
         for topic in topics:
+            ends[topic] = ends.get(topic, 0) + 1
             try:
                 partition = self._partitions.get(topic)
                 if partition is None:
