@@ -94,6 +94,7 @@ async def test_rotating_the_certificate_and_then_the_ca_under_load_fails_no_tran
             return all([await metric(pod, "txnkeeper_tls_reload_errors_total") >= 1 for pod in pods])
 
         await wait_until(half_pair_refused, WITHIN, "the half-written pair refused")
+        assert all([await metric(pod, "txnkeeper_tls_reload_failing") == 1 for pod in pods])
         await load.more(10)  # the certificate in use stayed
         replace_atomically(tls.cert_file, renewed.cert_pem)
         for pod in pods:
@@ -143,6 +144,7 @@ async def test_rotating_the_certificate_and_then_the_ca_under_load_fails_no_tran
                 await c.new_transaction()
         for pod in pods:
             assert "Traceback" not in pod.log()
+            assert await metric(pod, "txnkeeper_tls_reload_failing") == 0
     finally:
         for pod in pods:
             pod.stop()
@@ -162,12 +164,13 @@ def test_reloader_keeps_its_context_when_the_files_are_unusable(tmp_path: Path) 
     replace_atomically(tls.cert_file, b"-----BEGIN CERTIFICATE-----\ntruncated")
     assert reloader.check() is False
     assert reloader.check() is False  # the same bad content is reported once
-    assert reloader.reload_errors == 1
+    assert reloader.reload_errors == 1 and reloader.failing
     assert reloader.server_context("client") is served
     tls.cert_file.unlink()
     assert reloader.check() is False and reloader.reload_errors == 2  # a missing file: kept too
     tls.serve_pair(issue(tls.ca))
     assert reloader.check() is True
     assert reloader.server_context("client") is not served and reloader.reloads == 1
+    assert not reloader.failing
     with pytest.raises(TlsSettingsError, match="cannot be read"):
         TlsReloader(TlsServerSettings(str(tmp_path / "none.crt"), str(tls.key_file), None))

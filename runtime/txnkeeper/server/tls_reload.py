@@ -41,6 +41,9 @@ class TlsReloader:
         self._failed_digest: str | None = None
         self.reloads = 0
         self.reload_errors = 0
+        # The files on disk are not the ones in use and could not be used (cleared once they are):
+        # a broken renewal counts one error, but stays visible here for as long as it lasts.
+        self.failing = False
         self.handshake_failures: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._peer_settings = TlsClientSettings(config.ca_file or "", config.cert_file, config.key_file)
@@ -76,7 +79,10 @@ class TlsReloader:
         except TlsSettingsError as exc:  # a missing file is reported once, not at every check
             return self._failed(f"unreadable: {exc}", exc)
         digest = files.digest
-        if digest in (self._current.files.digest, self._failed_digest):
+        if digest == self._current.files.digest:
+            self.failing = False
+            return False
+        if digest == self._failed_digest:
             return False
         try:
             contexts = build_contexts(self.config, files)
@@ -84,11 +90,13 @@ class TlsReloader:
             return self._failed(digest, exc)
         self._current = contexts
         self._failed_digest = None
+        self.failing = False
         self.reloads += 1
         log.info("TLS files changed: new connections use %s; open connections keep theirs", self.describe())
         return True
 
     def _failed(self, digest: str, exc: BaseException) -> bool:
+        self.failing = True
         if digest == self._failed_digest:
             return False
         self._failed_digest = digest
@@ -141,6 +149,11 @@ class TlsCollector(Collector):
             "txnkeeper_tls_reload_errors",
             "Rotated TLS files that could not be used (the certificates in use were kept)",
             value=reloader.reload_errors,
+        )
+        yield GaugeMetricFamily(
+            "txnkeeper_tls_reload_failing",
+            "1 while the TLS files on disk differ from those in use and cannot be used",
+            value=1.0 if reloader.failing else 0.0,
         )
         yield CounterMetricFamily(
             "txnkeeper_tls_reloads", "TLS file rotations taken into use", value=reloader.reloads
