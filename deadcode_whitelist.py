@@ -67,3 +67,4 @@ _.authoritative
 _.producer_ready
 _.client_version
 _.schema_version
+_.brokerServiceUrlTls

@@ -12,6 +12,9 @@ partition and input subscription in NewTxn (registered with the begin, one round
 
     .venv/bin/python bench/txn_e2e.py [--seconds 3] [--levels 1,16,256] [--rounds 3] [--pods 1,1]
 
+``--tls`` compares TLS on vs off instead (issue 28: txn/s and CPU ms per transaction at 1, 16 and 256 in
+flight; a plaintext pair of pods and a pair serving TLS on the client port and between them, mutual).
+
 Numbers on a shared 2-core machine are noisy; compare on/off within one run only.
 The client process (the application) runs as ``txnkeeper serve`` does: under the runtime's
 garbage-collector policy (``txnkeeper.gcpolicy``; ``--gc-threshold default`` shows CPython's, whose
@@ -33,6 +36,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tls_material import write_material
 
 from txnkeeper import gcpolicy, process_settings
 from txnkeeper.client import Client, Consumer, Producer
@@ -209,7 +214,12 @@ async def bench(
     pods: tuple[int, int],
     flush_mode: str,
     register_at_begin: bool = True,
+    tls: str | None = None,
 ) -> dict[str, Any]:
+    if tls is not None:
+        return await bench_tls(
+            levels, seconds, rounds, root, loop=loop, flush_mode=flush_mode, client_auth=tls
+        )
     # One coordinator per coordinator pod (ids by ordinal); the client begins transactions round-robin
     # over them and places topics on the store pods by hash, as with the CRs.
     procs: list[RuntimeProcess] = []
@@ -292,6 +302,100 @@ async def bench(
         await asyncio.gather(*(p.stop() for p in procs))
 
 
+async def bench_tls(
+    levels: list[int],
+    seconds: float,
+    rounds: int,
+    root: Path,
+    *,
+    loop: str,
+    flush_mode: str,
+    client_auth: str,
+) -> dict[str, Any]:
+    """TLS on vs off (``--tls``): two coordinator + store pairs, one plaintext and one serving TLS on its
+    client port and between its pods (mutual TLS: the client presents a certificate too), both with
+    the batch log on; rounds alternate between them as the batching comparison does."""
+    flags, settings = write_material(root / "tls", client_auth)
+    procs: dict[str, list[RuntimeProcess]] = {"tls_off": [], "tls_on": []}
+    try:
+        for mode, extra in (("tls_off", ()), ("tls_on", tuple(flags))):
+            (root / mode).mkdir()
+            procs[mode] = [
+                start_pod(root / mode, "tc-0", "coordinator", extra),
+                start_pod(root / mode, "pas-0", "store", extra),
+            ]
+        await asyncio.gather(*(p.wait_started(START_TIMEOUT_S) for ps in procs.values() for p in ps))
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {"tls_off": {}, "tls_on": {}}
+        clients: dict[str, Client] = {}
+        for mode, (coordinator, store) in procs.items():
+            set_batching(str(coordinator.admin_address), True, flush_mode)
+            set_batching(str(store.admin_address), True, flush_mode)
+            clients[mode] = Client(
+                coordinators=[str(coordinator.client_address)],
+                stores=[str(store.client_address)],
+                tls=settings if mode == "tls_on" else None,
+            )
+        try:
+            for workers in levels:
+                for round_no in range(rounds):
+                    for mode in ("tls_off", "tls_on"):
+                        client = clients[mode]
+                        coordinator, store = procs[mode]
+                        pids = {
+                            "coordinators": [coordinator.proc.pid] if coordinator.proc else [],
+                            "stores": [store.proc.pid] if store.proc else [],
+                            "client": [os.getpid()],
+                        }
+                        topic = f"{IN_TOPIC}-{mode}-{workers}-{round_no}"
+                        producer_in = await client.create_producer(topic)
+                        producer_out = await client.create_producer(OUT_TOPIC)
+                        prefilled = int(seconds * PREFILL_PER_S.get(workers, PREFILL_PER_S_DEFAULT))
+                        await prefill(producer_in, prefilled)
+                        consumer = await client.subscribe(topic, "bench", receiver_queue_size=2000)
+                        result = await run_level(
+                            client, consumer, producer_out, workers, seconds, prefilled=prefilled, pids=pids
+                        )
+                        await consumer.close()
+                        runs[mode].setdefault(workers, []).append(result)
+                        print(json.dumps({"mode": mode, "round": round_no, **result}), file=sys.stderr)
+        finally:
+            for client in clients.values():
+                await client.close()
+        results = {mode: [_median_run(by_level[w]) for w in levels] for mode, by_level in runs.items()}
+        per_level = [
+            {
+                "in_flight": w,
+                "throughput_on_vs_off": round(on["txn_per_s"] / off["txn_per_s"], 2)
+                if off["txn_per_s"]
+                else None,
+                "commit_p99_ms_on_vs_off": (
+                    round(on["commit_p99_ms"] / off["commit_p99_ms"], 2) if off["commit_p99_ms"] else None
+                ),
+                "cpu_ms_per_txn_on": on["cpu_ms_per_txn"],
+                "cpu_ms_per_txn_off": off["cpu_ms_per_txn"],
+            }
+            for w, on, off in zip(levels, results["tls_on"], results["tls_off"], strict=True)
+        ]
+        return {
+            "benchmark": "txn_e2e --tls",
+            "operation": "begin + produce 1 + ack 1 + commit",
+            "transport": "loopback TCP, 1 coordinator pod + 1 store pod per mode, fsync on, batch log on",
+            "tls": "TLS 1.3, P-256 certificates; client port and pod to pod",
+            "client_auth": client_auth,
+            "cpus": os.cpu_count(),
+            "seconds_per_run": seconds,
+            "client_event_loop": loop,
+            "rounds": rounds,
+            "figures": "per level, the median run of each mode (by txn/s)",
+            **results,
+            "tls_on_vs_off_per_level": per_level,
+            "goal": "throughput_on_vs_off >= 0.85 at 256 in flight; commit p99 ratio <= 1.10 at 1",
+            "note": "shared machine; figures are noisy",
+        }
+    finally:
+        await asyncio.gather(*(p.stop() for ps in procs.values() for p in ps))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -313,6 +417,17 @@ def main() -> int:
         "--pods",
         default="1,1",
         help="coordinator pods,store pods (one coordinator each); the CRs' default shape is 3,3",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="compare TLS on vs off (client port and pod to pod) instead of batching on vs off",
+    )
+    parser.add_argument(
+        "--tls-client-auth",
+        choices=("none", "request", "require"),
+        default="require",
+        help="with --tls: the pods' client-port client certificate mode (require: mutual TLS everywhere)",
     )
     process_settings.add_arguments(parser)
     ns = parser.parse_args()
@@ -338,6 +453,7 @@ def main() -> int:
                 pods=(pods[0], pods[1]),
                 flush_mode=ns.flush_mode,
                 register_at_begin=ns.register_at_begin == "yes",
+                tls=ns.tls_client_auth if ns.tls else None,
             )
         )
     print(json.dumps(result, indent=2))

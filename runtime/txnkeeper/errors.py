@@ -91,6 +91,11 @@ class ConnectionClosedError(ServiceError):
     code = api.UNAVAILABLE
 
 
+class TlsHandshakeError(ConnectionClosedError):
+    """A TLS connection could not be set up: the message says which certificate was refused and why
+    (contract/tls.py ``describe``); retrying does not help until the certificates are fixed."""
+
+
 class RequestTimeoutError(ServiceError):
     """No response within the caller's timeout; the request's outcome is unknown."""
 

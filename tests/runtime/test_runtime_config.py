@@ -126,6 +126,7 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
         "transactions": {"maxTimeoutMs": 60_000},
         "topicPolicies": {"checkIntervalSeconds": 5},
         "pulsar": {"partitionedTopics": {"persistent://t/n/orders": 2}},
+        "tls": {"certFile": "/etc/txnkeeper/tls/tls.crt"},
     }
     path.write_text(json.dumps(doc))
     txnlog, pending = batch_configs(path)
@@ -136,12 +137,14 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
     assert section(loaded, "transactions") == {"maxTimeoutMs": 60_000}
     assert section(loaded, "topicPolicies") == {"checkIntervalSeconds": 5}
     assert section(loaded, "pulsar") == {"partitionedTopics": {"persistent://t/n/orders": 2}}
+    assert section(loaded, "tls") == {"certFile": "/etc/txnkeeper/tls/tls.crt"}
     assert set(OTHER_SECTIONS) == {
         "offload",
         "singleKeyTransactions",
         "transactions",
         "topicPolicies",
         "pulsar",
+        "tls",
     }
     # Beside the bare CR block too, and a file holding only another module's section is all defaults.
     path.write_text(json.dumps({"enabled": True, "offload": {}}))

@@ -19,7 +19,9 @@ from typing import Any
 
 from txnkeeper.admin import move
 from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
+from txnkeeper.contract import tls
 from txnkeeper.contract.batching import FLUSH_MODES
+from txnkeeper.contract.tls import TlsClientSettings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # A transaction id as TxnID prints it, "(most,least)", or "most:least"; digits 0-9 only ([0-9], not
@@ -47,9 +49,17 @@ class AdminCallError(Exception):
 
 
 def call(
-    url: str, method: str, path: str, token: str | None = None, body: object = None, *, timeout: float = 30.0
+    url: str,
+    method: str,
+    path: str,
+    token: str | None = None,
+    body: object = None,
+    *,
+    timeout: float = 30.0,
+    tls_settings: TlsClientSettings | None = None,
 ) -> Any:
-    """One admin API call; returns the decoded JSON (or text for /metrics)."""
+    """One admin API call; returns the decoded JSON (or text for /metrics). ``tls_settings``: an
+    https:// URL is verified against its CA file (contract/tls.py)."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
@@ -57,7 +67,7 @@ def call(
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with tls.url_opener(tls_settings).open(request, timeout=timeout) as response:
             raw = response.read()
             if response.headers.get_content_type() == "application/json":
                 return json.loads(raw)
@@ -70,7 +80,8 @@ def call(
             message = raw.decode(errors="replace")
         raise AdminCallError(exc.code, str(message)) from exc
     except urllib.error.URLError as exc:
-        raise AdminCallError(0, f"cannot reach {url}: {exc.reason}") from exc
+        reason = tls.describe_url_error(exc.reason, url, tls_settings) or exc.reason
+        raise AdminCallError(0, f"cannot reach {url}: {reason}") from exc
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,6 +93,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--token-file",
         default=os.environ.get("TXNKEEPER_ADMIN_TOKEN_FILE"),
         help=f"bearer token file for mutating calls (or env {TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--tls-ca-file",
+        default=os.environ.get(tls.CA_FILE_ENV),
+        help=f"CA bundle verifying an https:// --url (env {tls.CA_FILE_ENV})",
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        default=os.environ.get(tls.CERT_FILE_ENV),
+        help=f"client certificate for pods that require one (env {tls.CERT_FILE_ENV})",
+    )
+    parser.add_argument(
+        "--tls-key-file",
+        default=os.environ.get(tls.KEY_FILE_ENV),
+        help=f"its private key (env {tls.KEY_FILE_ENV})",
     )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
@@ -290,6 +316,14 @@ def _topic_request(ns: argparse.Namespace) -> tuple[str, str, object]:
     return "POST", path, body
 
 
+def _tls_settings(ns: argparse.Namespace) -> TlsClientSettings | None:
+    if ns.tls_ca_file is None:
+        if ns.tls_cert_file or ns.tls_key_file:
+            raise ValueError("--tls-cert-file/--tls-key-file need --tls-ca-file (the CA verifying the pod)")
+        return None
+    return TlsClientSettings(ns.tls_ca_file, ns.tls_cert_file, ns.tls_key_file)
+
+
 def run(ns: argparse.Namespace) -> int:
     if ns.verb == "shards":
         return _run_shards(ns)
@@ -300,7 +334,7 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     try:
         token = load_admin_token(ns.token_file) if method != "GET" else None
-        result = call(ns.url, method, path, token, body)
+        result = call(ns.url, method, path, token, body, tls_settings=_tls_settings(ns))
     except (AdminCallError, ValueError) as exc:
         print(f"txnkeeper admin {ns.verb}: {exc}", file=sys.stderr)
         return 1

@@ -18,11 +18,13 @@ from txnkeeper.client.message import Message, MessageId
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyTransaction, SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.errors import (
     BacklogQuotaExceededError,
     DataUnreadableError,
     InvalidTxnStatusError,
     ServiceError,
+    TlsHandshakeError,
     TxnConflictError,
     TxnNotFoundError,
 )
@@ -43,6 +45,8 @@ __all__ = [
     "ServiceError",
     "SingleKeyTransaction",
     "SingleKeyWriter",
+    "TlsClientSettings",
+    "TlsHandshakeError",
     "Transaction",
     "TransactionFailedError",
     "TxnConflictError",

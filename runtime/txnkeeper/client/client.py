@@ -19,10 +19,11 @@ from txnkeeper.client.placement import Redirects, StoreRouter, is_placement
 from txnkeeper.client.producer import Producer
 from txnkeeper.client.singlekey import SingleKeyWriter
 from txnkeeper.client.transaction import Transaction
+from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.errors import NotServedHereError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
-from txnkeeper.protocol.rpc import RpcConnection, expect, split_address
+from txnkeeper.protocol.rpc import RpcConnection, StaticClientTls, expect, split_address
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,13 @@ class Client:
         stores: list[str],
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
         auth_token: str | None = None,
+        tls: TlsClientSettings | None = None,
     ) -> None:
-        """``auth_token``: this client's credential (``txnkeeper client-token create``), presented on
+        """``tls``: connect over TLS, verifying the pods against ``tls.ca_file`` (and presenting
+        ``tls.cert_file`` where pods require a client certificate); a refused certificate fails with
+        ``TlsHandshakeError`` saying which and why.
+
+        ``auth_token``: this client's credential (``txnkeeper client-token create``), presented on
         every store connection: on stores that authenticate clients, single-key writer ids and
         producer names are the token's principal's, which no other principal can take over."""
         if not coordinators and not stores:
@@ -64,7 +70,9 @@ class Client:
         self._auth_token = auth_token
         self.principals: dict[str, str] = {}  # store address -> principal it authenticated us as
         self.connections = ConnectionPool(
-            operation_timeout, on_connect=self._authenticate if auth_token is not None else None
+            operation_timeout,
+            on_connect=self._authenticate if auth_token is not None else None,
+            tls=StaticClientTls(tls) if tls is not None else None,
         )
         self._consumers: dict[int, Consumer] = {}
         # Closed with the client: a writer or named producer resynchronising must not reconnect after.

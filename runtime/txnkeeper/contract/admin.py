@@ -9,6 +9,7 @@ txnkeeper outside the contract package.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ import aiohttp
 
 from txnkeeper.contract.batching import BatchSettings
 from txnkeeper.contract.placement import Placement, PlacementError, PlacementKind
+from txnkeeper.contract.tls import TlsClientSettings, describe_url_error
 
 
 class AdminError(Exception):
@@ -82,9 +84,21 @@ class AdminClient:
     """Calls on pods' admin APIs; ``token`` is the default bearer token for the mutating calls."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, timeout_seconds: float = 5.0, token: str | None = None
+        self,
+        session: aiohttp.ClientSession,
+        timeout_seconds: float = 5.0,
+        token: str | None = None,
+        *,
+        tls: TlsClientSettings | ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: https:// pod URLs are verified against its CA file (or with this context), the
+        client certificate presented to pods that require one (contract/tls.py)."""
         self._session = session
+        self._tls_settings = tls if isinstance(tls, TlsClientSettings) else None
+        # aiohttp's default (True: the system's CAs) unless a CA was given
+        self._ssl: ssl.SSLContext | bool = (
+            tls.context() if isinstance(tls, TlsClientSettings) else (tls or True)
+        )
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._token = token
 
@@ -94,7 +108,7 @@ class AdminClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             async with self._session.request(
-                method, url, json=body, headers=headers, timeout=self._timeout
+                method, url, json=body, headers=headers, timeout=self._timeout, ssl=self._ssl
             ) as resp:
                 raw = await resp.text()
                 doc: Any = None
@@ -107,13 +121,18 @@ class AdminClient:
                     detail = doc.get("error") if isinstance(doc, dict) else None
                     raise AdminError(f"{method} {url}: HTTP {resp.status}: {detail or resp.reason}")
                 return raw if text else doc
+        except aiohttp.ClientSSLError as err:
+            # aiohttp keeps the ssl module's error: a refused certificate, or the handshake's failure
+            cause = getattr(err, "certificate_error", None) or getattr(err, "os_error", err)
+            described = describe_url_error(cause, url, self._tls_settings)
+            raise AdminError(f"{method} {url}: {described or err}") from err
         except (aiohttp.ClientError, TimeoutError) as err:
             raise AdminError(f"{method} {url}: {type(err).__name__}: {err}") from err
 
     async def ready(self, base: str) -> bool:
         """True when the pod's /ready answers 200; any failure to ask is simply not ready."""
         try:
-            async with self._session.get(f"{base}/ready", timeout=self._timeout) as resp:
+            async with self._session.get(f"{base}/ready", timeout=self._timeout, ssl=self._ssl) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False

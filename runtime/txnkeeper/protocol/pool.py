@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from txnkeeper.pb import txnkeeper_api_pb2 as api
-from txnkeeper.protocol.rpc import RpcConnection, connect
+from txnkeeper.protocol.rpc import ClientTls, RpcConnection, connect
 
 
 class ConnectionPool:
@@ -17,8 +17,12 @@ class ConnectionPool:
         self,
         operation_timeout: float,
         on_connect: Callable[[RpcConnection], Awaitable[None]] | None = None,
+        *,
+        tls: ClientTls | None = None,
     ) -> None:
+        """``tls``: every connection speaks TLS with the context it holds at the connect."""
         self._operation_timeout = operation_timeout
+        self._tls = tls
         # Run on every new connection before any request uses it (a coordinator's handshake).
         self._on_connect = on_connect
         self._connections: dict[str, RpcConnection] = {}
@@ -46,7 +50,7 @@ class ConnectionPool:
                 if handler is not None and holder:
                     handler(holder[0], command)
 
-            conn = await connect(address, push)
+            conn = await connect(address, push, tls=self._tls)
             holder.append(conn)
             if self._on_connect is not None:
                 try:

@@ -8,12 +8,17 @@ when an error frame or the loss of the connection says it cannot complete.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
+from typing import Protocol
 
+from txnkeeper.contract import tls as tls_contract
+from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.errors import (
     ConnectionClosedError,
     RequestTimeoutError,
     ServiceError,
+    TlsHandshakeError,
     from_error_frame,
 )
 from txnkeeper.pb import txnkeeper_api_pb2 as api
@@ -21,6 +26,31 @@ from txnkeeper.protocol.connection import CLIENT_FLUSH_EVERY, FrameConnection
 from txnkeeper.protocol.frames import DEFAULT_MAX_FRAME_SIZE
 
 SWEEP_INTERVAL = 0.25
+
+
+class ClientTls(Protocol):
+    """What a connection needs to speak TLS: the context for a new connection (the current one, where
+    certificates rotate) and the settings it came from (the CA file an error names)."""
+
+    @property
+    def settings(self) -> TlsClientSettings: ...
+
+    def client_context(self) -> ssl.SSLContext: ...
+
+
+class StaticClientTls:
+    """``ClientTls`` from settings read once (a client process; pods use their reloading source)."""
+
+    def __init__(self, settings: TlsClientSettings) -> None:
+        self._settings = settings
+        self._context = settings.context()
+
+    @property
+    def settings(self) -> TlsClientSettings:
+        return self._settings
+
+    def client_context(self) -> ssl.SSLContext:
+        return self._context
 
 
 class RpcConnection(FrameConnection):
@@ -40,6 +70,9 @@ class RpcConnection(FrameConnection):
         self._on_push = on_push
         self.address = "?"
         self.lost_reason: str | None = None
+        # With TLS: turns a TLS failure seen after the handshake (TLS 1.3 servers refuse a missing
+        # client certificate only then) into the sentence contract/tls.py gives it.
+        self.tls_settings: TlsClientSettings | None = None
 
     def request(self, command: api.Command, timeout: float | None = None) -> asyncio.Future[api.Command]:
         """Send ``command``; the future resolves to the response command or fails with ServiceError
@@ -101,6 +134,12 @@ class RpcConnection(FrameConnection):
 
     def on_lost(self, exc: Exception | None) -> None:
         reason = self.lost_reason or (str(exc) if exc else "closed")
+        if exc is not None and self.tls_settings is not None and self.address != "?":
+            host, port = split_address(self.address)
+            described = tls_contract.describe(
+                exc, host=host, port=port, settings=self.tls_settings, probe=False
+            )
+            reason = described or reason
         pending = self._pending
         self._pending = {}
         self._deadlines.clear()
@@ -117,18 +156,38 @@ async def connect(
     on_push: Callable[[api.Command], None] | None = None,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     connect_timeout: float = 10.0,
+    *,
+    tls: ClientTls | None = None,
 ) -> RpcConnection:
-    """Open a connection to ``host:port``."""
+    """Open a connection to ``host:port`` (over TLS with ``tls``: the server verified against its CA
+    file and name; a refused certificate raises ``TlsHandshakeError`` saying which and why)."""
     host, port = split_address(address)
     loop = asyncio.get_running_loop()
+    context = tls.client_context() if tls is not None else None
+    server_hostname = None
+    if tls is not None:
+        server_hostname = tls.settings.server_hostname or host
     try:
         _, protocol = await asyncio.wait_for(
-            loop.create_connection(lambda: RpcConnection(on_push, max_frame_size), host, port),
+            loop.create_connection(
+                lambda: RpcConnection(on_push, max_frame_size),
+                host,
+                port,
+                ssl=context,
+                server_hostname=server_hostname,
+            ),
             connect_timeout,
         )
     except (OSError, TimeoutError) as exc:
+        if tls is not None and isinstance(exc, ssl.SSLError):
+            described = await asyncio.to_thread(
+                tls_contract.describe, exc, host=host, port=port, settings=tls.settings
+            )
+            raise TlsHandshakeError(f"cannot connect to {address}: {described or exc}") from exc
         raise ConnectionClosedError(f"cannot connect to {address}: {exc}") from exc
     protocol.address = address
+    if tls is not None:
+        protocol.tls_settings = tls.settings
     return protocol
 
 

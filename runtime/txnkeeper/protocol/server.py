@@ -45,6 +45,7 @@ from txnkeeper.protocol.limits import (
     ConnectionLimits,
     ServerStats,
 )
+from txnkeeper.protocol.tls_accept import TlsSource, tls_factory
 
 log = logging.getLogger(__name__)
 _CLOSE_GRACE_S = 5.0
@@ -725,9 +726,13 @@ class ProtocolServer:
         limits: ConnectionLimits | None = None,
         *,
         other_wire: Callable[[ConnectionBook], BaseServerConnection[Any]] | None = None,
+        tls: TlsSource | None = None,
     ) -> None:
         """``other_wire`` makes the connection of a second wire served on the same port (Pulsar's:
-        pulsar_server.pulsar_wire); ``ServerConnection`` says how a connection's wire is told."""
+        pulsar_server.pulsar_wire); ``ServerConnection`` says how a connection's wire is told.
+        ``tls``: every connection is TLS first (both wires; protocol/tls_accept.py), with the
+        certificate ``tls`` holds when it connects."""
+        self._tls = tls
         self.limits = limits or ConnectionLimits()
         self.stats = ServerStats()
         self._book = ConnectionBook(self.limits, self.stats)
@@ -737,7 +742,9 @@ class ProtocolServer:
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        factory = partial(self._connections, self._book)
+        factory: Callable[[], asyncio.Protocol] = partial(self._connections, self._book)
+        if self._tls is not None:
+            factory = tls_factory(factory, self._tls, "client", self.limits.handshake_timeout_s)
         self._server = await loop.create_server(factory, host, port, reuse_address=True)
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
 

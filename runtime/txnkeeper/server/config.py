@@ -16,6 +16,7 @@ from typing import Any
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
 from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
+from txnkeeper.contract.tls import TlsServerSettings
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.clientauth import ClientTokenKey
 from txnkeeper.protocol.limits import ConnectionLimits
@@ -27,7 +28,7 @@ ROLES = ("coordinator", "store")
 
 # Top-level sections of the --config file that other modules read (through ``section``); the batch
 # settings parser skips them, and refuses any other key next to its own.
-OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies", "pulsar")
+OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies", "pulsar", "tls")
 _BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
@@ -79,6 +80,7 @@ class ServeConfig:
     # without replicas (and no record given) the pod serves every topic, as before placement.
     replicas: int | None = None
     shards: int | None = None
+    tls: TlsServerSettings | None = None  # server/tls_settings.py; None: plaintext
 
 
 def env(name: str, default: str | None = None) -> str | None:

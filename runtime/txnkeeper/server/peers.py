@@ -18,7 +18,7 @@ from txnkeeper.errors import ServiceError, from_error_frame
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret
 from txnkeeper.protocol.pool import ConnectionPool
-from txnkeeper.protocol.rpc import RpcConnection, expect
+from txnkeeper.protocol.rpc import ClientTls, RpcConnection, expect
 from txnkeeper.txnid import TxnID
 
 REQUEST_TIMEOUT = 30.0
@@ -30,9 +30,10 @@ Outcome = Callable[[BaseException | None], None]
 class StorePeers:
     """Connections from this pod to store pods, by address."""
 
-    def __init__(self, secret: ClusterSecret | None = None) -> None:
+    def __init__(self, secret: ClusterSecret | None = None, *, tls: ClientTls | None = None) -> None:
+        """``tls``: store connections are mutual TLS (the pod's certificate; server/tls_reload.py)."""
         self._secret = secret
-        self._pool = ConnectionPool(REQUEST_TIMEOUT, on_connect=self._authenticate)
+        self._pool = ConnectionPool(REQUEST_TIMEOUT, on_connect=self._authenticate, tls=tls)
         # address -> (the EndTxnsOnStore being filled this turn, the senders of its ends in order)
         self._queued: dict[str, tuple[api.Command, list[Outcome]]] = {}
         # The loop the ends are sent from, once known (asking asyncio each time costs a system call).

@@ -71,6 +71,7 @@ from txnkeeper.server.pulsar_placement import PulsarPlacement, address_of
 from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.server.shard_moves import ShardMoves, initial_placement
 from txnkeeper.server.store_views import PendingAckView, TxnLogView
+from txnkeeper.server.tls_reload import TlsCollector, TlsReloader, TlsSite
 from txnkeeper.server.topic_policies import TopicPolicyStore
 from txnkeeper.server.topic_policies import collect as topic_policy_metrics
 from txnkeeper.server.topic_reads import TopicReads
@@ -110,7 +111,10 @@ class PodRuntime:
         self.coordinators: dict[int, TransactionCoordinator] = {}
         self.topics: TopicService | None = None
         self._secret = ClusterSecret(config.cluster_secret) if config.cluster_secret else None
-        self._peers = StorePeers(self._secret)
+        # TLS (server/tls_reload.py): its files are re-read while the pod runs.
+        self._tls = TlsReloader(config.tls) if config.tls is not None else None
+        self._tls_collector: TlsCollector | None = None
+        self._peers = StorePeers(self._secret, tls=self._peer_tls())
         self._protocol: ProtocolServer | None = None
         self._admin_runner: web.AppRunner | None = None
         self._admin_site: web.TCPSite | None = None
@@ -132,6 +136,10 @@ class PodRuntime:
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self._tls is not None:
+            self._tls.start()
+            self._tls_collector = TlsCollector(self._tls)
+            REGISTRY.register(self._tls_collector)
         await self._start_admin()
         try:
             self._not_ready = "recovering stores"
@@ -168,7 +176,9 @@ class PodRuntime:
                 record=lambda: self.placement.record if self.placement is not None else None,
             )
             if self.topics is not None:
-                self._registrations = TxnRegistrations(self._secret, placement, self._store_address)
+                self._registrations = TxnRegistrations(
+                    self._secret, placement, self._store_address, tls=self._peer_tls()
+                )
             pulsar_handler = PulsarPodHandler(
                 self.topics,
                 pulsar_coordinators,
@@ -182,7 +192,10 @@ class PodRuntime:
                 max_message_size=max(1, self.config.connection_limits.max_frame_size - FRAME_PADDING),
             )
             self._protocol = ProtocolServer(
-                handler, self.config.connection_limits, other_wire=pulsar_wire(pulsar_handler)
+                handler,
+                self.config.connection_limits,
+                other_wire=pulsar_wire(pulsar_handler),
+                tls=self._listener_tls("client"),
             )
             if self.shards is not None:  # a fenced shard's clients are told to go (§12)
                 self.shards.on_closed += [handler.topics_closed, pulsar_handler.topics_closed]
@@ -308,7 +321,11 @@ class PodRuntime:
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
         await self._admin_runner.setup()
         host, port = split_address(self.config.admin_listen)
-        self._admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
+        admin_tls = self._listener_tls("admin")
+        if admin_tls is not None:
+            self._admin_site = TlsSite(self._admin_runner, host, port, admin_tls)
+        else:
+            self._admin_site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
         await self._admin_site.start()
         # Not asyncio.Server on every loop (uvloop has its own class): only its sockets are used.
         sockets = getattr(self._admin_site._server, "sockets", None)
@@ -502,6 +519,18 @@ class PodRuntime:
             await self._factory.close()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
+        if self._tls is not None:
+            await self._tls.close()
+        if self._tls_collector is not None:
+            REGISTRY.unregister(self._tls_collector)
+            self._tls_collector = None
+
+    def _listener_tls(self, listener: str) -> TlsReloader | None:
+        tls = self._tls
+        return tls if tls is not None and tls.config.serves(listener) else None
+
+    def _peer_tls(self) -> TlsReloader | None:
+        return self._listener_tls("peers")
 
     # --- PodView -----------------------------------------------------------------------------------
     def readiness(self) -> str | None:

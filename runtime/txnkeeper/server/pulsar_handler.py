@@ -62,7 +62,7 @@ from txnkeeper.server.pulsar_coordinator import (
     PulsarCoordinators,
     response_error,
 )
-from txnkeeper.server.pulsar_placement import PulsarPlacement, coordinator_partition
+from txnkeeper.server.pulsar_placement import PulsarPlacement, coordinator_partition, tls_url
 from txnkeeper.server.pulsar_sends import (
     Deduplication,
     Producer,
@@ -333,6 +333,8 @@ class PulsarPodHandler:
         else:
             placed = self._store_url_of(body.topic)
             response.brokerServiceUrl = placed or self._placement.store_url(body.topic, self._own_url())
+        # The same pod for clients on TLS (pulsar+ssl://): one port serves both (contracts §6 "TLS").
+        response.brokerServiceUrlTls = tls_url(response.brokerServiceUrl)
         response.response = pulsar.CommandLookupTopicResponse.Connect
         response.authoritative = True
         return encode_command(answer)

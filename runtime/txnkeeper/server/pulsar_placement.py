@@ -63,3 +63,9 @@ def coordinator_partition(topic: str) -> int | None:
 def address_of(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port}"
+
+
+def tls_url(url: str) -> str:
+    """``url`` as a Pulsar client on TLS names it: pulsar+ssl:// on the same host and port."""
+    scheme, sep, rest = url.partition("://")
+    return f"pulsar+ssl://{rest}" if sep and scheme == "pulsar" else url

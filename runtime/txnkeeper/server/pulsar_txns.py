@@ -26,6 +26,7 @@ from txnkeeper.errors import NotServedHereError, UnavailableError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, not_configured
 from txnkeeper.protocol.pool import ConnectionPool
+from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper.server.pulsar_placement import PulsarPlacement
 from txnkeeper.txnid import TxnID
 
@@ -36,14 +37,19 @@ _Key = tuple[TxnID, str, str]
 
 class TxnRegistrations:
     def __init__(
-        self, secret: ClusterSecret | None, placement: PulsarPlacement, own_address: Callable[[str], str]
+        self,
+        secret: ClusterSecret | None,
+        placement: PulsarPlacement,
+        own_address: Callable[[str], str],
+        *,
+        tls: ClientTls | None = None,
     ) -> None:
         """``own_address(topic)``: this store pod's address as coordinators reach it for ``topic``
         (where they send the transaction's end)."""
         self._secret = secret
         self._placement = placement
         self._own_address = own_address
-        self._pool = ConnectionPool(REQUEST_TIMEOUT)
+        self._pool = ConnectionPool(REQUEST_TIMEOUT, tls=tls)  # tls: mutual, the pod's certificate
         self._confirmed: OrderedDict[_Key, None] = OrderedDict()
         self._pending: dict[_Key, asyncio.Future[None]] = {}
         self._moved: dict[int, str] = {}  # coordinator id -> the address a redirect named

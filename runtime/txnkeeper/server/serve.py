@@ -23,7 +23,14 @@ from txnkeeper.protocol.auth import SECRET_ENV, ClusterSecretError, load_cluster
 from txnkeeper.protocol.clientauth import KEY_ENV, KEY_FLAG, ClientTokenKeyError, load_client_token_key
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
 from txnkeeper.release import UnknownReleaseError, format_level
-from txnkeeper.server import offload_settings, pulsar_config, srk_config, topic_policies, txn_config
+from txnkeeper.server import (
+    offload_settings,
+    pulsar_config,
+    srk_config,
+    tls_settings,
+    topic_policies,
+    txn_config,
+)
 from txnkeeper.server.config import (
     ROLES,
     ConfigError,
@@ -187,6 +194,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     srk_config.add_arguments(parser)
     txn_config.add_arguments(parser)
     pulsar_config.add_arguments(parser)
+    tls_settings.add_arguments(parser)
     process_settings.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -286,6 +294,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         pulsar=pulsar_config.placement(ns, ns.config),
         replicas=ns.replicas,
         shards=ns.shards,
+        tls=tls_settings.settings(ns, ns.config),
     )
 
 

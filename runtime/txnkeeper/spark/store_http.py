@@ -7,17 +7,24 @@ StoreReadError that names the pod, the topic and what to check, never a half-rea
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
-from txnkeeper.contract import entry_frames
+from txnkeeper.contract import entry_frames, tls
 
 READ_STATE_PATH = "/admin/v1/topics/read-state"
 ENTRIES_PATH = "/admin/v1/topics/entries"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """No proxy between executors and pods; https:// admin URLs are verified against
+    TXNKEEPER_TLS_CA_FILE (+ _CERT_FILE/_KEY_FILE for client certificates; contract/tls.py)."""
+    return tls.url_opener(tls.TlsClientSettings.from_env())
 
 
 class StoreReadError(RuntimeError):
@@ -30,7 +37,7 @@ class TopicNotHere(StoreReadError):
 
 def _get(url: str, timeout_s: float, what: str) -> bytes:
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _opener().open(url, timeout=timeout_s) as response:
             body: bytes = response.read()
             return body
     except urllib.error.HTTPError as exc:
@@ -38,8 +45,11 @@ def _get(url: str, timeout_s: float, what: str) -> bytes:
         if exc.code == 404:
             raise TopicNotHere(f"{what}: {detail}") from None
         raise StoreReadError(f"{what}: the store answered HTTP {exc.code}: {detail}") from None
+    except tls.TlsSettingsError as exc:
+        raise StoreReadError(f"{what}: TLS settings: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        reason = tls.describe_url_error(reason, url, tls.TlsClientSettings.from_env()) or reason
         base = url.split("/admin/", maxsplit=1)[0]
         raise StoreReadError(
             f"{what}: the store's admin API at {base} is unreachable ({reason}); check the adminUrl "

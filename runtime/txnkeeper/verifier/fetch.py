@@ -6,6 +6,7 @@ importable there). Every failure becomes a one-line error naming what went wrong
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import time
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from txnkeeper.contract import tls
 from txnkeeper.verifier.model import PodEndpoint
 
 LEDGERS_PATH = "/admin/v1/stores/ledgers"
@@ -24,8 +26,13 @@ DEFAULT_CONCURRENCY = 16
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 _CHUNK = 256 * 1024
 
-# Pod IPs are reached directly: a proxy from the environment (http_proxy) must never sit in between.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """Pod IPs are reached directly: a proxy from the environment (http_proxy) must never sit in
+    between. https:// admin URLs are verified against TXNKEEPER_TLS_CA_FILE (contract/tls.py), with
+    TXNKEEPER_TLS_CERT_FILE/_KEY_FILE presented where pods require a client certificate."""
+    return tls.url_opener(tls.TlsClientSettings.from_env())
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +84,7 @@ def fetch_ledgers(
     deadline = time.monotonic() + timeout_s
     try:
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
-        with _OPENER.open(request, timeout=timeout_s) as response:
+        with _opener().open(request, timeout=timeout_s) as response:
             body = _read_bounded(response, deadline, max_bytes)
     except urllib.error.HTTPError as exc:
         return FetchResult(endpoint, None, f"HTTP {exc.code} from {url}{_http_error_detail(exc)}")
@@ -85,7 +92,10 @@ def fetch_ledgers(
         reason = exc.reason
         if isinstance(reason, TimeoutError | socket.timeout):
             return FetchResult(endpoint, None, f"unreachable: timed out after {timeout_s:g} s ({url})")
-        return FetchResult(endpoint, None, f"unreachable: {reason} ({url})")
+        described = tls.describe_url_error(reason, url, tls.TlsClientSettings.from_env())
+        return FetchResult(endpoint, None, f"unreachable: {described or reason} ({url})")
+    except tls.TlsSettingsError as exc:
+        return FetchResult(endpoint, None, f"unreachable: TLS settings: {exc} ({url})")
     except TimeoutError:
         return FetchResult(endpoint, None, f"unreachable: timed out after {timeout_s:g} s ({url})")
     except OverflowError as exc:
