@@ -27,7 +27,7 @@ from runtime_waits import wait_until
 
 from txnkeeper.client import Client, Consumer, Message, MessageId
 from txnkeeper.coordinator.routes import RouteTable
-from txnkeeper.errors import NotServedHereError
+from txnkeeper.errors import ConnectionClosedError, NotServedHereError
 
 TOPIC = "persistent://t/ns/moving"
 PLAIN = "persistent://t/ns/plain"
@@ -238,7 +238,16 @@ async def test_a_store_address_that_cannot_be_reached_is_passed_over_for_one_tha
     first, second = [
         t for t in (f"persistent://t/ns/gone-{i}" for i in range(100)) if zlib.crc32(t.encode()) % 2 == 0
     ][:2]
+    via_live = next(
+        t for t in (f"persistent://t/ns/live-{i}" for i in range(100)) if zlib.crc32(t.encode()) % 2 == 1
+    )
+    # Before any store has answered by placement the client asks no other store: one started without
+    # placement would serve the topic, splitting it between two pods (what the cluster soak caught).
+    async with Client(coordinators=[], stores=[gone, live.listen], operation_timeout=10) as fresh:
+        with pytest.raises(ConnectionClosedError, match="cannot connect"):
+            await fresh.create_producer(first)
     async with Client(coordinators=[], stores=[gone, live.listen], operation_timeout=10) as client:
+        await (await client.create_producer(via_live)).send(b"placement seen")  # redirected
         assert client.store_for(first) == gone and client.store_for(second) == gone
         consumer = await client.subscribe(first, "s")  # passed over to the live pod, then redirected
         assert client.store_for(first) == store.listen

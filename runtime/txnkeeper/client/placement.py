@@ -10,8 +10,12 @@ applied, so re-sending it elsewhere cannot write anything twice.
 
 The first placement is the arithmetic one (``crc32(topic) mod stores`` over the addresses the client was
 given); a redirect overrides it per topic. A store pod that cannot be connected to at all (removed by a
-scale-in, or not there yet) sent nothing and applied nothing: the request goes to the other store
-addresses in turn, any of which redirects it to the owner.
+scale-in, or not there yet) sent nothing and applied nothing: once this client has had a placement
+answer from some store (so the stores hold a placement record and refuse what they do not own), the
+request goes to the other store addresses in turn, any of which redirects it to the owner. Before
+that it does not: stores started without placement serve every topic, and a topic written to
+whichever store answered would be split between two pods (silent loss to its readers; the cluster
+soak found exactly that).
 """
 
 from __future__ import annotations
@@ -103,6 +107,9 @@ class StoreRouter:
         self._store_of: dict[str, str] = {}
         self._known = set(self._stores)
         self.moves = 0  # redirects taken: what a cache of store addresses compares to know it is stale
+        # A store answered by placement: the stores refuse topics they do not own, so an unreachable
+        # one may be asked around (never before: see the module docstring).
+        self.placement_seen = False
 
     def is_store(self, address: str) -> bool:
         return address in self._known
@@ -121,6 +128,7 @@ class StoreRouter:
 
     def moved(self, topic: str, address: str) -> None:
         """A pod said ``topic`` is served at ``address`` now."""
+        self.placement_seen = True
         if self._store_of.get(topic) == address:
             return
         log.info("topic %s is served at %s now (redirected)", topic, address)
@@ -142,6 +150,7 @@ class StoreRouter:
             except NotServedHereError as exc:
                 if not is_placement(exc):
                     raise
+                self.placement_seen = True
                 owner = await redirects.after(exc)
                 if owner is not None:
                     self.moved(topic, owner)
@@ -162,13 +171,16 @@ class StoreRouter:
         return following(first, partial(self._follow, topic, command), convert, self._retried)
 
     def _retried(self, failure: BaseException | None) -> bool:
-        return is_placement(failure) or (unreachable(failure) and len(self._stores) > 1)
+        return is_placement(failure) or (
+            unreachable(failure) and len(self._stores) > 1 and self.placement_seen
+        )
 
     async def _follow(self, topic: str, command: api.Command, failure: ServiceError) -> api.Command:
         redirects = Redirects(f"{command.WhichOneof('body')} of {topic}", self.operation_timeout)
         tried: set[str] = set()
         while True:
             if isinstance(failure, NotServedHereError):
+                self.placement_seen = True
                 owner = await redirects.after(failure)
                 if owner is not None:
                     self.moved(topic, owner)
@@ -189,7 +201,10 @@ class StoreRouter:
 
     def _elsewhere(self, topic: str, tried: set[str]) -> bool:
         """Point ``topic`` at the next store address not ``tried`` (a pod that cannot be reached
-        cannot redirect; any other can); False when every one was tried."""
+        cannot redirect; any other can); False when every one was tried, or when no store has shown
+        it holds placement (one without would serve the topic: the module docstring)."""
+        if not self.placement_seen:
+            return False
         for address in self._stores:
             if address not in tried:
                 log.info("topic %s: %s cannot be reached; asking %s", topic, sorted(tried), address)
