@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from pulsar_wire import RawPulsar, T, command, free_port
 from runtime_pods import TOKEN, ServePod, coordinator_connection, http, pod_gauge
 from runtime_waits import wait_until
 
-from txnkeeper.admin.move import move_shard
+from txnkeeper.admin.move import MoveError, move_shard
 from txnkeeper.client import Client, Consumer, Message
 from txnkeeper.contract.placement import Member, Placement, shard_of
 from txnkeeper.errors import ConnectionClosedError, NotServedHereError, ServiceError
@@ -711,3 +712,17 @@ async def test_a_target_killed_while_it_pulls_installs_nothing_and_a_rollback_re
     async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
         consumer = await client.subscribe(IN, SUB)
         assert (await consumer.receive(timeout=10)).data == b"x0" * 100
+
+
+def test_a_move_to_a_pod_the_record_gives_no_address_is_refused_before_anything(
+    pods: Callable[..., ServePod],
+) -> None:
+    """Clients follow a moved shard to the address the record gives its new owner; without one they
+    could only wait out their timeouts, so the move is refused at its check (nothing fenced)."""
+    stores = [pods(f"pas-{i}", "store", extra=["--replicas", "2", "--shards", "2"]) for i in range(2)]
+    with pytest.raises(MoveError, match="gives no address for pod 1") as refused:
+        asyncio.run(move_shard(0, stores[0].admin_url(), stores[1].admin_url(), token=TOKEN))
+    assert refused.value.step == "check"
+    with urllib.request.urlopen(f"{stores[0].admin_url()}/admin/v1/shards", timeout=10) as response:
+        listing = json.loads(response.read())
+    assert {row["shard"]: row["state"] for row in listing["shards"]}.get(0) == "serving"

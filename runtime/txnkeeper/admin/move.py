@@ -129,6 +129,15 @@ async def move_shard(
             raise MoveError("check", f"source and target are the same pod ({source_ordinal})")
         report = MoveReport(shard, move, source_ordinal, target_ordinal)
         owner = record.owner_of(shard)
+        if owner == source_ordinal and record.member(target_ordinal) is None:
+            # Clients are redirected to the address the record gives the new owner: without one they
+            # could only wait until their operations time out.
+            raise MoveError(
+                "check",
+                f"the placement record (epoch {record.epoch}) gives no address for pod {target_ordinal}, "
+                "so clients could not follow the shard there: PUT a record with members first (start "
+                "the store pods with --pulsar-urls, or let the operator place them)",
+            )
         if owner == source_ordinal:
             try:
                 manifest = await pods.verb(source, shard, "fence", {"move": move})
