@@ -7,7 +7,8 @@ tool failed: "certificate has expired (notAfter ...)", "hostname mismatch: certi
 OpenSSL's own text ("CERTIFICATE_VERIFY_FAILED", "tlsv13 alert certificate required") names none of
 those plainly. It is in the contract package because the operator (which imports nothing else of the
 runtime) reaches pods' admin APIs over HTTPS with it. It needs the standard library and ``cryptography``
-(to read the expiry and names of a certificate the handshake refused).
+(to read the expiry and names of a certificate the handshake refused), imported only where a refused
+handshake is described: the verifier's executor code imports this module and must run on the stdlib.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
+if TYPE_CHECKING:  # imported where used: the verifier's executor code is stdlib-only (shipping.py)
+    from cryptography import x509
 
 # The environment a process reads its client TLS settings from (the same names ``txnkeeper serve`` reads
 # its own certificate from, so one mounted Secret serves a pod, a verifier Job and a CLI in the pod).
@@ -198,6 +201,8 @@ def describe(
 
 def certificate_names(cert: x509.Certificate) -> list[str]:
     """The DNS names and IP addresses a certificate is for (its subject CN when it has no SANs)."""
+    from cryptography import x509
+
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -229,7 +234,11 @@ def _peer_certificate(host: str, port: int, settings: TlsClientSettings | None) 
             der = tls.getpeercert(binary_form=True)
     except (OSError, ValueError):
         return None
-    return x509.load_der_x509_certificate(der) if der else None
+    if not der:
+        return None
+    from cryptography import x509
+
+    return x509.load_der_x509_certificate(der)
 
 
 # --- HTTPS with urllib (the CLI, the verifier's and the Spark source's fetches) ----------------------
