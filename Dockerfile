@@ -42,8 +42,11 @@ FROM deps-common AS deps
 RUN slim-venv
 
 FROM deps-common AS deps-verifier
+# pyspark's jars/connect-repl (58 MB) is the Spark Connect REPL's own classpath: never on Spark's (jars/*
+# holds only the jar files directly in it), and the jobs use classic PySpark.
 RUN python /usr/local/bin/requirements.py operator offload spark >/tmp/requirements.txt \
  && /opt/venv/bin/pip install --no-compile -r /tmp/requirements.txt \
+ && rm -rf /opt/venv/lib/python3.11/site-packages/pyspark/jars/connect-repl \
  && slim-venv
 
 # ---- build: protobuf code generated from proto/, then the package (no dependencies) ------------------------
