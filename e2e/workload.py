@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import uuid
@@ -45,13 +46,19 @@ async def produce(
     per_txn: int = 3,
     abort_every: int = 4,
     tag: str = "",
+    seconds: float = 0.0,
 ) -> Record:
-    """`txns` transactions, each writing `per_txn` messages to every topic; every `abort_every`-th aborts."""
+    """`txns` transactions, each writing `per_txn` messages to every topic; every `abort_every`-th aborts.
+    With `seconds`, transactions go on until that much time has passed (at least `txns` of them)."""
     record = Record()
     tag = tag or uuid.uuid4().hex[:6]
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
     async with Client(coordinators=coordinators, stores=stores) as client:
         producers = {t: await client.create_producer(t) for t in topics}
-        for i in range(txns):
+        for i in itertools.count():
+            if i >= txns and loop.time() >= until:
+                break
             txn = await client.new_transaction(timeout_ms=60_000)
             sent: dict[str, list[bytes]] = {}
             for topic, producer in producers.items():
@@ -170,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topic", default="")
     parser.add_argument("--txns", type=int, default=10)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--seconds", type=float, default=0.0, help="produce: keep going this long")
     parser.add_argument("--timeout-ms", type=int, default=120_000)
     args = parser.parse_args(argv)
     coordinators = [a for a in args.coordinators.split(",") if a]
@@ -177,7 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     topics = [t for t in args.topics.split(",") if t]
     result: object
     if args.command == "produce":
-        record = asyncio.run(produce(coordinators, stores, topics, txns=args.txns, tag=args.tag))
+        record = asyncio.run(
+            produce(coordinators, stores, topics, txns=args.txns, tag=args.tag, seconds=args.seconds)
+        )
         acked = {
             t: asyncio.run(ack_in_transactions(coordinators, stores, t, m))
             for t, m in record.committed.items()
