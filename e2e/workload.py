@@ -23,8 +23,10 @@ import json
 import sys
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from txnkeeper.client import Client
+from txnkeeper.errors import ServiceError
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Record:
     aborted: dict[str, list[bytes]] = field(default_factory=dict)
     committed_txns: int = 0
     aborted_txns: int = 0
+    uncertain: dict[str, list[bytes]] = field(default_factory=dict)
 
 
 async def produce(
@@ -59,26 +62,53 @@ async def produce(
         for i in itertools.count():
             if i >= txns and loop.time() >= until:
                 break
-            txn = await client.new_transaction(timeout_ms=60_000)
-            sent: dict[str, list[bytes]] = {}
-            for topic, producer in producers.items():
-                for j in range(per_txn):
-                    payload = f"{tag}-{i}-{j}".encode()
-                    await producer.send(payload, txn=txn)
-                    sent.setdefault(topic, []).append(payload)
-            if abort_every and i % abort_every == abort_every - 1:
-                await txn.abort()
-                record.aborted_txns += 1
-                for topic, msgs in sent.items():
-                    record.aborted.setdefault(topic, []).extend(msgs)
-            else:
-                await txn.commit()
-                record.committed_txns += 1
-                for topic, msgs in sent.items():
-                    record.committed.setdefault(topic, []).extend(msgs)
+            try:
+                await _one_transaction(
+                    client,
+                    producers,
+                    record,
+                    f"{tag}-{i}",
+                    abort=bool(abort_every and i % abort_every == abort_every - 1),
+                    per_txn=per_txn,
+                )
+            except ServiceError:
+                if not seconds:
+                    raise
+                # A pod it needed was killed (the scaling test does that): nothing of this transaction
+                # was acknowledged as committed; the load goes on, as an application's retry would.
+                await asyncio.sleep(0.5)  # back-off before the next transaction, not a synchronisation
         for producer in producers.values():
             await producer.close()
     return record
+
+
+async def _one_transaction(
+    client: Client, producers: dict[str, Any], record: Record, prefix: str, *, abort: bool, per_txn: int
+) -> None:
+    """One transaction; a message counts as committed or aborted only once the service said so (a
+    failed commit leaves its messages in `uncertain`: they may or may not be visible, at most once)."""
+    txn = await client.new_transaction(timeout_ms=60_000)
+    sent: dict[str, list[bytes]] = {}
+    try:
+        for topic, producer in producers.items():
+            for j in range(per_txn):
+                payload = f"{prefix}-{j}".encode()
+                sent.setdefault(topic, []).append(payload)
+                await producer.send(payload, txn=txn)
+        if abort:
+            await txn.abort()
+            record.aborted_txns += 1
+            for topic, msgs in sent.items():
+                record.aborted.setdefault(topic, []).extend(msgs)
+        else:
+            await txn.commit()
+            record.committed_txns += 1
+            for topic, msgs in sent.items():
+                record.committed.setdefault(topic, []).extend(msgs)
+    except ServiceError:
+        for topic, msgs in sent.items():
+            record.uncertain.setdefault(topic, []).extend(msgs)
+        raise
 
 
 async def read_all(
@@ -195,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {
             "committed": {t: [m.decode() for m in ms] for t, ms in record.committed.items()},
             "aborted": {t: [m.decode() for m in ms] for t, ms in record.aborted.items()},
+            "uncertain": {t: [m.decode() for m in ms] for t, ms in record.uncertain.items()},
             "committedTxns": record.committed_txns,
             "abortedTxns": record.aborted_txns,
             "acked": acked,
