@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from txnkeeper.client import Client
+from txnkeeper.errors import ServiceError
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Record:
     aborted: dict[str, list[bytes]] = field(default_factory=dict)
     committed_txns: int = 0
     aborted_txns: int = 0
+    uncertain: dict[str, list[bytes]] = field(default_factory=dict)
 
 
 async def produce(
@@ -45,33 +49,66 @@ async def produce(
     per_txn: int = 3,
     abort_every: int = 4,
     tag: str = "",
+    seconds: float = 0.0,
 ) -> Record:
-    """`txns` transactions, each writing `per_txn` messages to every topic; every `abort_every`-th aborts."""
+    """`txns` transactions, each writing `per_txn` messages to every topic; every `abort_every`-th aborts.
+    With `seconds`, transactions go on until that much time has passed (at least `txns` of them)."""
     record = Record()
     tag = tag or uuid.uuid4().hex[:6]
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
     async with Client(coordinators=coordinators, stores=stores) as client:
         producers = {t: await client.create_producer(t) for t in topics}
-        for i in range(txns):
-            txn = await client.new_transaction(timeout_ms=60_000)
-            sent: dict[str, list[bytes]] = {}
-            for topic, producer in producers.items():
-                for j in range(per_txn):
-                    payload = f"{tag}-{i}-{j}".encode()
-                    await producer.send(payload, txn=txn)
-                    sent.setdefault(topic, []).append(payload)
-            if abort_every and i % abort_every == abort_every - 1:
-                await txn.abort()
-                record.aborted_txns += 1
-                for topic, msgs in sent.items():
-                    record.aborted.setdefault(topic, []).extend(msgs)
-            else:
-                await txn.commit()
-                record.committed_txns += 1
-                for topic, msgs in sent.items():
-                    record.committed.setdefault(topic, []).extend(msgs)
+        for i in itertools.count():
+            if i >= txns and loop.time() >= until:
+                break
+            try:
+                await _one_transaction(
+                    client,
+                    producers,
+                    record,
+                    f"{tag}-{i}",
+                    abort=bool(abort_every and i % abort_every == abort_every - 1),
+                    per_txn=per_txn,
+                )
+            except ServiceError:
+                if not seconds:
+                    raise
+                # A pod it needed was killed (the scaling test does that): nothing of this transaction
+                # was acknowledged as committed; the load goes on, as an application's retry would.
+                await asyncio.sleep(0.5)  # back-off before the next transaction, not a synchronisation
         for producer in producers.values():
             await producer.close()
     return record
+
+
+async def _one_transaction(
+    client: Client, producers: dict[str, Any], record: Record, prefix: str, *, abort: bool, per_txn: int
+) -> None:
+    """One transaction; a message counts as committed or aborted only once the service said so (a
+    failed commit leaves its messages in `uncertain`: they may or may not be visible, at most once)."""
+    txn = await client.new_transaction(timeout_ms=60_000)
+    sent: dict[str, list[bytes]] = {}
+    try:
+        for topic, producer in producers.items():
+            for j in range(per_txn):
+                payload = f"{prefix}-{j}".encode()
+                sent.setdefault(topic, []).append(payload)
+                await producer.send(payload, txn=txn)
+        if abort:
+            await txn.abort()
+            record.aborted_txns += 1
+            for topic, msgs in sent.items():
+                record.aborted.setdefault(topic, []).extend(msgs)
+        else:
+            await txn.commit()
+            record.committed_txns += 1
+            for topic, msgs in sent.items():
+                record.committed.setdefault(topic, []).extend(msgs)
+    except ServiceError:
+        for topic, msgs in sent.items():
+            record.uncertain.setdefault(topic, []).extend(msgs)
+        raise
 
 
 async def read_all(
@@ -170,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topic", default="")
     parser.add_argument("--txns", type=int, default=10)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--seconds", type=float, default=0.0, help="produce: keep going this long")
     parser.add_argument("--timeout-ms", type=int, default=120_000)
     args = parser.parse_args(argv)
     coordinators = [a for a in args.coordinators.split(",") if a]
@@ -177,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     topics = [t for t in args.topics.split(",") if t]
     result: object
     if args.command == "produce":
-        record = asyncio.run(produce(coordinators, stores, topics, txns=args.txns, tag=args.tag))
+        record = asyncio.run(
+            produce(coordinators, stores, topics, txns=args.txns, tag=args.tag, seconds=args.seconds)
+        )
         acked = {
             t: asyncio.run(ack_in_transactions(coordinators, stores, t, m))
             for t, m in record.committed.items()
@@ -185,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {
             "committed": {t: [m.decode() for m in ms] for t, ms in record.committed.items()},
             "aborted": {t: [m.decode() for m in ms] for t, ms in record.aborted.items()},
+            "uncertain": {t: [m.decode() for m in ms] for t, ms in record.uncertain.items()},
             "committedTxns": record.committed_txns,
             "abortedTxns": record.aborted_txns,
             "acked": acked,
