@@ -307,10 +307,6 @@ def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str)
             "spec.maxUnavailable in body should be greater than or equal to 1",
         ),
         (
-            '{version: "2.0.0", replicas: 2, coordinators: 4, maxUnavailable: 3}',
-            "must not exceed spec.replicas",
-        ),
-        (
             '{version: "2.0.0", storage: {storageClassName: "Fast_SSD"}}',
             "storage.storageClassName in body should match",
         ),
