@@ -163,16 +163,20 @@ class CoordinatorMoves:
                     await self._host.close_coordinator(c, QUIESCE_SECONDS)
 
     # --- the verbs ----------------------------------------------------------------------------------
+    def _refuse_unless_owner(self, c: int, what_then: str) -> None:
+        """409 unless the record makes this pod the owner of ``c`` (``what_then`` ends the message)."""
+        record = self.placement.record
+        if record.owner_of(c) != self.placement.ordinal:
+            raise AdminRefusal(
+                409,
+                f"coordinator {c} is owned by pod {record.owner_of(c)} per placement epoch "
+                f"{record.epoch}{what_then}",
+            )
+
     async def fence(self, c: int, move: str) -> dict[str, Any]:
         self._check_id(c)
         async with self._lock(c):
-            record = self.placement.record
-            if record.owner_of(c) != self.placement.ordinal:
-                raise AdminRefusal(
-                    409,
-                    f"coordinator {c} is owned by pod {record.owner_of(c)} per placement epoch "
-                    f"{record.epoch}, not this pod: fence it on its owner",
-                )
+            self._refuse_unless_owner(c, ", not this pod: fence it on its owner")
             self._mark(c, move, "fenced")
             if c in self._host.coordinators:
                 await self._host.close_coordinator(c, QUIESCE_SECONDS)
@@ -221,13 +225,7 @@ class CoordinatorMoves:
     async def unfence(self, c: int, move: str) -> dict[str, Any]:
         self._check_id(c)
         async with self._lock(c):
-            record = self.placement.record
-            if record.owner_of(c) != self.placement.ordinal:
-                raise AdminRefusal(
-                    409,
-                    f"coordinator {c} is owned by pod {record.owner_of(c)} per placement epoch "
-                    f"{record.epoch}: the move is done, release it instead",
-                )
+            self._refuse_unless_owner(c, ": the move is done, release it instead")
             self._clear(c, move)
             self._forget_move(c)
             if c not in self._host.coordinators:
