@@ -24,6 +24,7 @@ from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
+from txnkeeper_operator import crd_tls
 from txnkeeper_operator.engine import windows
 
 VERSION = "v1"
@@ -702,6 +703,7 @@ def _spec(kind: str) -> Schema:
             minimum=1,
         ),
     }
+    props["tls"] = crd_tls.spec_schema()
     peer_key, peer_kind = (
         ("pendingAckStore", "PendingAckStore")
         if coordinator
@@ -934,6 +936,7 @@ def _status(kind: str) -> Schema:
                 "stores": _arr("Per-store verdicts that were not safe (at most 50).", verdict),
             },
         ),
+        "tls": crd_tls.status_schema(),
         "lastAction": _obj(
             "The last action the operator took.",
             {
