@@ -913,8 +913,10 @@ def _status(kind: str) -> Schema:
         "conditions": _arr(
             "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, ScaleInSafe "
             "(False, reason WouldLoseData: a scale-in refused because a pod being removed still holds "
-            "data whose move failed; the message says what to do) (and for a PendingAckStore "
-            "FeaturesSupported, OffloadHealthy, OffloadAudit).",
+            "data whose move failed; the message says what to do), AdminTLS with TLS (False while the "
+            "operator's client certificate Secret txnkeeper-operator-client-tls is missing or unusable: no "
+            "call reaches the pods) (and for a PendingAckStore FeaturesSupported, OffloadHealthy, "
+            "OffloadAudit).",
             condition,
             **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),

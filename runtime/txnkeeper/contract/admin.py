@@ -160,6 +160,11 @@ class AdminClient:
             described = describe_url_error(cause, url, replace(settings, server_hostname=hostname))
             raise AdminError(f"{method} {url}: {described or err}") from err
         except (aiohttp.ClientError, TimeoutError) as err:
+            # A TLS 1.3 server refuses a client certificate after the handshake: on the first read.
+            cause = err.__cause__ or err.__context__
+            if isinstance(cause, ssl.SSLError):
+                described = describe_url_error(cause, url, self._tls_settings)
+                raise AdminError(f"{method} {url}: {described or err}") from err
             raise AdminError(f"{method} {url}: {type(err).__name__}: {err}") from err
 
     async def ready(self, base: str) -> bool:
