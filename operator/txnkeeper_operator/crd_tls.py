@@ -98,7 +98,8 @@ def spec_schema() -> Schema:
             "API and /metrics: https://; pod to pod: mutual TLS) and of the operator's and verifier jobs' "
             "calls to them. The pods mount Secret {name}-tls (tls.crt, tls.key, ca.crt) at "
             f"{tlsspec.TLS_DIR} and re-read it while running. Switching TLS on or off changes the pod "
-            "template: pods take it when they restart (README, TLS)."
+            "template: the operator restarts the pods one at a time (as a version roll, inside "
+            "maintenanceWindows); clients then use pulsar+ssl:// and https:// (or pulsar:// and http://)."
         ),
         "properties": {
             "enabled": _p(

@@ -19,16 +19,16 @@ import ssl
 import tempfile
 from base64 import b64decode
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from txnkeeper.contract import pki
 from txnkeeper.contract.admin import AdminClient
 from txnkeeper_operator import tlsspec
-from txnkeeper_operator.engine import Condition, ConditionStatus
+from txnkeeper_operator.engine import Condition, ConditionStatus, PodState
 from txnkeeper_operator.kube import KubeApi
-from txnkeeper_operator.observe import admin_base, pod_ip
+from txnkeeper_operator.observe import PodView, admin_base, pod_ip
 from txnkeeper_operator.resource import Resource
 
 Obj = Mapping[str, Any]
@@ -48,6 +48,18 @@ def pod_base(pod: Obj) -> str | None:
     """The pod's admin API (None: no IP yet): https:// when it serves TLS."""
     ip = pod_ip(pod)
     return admin_base(ip, tls=pod_serves_tls(pod)) if ip is not None else None
+
+
+def mark_stale(states: Sequence[PodState], views: Sequence[PodView], *, tls: bool) -> tuple[PodState, ...]:
+    """The pods started with the other transport than the template now gives (``tls``): the rollout
+    restarts them one at a time (PodState.stale), as for a version change."""
+    serving = {view.name: pod_serves_tls(view.obj) for view in views}
+    out = []
+    for state in states:
+        now = serving.get(state.name, tls)
+        why = f"TLS {'on' if now else 'off'} -> {'on' if tls else 'off'}"
+        out.append(state if now == tls else replace(state, stale=why))
+    return tuple(out)
 
 
 class ClientTlsUnavailable(Exception):

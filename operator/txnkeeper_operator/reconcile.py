@@ -196,6 +196,8 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     verifier, report_problem = verifier_state(jobs, report_cm)
     offload_audit = await _offload_audit(ctx, cr)
     states = tuple(s for s in (v.state() for v in views) if s is not None)
+    if template is not None and not cr.paused:
+        states = podtls.mark_stale(states, views, tls=builders.tls_on(cr, ctx.settings))
     observed = Observed(template, states, now, verifier, cr.paused)
 
     progress = progress_from_status(status.get("downgrade"))

@@ -5,7 +5,8 @@ a resource without spec.tls.enabled follows the operator's default (TXNKEEPER_OP
 the chart sets it) and its StatefulSet mounts <cr>-tls with HTTPS probes, its verifier CronJob the same
 Secret; without Secret txnkeeper-operator-client-tls the AdminTLS condition says what is awaited (and
 a Warning Event), once it exists the condition names its resourceVersion, and when it changes (a CA
-rotation rewrites it) the operator's context is rebuilt: the condition follows without a restart."""
+rotation rewrites it) the operator's context is rebuilt: the condition follows without a restart.
+Switched off, the template loses the Secret and probes plain HTTP."""
 
 from __future__ import annotations
 
@@ -165,6 +166,23 @@ def test_tls_spec_refusals_rendering_and_the_client_context_rebuilt(apiserver: P
             "the operator to rebuild its client context from the changed Secret",
             30,
         )
+        # Switched off: the template loses the Secret and probes plain HTTP (no pods run here to restart:
+        # the rollout of a switch is test_op_tlsspec's engine test); nothing asks for the client Secret.
+        custom.patch_namespaced_custom_object(
+            "txnkeeper.io", "v1", NS, "pendingackstores", "pas", {"spec": {"tls": {"enabled": False}}}
+        )
+
+        def plain_template() -> bool:
+            spec = apps.read_namespaced_stateful_set("pas", NS).spec
+            assert spec is not None and spec.template.spec is not None
+            (runtime,) = spec.template.spec.containers
+            names = {e.name for e in runtime.env or []}
+            probe = runtime.readiness_probe
+            scheme = probe.http_get.scheme if probe is not None and probe.http_get is not None else None
+            return "TXNKEEPER_TLS_CERT_FILE" not in names and scheme == "HTTP"
+
+        wait_for(plain_template, "the template without TLS", 30)
+        wait_for(lambda: admin_tls() is None, "AdminTLS gone with TLS off and no TLS pod", 30)
         assert operator.poll() is None  # the same process throughout
     finally:
         _stop(operator)

@@ -7,6 +7,7 @@ tests/operator/test_op_tls_pods.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from base64 import b64encode
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -190,3 +191,33 @@ def test_an_unusable_client_secret_is_refused_naming_it() -> None:
         podtls.ClientTlsUnavailable, match=r"Secret ns/txnkeeper-operator-client-tls has no ca\.crt"
     ):
         podtls.build_context(empty, "ns")
+
+
+def test_a_tls_switch_restarts_the_pods_one_at_a_time_highest_ordinal_first() -> None:
+    from txnkeeper_operator.engine import Desired, Observed, Phase, PodState, Progress, RestartPod, decide
+    from txnkeeper_operator.observe import PodView
+
+    batch = BatchSettings.from_block({})
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    pods = [_pod(f"pas-{o}", f"10.0.0.{o}", tls=o == 2) for o in range(3)]
+    views = [PodView(p) for p in pods]
+    states = tuple(PodState(o, f"pas-{o}", "2.0.0", True, batch) for o in range(3))
+    marked = podtls.mark_stale(states, views, tls=True)
+    assert [s.stale for s in marked] == [None if o == 2 else "TLS off -> on" for o in range(3)]
+
+    decision = decide(Desired("2.0.0", 3, batch), Observed(TEMPLATE, marked, now), Progress())
+    assert decision.phase == Phase.ROLLING_UPGRADE
+    assert decision.action == RestartPod("pas-1", 1, "2.0.0", "2.0.0", "restart pas-1: TLS off -> on")
+    # Not while another pod is down (the restarted one must be Ready first).
+    down = (marked[0], dataclasses.replace(marked[1], ready=False), marked[2])
+    held = decide(Desired("2.0.0", 3, batch), Observed(TEMPLATE, down, now), Progress())
+    assert held.action is None and held.phase == Phase.WAITING_FOR_PODS
+    # Outside a maintenance window the restart waits, as a version roll's does.
+    closed = Desired("2.0.0", 3, batch, ("* 3 * * *",))
+    waiting = decide(closed, Observed(TEMPLATE, marked, now), Progress())
+    assert waiting.action is None and "waits for a maintenance window" in waiting.reason
+    # Every pod restarted with TLS: nothing left to do.
+    done = podtls.mark_stale(
+        states, [PodView(_pod(f"pas-{o}", "10.0.0.9", tls=True)) for o in range(3)], tls=True
+    )
+    assert decide(Desired("2.0.0", 3, batch), Observed(TEMPLATE, done, now), Progress()).phase == Phase.READY
