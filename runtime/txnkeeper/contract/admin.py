@@ -156,8 +156,10 @@ class AdminClient:
             # aiohttp keeps the ssl module's error: a refused certificate, or the handshake's failure
             cause = getattr(err, "certificate_error", None) or getattr(err, "os_error", err)
             hostname = self._hostname_of(url)
-            settings = self._tls_settings or TlsClientSettings("(the client's CA bundle)")
-            described = describe_url_error(cause, url, replace(settings, server_hostname=hostname))
+            settings = self._tls_settings
+            if settings is not None and hostname is not None:
+                settings = replace(settings, server_hostname=hostname)
+            described = describe_url_error(cause, url, settings)
             raise AdminError(f"{method} {url}: {described or err}") from err
         except (aiohttp.ClientError, TimeoutError) as err:
             # A TLS 1.3 server refuses a client certificate after the handshake: on the first read.
