@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from txnkeeper.contract import pki
+from txnkeeper.verifier import spark_k8s
 from txnkeeper_operator import builders, podtls, tlsspec
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
@@ -142,6 +143,10 @@ def test_verifier_and_audit_jobs_get_the_secret_and_spark_executors_too() -> Non
         conf = env["TXNKEEPER_SPARK_EXECUTOR_CONF"]
         assert '"spark.kubernetes.executor.secrets.pas-tls": "/etc/txnkeeper/tls"' in conf
         assert '"spark.executorEnv.TXNKEEPER_TLS_CA_FILE": "/etc/txnkeeper/tls/ca.crt"' in conf
+        # What the job's Spark driver accepts (runtime verifier/spark_k8s.py refuses anything else).
+        assert (
+            spark_k8s._executor_conf(env)["spark.kubernetes.executor.secrets.pas-tls"] == "/etc/txnkeeper/tls"
+        )
     plain = builders.verifier_cron_job(_cr(), OperatorSettings())
     (container,) = plain["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert "TXNKEEPER_TLS_CA_FILE" not in _env(container)
