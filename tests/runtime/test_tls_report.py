@@ -2,7 +2,8 @@
 issuer and the CAs it trusts, and the answer follows a rotation of its files without a restart (what
 the operator's certificate engine waits on); a rotation it cannot use shows as reloadFailing beside
 the certificate still served. No token is needed. The verifier's pod discovery reaches TLS pods at
-https:// by their DNS names, and fetches from a real TLS pod with the mounted Secret's env."""
+https:// by their DNS names, and its and the offload audit's fetches reach a real TLS pod with the
+mounted Secret's env (and are refused, saying why, without the client certificate)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tls_pods import start_tls_pod
 from txnkeeper.contract import pki
 from txnkeeper.contract.admin import AdminClient, AdminError, PodTls
 from txnkeeper.contract.tls import TlsClientSettings
-from txnkeeper.verifier import fetch, k8s
+from txnkeeper.verifier import fetch, k8s, offload_audit
 from txnkeeper.verifier.model import PodEndpoint
 
 WITHIN = 20.0
@@ -173,14 +174,23 @@ def test_the_verifier_fetches_from_a_tls_pod_with_the_mounted_secret(
         for name, value in (("CA", "ca.crt"), ("CERT", "tls.crt"), ("KEY", "tls.key")):
             monkeypatch.setenv(f"TXNKEEPER_TLS_{name}_FILE", str(job_dir / value))
         fetch._opener.cache_clear()  # read once per process from the env: this test changes it
+        offload_audit._opener.cache_clear()
         result = fetch.fetch_ledgers(PodEndpoint("pas-0", url), 10.0)
         assert result.error is None and isinstance(result.document, dict), result.error
+        # The offload audit's reading of the pods' segments, the same way.
+        refs, problems = offload_audit.fetch_segments([PodEndpoint("pas-0", url)], 10.0)
+        assert (refs, problems) == ([], [])
         # Without the client certificate the pod (admin clientAuth require) refuses at the handshake.
         monkeypatch.delenv("TXNKEEPER_TLS_CERT_FILE")
         monkeypatch.delenv("TXNKEEPER_TLS_KEY_FILE")
         fetch._opener.cache_clear()
+        offload_audit._opener.cache_clear()
         refused = fetch.fetch_ledgers(PodEndpoint("pas-0", url), 10.0)
         assert refused.document is None and "requires a client certificate" in str(refused.error)
+        _, problems = offload_audit.fetch_segments([PodEndpoint("pas-0", url)], 10.0)
+        assert [p.kind for p in problems] == ["pod-unreadable"]
+        assert "requires a client certificate" in problems[0].detail, problems[0].detail
     finally:
         fetch._opener.cache_clear()
+        offload_audit._opener.cache_clear()
         pod.stop()
