@@ -523,6 +523,80 @@ def _client_authentication() -> Schema:
     )
 
 
+# Go-style durations in hours, minutes and seconds (engine/certs.py parses the same).
+_DURATION = r"^([0-9]+(\.[0-9]+)?(h|m|s))+$"
+
+
+def _duration(description: str, default: str) -> Schema:
+    return _p(
+        "string", f"{description} Go-style duration (720h, 90m, 1h30m).", default=default, pattern=_DURATION
+    )
+
+
+def _tls() -> Schema:
+    return _obj(
+        "TLS on every listener (client, admin, pod to pod), with certificates the operator issues from "
+        "its own CA per namespace (Secret txnkeeper-ca) and renews, or that cert-manager issues "
+        "(certManager.issuerRef). docs/contracts.md: Certificates.",
+        {
+            "enabled": _p("boolean", "TLS on. Absent: the operator's default (the chart's tls.enabled)."),
+            "clientAuth": _p(
+                "string",
+                "Client certificates on the client port: none, request or require.",
+                enum=["none", "request", "require"],
+                default="none",
+            ),
+            "renewBefore": _duration("Certificates are renewed this long before they end.", "720h"),
+            "certificateValidity": _duration("Validity of each certificate issued.", "2160h"),
+            "ca": _obj(
+                "The operator's CA (txnkeeper-ca).",
+                {
+                    "validity": _duration("Validity of a new CA.", "8760h"),
+                    "renewBefore": _duration(
+                        "A new CA is made (a rotation starts) this long before the current one ends.", "720h"
+                    ),
+                    "overlap": _duration(
+                        "During a rotation the old and new CA are both trusted at least this long.", "1h"
+                    ),
+                },
+            ),
+            "certManager": _obj(
+                "Certificates from cert-manager instead of the operator's CA: the operator makes "
+                "Certificate objects {name}-tls and txnkeeper-operator-client and waits for their Secrets.",
+                {
+                    "issuerRef": _obj(
+                        "The cert-manager issuer.",
+                        {
+                            "name": _p("string", "Issuer name.", minLength=1, maxLength=253),
+                            "kind": _p("string", "Issuer or ClusterIssuer.", default="Issuer"),
+                            "group": _p("string", "API group of the issuer.", default="cert-manager.io"),
+                        },
+                        required=["name"],
+                    )
+                },
+                required=["issuerRef"],
+            ),
+        },
+    )
+
+
+def _tls_status(time: Schema) -> Schema:
+    return _obj(
+        "The certificates as the operator last saw them.",
+        {
+            "mode": _p("string", "operator (its own CA) or cert-manager.", enum=["operator", "cert-manager"]),
+            "phase": _p(
+                "string",
+                "Ready, Pending (cert-manager has not issued yet), Refused (message says why), or the CA "
+                "rotation's phase: trust-new, reissue, retire-old.",
+            ),
+            "message": _p("string", "What the certificates are, or what is waited on, or what is wrong."),
+            "caNotAfter": time | {"description": "When the CA ends.", "nullable": True},
+            "certificateNotAfter": time | {"description": "When the certificate ends.", "nullable": True},
+        },
+    )
+
+
 def _storage() -> Schema:
     return _obj(
         "The persistent volume each pod keeps its ledgers on. Immutable: a StatefulSet cannot change its "
@@ -674,6 +748,7 @@ def _spec(kind: str) -> Schema:
         "resources": _resources(),
         "verifier": _verifier(),
         "connectionLimits": _connection_limits(),
+        "tls": _tls(),
         "maintenanceWindows": _arr(
             "When rollouts may restart healthy pods: cron expressions in UTC (minute hour day-of-month "
             "month day-of-week; the time is inside a window during every minute one matches), e.g. "
@@ -926,6 +1001,7 @@ def _status(kind: str) -> Schema:
         "pods": _arr("Per-pod version and batch-log state.", pod),
         "downgrade": downgrade,
         "placement": _placement_status(),
+        "tls": _tls_status(time),
         "lastVerifierReport": _obj(
             "The last verifier report the operator read (docs/contracts.md §7).",
             {

@@ -261,6 +261,9 @@ class _Planner:
         self.leaf_annotations: dict[str, str] = dict(inp.leaf.annotations) if inp.leaf else {}
         self.leaf_bundle: frozenset[str] = frozenset()
         self.client: pki.Issued | None = None
+        # This pass started a rotation: no pod can have seen the new CA, and the caller asks the pods
+        # (and reads the other resources) only once a rotation is under way, so nothing advances now.
+        self.started = False
 
     # --- the CA ------------------------------------------------------------------------------------
 
@@ -342,6 +345,7 @@ class _Planner:
         self.ca = pki.new_ca(f"txnkeeper CA {self.inp.namespace}", now=now, validity=spec.ca_validity)
         self.previous = [old.cert]
         self.phase = Phase.TRUST_NEW
+        self.started = True
         annotations: dict[str, str | None] = {
             PHASE_ANNOTATION: str(Phase.TRUST_NEW),
             STARTED_ANNOTATION: _at(now),
@@ -587,6 +591,12 @@ class _Planner:
         if self.phase is Phase.IDLE:
             return
         current = self.ca.fingerprint
+        if self.started:
+            self.waiting.append(
+                f"CA rotation (trust-new): started; waiting for every pod to trust the new CA"
+                f" {short(current)}"
+            )
+            return
         others = self.inp.peers
         if self.phase is Phase.TRUST_NEW:
             pods = self._pods_waiting(serve=False)

@@ -156,7 +156,9 @@ class SimNamespace:
         )
 
     def plan(self, name: str) -> CertPlan:
+        """As certificates.py asks: the pods and the other resources only once a rotation is under way."""
         res = self.resources[name]
+        rotating = self.phase() != "idle"
         return certs.plan(
             CertInput(
                 namespace=NAMESPACE,
@@ -167,8 +169,8 @@ class SimNamespace:
                 ca=self.secrets.get(certs.CA_SECRET),
                 leaf=self.secrets.get(f"{name}-tls"),
                 client=self.secrets.get(certs.CLIENT_SECRET),
-                pods=tuple(self.report(p) for p in res.pods),
-                peers=tuple(self._peer(other) for other in sorted(self.resources) if other != name),
+                pods=tuple(self.report(p) for p in res.pods) if rotating else (),
+                peers=tuple(self._peer(o) for o in sorted(self.resources) if o != name) if rotating else (),
                 now=self.now,
             )
         )
