@@ -33,7 +33,7 @@ from txnkeeper_operator.engine.certs import (
     TlsView,
 )
 from txnkeeper_operator.engine.persist import format_time
-from txnkeeper_operator.kube import Obj, WriteConflict
+from txnkeeper_operator.kube import KindNotServed, Obj, WriteConflict
 from txnkeeper_operator.resource import Resource
 
 DEFAULT_ENV = "TXNKEEPER_OPERATOR_TLS_DEFAULT"
@@ -268,7 +268,15 @@ def _certificate(cr: Resource, ref: Mapping[str, Any], *, client: bool) -> dict[
 
 
 async def _cert_manager_mode(ctx: Context, cr: Resource, ref: Mapping[str, Any]) -> TlsView:
-    await ctx.kube.apply_custom(CERTIFICATES, _certificate(cr, ref, client=False))
+    try:
+        await ctx.kube.apply_custom(CERTIFICATES, _certificate(cr, ref, client=False))
+    except KindNotServed as err:
+        return TlsView(
+            "cert-manager",
+            "Refused",
+            f"spec.tls.certManager is set but {err}: install cert-manager (its CRDs), or remove"
+            " spec.tls.certManager to use the operator's own CA",
+        )
     # The first resource's issuer makes the namespace's client certificate; later ones leave it be.
     await ctx.kube.create_custom_if_absent(CERTIFICATES, _certificate(cr, ref, client=True))
     found: list[tuple[str, pki.Issued, bytes]] = []

@@ -21,6 +21,10 @@ class WriteConflict(Exception):
     """A conditional write lost a race (409): someone wrote the object since it was read."""
 
 
+class KindNotServed(Exception):
+    """The API server does not serve the kind (404 on its collection: its CRD is not installed)."""
+
+
 class KubeApi(Protocol):
     async def apply(self, manifest: Mapping[str, Any]) -> None: ...
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool: ...
@@ -214,18 +218,23 @@ class KubernetesClient:
         """Server-side apply of another project's custom object (cert-manager's Certificate)."""
         group, version = self._group_version(manifest)
         meta = manifest["metadata"]
-        await asyncio.to_thread(
-            self.custom.patch_namespaced_custom_object,
-            group,
-            version,
-            meta["namespace"],
-            plural,
-            meta["name"],
-            dict(manifest),
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        try:
+            await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object,
+                group,
+                version,
+                meta["namespace"],
+                plural,
+                meta["name"],
+                dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except self._client.ApiException as err:
+            if err.status == 404:
+                raise KindNotServed(f"{plural}.{group}/{version} is not served by the API server") from err
+            raise
 
     async def create_custom_if_absent(self, plural: str, manifest: Mapping[str, Any]) -> bool:
         group, version = self._group_version(manifest)

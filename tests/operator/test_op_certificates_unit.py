@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from txnkeeper_operator import certificates, metrics, observe
 from txnkeeper_operator.engine import certs
 from txnkeeper_operator.engine.certs import CertSpecError, PodTls, TlsSpec
+from txnkeeper_operator.kube import KindNotServed
 from txnkeeper_operator.resource import Resource
 
 
@@ -120,10 +121,13 @@ def test_certificate_expiry_is_served_as_seconds_left() -> None:
 
 
 class _Kube:
-    """Only what a refused spec and a disabled resource touch: the status."""
+    """Only what a refused spec, a disabled resource and a cluster without cert-manager touch."""
 
     def __init__(self) -> None:
         self.status: list[dict[str, object]] = []
+
+    async def apply_custom(self, plural: str, manifest: dict[str, object]) -> None:
+        raise KindNotServed(f"{plural}.cert-manager.io/v1 is not served by the API server")
 
     async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, object]) -> None:
         self.status.append(status)
@@ -157,6 +161,15 @@ async def test_a_refusal_is_published_once_and_tls_off_clears_the_status() -> No
     # The next reconcile sees the same refusal in status: no second Event, no second write.
     await certificates.ensure(ctx, cr, body, {"tls": kube.status[0]["tls"]})
     assert len(events.posted) == 1 and len(kube.status) == 1
+
+    cert_manager = {"version": "2.0.0", "tls": {"enabled": True, "certManager": {"issuerRef": {"name": "i"}}}}
+    absent = await certificates.ensure(ctx, Resource.from_body({**body, "spec": cert_manager}), body, {})
+    assert absent is not None and absent.phase == "Refused"
+    assert absent.message.startswith(
+        "spec.tls.certManager is set but certificates.cert-manager.io/v1 is not served by the API server:"
+        " install cert-manager (its CRDs)"
+    )
+    assert events.posted[-1] == ("Warning", "CertificateRefused", absent.message)
 
     off = Resource.from_body({**body, "spec": {"version": "2.0.0", "tls": {"enabled": False}}})
     assert await certificates.ensure(ctx, off, body, {"tls": kube.status[0]["tls"]}) is None
