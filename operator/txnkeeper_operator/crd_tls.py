@@ -150,9 +150,14 @@ def status_schema() -> Schema:
             "mode": _p(
                 "string", "Who issues the certificates.", enum=["operator", "cert-manager", "disabled"]
             ),
-            "caNotAfter": time | {"description": "When the current CA expires."},
-            "certificateNotAfter": time | {"description": "When the resource's certificate expires."},
-            "phase": _p("string", "Where certificate management stands (e.g. Ready, Renewing, Waiting)."),
+            "caNotAfter": time | {"description": "When the current CA expires.", "nullable": True},
+            "certificateNotAfter": time
+            | {"description": "When the resource's certificate expires.", "nullable": True},
+            "phase": _p(
+                "string",
+                "Ready, Pending (cert-manager has not issued yet), Refused (message says why), or the CA "
+                "rotation's phase: trust-new, reissue, retire-old.",
+            ),
             "message": _p("string", "What the operator does or waits for, in words."),
         },
     }

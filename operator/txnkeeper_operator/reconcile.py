@@ -20,7 +20,7 @@ from typing import Any
 from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import auditfresh, builders, gated, metrics, naming, podtls, scaling
+from txnkeeper_operator import auditfresh, builders, certificates, gated, metrics, naming, podtls, scaling
 from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import (
     Action,
@@ -154,6 +154,14 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     status: Mapping[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     now = ctx.clock()
     # Paused (Strimzi's pause-reconciliation): observe and report, change nothing.
+    if not cr.paused:
+        # Before the children: a pod must never start before the certificate Secret it mounts exists.
+        # The pods' TLS reports it waits on are read over the scheme each pod serves (podtls).
+        existing = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
+        early = await podtls.pod_calls(
+            ctx.client_tls, ctx.kube, ctx.admin, cr, existing, wanted=builders.tls_on(cr, ctx.settings)
+        )
+        await certificates.ensure(replace(ctx, admin=early.admin), cr, body, status)
     token = "" if cr.paused else await ensure_children(ctx, cr)
 
     statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
