@@ -17,6 +17,8 @@ CLIENT_SECRET = "txnkeeper-operator-client-tls"
 CLIENT_COMMON_NAME = "txnkeeper-operator"
 # On txnkeeper-ca: the rotation's state, and how a user asks for one.
 ROTATE_ANNOTATION = "txnkeeper.io/rotate-ca"
+# On a leaf Secret (<cr>-tls, the operator client's): re-issue it now (same CA); removed once done.
+RENEW_ANNOTATION = "txnkeeper.io/renew"
 PHASE_ANNOTATION = "txnkeeper.io/ca-rotation-phase"
 STARTED_ANNOTATION = "txnkeeper.io/ca-rotation-started"
 OVERLAP_ANNOTATION = "txnkeeper.io/ca-overlap-until"

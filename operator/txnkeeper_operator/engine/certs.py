@@ -35,6 +35,7 @@ from txnkeeper_operator.engine.certmodel import (
     CLIENT_COMMON_NAME,
     CLIENT_SECRET,
     OVERLAP_ANNOTATION,
+    RENEW_ANNOTATION,
     PHASE_ANNOTATION,
     REASON_ANNOTATION,
     ROTATE_ANNOTATION,
@@ -270,6 +271,8 @@ class _Planner:
             return leaf, f"it was not issued by the current CA {short(self.ca.fingerprint)}"
         if leaf.not_after <= now:
             return leaf, f"it expired at {_at(leaf.not_after)}"
+        if secret.annotations.get(RENEW_ANNOTATION) == "now":
+            return leaf, f"requested by the annotation {RENEW_ANNOTATION}=now"
         if hosts is not None and sorted(set(pki.hosts_of(leaf.cert))) != sorted(set(hosts)):
             have, want = set(pki.hosts_of(leaf.cert)), set(hosts)
             return leaf, (
@@ -320,7 +323,7 @@ class _Planner:
                     Step.REISSUE if from_new else Step.ISSUE,
                     f"{inp.resource}-tls",
                     {TLS_CERT: self.leaf.cert_pem, TLS_KEY: self.leaf.key_pem, CA_CERT: bundle},
-                    {},
+                    _renewed(secret),
                     (
                         f"certificate {short(self.leaf.fingerprint)} re-issued from the new CA"
                         f" {short(self.ca.fingerprint)} (CA rotation phase reissue)"
@@ -367,7 +370,7 @@ class _Planner:
                     Step.REISSUE if from_new else Step.ISSUE,
                     CLIENT_SECRET,
                     {TLS_CERT: self.client.cert_pem, TLS_KEY: self.client.key_pem, CA_CERT: bundle},
-                    {},
+                    _renewed(secret),
                     f"the operator's client certificate {short(self.client.fingerprint)} "
                     + (
                         f"re-issued from the new CA {short(self.ca.fingerprint)} (CA rotation phase reissue)"
@@ -542,6 +545,11 @@ class _Planner:
             self.ca.not_after,
             self.leaf.not_after if self.leaf is not None else None,
         )
+
+
+def _renewed(secret: SecretData | None) -> dict[str, str | None]:
+    """A re-issue answers a renewal request: its annotation goes with it."""
+    return {RENEW_ANNOTATION: None} if secret is not None and RENEW_ANNOTATION in secret.annotations else {}
 
 
 def _terse(text: str) -> str:

@@ -22,7 +22,7 @@ Commands (the clock starts Saturday 2026-01-03 22:00 UTC):
                                    (a ``run`` after each): the writes, each with its time, then every
                                    status.tls
   tick                             pods re-read their Secret (all but stuck ones)
-  annotate KEY=VALUE               an annotation on txnkeeper-ca (kubectl annotate)
+  annotate KEY=VALUE [SECRET]      an annotation on SECRET (default txnkeeper-ca; kubectl annotate)
   stuck POD / unstick POD          POD never re-reads its files (a broken reload) / does again
   corrupt SECRET KEY               SECRET's KEY replaced by bytes that are not PEM
   swap-key SECRET                  SECRET's tls.key (or ca.key) replaced by another key
@@ -129,7 +129,8 @@ class _Runner:
         elif word == "tick":
             sim.tick()
         elif word == "annotate":
-            self._edit(certs.CA_SECRET, annotations={args[0].split("=")[0]: args[0].split("=")[1]})
+            key, _, value = args[0].partition("=")
+            self._edit(args[1] if len(args) > 1 else certs.CA_SECRET, annotations={key: value})
         elif word in ("stuck", "unstick"):
             sim.pod(args[0]).stuck = word == "stuck"
         elif word == "corrupt":
