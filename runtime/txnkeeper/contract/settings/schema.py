@@ -1,0 +1,301 @@
+"""One declarative schema per settings section: each setting declared once, as data, and every consumer
+derived from it.
+
+Why: before this, a setting's type, bounds and error text were written again by every reader (the
+``--config`` file's parser, the flags, the admin API, the CRD generator, the docs), and they drifted
+(a CRD that accepted what pods refused, flags that took values the file refused). A ``Section`` now
+says, per setting, its config-file/CR key, flag, ``TXNKEEPER_*`` env name, type, default, bounds or
+choices, unit, description and how its error says the allowed values; ``load`` reads a section from
+flags > env > config file > default key by key, ``parse`` checks a (partial) object in any of its
+spellings (the admin API's), ``json_schema`` renders the CRD's (and the chart's) fragment and
+``doc_table`` the docs' table. Standard library only (docs/contracts.md §0: the operator imports it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["bool", "int", "number", "enum", "text"]
+ENV_PREFIX = "TXNKEEPER_"
+# Text from a flag or env variable: ASCII digits only (int() would take "١٢٣", " 12 ", "1_0").
+_INT_TEXT = re.compile(r"-?[0-9]{1,19}")
+_NUMBER_TEXT = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,18})?")
+_UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "min": "minutes", "bytes": "bytes"}
+
+
+class SettingValueError(ValueError):
+    """A setting is unknown, of the wrong type or outside its allowed values (the message names where)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting of a section. ``key`` is its config-file and CR name; ``field`` the Python name of the
+    value the section builds; ``spellings`` other names of the key (e.g. ``{"stat": "batchEnabled"}``:
+    Pulsar's TxnBufferedWriterStat, the admin API's)."""
+
+    key: str
+    field: str
+    kind: Kind
+    default: Any
+    description: str
+    flag: str | None = None  # "--srk-max-block-bytes"
+    env: str | None = None  # "SRK_MAX_BLOCK_BYTES" (read as TXNKEEPER_SRK_MAX_BLOCK_BYTES)
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    unit: str | None = None  # "ms", "s", "min", "bytes"
+    # How an error says the allowed values (default: "in LOW..HIGH"), and what it adds after the value.
+    range_text: str | None = None
+    hint: str = ""
+    spellings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    in_cr: bool = True  # part of the CR's (and the chart's) fragment
+    cr_integer: bool = False  # a number the CR takes in whole units only
+    flag_help: str | None = None
+
+    @property
+    def env_name(self) -> str | None:
+        return ENV_PREFIX + self.env if self.env else None
+
+    @property
+    def dest(self) -> str | None:
+        """The argparse attribute of the flag."""
+        return self.flag.lstrip("-").replace("-", "_") if self.flag else None
+
+    def allowed(self) -> str:
+        """What an error says the setting must be: "an integer in 1..16", "true or false", ..."""
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "enum":
+            return f"one of {list(self.choices)}"
+        if self.kind == "text":
+            return "a non-empty string" + (f" matching {self.pattern}" if self.pattern else "")
+        what = "an integer" if self.kind == "int" else "a number"
+        if self.unit in _UNIT_WORDS and self.kind == "number":
+            what += f" of {_UNIT_WORDS[self.unit]}"
+        return f"{what} {self.range_text or self._bounds_text()}".rstrip()
+
+    def _bounds_text(self) -> str:
+        low, high = self.minimum, self.maximum
+        if low is not None and high is not None:
+            return f"in {_num(low)}..{_num(high)}"
+        if low is not None:
+            return f"of at least {_num(low)}"
+        return f"of at most {_num(high)}" if high is not None else ""
+
+    def refuse(self, where: str, value: object) -> SettingValueError:
+        return SettingValueError(f"{where} must be {self.allowed()}, got {shown(value)}{self.hint}")
+
+    def check(self, value: object, where: str) -> Any:
+        """``value`` (a JSON value: from a config file, a CR or a request) if allowed, else the error."""
+        if self.kind == "bool":
+            ok = isinstance(value, bool)
+        elif self.kind == "enum":
+            ok = isinstance(value, str) and value in self.choices
+        elif self.kind == "text":
+            ok = isinstance(value, str) and bool(value) and _matches(self.pattern, value)
+        else:
+            ok = self._in_bounds(value)
+        if not ok:
+            raise self.refuse(where, value)
+        return value
+
+    def _in_bounds(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.kind == "int" and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        return low <= value <= high
+
+    def from_text(self, text: str, where: str) -> Any:
+        """A flag's or env variable's text as this setting's value, checked."""
+        value: object = text
+        if self.kind == "bool":
+            value = {"true": True, "false": False}.get(text, text)
+        elif self.kind == "int" and _INT_TEXT.fullmatch(text):
+            value = int(text)
+        elif self.kind == "number" and _NUMBER_TEXT.fullmatch(text):
+            value = float(text)
+            value = int(value) if value.is_integer() and "." not in text else value
+        return self.check(value, where)
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A config-file section (``name``) and its settings, in the order they are documented."""
+
+    name: str
+    description: str
+    settings: tuple[Setting, ...]
+
+    def keys(self, spelling: str | None = None) -> dict[str, Setting]:
+        """Key -> setting, in the config file's spelling or in ``spelling`` (settings without one are
+        left out)."""
+        if spelling is None:
+            return {s.key: s for s in self.settings}
+        return {s.spellings[spelling]: s for s in self.settings if spelling in s.spellings}
+
+    def setting(self, key: str) -> Setting:
+        return self.keys()[key]
+
+    def defaults(self) -> dict[str, Any]:
+        return {s.field: s.default for s in self.settings}
+
+
+def parse(
+    section: Section,
+    doc: object,
+    where: str,
+    *,
+    spelling: str | None = None,
+    unknown_noun: str = "key(s)",
+) -> dict[str, Any]:
+    """The fields a (partial) object sets, checked, keyed by field name. ``where`` names the object
+    in errors (``"/etc/c.json: singleKeyTransactions"``); each setting is named ``where.key``."""
+    keys = section.keys(spelling)
+    if not isinstance(doc, Mapping):
+        raise SettingValueError(
+            f"{where} must be an object with keys {', '.join(keys)}, got {type(doc).__name__}"
+        )
+    unknown = sorted(str(k)[:60] for k in doc if k not in keys)
+    if unknown:
+        raise SettingValueError(f"{where}: unknown {unknown_noun} {unknown}; known: {sorted(keys)}")
+    return {keys[k].field: keys[k].check(v, f"{where}.{k}") for k, v in doc.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A section's values (every field, defaults filled in) and where each came from."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]  # field -> "--flag", "TXNKEEPER_X", "FILE: section.key" or "default"
+
+
+def load(
+    section: Section,
+    *,
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file: object,
+    file_where: str,
+) -> Loaded:
+    """The section's values from flags > env > config file > default, key by key.
+
+    ``flags`` are the parsed arguments (``vars(namespace)``; a flag not given is None), ``environ``
+    the process environment (an empty variable counts as unset), ``file`` the config file's section
+    (None: no file or no section) and ``file_where`` how errors name it (``"FILE: section"``).
+    """
+    from_file = parse(section, file, file_where) if file is not None else {}
+    values = section.defaults()
+    sources = dict.fromkeys(values, "default")
+    for s in section.settings:
+        flag_text = flags.get(s.dest) if s.dest else None
+        env_text = environ.get(s.env_name) if s.env_name else None
+        if flag_text is not None:
+            values[s.field], sources[s.field] = s.from_text(str(flag_text), s.flag or ""), s.flag or ""
+        elif env_text:
+            name = s.env_name or ""
+            values[s.field], sources[s.field] = s.from_text(env_text, name), f"{name}={env_text[:40]}"
+        elif s.field in from_file:
+            values[s.field], sources[s.field] = from_file[s.field], f"{file_where}.{s.key}"
+    return Loaded(values, sources)
+
+
+def flag_help(s: Setting) -> str:
+    """A flag's help: the description, the config key, the env variable and the default."""
+    text = s.flag_help or s.description
+    default = "" if s.default is None else f"; default {_json(s.default)}"
+    return f"{text} (env {s.env_name}{default})" if s.env_name else text
+
+
+def json_schema(section: Section, *, closed: bool = False, description: str | None = None) -> dict[str, Any]:
+    """The OpenAPI v3 fragment of the section's CR fields (a CRD's ``properties``), with each field's
+    type, description, default, bounds and choices. ``closed``: refuse unknown keys (the chart's
+    values.schema.json; a CRD prunes them instead); ``description`` replaces the section's own."""
+    properties: dict[str, Any] = {}
+    for s in section.settings:
+        if not s.in_cr:
+            continue
+        kind = "integer" if s.kind == "int" or s.cr_integer else _JSON_TYPES[s.kind]
+        prop: dict[str, Any] = {"type": kind, "description": s.description}
+        if s.choices:
+            prop["enum"] = list(s.choices)
+        if s.default is not None:
+            prop["default"] = s.default
+        if s.minimum is not None:
+            prop["minimum"] = s.minimum
+        if s.maximum is not None:
+            prop["maximum"] = s.maximum
+        if s.pattern is not None:
+            prop["pattern"] = s.pattern
+        properties[s.key] = prop
+    schema: dict[str, Any] = {
+        "type": "object",
+        "description": description or section.description,
+        "properties": properties,
+    }
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def cr_default(section: Section) -> dict[str, Any]:
+    """The whole section's default as a CR block (the API server checks a default against its CEL rules
+    as written, without filling in nested defaults)."""
+    return {s.key: s.default for s in section.settings if s.in_cr and s.default is not None}
+
+
+def doc_table(section: Section) -> str:
+    """The section as a Markdown table (docs/contracts.md carries it; a test keeps the two equal)."""
+    rows = [
+        f"| config `{section.name}` key | flag | env | type | default | allowed | meaning |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in section.settings:
+        kind = s.kind if s.unit is None else f"{s.kind} ({s.unit})"
+        rows.append(
+            f"| `{s.key}` | {_code(s.flag)} | {_code(s.env_name)} | {kind} | {_code(_json(s.default))} |"
+            f" {s.allowed()} | {s.description} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+_JSON_TYPES = {"bool": "boolean", "int": "integer", "number": "number", "enum": "string", "text": "string"}
+
+
+def _code(text: str | None) -> str:
+    return f"`{text}`" if text else "-"
+
+
+def _json(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _matches(pattern: str | None, value: str) -> bool:
+    return pattern is None or re.search(pattern, value) is not None
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut short: a request's 10^5-digit integer or deep array must not become a huge
+    message (nor hit Python's int-to-text limit, which raises)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list | dict):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
