@@ -25,6 +25,8 @@ from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
 from txnkeeper.contract.settings import schema as settings
+from txnkeeper.contract.settings.single_key import SINGLE_KEY
+from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT
 from txnkeeper_operator.engine import windows
 
 VERSION = "v1"
@@ -244,34 +246,7 @@ def _offload() -> Schema:
 
 
 def _single_key_transactions() -> Schema:
-    return _obj(
-        "PDP-44 single-routing-key transactions (release 3.x): a writer's block of events for one key is "
-        "applied atomically by the topic's store pod, without the coordinator.",
-        {
-            "enabled": _p("boolean", "Accept single-key transactions.", default=False),
-            "maxBlockBytes": _p(
-                "integer",
-                "Largest transaction (block) a writer may commit, at most 16 MiB.",
-                minimum=1,
-                maximum=gated.SRK_MAX_BLOCK_BYTES,
-                default=gated.SRK_DEFAULT_MAX_BLOCK_BYTES,
-            ),
-            "writerInactivityMinutes": _p(
-                "integer",
-                "Forget a writer's state after this many idle minutes (its next block gets WriterStateLost).",
-                minimum=1,
-                maximum=gated.SRK_MAX_WRITER_INACTIVITY_MINUTES,
-                default=gated.SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
-            ),
-            "maxWritersPerTopic": _p(
-                "integer",
-                "Writers whose state a topic keeps at most.",
-                minimum=1,
-                maximum=gated.SRK_MAX_MAX_WRITERS_PER_TOPIC,
-                default=gated.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
-            ),
-        },
-    )
+    return settings.json_schema(SINGLE_KEY)  # contract/settings/single_key.py
 
 
 _TOPIC_POLICY_TEXT = {
@@ -328,7 +303,6 @@ def _topic_policies() -> Schema:
 
 
 def _transactions() -> Schema:
-    timeout = {"minimum": 1, "maximum": txn.HARD_MAX_TIMEOUT_MS}
     list_map = {
         "maxItems": txn.MAX_LIMITED_NAMES,
         "x-kubernetes-list-type": "map",
@@ -340,11 +314,10 @@ def _transactions() -> Schema:
             f"One {what}'s maximum.",
             {
                 "name": name,
-                "maxTimeoutMs": _p(
-                    "integer",
+                "maxTimeoutMs": settings.property_schema(
+                    ENTRY_MAX_TIMEOUT,
                     f"Longest timeout of a transaction that registers a topic of this {what} (ms); at most "
                     "maxTimeoutMs.",
-                    **timeout,
                 ),
             },
             required=["name", "maxTimeoutMs"],
@@ -366,12 +339,7 @@ def _transactions() -> Schema:
         "(section transactions); pods read it at start, so a change reaches a pod when it restarts. Any "
         "release.",
         {
-            "maxTimeoutMs": _p(
-                "integer",
-                f"Longest timeout a begin may ask for (ms); default {txn.DEFAULT_MAX_TIMEOUT_MS} (15 "
-                f"minutes, Kafka's transaction.max.timeout.ms), at most {txn.HARD_MAX_TIMEOUT_MS} (a day).",
-                **timeout,
-            ),
+            "maxTimeoutMs": settings.property_schema(MAX_TIMEOUT),  # contract/settings/transactions.py
             "namespaces": _arr(
                 "Lower maximums for the topics of a namespace (a topic's own entry wins).",
                 entry(

@@ -13,22 +13,43 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from txnkeeper.contract.settings import schema
-from txnkeeper.contract.settings.batched_write import BATCHED_WRITE as BATCHED_WRITE
-from txnkeeper.contract.settings.batched_write import DEFAULT_ENABLED as DEFAULT_ENABLED
-from txnkeeper.contract.settings.batched_write import DEFAULT_FLUSH_MODE as DEFAULT_FLUSH_MODE
-from txnkeeper.contract.settings.batched_write import DEFAULT_MAX_DELAY_MILLIS as DEFAULT_MAX_DELAY_MILLIS
-from txnkeeper.contract.settings.batched_write import DEFAULT_MAX_RECORDS as DEFAULT_MAX_RECORDS
-from txnkeeper.contract.settings.batched_write import DEFAULT_MAX_SIZE_BYTES as DEFAULT_MAX_SIZE_BYTES
-from txnkeeper.contract.settings.batched_write import FLUSH_MODES as FLUSH_MODES
-from txnkeeper.contract.settings.batched_write import MAX_MAX_DELAY_MILLIS as MAX_MAX_DELAY_MILLIS
-from txnkeeper.contract.settings.batched_write import MAX_MAX_RECORDS as MAX_MAX_RECORDS
-from txnkeeper.contract.settings.batched_write import MAX_MAX_SIZE_BYTES as MAX_MAX_SIZE_BYTES
-from txnkeeper.contract.settings.batched_write import MIN_MAX_DELAY_MILLIS as MIN_MAX_DELAY_MILLIS
-from txnkeeper.contract.settings.batched_write import MIN_MAX_RECORDS as MIN_MAX_RECORDS
 from txnkeeper.contract.settings.batched_write import (
-    MIN_MAX_RECORDS_WHEN_ENABLED as MIN_MAX_RECORDS_WHEN_ENABLED,
+    BATCHED_WRITE,
+    DEFAULT_ENABLED,
+    DEFAULT_FLUSH_MODE,
+    DEFAULT_MAX_DELAY_MILLIS,
+    DEFAULT_MAX_RECORDS,
+    DEFAULT_MAX_SIZE_BYTES,
+    FLUSH_MODES,
+    MAX_MAX_DELAY_MILLIS,
+    MAX_MAX_RECORDS,
+    MAX_MAX_SIZE_BYTES,
+    MIN_MAX_DELAY_MILLIS,
+    MIN_MAX_RECORDS,
+    MIN_MAX_RECORDS_WHEN_ENABLED,
+    MIN_MAX_SIZE_BYTES,
 )
-from txnkeeper.contract.settings.batched_write import MIN_MAX_SIZE_BYTES as MIN_MAX_SIZE_BYTES
+
+# Re-exported: the declaration's limits, under the names every layer has used.
+__all__ = [
+    "BATCHED_WRITE",
+    "DEFAULT_ENABLED",
+    "DEFAULT_FLUSH_MODE",
+    "DEFAULT_MAX_DELAY_MILLIS",
+    "DEFAULT_MAX_RECORDS",
+    "DEFAULT_MAX_SIZE_BYTES",
+    "FLUSH_MODES",
+    "MAX_MAX_DELAY_MILLIS",
+    "MAX_MAX_RECORDS",
+    "MAX_MAX_SIZE_BYTES",
+    "MIN_MAX_DELAY_MILLIS",
+    "MIN_MAX_RECORDS",
+    "MIN_MAX_RECORDS_WHEN_ENABLED",
+    "MIN_MAX_SIZE_BYTES",
+    "BatchSettings",
+    "InvalidBatchSettingsError",
+    "parse_fields",
+]
 
 
 class InvalidBatchSettingsError(ValueError):

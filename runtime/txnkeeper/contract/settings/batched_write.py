@@ -40,8 +40,8 @@ MAX_MAX_DELAY_MILLIS = 60_000
 
 BATCHED_WRITE = Section(
     SECTION_NAME,
-    "PIP-160 batched writes of a pod's transaction logs or pending-ack logs. Turning it on or off, or changing a limit, is applied to "
-    "running pods one at a time through their admin API, without restarts.",
+    "PIP-160 batched writes of a pod's transaction logs or pending-ack logs. Turning it on or off, or "
+    "changing a limit, is applied to running pods one at a time through their admin API, without restarts.",
     (
         Setting(
             "enabled",

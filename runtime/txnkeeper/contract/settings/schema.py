@@ -13,10 +13,10 @@ spellings (the admin API's), ``json_schema`` renders the CRD's (and the chart's)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +55,7 @@ class Setting:
     hint: str = ""
     spellings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     in_cr: bool = True  # part of the CR's (and the chart's) fragment
+    cr_default: bool = True  # the CRD fills the default in (False: a CR without it says "not set")
     cr_integer: bool = False  # a number the CR takes in whole units only
     flag_help: str | None = None
 
@@ -78,7 +79,10 @@ class Setting:
         what = "an integer" if self.kind == "int" else "a number"
         if self.unit in _UNIT_WORDS and self.kind == "number":
             what += f" of {_UNIT_WORDS[self.unit]}"
-        return f"{what} {self.range_text or self._bounds_text()}".rstrip()
+        if self.range_text is not None:
+            return f"{what} {self.range_text}"
+        unit = f" ({self.unit})" if self.unit and self.kind == "int" else ""
+        return f"{what} {self._bounds_text()}{unit}".rstrip()
 
     def _bounds_text(self) -> str:
         low, high = self.minimum, self.maximum
@@ -136,6 +140,9 @@ class Section:
     name: str
     description: str
     settings: tuple[Setting, ...]
+    # Keys of the section that are not one value but a structure (a map of names to limits): the
+    # section's own reader checks them (their values through declared settings); parse passes them by.
+    structured: tuple[str, ...] = ()
 
     def keys(self, spelling: str | None = None) -> dict[str, Setting]:
         """Key -> setting, in the config file's spelling or in ``spelling`` (settings without one are
@@ -166,10 +173,11 @@ def parse(
         raise SettingValueError(
             f"{where} must be an object with keys {', '.join(keys)}, got {type(doc).__name__}"
         )
-    unknown = sorted(str(k)[:60] for k in doc if k not in keys)
+    unknown = sorted(str(k)[:60] for k in doc if k not in keys and k not in section.structured)
     if unknown:
-        raise SettingValueError(f"{where}: unknown {unknown_noun} {unknown}; known: {sorted(keys)}")
-    return {keys[k].field: keys[k].check(v, f"{where}.{k}") for k, v in doc.items()}
+        known = sorted([*keys, *section.structured])
+        raise SettingValueError(f"{where}: unknown {unknown_noun} {unknown}; known: {known}")
+    return {keys[k].field: keys[k].check(v, f"{where}.{k}") for k, v in doc.items() if k in keys}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +185,8 @@ class Loaded:
     """A section's values (every field, defaults filled in) and where each came from."""
 
     values: dict[str, Any]
-    sources: dict[str, str]  # field -> "--flag", "TXNKEEPER_X", "FILE: section.key" or "default"
+    # field -> how it was given: "--flag VALUE", "TXNKEEPER_X=VALUE", "FILE: section.key: VALUE", "default"
+    sources: dict[str, str]
 
 
 def load(
@@ -201,13 +210,31 @@ def load(
         flag_text = flags.get(s.dest) if s.dest else None
         env_text = environ.get(s.env_name) if s.env_name else None
         if flag_text is not None:
-            values[s.field], sources[s.field] = s.from_text(str(flag_text), s.flag or ""), s.flag or ""
+            values[s.field] = s.from_text(str(flag_text), s.flag or "")
+            sources[s.field] = f"{s.flag} {str(flag_text)[:40]}"
         elif env_text:
             name = s.env_name or ""
             values[s.field], sources[s.field] = s.from_text(env_text, name), f"{name}={env_text[:40]}"
         elif s.field in from_file:
-            values[s.field], sources[s.field] = from_file[s.field], f"{file_where}.{s.key}"
+            values[s.field] = from_file[s.field]
+            sources[s.field] = f"{file_where}.{s.key}: {_json(from_file[s.field])}"
     return Loaded(values, sources)
+
+
+def add_flags(parser: Any, section: Section) -> None:
+    """The section's flags on an argparse parser (or group): text, checked by ``load`` (so an error
+    names the flag or the env variable it came from)."""
+    for s in section.settings:
+        if s.flag:
+            parser.add_argument(s.flag, default=None, metavar=_metavar(s), help=flag_help(s))
+
+
+def _metavar(s: Setting) -> str:
+    if s.kind == "bool":
+        return "true|false"
+    if s.kind == "enum":
+        return "|".join(s.choices)
+    return "N" if s.kind in ("int", "number") else "TEXT"
 
 
 def flag_help(s: Setting) -> str:
@@ -221,23 +248,7 @@ def json_schema(section: Section, *, closed: bool = False, description: str | No
     """The OpenAPI v3 fragment of the section's CR fields (a CRD's ``properties``), with each field's
     type, description, default, bounds and choices. ``closed``: refuse unknown keys (the chart's
     values.schema.json; a CRD prunes them instead); ``description`` replaces the section's own."""
-    properties: dict[str, Any] = {}
-    for s in section.settings:
-        if not s.in_cr:
-            continue
-        kind = "integer" if s.kind == "int" or s.cr_integer else _JSON_TYPES[s.kind]
-        prop: dict[str, Any] = {"type": kind, "description": s.description}
-        if s.choices:
-            prop["enum"] = list(s.choices)
-        if s.default is not None:
-            prop["default"] = s.default
-        if s.minimum is not None:
-            prop["minimum"] = s.minimum
-        if s.maximum is not None:
-            prop["maximum"] = s.maximum
-        if s.pattern is not None:
-            prop["pattern"] = s.pattern
-        properties[s.key] = prop
+    properties = {s.key: property_schema(s) for s in section.settings if s.in_cr}
     schema: dict[str, Any] = {
         "type": "object",
         "description": description or section.description,
@@ -246,6 +257,23 @@ def json_schema(section: Section, *, closed: bool = False, description: str | No
     if closed:
         schema["additionalProperties"] = False
     return schema
+
+
+def property_schema(s: Setting, description: str | None = None) -> dict[str, Any]:
+    """One setting's OpenAPI v3 property (``description`` replaces its own)."""
+    kind = "integer" if s.kind == "int" or s.cr_integer else _JSON_TYPES[s.kind]
+    prop: dict[str, Any] = {"type": kind, "description": description or s.description}
+    if s.choices:
+        prop["enum"] = list(s.choices)
+    if s.default is not None and s.cr_default:
+        prop["default"] = s.default
+    if s.minimum is not None:
+        prop["minimum"] = s.minimum
+    if s.maximum is not None:
+        prop["maximum"] = s.maximum
+    if s.pattern is not None:
+        prop["pattern"] = s.pattern
+    return prop
 
 
 def cr_default(section: Section) -> dict[str, Any]:
@@ -262,10 +290,14 @@ def doc_table(section: Section) -> str:
     ]
     for s in section.settings:
         kind = s.kind if s.unit is None else f"{s.kind} ({s.unit})"
+        key = f"`{s.key}`" + "".join(f" ({name} `{spelt}`)" for name, spelt in s.spellings.items())
         rows.append(
-            f"| `{s.key}` | {_code(s.flag)} | {_code(s.env_name)} | {kind} | {_code(_json(s.default))} |"
+            f"| {key} | {_code(s.flag)} | {_code(s.env_name)} | {kind} | {_code(_json(s.default))} |"
             f" {s.allowed()} | {s.description} |"
         )
+    if section.structured:
+        keys = ", ".join(f"`{k}`" for k in section.structured)
+        rows.append(f"\nStructured keys (maps checked by the section's reader): {keys}.")
     return "\n".join(rows) + "\n"
 
 
