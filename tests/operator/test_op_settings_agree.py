@@ -24,7 +24,10 @@ from txnkeeper.contract.settings.batched_write import BATCHED_WRITE, MAX_MAX_SIZ
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
 from txnkeeper.contract.store_settings import SRK_MAX_BLOCK_BYTES, SRK_MAX_WRITER_INACTIVITY_MINUTES
-from txnkeeper.server import srk_config, txn_config
+from txnkeeper.contract.settings.pulsar import PULSAR
+from txnkeeper.server import pulsar_config, srk_config, txn_config
+from txnkeeper_operator import builders
+from txnkeeper_operator.resource import Resource
 from txnkeeper.server.config import ConfigError, batch_configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -303,6 +306,58 @@ def test_transaction_timeout_readers_agree(tmp_path: Path, monkeypatch: pytest.M
         if any(got[r] is not None and got[r] != want[r] for r in TXN_READERS):
             disagreements.append((process, namespace, got))
     assert disagreements == []
+
+
+URL_ROWS: list[tuple[str, bool]] = [
+    ("pulsar://pas-0.pas.ns.svc:6650", True),
+    ("pulsar://a:1, pulsar://b:2", True),
+    ("", True),  # none: the pod names itself
+    ("http://h:1", False),
+    ("pulsar://h", False),
+    ("pulsar://h:99999", False),
+    ("pulsar://u@h:1", False),
+    ("pulsar://a:1,", False),
+]
+
+
+def test_pulsar_url_readers_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags and their env take the same URL lists, and what the operator renders is one of them."""
+    names = [s.env_name or "" for s in PULSAR.settings]
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    parser = argparse.ArgumentParser()
+    pulsar_config.add_arguments(parser)
+    parser.add_argument("--coordinators", type=int)
+    disagreements = []
+    for text, accepted in URL_ROWS:
+        for setting in PULSAR.settings:
+            for argv, env in (([setting.flag or "", text], {}), ([], {setting.env_name or "": text})):
+                for name, value in env.items():
+                    monkeypatch.setenv(name, value)
+                try:
+                    pulsar_config.placement(parser.parse_args(argv), None)
+                    got = True
+                except ConfigError as exc:
+                    assert (setting.flag or "") in str(exc) or (setting.env_name or "") in str(exc), exc
+                    got = False
+                for name in env:
+                    monkeypatch.delenv(name)
+                if got != accepted:
+                    disagreements.append((text, argv, env, got))
+    assert disagreements == []
+    rendered = builders.pulsar_urls(Resource.from_body(_store_body()))
+    assert rendered.count("pulsar://") == 3
+    for setting in PULSAR.settings:
+        assert setting.check(rendered, setting.flag or "") == rendered
+
+
+def _store_body() -> dict[str, Any]:
+    return {
+        "apiVersion": "txnkeeper.io/v1",
+        "kind": "PendingAckStore",
+        "metadata": {"name": "pas", "namespace": "ns", "uid": "u"},
+        "spec": {"version": "2.0.0", "replicas": 3},
+    }
 
 
 def test_the_charts_keys_are_the_declarations() -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 Kind = Literal["bool", "int", "number", "enum", "text"]
 ENV_PREFIX = "TXNKEEPER_"
@@ -55,6 +56,9 @@ class Setting:
     hint: str = ""
     spellings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     in_cr: bool = True  # part of the CR's (and the chart's) fragment
+    in_file: bool = True  # a key of the config file's section (False: flag and env only)
+    # A named check of a text value beyond a pattern (``FORMATS``), e.g. "pulsar-urls".
+    format: str | None = None
     cr_default: bool = True  # the CRD fills the default in (False: a CR without it says "not set")
     cr_integer: bool = False  # a number the CR takes in whole units only
     flag_help: str | None = None
@@ -74,6 +78,8 @@ class Setting:
             return "true or false"
         if self.kind == "enum":
             return f"one of {list(self.choices)}"
+        if self.kind == "text" and self.format is not None:
+            return FORMATS[self.format][0]
         if self.kind == "text":
             return "a non-empty string" + (f" matching {self.pattern}" if self.pattern else "")
         what = "an integer" if self.kind == "int" else "a number"
@@ -101,6 +107,11 @@ class Setting:
             ok = isinstance(value, bool)
         elif self.kind == "enum":
             ok = isinstance(value, str) and value in self.choices
+        elif self.kind == "text" and self.format is not None and isinstance(value, str):
+            problem = FORMATS[self.format][1](value)
+            if problem is not None:
+                raise SettingValueError(f"{where} must be {self.allowed()}: {problem}")
+            ok = True
         elif self.kind == "text":
             ok = isinstance(value, str) and bool(value) and _matches(self.pattern, value)
         else:
@@ -148,7 +159,7 @@ class Section:
         """Key -> setting, in the config file's spelling or in ``spelling`` (settings without one are
         left out)."""
         if spelling is None:
-            return {s.key: s for s in self.settings}
+            return {s.key: s for s in self.settings if s.in_file}
         return {s.spellings[spelling]: s for s in self.settings if spelling in s.spellings}
 
     def setting(self, key: str) -> Setting:
@@ -290,7 +301,9 @@ def doc_table(section: Section) -> str:
     ]
     for s in section.settings:
         kind = s.kind if s.unit is None else f"{s.kind} ({s.unit})"
-        key = f"`{s.key}`" + "".join(f" ({name} `{spelt}`)" for name, spelt in s.spellings.items())
+        key = (f"`{s.key}`" if s.in_file else "(flag/env only)") + "".join(
+            f" ({name} `{spelt}`)" for name, spelt in s.spellings.items()
+        )
         rows.append(
             f"| {key} | {_code(s.flag)} | {_code(s.env_name)} | {kind} | {_code(_json(s.default))} |"
             f" {s.allowed()} | {s.description} |"
@@ -302,6 +315,32 @@ def doc_table(section: Section) -> str:
 
 
 _JSON_TYPES = {"bool": "boolean", "int": "integer", "number": "number", "enum": "string", "text": "string"}
+
+
+def pulsar_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a Pulsar service URL of one pod (None: it is)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"{url[:80]!r} is not a URL ({exc}); give pulsar://host:port"
+    if parts.scheme != "pulsar" or not parts.hostname or port is None:
+        return f"{url[:80]!r} is not pulsar://host:port"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return f"{url[:80]!r} has more than pulsar://host:port"
+    return None
+
+
+def _pulsar_urls_problem(text: str) -> str | None:
+    if not text.strip():
+        return None  # none given: the pod names itself
+    return next(filter(None, (pulsar_url_problem(p.strip()) for p in text.split(","))), None)
+
+
+# format -> (what an error says is allowed, the check: None or what is wrong)
+FORMATS: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    "pulsar-urls": ("comma-separated pulsar://host:port, one per pod in ordinal order", _pulsar_urls_problem),
+}
 
 
 def _code(text: str | None) -> str:
