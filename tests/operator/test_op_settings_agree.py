@@ -21,14 +21,14 @@ from test_op_crds import cel_errors
 from txnkeeper.contract.batching import BatchSettings, InvalidBatchSettingsError
 from txnkeeper.contract.coordinator_settings import HARD_MAX_TIMEOUT_MS
 from txnkeeper.contract.settings.batched_write import BATCHED_WRITE, MAX_MAX_SIZE_BYTES
+from txnkeeper.contract.settings.pulsar import PULSAR
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
 from txnkeeper.contract.store_settings import SRK_MAX_BLOCK_BYTES, SRK_MAX_WRITER_INACTIVITY_MINUTES
-from txnkeeper.contract.settings.pulsar import PULSAR
 from txnkeeper.server import pulsar_config, srk_config, txn_config
+from txnkeeper.server.config import ConfigError, batch_configs
 from txnkeeper_operator import builders
 from txnkeeper_operator.resource import Resource
-from txnkeeper.server.config import ConfigError, batch_configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_pods import TOKEN, ServePod, http
