@@ -1,7 +1,9 @@
 """Settings of one runtime process: command line, ``TXNKEEPER_*`` environment and ``--config`` file.
 
 Why one module: the operator sets env, the local fleet passes flags and a config file carries the CR's
-batchedWrite block; all three meet here, are validated once, and produce one ``ServeConfig``.
+batchedWrite block; all three meet here and produce one ``ServeConfig``. What a declared section
+accepts, and how a refusal reads, is its declaration's (``contract/settings/``, read through
+``schema.load``); this module reads the file once and hands each section its part.
 """
 
 from __future__ import annotations
