@@ -23,9 +23,10 @@ from txnkeeper.contract.coordinator_settings import HARD_MAX_TIMEOUT_MS
 from txnkeeper.contract.settings.batched_write import BATCHED_WRITE, MAX_MAX_SIZE_BYTES
 from txnkeeper.contract.settings.pulsar import PULSAR
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
+from txnkeeper.contract.settings.tls import TLS
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
 from txnkeeper.contract.store_settings import SRK_MAX_BLOCK_BYTES, SRK_MAX_WRITER_INACTIVITY_MINUTES
-from txnkeeper.server import pulsar_config, srk_config, txn_config
+from txnkeeper.server import pulsar_config, srk_config, tls_settings, txn_config
 from txnkeeper.server.config import ConfigError, batch_configs
 from txnkeeper_operator import builders
 from txnkeeper_operator.resource import Resource
@@ -358,6 +359,63 @@ def _store_body() -> dict[str, Any]:
         "metadata": {"name": "pas", "namespace": "ns", "uid": "u"},
         "spec": {"version": "2.0.0", "replicas": 3},
     }
+
+
+# (config-file key, value, accepted): the TLS section's values on their own (the rules between them and
+# the files are tls_settings' and tested with real certificates in tests/runtime/test_tls.py).
+TLS_ROWS: list[tuple[str, object, bool]] = [
+    ("listeners", ["client"], True),
+    ("listeners", ["client", "admin", "peers"], True),
+    ("listeners", ["client", "gossip"], False),
+    ("listeners", [], False),
+    ("clientAuth.client", "require", True),
+    ("clientAuth.admin", "request", True),
+    ("clientAuth.client", "always", False),
+    ("reloadIntervalSeconds", 0.05, True),
+    ("reloadIntervalSeconds", 3600, True),
+    ("reloadIntervalSeconds", 0, False),
+    ("reloadIntervalSeconds", 3601, False),
+    ("certFile", "/etc/txnkeeper/tls/tls.crt", True),
+]
+
+
+def _tls_reader(
+    argv: list[str], env: dict[str, str], path: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> bool:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser()
+    tls_settings.add_arguments(parser)
+    try:
+        tls_settings.load(parser.parse_args(argv), path)
+        return True
+    except ConfigError:
+        return False
+    finally:
+        for name in env:
+            monkeypatch.delenv(name)
+
+
+def test_tls_value_readers_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for s in TLS.settings:
+        monkeypatch.delenv(s.env_name or "", raising=False)
+    disagreements = []
+    for key, value, accepted in TLS_ROWS:
+        setting = TLS.setting(key)
+        top, _, child = key.partition(".")
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({"tls": {top: {child: value} if child else value}}))
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        got = {
+            "file": _tls_reader([], {}, path, monkeypatch),
+            "flags": _tls_reader([setting.flag or "", text], {}, None, monkeypatch),
+            "env": _tls_reader([], {setting.env_name or "": text}, None, monkeypatch),
+        }
+        if value == []:  # an empty flag or env variable is "not given"
+            got.pop("flags"), got.pop("env")
+        if any(v != accepted for v in got.values()):
+            disagreements.append((key, value, got))
+    assert disagreements == []
 
 
 def test_the_charts_keys_are_the_declarations() -> None:

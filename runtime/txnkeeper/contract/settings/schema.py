@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-Kind = Literal["bool", "int", "number", "enum", "text"]
+Kind = Literal["bool", "int", "number", "enum", "text", "list"]  # list: one or more of choices
 ENV_PREFIX = "TXNKEEPER_"
 # Text from a flag or env variable: ASCII digits only (int() would take "١٢٣", " 12 ", "1_0").
 _INT_TEXT = re.compile(r"-?[0-9]{1,19}")
@@ -62,6 +62,9 @@ class Setting:
     cr_default: bool = True  # the CRD fills the default in (False: a CR without it says "not set")
     cr_integer: bool = False  # a number the CR takes in whole units only
     flag_help: str | None = None
+    # The whole refusal, when the section words it its own way: "{where}", "{value}" and "{allowed}"
+    # are filled in (default: "{where} must be {allowed}, got {value}" and the hint).
+    error: str | None = None
 
     @property
     def env_name(self) -> str | None:
@@ -78,10 +81,14 @@ class Setting:
             return "true or false"
         if self.kind == "enum":
             return f"one of {list(self.choices)}"
+        if self.kind == "list":
+            return f"a list of one or more of {', '.join(self.choices)}"
         if self.kind == "text" and self.format is not None:
             return FORMATS[self.format][0]
         if self.kind == "text":
-            return "a non-empty string" + (f" matching {self.pattern}" if self.pattern else "")
+            return self.range_text or "a non-empty string" + (
+                f" matching {self.pattern}" if self.pattern else ""
+            )
         what = "an integer" if self.kind == "int" else "a number"
         if self.unit in _UNIT_WORDS and self.kind == "number":
             what += f" of {_UNIT_WORDS[self.unit]}"
@@ -99,6 +106,10 @@ class Setting:
         return f"of at most {_num(high)}" if high is not None else ""
 
     def refuse(self, where: str, value: object) -> SettingValueError:
+        if self.error is not None:
+            return SettingValueError(
+                self.error.format(where=where, value=shown(value), allowed=self.allowed())
+            )
         return SettingValueError(f"{where} must be {self.allowed()}, got {shown(value)}{self.hint}")
 
     def check(self, value: object, where: str) -> Any:
@@ -107,6 +118,8 @@ class Setting:
             ok = isinstance(value, bool)
         elif self.kind == "enum":
             ok = isinstance(value, str) and value in self.choices
+        elif self.kind == "list":
+            ok = isinstance(value, list) and bool(value) and all(v in self.choices for v in value)
         elif self.kind == "text" and self.format is not None and isinstance(value, str):
             problem = FORMATS[self.format][1](value)
             if problem is not None:
@@ -136,6 +149,8 @@ class Setting:
         value: object = text
         if self.kind == "bool":
             value = {"true": True, "false": False}.get(text, text)
+        elif self.kind == "list":
+            value = [part.strip() for part in text.split(",") if part.strip()]
         elif self.kind == "int" and _INT_TEXT.fullmatch(text):
             value = int(text)
         elif self.kind == "number" and _NUMBER_TEXT.fullmatch(text):
@@ -154,6 +169,8 @@ class Section:
     # Keys of the section that are not one value but a structure (a map of names to limits): the
     # section's own reader checks them (their values through declared settings); parse passes them by.
     structured: tuple[str, ...] = ()
+    # How a refusal of unknown keys reads ("{where}", "{unknown}", "{known}" filled in).
+    unknown_error: str = "{where}: unknown {noun} {unknown}; known: {known}"
 
     def keys(self, spelling: str | None = None) -> dict[str, Setting]:
         """Key -> setting, in the config file's spelling or in ``spelling`` (settings without one are
@@ -180,15 +197,42 @@ def parse(
     """The fields a (partial) object sets, checked, keyed by field name. ``where`` names the object
     in errors (``"/etc/c.json: singleKeyTransactions"``); each setting is named ``where.key``."""
     keys = section.keys(spelling)
+    # A dotted key ("clientAuth.client") is a key of a nested object; its top part is one key here.
+    top = {k.partition(".")[0] for k in keys}
     if not isinstance(doc, Mapping):
         raise SettingValueError(
-            f"{where} must be an object with keys {', '.join(keys)}, got {type(doc).__name__}"
+            f"{where} must be an object with keys {', '.join(sorted(top))}, got {type(doc).__name__}"
         )
-    unknown = sorted(str(k)[:60] for k in doc if k not in keys and k not in section.structured)
+    flat = _flatten(section, doc, where, top=top, keys=keys, noun=unknown_noun)
+    return {keys[k].field: keys[k].check(v, f"{where}.{k}") for k, v in flat.items() if k in keys}
+
+
+def _flatten(
+    section: Section, doc: Mapping[str, Any], where: str, *, top: set[str], keys: Mapping[str, Any], noun: str
+) -> dict[str, Any]:
+    """``doc`` with its nested objects' keys dotted, after refusing unknown keys at either level."""
+    _refuse_unknown(section, doc, where, {*top, *section.structured}, noun)
+    flat: dict[str, Any] = {}
+    for key, value in doc.items():
+        children = sorted(k.partition(".")[2] for k in keys if k.startswith(f"{key}."))
+        if not children:
+            flat[key] = value
+            continue
+        if not isinstance(value, Mapping):
+            raise SettingValueError(
+                f"{where}.{key} must be an object with keys {', '.join(children)}, got {shown(value)}"
+            )
+        _refuse_unknown(section, value, f"{where}.{key}", set(children), noun)
+        flat.update({f"{key}.{child}": v for child, v in value.items()})
+    return flat
+
+
+def _refuse_unknown(section: Section, doc: Mapping[str, Any], where: str, known: set[str], noun: str) -> None:
+    unknown = sorted(str(k)[:60] for k in doc if k not in known)
     if unknown:
-        known = sorted([*keys, *section.structured])
-        raise SettingValueError(f"{where}: unknown {unknown_noun} {unknown}; known: {known}")
-    return {keys[k].field: keys[k].check(v, f"{where}.{k}") for k, v in doc.items() if k in keys}
+        raise SettingValueError(
+            section.unknown_error.format(where=where, noun=noun, unknown=unknown, known=sorted(known))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +303,16 @@ def json_schema(section: Section, *, closed: bool = False, description: str | No
     """The OpenAPI v3 fragment of the section's CR fields (a CRD's ``properties``), with each field's
     type, description, default, bounds and choices. ``closed``: refuse unknown keys (the chart's
     values.schema.json; a CRD prunes them instead); ``description`` replaces the section's own."""
-    properties = {s.key: property_schema(s) for s in section.settings if s.in_cr}
+    properties: dict[str, Any] = {}
+    for s in section.settings:
+        top, _, child = s.key.partition(".")
+        if not s.in_cr:
+            continue
+        if child:  # a nested object's key
+            group = properties.setdefault(top, {"type": "object", "description": top, "properties": {}})
+            group["properties"][child] = property_schema(s)
+        else:
+            properties[s.key] = property_schema(s)
     schema: dict[str, Any] = {
         "type": "object",
         "description": description or section.description,
@@ -274,7 +327,10 @@ def property_schema(s: Setting, description: str | None = None) -> dict[str, Any
     """One setting's OpenAPI v3 property (``description`` replaces its own)."""
     kind = "integer" if s.kind == "int" or s.cr_integer else _JSON_TYPES[s.kind]
     prop: dict[str, Any] = {"type": kind, "description": description or s.description}
-    if s.choices:
+    if s.choices and s.kind == "list":
+        prop["items"] = {"type": "string", "enum": list(s.choices)}
+        prop["minItems"] = 1
+    elif s.choices:
         prop["enum"] = list(s.choices)
     if s.default is not None and s.cr_default:
         prop["default"] = s.default
@@ -314,7 +370,14 @@ def doc_table(section: Section) -> str:
     return "\n".join(rows) + "\n"
 
 
-_JSON_TYPES = {"bool": "boolean", "int": "integer", "number": "number", "enum": "string", "text": "string"}
+_JSON_TYPES = {
+    "bool": "boolean",
+    "int": "integer",
+    "number": "number",
+    "enum": "string",
+    "text": "string",
+    "list": "array",
+}
 
 
 def pulsar_url_problem(url: str) -> str | None:
@@ -348,6 +411,8 @@ def _code(text: str | None) -> str:
 
 
 def _json(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else str(value)
