@@ -191,8 +191,21 @@ def addresses(cluster: Cluster, ns: str, name: str, replicas: int) -> str:
     return ",".join(out)
 
 
-def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) -> Obj:
-    """Run e2e/workload.py as a Job in `ns` and return its RESULT."""
+def run_workload(
+    cluster: Cluster, ns: str, *args: str, timeout: float = 180, tls_secret: str | None = None
+) -> Obj:
+    """Run e2e/workload.py as a Job in `ns` and return its RESULT. With `tls_secret` (a resource's TLS
+    Secret: tls.crt, tls.key, ca.crt) the Job mounts it and connects over TLS with it (mutual TLS)."""
+    volumes: list[Obj] = [{"name": "workload", "configMap": {"name": "workload"}}]
+    mounts: list[Obj] = [{"name": "workload", "mountPath": "/workload"}]
+    env: list[Obj] = []
+    if tls_secret is not None:
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
+        mounts.append({"name": "tls", "mountPath": "/etc/txnkeeper/tls", "readOnly": True})
+        env = [
+            {"name": f"TXNKEEPER_TLS_{key}_FILE", "value": f"/etc/txnkeeper/tls/{file}"}
+            for key, file in (("CA", "ca.crt"), ("CERT", "tls.crt"), ("KEY", "tls.key"))
+        ]
     config_map = {"metadata": {"name": "workload"}, "data": {"workload.py": WORKLOAD}}
     try:
         # A dict body where the signature says V1ConfigMap: the client validates it into one.
@@ -217,10 +230,11 @@ def run_workload(cluster: Cluster, ns: str, *args: str, timeout: float = 180) ->
                                 "image": IMAGE,
                                 "securityContext": RESTRICTED_CONTAINER,
                                 "command": ["python", "/workload/workload.py", *args],
-                                "volumeMounts": [{"name": "workload", "mountPath": "/workload"}],
+                                "env": env,
+                                "volumeMounts": mounts,
                             }
                         ],
-                        "volumes": [{"name": "workload", "configMap": {"name": "workload"}}],
+                        "volumes": volumes,
                     }
                 },
             },

@@ -112,29 +112,17 @@ class Load:
         while not self._stop.is_set():
             n += 1
             try:
-                self.results.append(
-                    run_workload(
-                        self.cluster,
-                        self.ns,
-                        "produce",
-                        "--coordinators",
-                        dns(self.ns, "txn"),
-                        "--stores",
-                        dns(self.ns, "acks"),
-                        "--topics",
-                        TOPICS,
-                        "--txns",
-                        "4",
-                        "--seconds",
-                        "30",
-                        "--tag",
-                        f"l{n}",
-                        timeout=420,
-                    )
-                )
+                self.results.append(self._job(n))
             except BaseException as err:  # reported by stop(), in the test's thread
                 self.errors.append(err)
                 return
+
+    def _job(self, n: int) -> Obj:
+        return run_workload(
+            self.cluster, self.ns, "produce", "--coordinators", dns(self.ns, "txn"),
+            "--stores", dns(self.ns, "acks"), "--topics", TOPICS, "--txns", "4", "--seconds", "30",
+            "--tag", f"l{n}", timeout=420,
+        )  # fmt: skip
 
     def __enter__(self) -> Load:
         self._thread.start()
@@ -161,15 +149,21 @@ def replace_operator(kill: Callable[[str, str], None], cluster: Cluster) -> None
     wait_for(lambda: (p := _operator_pod(cluster)) is not None and p != pod, "a new operator Ready", 180)
 
 
-def verify(cluster: Cluster, ns: str, results: list[Obj]) -> None:
+def verify(
+    cluster: Cluster, ns: str, results: list[Obj], topics: str = TOPICS, tls_secret: str | None = None
+) -> None:
     """Exactly once on "audit" (subscribed before any load), nothing aborted there, nothing acknowledged
     in a committed transaction redelivered on "work"."""
     stores = dns(ns, "acks")
     audit = run_workload(
-        cluster, ns, "read", "--stores", stores, "--topics", TOPICS, "--subscription", "audit"
-    )
-    work = run_workload(cluster, ns, "read", "--stores", stores, "--topics", TOPICS, "--subscription", "work")
-    for topic in TOPICS.split(","):
+        cluster, ns, "read", "--stores", stores, "--topics", topics, "--subscription", "audit",
+        tls_secret=tls_secret,
+    )  # fmt: skip
+    work = run_workload(
+        cluster, ns, "read", "--stores", stores, "--topics", topics, "--subscription", "work",
+        tls_secret=tls_secret,
+    )  # fmt: skip
+    for topic in topics.split(","):
         committed = [m for r in results for m in r["committed"].get(topic, [])]
         aborted = [m for r in results for m in r["aborted"].get(topic, [])]
         seen = audit[topic]

@@ -11,7 +11,8 @@ stores at the same addresses the client used:
   python workload.py subscribe --stores C,D --topics T1,T2 --subscription S
   python workload.py read --stores C,D --topics T1,T2 [--subscription S]
   python workload.py hold --coordinators A --stores C,D --topic T --timeout-ms MS
-Each prints one line `RESULT <json>` at the end.
+Each prints one line `RESULT <json>` at the end. With TXNKEEPER_TLS_CA_FILE set (a resource's TLS Secret
+mounted, as the TLS test does) it connects over TLS, verifying the pods and presenting that certificate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txnkeeper.client import Client
+from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.errors import ServiceError
 
 
@@ -57,7 +59,7 @@ async def produce(
     tag = tag or uuid.uuid4().hex[:6]
     loop = asyncio.get_running_loop()
     until = loop.time() + seconds
-    async with Client(coordinators=coordinators, stores=stores) as client:
+    async with Client(coordinators=coordinators, stores=stores, tls=TlsClientSettings.from_env()) as client:
         producers = {t: await client.create_producer(t) for t in topics}
         for i in itertools.count():
             if i >= txns and loop.time() >= until:
@@ -122,7 +124,7 @@ async def read_all(
     existing subscription acknowledged is trimmed, so "still there" is checked on a subscription
     created before the messages were (see `subscribe`)."""
     marker = f"end-marker-{uuid.uuid4().hex}".encode()
-    async with Client(coordinators=[], stores=stores) as client:
+    async with Client(coordinators=[], stores=stores, tls=TlsClientSettings.from_env()) as client:
         consumer = await client.subscribe(topic, subscription or f"verify-{uuid.uuid4().hex[:8]}")
         producer = await client.create_producer(topic)
         await producer.send(marker)
@@ -140,7 +142,7 @@ async def read_all(
 
 async def subscribe(stores: list[str], topics: list[str], subscription: str) -> None:
     """Create a durable subscription (its cursor starts at the beginning and retains what follows)."""
-    async with Client(coordinators=[], stores=stores) as client:
+    async with Client(coordinators=[], stores=stores, tls=TlsClientSettings.from_env()) as client:
         for topic in topics:
             consumer = await client.subscribe(topic, subscription)
             await consumer.close()
@@ -165,7 +167,7 @@ async def ack_in_transactions(
     commits (what makes the pending-ack stores write). Returns how many messages were acknowledged."""
     wanted = set(expect)
     acked = 0
-    async with Client(coordinators=coordinators, stores=stores) as client:
+    async with Client(coordinators=coordinators, stores=stores, tls=TlsClientSettings.from_env()) as client:
         consumer = await client.subscribe(topic, "work")
         while wanted:
             message = await asyncio.wait_for(consumer.receive(), 60.0)
@@ -181,7 +183,7 @@ async def ack_in_transactions(
 async def hold(coordinators: list[str], stores: list[str], topic: str, timeout_ms: int) -> dict[str, str]:
     """Open a transaction that writes and acknowledges, then abandon it: it stays open (its log records
     live) until the coordinator's timeout aborts it."""
-    async with Client(coordinators=coordinators, stores=stores) as client:
+    async with Client(coordinators=coordinators, stores=stores, tls=TlsClientSettings.from_env()) as client:
         producer = await client.create_producer(topic)
         plain = f"hold-plain-{uuid.uuid4().hex[:6]}".encode()
         await producer.send(plain)

@@ -70,6 +70,9 @@ def test_the_judge_tells_flat_from_growing_and_checks_the_budget() -> None:
 
 
 @pytest.mark.soak
+# Two minutes of load whatever the machine: it runs in the side pytest process beside the wall-clock
+# tests, which keeps the two processes of `make test` about equally long.
+@pytest.mark.wallclock
 @pytest.mark.timeout(600)
 def test_two_minutes_of_the_soak_mix_stay_under_the_budgets(tmp_path: Path) -> None:
     done = subprocess.run(

@@ -27,6 +27,7 @@ from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
 from txnkeeper.contract.settings import schema as settings
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT
+from txnkeeper_operator import crd_tls
 from txnkeeper_operator.engine import windows
 
 VERSION = "v1"
@@ -627,6 +628,7 @@ def _spec(kind: str) -> Schema:
             minimum=1,
         ),
     }
+    props["tls"] = crd_tls.spec_schema()
     peer_key, peer_kind = (
         ("pendingAckStore", "PendingAckStore")
         if coordinator
@@ -836,8 +838,10 @@ def _status(kind: str) -> Schema:
         "conditions": _arr(
             "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, ScaleInSafe "
             "(False, reason WouldLoseData: a scale-in refused because a pod being removed still holds "
-            "data whose move failed; the message says what to do) (and for a PendingAckStore "
-            "FeaturesSupported, OffloadHealthy, OffloadAudit).",
+            "data whose move failed; the message says what to do), AdminTLS with TLS (False while the "
+            "operator's client certificate Secret txnkeeper-operator-client-tls is missing or unusable: no "
+            "call reaches the pods) (and for a PendingAckStore FeaturesSupported, OffloadHealthy, "
+            "OffloadAudit).",
             condition,
             **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),
@@ -859,6 +863,7 @@ def _status(kind: str) -> Schema:
                 "stores": _arr("Per-store verdicts that were not safe (at most 50).", verdict),
             },
         ),
+        "tls": crd_tls.status_schema(),
         "lastAction": _obj(
             "The last action the operator took.",
             {

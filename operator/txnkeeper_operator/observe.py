@@ -39,9 +39,9 @@ def pod_ip(pod: Obj) -> str | None:
     return str(ip) if ip else None
 
 
-def admin_base(ip: str) -> str:
+def admin_base(ip: str, *, tls: bool = False) -> str:
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{naming.ADMIN_PORT}"
+    return f"{'https' if tls else 'http'}://{host}:{naming.ADMIN_PORT}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,6 +316,7 @@ class PodRuntime:
             shards=(lambda: self.shards if self.shards is not None and self.shards.attached else None)
             if self.role == "store"
             else None,
+            tls=self._tls.report if self._tls is not None else None,
         )
         add_coordinator_routes(app, lambda: self.coordinator_moves)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())

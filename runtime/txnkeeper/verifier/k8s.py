@@ -1,15 +1,20 @@
 """The verifier's Kubernetes I/O: find the resources' pods, read markers, publish the report.
 
 Uses the official client (in-cluster service account, or a kubeconfig) and only the core API: pods are
-listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6); the report
-goes to the ConfigMap `{cr-name}-verifier-report`, key `report.json` (contracts §7).
+listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6), or with
+TLS (TXNKEEPER_TLS_CA_FILE set: the job mounts its resource's Secret) at
+`https://{pod}.{headless service}.{namespace}.svc:{adminPort}`, the name the pods' certificate is for
+(urllib checks the URL's host; a pod IP is in no certificate); the report goes to the ConfigMap
+`{cr-name}-verifier-report`, key `report.json` (contracts §7).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract.tls import CA_FILE_ENV
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
 
 REPORT_KEY = "report.json"
@@ -78,6 +83,7 @@ def discover_pods(
     """Every pod matching any selector. Pods without an IP are kept (as unreachable), never skipped:
     a pod the verifier did not check must make the verdict "not safe", not vanish from it."""
     endpoints: dict[str, PodEndpoint] = {}
+    tls = bool(os.environ.get(CA_FILE_ENV))
     for selector in selectors:
         try:
             pods = api.list_namespaced_pod(namespace, label_selector=selector)
@@ -89,7 +95,18 @@ def discover_pods(
             name = pod.metadata.name
             ip = pod.status.pod_ip if pod.status is not None else None
             phase = pod.status.phase if pod.status is not None else None
-            if ip:
+            subdomain = getattr(pod.spec, "subdomain", None) if pod.spec is not None else None
+            if ip and tls and not subdomain:
+                endpoints[name] = PodEndpoint(
+                    pod=name,
+                    url=None,
+                    note="no headless Service (spec.subdomain): its TLS certificate names no address to use",
+                )
+            elif ip and tls:
+                endpoints[name] = PodEndpoint(
+                    pod=name, url=f"https://{name}.{subdomain}.{namespace}.svc:{admin_port}"
+                )
+            elif ip:
                 endpoints[name] = PodEndpoint(pod=name, url=f"http://{_host(ip)}:{admin_port}")
             else:
                 endpoints[name] = PodEndpoint(
