@@ -216,10 +216,12 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
 def _run_shards(ns: argparse.Namespace) -> int:
     move_id = getattr(ns, "move_id", None) or f"shard-{getattr(ns, 'shard', 0)}-{uuid.uuid4().hex[:12]}"
     try:
+        tls_settings = _tls_settings(ns)
         if ns.shards_action == "list":
-            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url]))
+            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings))
         elif ns.shards_action == "unload":
-            result = asyncio.run(move.unload(ns.url, ns.topic, token=load_admin_token(ns.token_file)))
+            token = load_admin_token(ns.token_file)
+            result = asyncio.run(move.unload(ns.url, ns.topic, token=token, tls=tls_settings))
         else:
             others = [p for p in ns.pods.split(",") if p]
             report = asyncio.run(
@@ -231,6 +233,7 @@ def _run_shards(ns: argparse.Namespace) -> int:
                     others=others,
                     move=move_id,
                     roll_back=not ns.no_rollback,
+                    tls=tls_settings,
                 )
             )
             result = report.to_json()

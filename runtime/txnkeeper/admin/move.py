@@ -19,7 +19,10 @@ from typing import Any
 
 import aiohttp
 
+from txnkeeper.admin.https import AdminHttps
 from txnkeeper.contract.placement import Placement, PlacementError, shard_of
+from txnkeeper.contract.tls import TlsClientSettings
+from txnkeeper.protocol.rpc import StaticClientTls
 
 Publish = Callable[[Placement], Awaitable[None]]
 STEP_TIMEOUT_S = 600.0
@@ -65,20 +68,25 @@ class MoveReport:
 class _Pods:
     """The admin calls of a move, with the token every mutating call carries."""
 
-    def __init__(self, http: aiohttp.ClientSession, token: str | None) -> None:
+    def __init__(
+        self, http: aiohttp.ClientSession, token: str | None, tls: TlsClientSettings | None = None
+    ) -> None:
         self._http = http
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._https = AdminHttps(StaticClientTls(tls) if tls is not None else None)
 
     async def call(self, step: str, method: str, url: str, body: Any = None) -> Any:
         try:
-            async with self._http.request(method, url, json=body, headers=self._headers) as response:
+            async with self._http.request(
+                method, url, json=body, headers=self._headers, ssl=self._https.ssl_for(url)
+            ) as response:
                 text = await response.text()
                 if response.status != 200:
                     raise MoveError(
                         step, f"{url} answered HTTP {response.status}: {text[:1000]}", response.status
                     )
         except aiohttp.ClientError as exc:
-            raise MoveError(step, f"{url} cannot be reached: {exc}") from exc
+            raise MoveError(step, f"{url} cannot be reached: {await self._https.explain(exc, url)}") from exc
         try:
             return json.loads(text)
         except ValueError as exc:
@@ -111,18 +119,21 @@ async def move_shard(
     move: str | None = None,
     publish: Publish | None = None,
     roll_back: bool = True,
+    tls: TlsClientSettings | None = None,
 ) -> MoveReport:
     """Move ``shard`` from the pod at admin URL ``source`` to the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
     the resource keeps it, before any pod is given it. A failure before the new record is written is
     rolled back (discard on the target, unfence on the source) unless ``roll_back`` is False; after
-    it, the move can only go forward: call again with the same id."""
+    it, the move can only go forward: call again with the same id. ``tls``: https:// pods are
+    verified against its CA file and given its client certificate (the pods pull from each other with
+    their own certificates)."""
     move = move or f"shard-{shard}-{uuid.uuid4().hex[:12]}"
     source, target = source.rstrip("/"), target.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, token)
+        pods = _Pods(http, token, tls)
         record = await pods.placement(source)
         source_ordinal, target_ordinal = await pods.ordinal(source), await pods.ordinal(target)
         if source_ordinal == target_ordinal:
@@ -179,13 +190,15 @@ async def _roll_back(pods: _Pods, report: MoveReport, source: str, target: str) 
     report.rolled_back = True
 
 
-async def unload(admin_url: str, topic: str, *, token: str | None) -> dict[str, Any]:
+async def unload(
+    admin_url: str, topic: str, *, token: str | None, tls: TlsClientSettings | None = None
+) -> dict[str, Any]:
     """Pulsar's ``topics unload``: fence and unfence the shard of ``topic`` on its owner, so every
     client of the shard's topics reconnects (and the topics are reopened from disk)."""
     base = admin_url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, token)
+        pods = _Pods(http, token, tls)
         record = await pods.placement(base)
         shard = shard_of(topic, record.shards)
         move = f"unload-{uuid.uuid4().hex[:12]}"
@@ -194,11 +207,13 @@ async def unload(admin_url: str, topic: str, *, token: str | None) -> dict[str, 
         return {"shard": shard, "topics": manifest.get("topics", []), "unloaded": True}
 
 
-async def list_shards(admin_urls: Sequence[str]) -> list[dict[str, Any]]:
+async def list_shards(
+    admin_urls: Sequence[str], *, tls: TlsClientSettings | None = None
+) -> list[dict[str, Any]]:
     """``GET /admin/v1/shards`` of each pod, with the URL it came from."""
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, None)
+        pods = _Pods(http, None, tls)
         out = []
         for url in admin_urls:
             doc = await pods.call("shards", "GET", f"{url.rstrip('/')}/admin/v1/shards")
