@@ -33,10 +33,12 @@ import aiohttp
 from txnkeeper.client.client import Client
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.contract.admin import AdminClient, AdminError
+from txnkeeper.fleet.certificates import FleetCertificates
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
 from txnkeeper.fleet.load import TransactionalLoad
 from txnkeeper.fleet.scaling import ScalingDriver
+from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper_operator.engine import BatchSettings, Decision, Desired, EngineConfig, Phase
 
 OLD, NEW = "1.0.0", "2.0.0"
@@ -56,6 +58,7 @@ class Fleet:
     groups: list[MemberGroup]
     display: Display
     load: TransactionalLoad | None = None
+    certificates: FleetCertificates | None = None  # TLS on (fleet/certificates.py)
 
     async def drive(
         self,
@@ -142,18 +145,32 @@ async def _figures(groups: list[MemberGroup], admin: AdminClient, display: Displ
             )
 
 
-async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int:
+async def run_demo(work_dir: Path, display: Display, load_seconds: float, *, tls: bool = True) -> int:
     token_file = work_dir / "admin-token"
     token_file.write_text(secrets.token_urlsafe(24))
     token_file.chmod(0o600)  # serve refuses a token file others can read
     config = EngineConfig(verifier_retry=timedelta(seconds=3), verifier_timeout=timedelta(seconds=90))
+    certificates = FleetCertificates.create(work_dir / "tls") if tls else None
+    if certificates is not None:
+        display.line(
+            f"TLS: on (CA {certificates.ca_file}; every listener, mutual TLS between members;"
+            " --no-tls turns it off)"
+        )
+    else:
+        display.line("TLS: off (--no-tls)")
     async with aiohttp.ClientSession() as session:
-        admin = AdminClient(session, timeout_seconds=10, token=token_file.read_text())
+        admin = AdminClient(
+            session,
+            timeout_seconds=10,
+            token=token_file.read_text(),
+            tls=certificates.client_context() if certificates is not None else None,
+        )
         tc = MemberGroup("tc", COORDINATOR, work_dir, token_file, admin, replicas=3, coordinators=3)
         pas = MemberGroup("pas", STORE, work_dir, token_file, admin, replicas=2, placement_replicas=2)
         for group in (tc, pas):
             group.engine_config = config
-        fleet = Fleet([tc, pas], display)
+            group.certificates = certificates
+        fleet = Fleet([tc, pas], display, certificates=certificates)
         try:
             return await _lifecycle(fleet, admin, load_seconds, token_file.read_text())
         finally:
@@ -177,7 +194,7 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
     display.stage(f"1/5 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
     if not await fleet.drive(want(OLD, BatchSettings()), 60):
         raise DemoError("the fleet did not become ready at the old release")
-    fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses())
+    fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses(), tls=fleet.certificates)
     fleet.load.start()
     display.line(f"transactional load started on {len(fleet.load.topics)} topics")
     await asyncio.sleep(load_seconds)
@@ -199,7 +216,7 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
     display.stage(f"5/5 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
     # A transaction left open across the downgrade keeps its batched log records live: the gate must
     # hold until it ends. The scripted user commits it once the operator says what it is waiting for.
-    held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses())
+    held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses(), fleet.certificates)
     display.line(f"a transaction {held.txn_id} is left open: its batched log records stay live")
 
     async def release_when_blocked(decisions: dict[str, Decision]) -> None:
@@ -269,8 +286,10 @@ class HeldTransaction:
         return str(self._txn.txn_id)
 
     @classmethod
-    async def begin(cls, coordinators: list[str], stores: list[str]) -> HeldTransaction:
-        client = Client(coordinators=coordinators, stores=stores)
+    async def begin(
+        cls, coordinators: list[str], stores: list[str], tls: ClientTls | None = None
+    ) -> HeldTransaction:
+        client = Client(coordinators=coordinators, stores=stores, tls=tls)
         try:
             producer = await client.create_producer("persistent://public/demo/held")
             # If the commit below failed, the coordinator's timeout would still end it (and free the gate).
@@ -303,7 +322,7 @@ def run(ns: argparse.Namespace) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     display.line(f"txnkeeper local fleet demo (work dir {work_dir})")
     try:
-        code = asyncio.run(run_demo(work_dir, display, ns.load_seconds))
+        code = asyncio.run(run_demo(work_dir, display, ns.load_seconds, tls=not ns.no_tls))
     except DemoError as err:
         display.line(f"demo FAILED: {err} (logs in {work_dir})")
         code = 2
@@ -327,6 +346,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--work-dir", help="keep data, logs and state here (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir after success")
     parser.add_argument("--load-seconds", type=float, default=4.0, help="load between stages")
+    parser.add_argument(
+        "--no-tls",
+        action="store_true",
+        help="plaintext listeners (default: TLS on every listener with a CA of the fleet's own, mutual"
+        " TLS between members; certificates in WORK_DIR/tls)",
+    )
     parser.set_defaults(func=run)
 
 
