@@ -4,11 +4,15 @@ Three coordinator processes and two store processes start at release 1.0.0 (form
 transactional load; the fleet upgrades them to 2.0.0 one at a time with the batch log off, enables
 batching member by member, shows what batching does to the logs, scales the stores out to three
 (the operator's scaling engine moves shards to the new member while clients follow redirects) and
-rebalances, then downgrades back to 1.0.0:
-batching off, every ledger rolled over, the Spark verifier run until it proves no batched entry is
-still live (a transaction deliberately left open holds the gate until it commits), and only then the
-old release, which itself refuses to start on live batched data. Every
+rebalances, rotates the certificates under load (new leaves, then a new CA in three steps), then
+downgrades back to 1.0.0: batching off, every ledger rolled over, the Spark verifier run until it
+proves no batched entry is still live (a transaction deliberately left open holds the gate until it
+commits), and only then the old release, which itself refuses to start on live batched data. Every
 process is stopped at the end, also on error or Ctrl-C.
+
+TLS is on unless --no-tls: the fleet makes its own CA and a leaf per process (WORK_DIR/tls,
+fleet/certificates.py), every listener serves TLS, members reach each other with mutual TLS, and every
+client of the demo (the load, admin calls, shard moves, the Spark verifier) verifies the CA.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from txnkeeper.fleet.certificates import FleetCertificates
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
 from txnkeeper.fleet.load import TransactionalLoad
+from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper.fleet.rotation import CertificateRotation, RotationError
 from txnkeeper.fleet.scaling import ScalingDriver
 from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper_operator.engine import BatchSettings, Decision, Desired, EngineConfig, Phase
@@ -191,7 +197,7 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
     def want(version: str, batch: BatchSettings) -> dict[str, Desired]:
         return {"tc": Desired(version, 3, batch), "pas": Desired(version, pas.replicas, batch)}
 
-    display.stage(f"1/5 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
+    display.stage(f"1/6 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
     if not await fleet.drive(want(OLD, BatchSettings()), 60):
         raise DemoError("the fleet did not become ready at the old release")
     fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses(), tls=fleet.certificates)
@@ -200,20 +206,23 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
     await asyncio.sleep(load_seconds)
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage(f"2/5 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
+    display.stage(f"2/6 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
     if not await fleet.drive(want(NEW, BATCHED), 90):
         raise DemoError("the upgrade did not finish")
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage("3/5 batching figures after a few seconds of load")
+    display.stage("3/6 batching figures after a few seconds of load")
     await asyncio.sleep(load_seconds)
     await _figures(fleet.groups, admin, display)
 
-    display.stage("4/5 scale the stores 2 -> 3 under load, then a rebalance (the operator's scaling engine)")
+    display.stage("4/6 scale the stores 2 -> 3 under load, then a rebalance (the operator's scaling engine)")
     await _scale_out(fleet, ScalingDriver(pas, admin, token, display.line), 3)
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage(f"5/5 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
+    display.stage("5/6 rotate the certificates under load: new leaves, then a new CA in three steps")
+    await _rotate(fleet, admin)
+
+    display.stage(f"6/6 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
     # A transaction left open across the downgrade keeps its batched log records live: the gate must
     # hold until it ends. The scripted user commits it once the operator says what it is waiting for.
     held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses(), fleet.certificates)
@@ -246,6 +255,35 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
         "format level 1 (a level-1 runtime refuses to start on a live batched entry)"
     )
     return 0
+
+
+async def _rotate(fleet: Fleet, admin: AdminClient) -> None:
+    """What the operator's certificate manager does, on the fleet (fleet/rotation.py): every step
+    waits until each process reports it took the new files; none restarts, open connections stay."""
+    display = fleet.display
+    if fleet.certificates is None or fleet.load is None:
+        display.line("TLS is off (--no-tls): nothing to rotate")
+        return
+    groups = fleet.groups
+
+    def members() -> list[RuntimeProcess]:
+        return [m for g in groups for m in g.members_started() if m.running()]
+
+    pids = {m.name: m.proc.pid for m in members() if m.proc is not None}
+    failed = sum(fleet.load.figures.failures.values())
+    rotation = CertificateRotation(fleet.certificates, admin, members, display.line)
+    try:
+        await rotation.renew_leaves()
+        await rotation.rotate_ca()
+    except RotationError as err:
+        raise DemoError(str(err)) from err
+    restarted = sorted(m.name for m in members() if m.proc is None or pids.get(m.name) != m.proc.pid)
+    display.line(
+        f"every process serves a leaf of the new CA ({fleet.certificates.ca.fingerprint[:16]}...);"
+        f" restarted: {', '.join(restarted) or 'none'}; load retries during the rotation:"
+        f" {sum(fleet.load.figures.failures.values()) - failed}"
+    )
+    display.line(f"load: {fleet.load.figures.summary()}")
 
 
 async def _scale_out(fleet: Fleet, driver: ScalingDriver, replicas: int) -> None:
