@@ -121,7 +121,7 @@ def tls_pods(tmp_path: Path, material: Material) -> Iterator[Callable[..., TlsPo
         pod.stop()
 
 
-def _cli(material: Material, pod: ServePod, *args: str) -> tuple[int, str, str]:
+def _cli(material: Material, pod: ServePod, *args: str, verb: str = "shards") -> tuple[int, str, str]:
     done = subprocess.run(
         [
             sys.executable,
@@ -132,7 +132,7 @@ def _cli(material: Material, pod: ServePod, *args: str) -> tuple[int, str, str]:
             pod.admin_url(),
             "--token-file",
             str(pod.token_file),
-            "shards",
+            verb,
             *args,
         ],
         capture_output=True,
@@ -253,14 +253,13 @@ async def test_a_coordinator_id_moves_between_tls_pods_with_its_open_transaction
                 txn = await client.new_transaction(timeout_ms=60_000)
             await producer.send(b"moved-with-its-coordinator", txn=txn)
 
-            calls = admin.placement_calls("coordinator-ids")
-            manifest = await calls.fence(tc1.admin_url(), 1, "m1")
-            received = await calls.receive(tc0.admin_url(), 1, "m1", tc1.admin_url())
-            assert received["files"] == len(manifest["files"]) > 0
-            flipped = _coordinator_record(3, [0, 0], tcs)
-            for tc in (tc0, tc1):
-                await admin.put_placement(tc.admin_url(), flipped)
-            await calls.release(tc1.admin_url(), 1, "m1")
+            # The CLI moves it (fence, receive: tc-0 pulls from tc-1 over mutual TLS, flip, release).
+            move = ["move", "--coordinator", "1", "--from", tc1.admin_url(), "--to", tc0.admin_url()]
+            code, out, err = await asyncio.to_thread(_cli, material, tc1, *move, verb="coordinators")
+            assert code == 0, err
+            report = json.loads(out)
+            assert report["coordinator"] == 1 and report["files"] > 0 and report["epoch"] == 3, report
+            assert report["steps"] == ["fence", "receive", "placement", "release"]
 
             await txn.commit()
             assert txn.coordinator_address == tc0.listen

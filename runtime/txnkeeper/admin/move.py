@@ -1,6 +1,8 @@
-"""Moving one store shard between two pods by the §12 admin verbs (docs/contracts.md §12), and Pulsar's
-"unload" (fence + unfence: the shard's clients reconnect), as one async function each: what
-``txnkeeper admin shards move|unload`` runs, and what the local fleet's driver calls.
+"""Moving one store shard (or one coordinator id) between two pods by the §12 admin verbs
+(docs/contracts.md §12), and Pulsar's "unload" (fence + unfence: the shard's clients reconnect), as one
+async function each: what ``txnkeeper admin shards move|unload`` and ``txnkeeper admin coordinators
+move`` run. Against pods that serve TLS the URLs are https://: the caller's CA file verifies them and
+its client certificate is presented; the target pulls from the source with its own certificate.
 
 Why a module of its own: the order of the steps is the protocol (fence, receive, the new record to the
 target first and the source second, release), every step is idempotent for its move id, and a caller
@@ -20,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from txnkeeper.admin.https import AdminHttps
+from txnkeeper.contract.admin import COORDINATOR_ROUTE, SHARD_ROUTE, UnitRoute
 from txnkeeper.contract.placement import Placement, PlacementError, shard_of
 from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.protocol.rpc import StaticClientTls
@@ -39,7 +42,7 @@ class MoveError(Exception):
 
 @dataclass
 class MoveReport:
-    shard: int
+    shard: int  # the unit moved: a shard, or a coordinator id (``id_key`` says which)
     move: str
     source: int
     target: int
@@ -49,10 +52,11 @@ class MoveReport:
     topics: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     rolled_back: bool = False
+    id_key: str = "shard"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "shard": self.shard,
+            self.id_key: self.shard,
             "move": self.move,
             "from": self.source,
             "to": self.target,
@@ -69,9 +73,14 @@ class _Pods:
     """The admin calls of a move, with the token every mutating call carries."""
 
     def __init__(
-        self, http: aiohttp.ClientSession, token: str | None, tls: TlsClientSettings | None = None
+        self,
+        http: aiohttp.ClientSession,
+        token: str | None,
+        tls: TlsClientSettings | None = None,
+        route: UnitRoute = SHARD_ROUTE,
     ) -> None:
         self._http = http
+        self.route = route
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._https = AdminHttps(StaticClientTls(tls) if tls is not None else None)
 
@@ -100,16 +109,29 @@ class _Pods:
             raise MoveError("placement", str(exc)) from exc
 
     async def ordinal(self, base: str) -> int:
-        doc = await self.call("shards", "GET", f"{base}/admin/v1/shards")
+        path = self.route.path
+        doc = await self.call(path, "GET", f"{base}/admin/v1/{path}")
         if not isinstance(doc, dict) or not isinstance(doc.get("ordinal"), int):
-            raise MoveError("shards", f"{base}/admin/v1/shards names no pod ordinal")
+            raise MoveError(path, f"{base}/admin/v1/{path} names no pod ordinal")
         return int(doc["ordinal"])
 
-    async def verb(self, base: str, shard: int, verb: str, body: dict[str, Any]) -> Any:
-        return await self.call(verb, "POST", f"{base}/admin/v1/shards/{shard}/{verb}", body)
+    async def verb(self, base: str, unit: int, verb: str, body: dict[str, Any]) -> Any:
+        return await self.call(verb, "POST", f"{base}/admin/v1/{self.route.path}/{unit}/{verb}", body)
 
 
-async def move_shard(
+async def move_shard(shard: int, source: str, target: str, **options: Any) -> MoveReport:
+    """Move store shard ``shard`` (``move_unit`` with the shard verbs)."""
+    return await move_unit(SHARD_ROUTE, shard, source, target, **options)
+
+
+async def move_coordinator(coordinator: int, source: str, target: str, **options: Any) -> MoveReport:
+    """Move coordinator id ``coordinator`` between coordinator pods that place their ids by a record
+    (``--coordinator-ids auto``), with its open transactions (``move_unit`` with the coordinator verbs)."""
+    return await move_unit(COORDINATOR_ROUTE, coordinator, source, target, **options)
+
+
+async def move_unit(
+    route: UnitRoute,
     shard: int,
     source: str,
     target: str,
@@ -121,7 +143,8 @@ async def move_shard(
     roll_back: bool = True,
     tls: TlsClientSettings | None = None,
 ) -> MoveReport:
-    """Move ``shard`` from the pod at admin URL ``source`` to the pod at ``target`` (§12 steps 1-5);
+    """Move ``shard`` (a shard or coordinator id, by ``route``) from the pod at admin URL ``source`` to
+    the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
     the resource keeps it, before any pod is given it. A failure before the new record is written is
@@ -129,16 +152,17 @@ async def move_shard(
     it, the move can only go forward: call again with the same id. ``tls``: https:// pods are
     verified against its CA file and given its client certificate (the pods pull from each other with
     their own certificates)."""
-    move = move or f"shard-{shard}-{uuid.uuid4().hex[:12]}"
+    what = route.id_key
+    move = move or f"{what}-{shard}-{uuid.uuid4().hex[:12]}"
     source, target = source.rstrip("/"), target.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, token, tls)
+        pods = _Pods(http, token, tls, route)
         record = await pods.placement(source)
         source_ordinal, target_ordinal = await pods.ordinal(source), await pods.ordinal(target)
         if source_ordinal == target_ordinal:
             raise MoveError("check", f"source and target are the same pod ({source_ordinal})")
-        report = MoveReport(shard, move, source_ordinal, target_ordinal)
+        report = MoveReport(shard, move, source_ordinal, target_ordinal, id_key=what)
         owner = record.owner_of(shard)
         if owner == source_ordinal and record.member(target_ordinal) is None:
             # Clients are redirected to the address the record gives the new owner: without one they
@@ -146,7 +170,7 @@ async def move_shard(
             raise MoveError(
                 "check",
                 f"the placement record (epoch {record.epoch}) gives no address for pod {target_ordinal}, "
-                "so clients could not follow the shard there: PUT a record with members first (start "
+                f"so clients could not follow the {what} there: PUT a record with members first (start "
                 "the store pods with --pulsar-urls, or let the operator place them)",
             )
         if owner == source_ordinal:
@@ -166,7 +190,7 @@ async def move_shard(
                 await publish(record)
         elif owner != target_ordinal:
             raise MoveError(
-                "check", f"shard {shard} is owned by pod {owner} (epoch {record.epoch}), not by the source"
+                "check", f"{what} {shard} is owned by pod {owner} (epoch {record.epoch}), not by the source"
             )
         # The flip (again, when resuming): the target first, so the shard is never without a server
         # longer than between two calls; then the source, then everyone else.
@@ -208,14 +232,15 @@ async def unload(
 
 
 async def list_shards(
-    admin_urls: Sequence[str], *, tls: TlsClientSettings | None = None
+    admin_urls: Sequence[str], *, tls: TlsClientSettings | None = None, route: UnitRoute = SHARD_ROUTE
 ) -> list[dict[str, Any]]:
-    """``GET /admin/v1/shards`` of each pod, with the URL it came from."""
+    """``GET /admin/v1/shards`` (``/admin/v1/coordinators`` by ``route``) of each pod, with the URL it
+    came from."""
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, None, tls)
+        pods = _Pods(http, None, tls, route)
         out = []
         for url in admin_urls:
-            doc = await pods.call("shards", "GET", f"{url.rstrip('/')}/admin/v1/shards")
+            doc = await pods.call(route.path, "GET", f"{url.rstrip('/')}/admin/v1/{route.path}")
             out.append({"url": url, **(doc if isinstance(doc, dict) else {})})
         return out
