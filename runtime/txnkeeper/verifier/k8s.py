@@ -1,8 +1,10 @@
 """The verifier's Kubernetes I/O: find the resources' pods, read markers, publish the report.
 
 Uses the official client (in-cluster service account, or a kubeconfig) and only the core API: pods are
-listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6); the report
-goes to the ConfigMap `{cr-name}-verifier-report`, key `report.json` (contracts §7).
+listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6), or over
+TLS at `https://{spec.hostname}.{spec.subdomain}.{namespace}.svc:{adminPort}`: the name their
+certificate is for (the headless Service's wildcard), which an IP address is not; the report goes to
+the ConfigMap `{cr-name}-verifier-report`, key `report.json` (contracts §7).
 """
 
 from __future__ import annotations
@@ -73,10 +75,16 @@ def _api_error(action: str, exc: Exception) -> VerifierInfraError:
 
 
 def discover_pods(
-    api: Any, namespace: str, selectors: list[str], admin_port: int = DEFAULT_ADMIN_PORT
+    api: Any,
+    namespace: str,
+    selectors: list[str],
+    admin_port: int = DEFAULT_ADMIN_PORT,
+    *,
+    tls: bool = False,
 ) -> list[PodEndpoint]:
     """Every pod matching any selector. Pods without an IP are kept (as unreachable), never skipped:
-    a pod the verifier did not check must make the verdict "not safe", not vanish from it."""
+    a pod the verifier did not check must make the verdict "not safe", not vanish from it. ``tls``:
+    https:// by the pod's DNS name (its IP where it has no hostname and subdomain)."""
     endpoints: dict[str, PodEndpoint] = {}
     for selector in selectors:
         try:
@@ -90,12 +98,22 @@ def discover_pods(
             ip = pod.status.pod_ip if pod.status is not None else None
             phase = pod.status.phase if pod.status is not None else None
             if ip:
-                endpoints[name] = PodEndpoint(pod=name, url=f"http://{_host(ip)}:{admin_port}")
+                host = (_dns_name(pod, namespace) or _host(ip)) if tls else _host(ip)
+                scheme = "https" if tls else "http"
+                endpoints[name] = PodEndpoint(pod=name, url=f"{scheme}://{host}:{admin_port}")
             else:
                 endpoints[name] = PodEndpoint(
                     pod=name, url=None, note=f"phase {phase or 'unknown'}, no pod IP"
                 )
     return [endpoints[name] for name in sorted(endpoints)]
+
+
+def _dns_name(pod: Any, namespace: str) -> str | None:
+    """``{hostname}.{subdomain}.{namespace}.svc``: a StatefulSet pod's name in its headless Service."""
+    spec = pod.spec
+    hostname = getattr(spec, "hostname", None) if spec is not None else None
+    subdomain = getattr(spec, "subdomain", None) if spec is not None else None
+    return f"{hostname}.{subdomain}.{namespace}.svc" if hostname and subdomain else None
 
 
 def _host(ip: str) -> str:
