@@ -12,11 +12,16 @@ file ...)") instead of aiohttp's ``ClientConnectorCertificateError`` or an OpenS
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import urllib.parse
 
+import aiohttp
+
 from txnkeeper.contract import tls as tls_contract
 from txnkeeper.protocol.rpc import ClientTls
+
+_PROBE_TIMEOUT_S = 3.0
 
 
 class AdminHttps:
@@ -40,17 +45,44 @@ class AdminHttps:
         name its dates or names (a short blocking connect, off the event loop)."""
         cause = tls_failure(exc)
         parts = urllib.parse.urlsplit(url)
-        if cause is None or parts.hostname is None:
+        if parts.hostname is None or parts.scheme != "https":
+            return str(exc) or type(exc).__name__
+        host, port = parts.hostname, parts.port or 443
+        if cause is None and isinstance(exc, OSError | aiohttp.ServerDisconnectedError):
+            # Under TLS 1.3 a server refuses a client certificate after the client's handshake is
+            # done: the alert may be read only after aiohttp failed to write the request, which it
+            # reports as a plain connection error. One more handshake and read finds the alert.
+            cause = await asyncio.to_thread(_refusal_after_handshake, host, port, self.ssl_for(url))
+        if cause is None:
             return str(exc) or type(exc).__name__
         settings = self._tls.settings if self._tls is not None else None
         described = await asyncio.to_thread(
             tls_contract.describe,
             cause,
-            host=parts.hostname,
-            port=parts.port or 443,
+            host=host,
+            port=port,
             settings=settings,
         )
         return described or str(exc)
+
+
+def _refusal_after_handshake(host: str, port: int, context: ssl.SSLContext | bool) -> ssl.SSLError | None:
+    """The TLS error a fresh connection to ``host:port`` meets in its handshake or first exchange
+    (None: it met none; blocking, a few seconds at most)."""
+    if not isinstance(context, ssl.SSLContext):
+        context = ssl.create_default_context()
+    try:
+        with (
+            socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S) as sock,
+            context.wrap_socket(sock, server_hostname=host) as tls,
+        ):
+            tls.sendall(b"GET /health HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            tls.recv(1)
+    except ssl.SSLError as err:
+        return err
+    except OSError:
+        return None
+    return None
 
 
 def tls_failure(exc: BaseException) -> ssl.SSLError | None:

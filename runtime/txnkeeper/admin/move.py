@@ -37,6 +37,7 @@ class MoveError(Exception):
     def __init__(self, step: str, message: str, status: int = 0) -> None:
         super().__init__(f"{step}: {message}")
         self.step = step
+        self.message = message
         self.status = status
 
 
@@ -181,9 +182,16 @@ async def move_unit(
                 receipt = await pods.verb(target, shard, "receive", {"move": move, "source": source})
                 report.steps.append("receive")
                 report.files, report.bytes = int(receipt["files"]), int(receipt["bytes"])
-            except MoveError:
+            except MoveError as exc:
                 if roll_back:
                     await _roll_back(pods, report, source, target)
+                if report.rolled_back:
+                    raise MoveError(
+                        exc.step,
+                        f"{exc.message}; rolled back (discarded on the target, unfenced on the source,"
+                        " which serves it again)",
+                        exc.status,
+                    ) from exc
                 raise
             record = record.with_owner(shard, target_ordinal)
             if publish is not None:
