@@ -48,7 +48,8 @@ class AdminHttps:
         if parts.hostname is None or parts.scheme != "https":
             return str(exc) or type(exc).__name__
         host, port = parts.hostname, parts.port or 443
-        if cause is None and isinstance(exc, OSError | aiohttp.ServerDisconnectedError):
+        connected = not isinstance(exc, aiohttp.ClientConnectorError)  # else nothing to probe
+        if cause is None and connected and isinstance(exc, OSError | aiohttp.ServerDisconnectedError):
             # Under TLS 1.3 a server refuses a client certificate after the client's handshake is
             # done: the alert may be read only after aiohttp failed to write the request, which it
             # reports as a plain connection error. One more handshake and read finds the alert.
