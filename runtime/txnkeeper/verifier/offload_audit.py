@@ -435,7 +435,7 @@ def _endpoints(ns: argparse.Namespace, kube: k8s.LazyKube) -> list[PodEndpoint]:
     if ns.endpoints_file:
         endpoints += load_endpoints(ns.endpoints_file)
     if ns.selector:
-        endpoints += k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port)
+        endpoints += k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port, tls=_tls_on())
     if not endpoints:
         raise VerifierInputError("no pods to audit against: give --endpoint, --endpoints-file or --selector")
     return dedupe_endpoints(endpoints)
@@ -529,3 +529,9 @@ def run(ns: argparse.Namespace) -> int:
 
 def _is_configmap(output: str) -> bool:
     return output.startswith("configmap:") and output != "configmap:"
+
+
+def _tls_on() -> bool:
+    """Pods are reached over https when the job has a CA to verify them (TXNKEEPER_TLS_CA_FILE, from
+    the mounted Secret; contract/tls.py)."""
+    return tls.TlsClientSettings.from_env() is not None
