@@ -141,6 +141,7 @@ class TlsLoad(Load):
         )  # fmt: skip
 
 
+@pytest.mark.timeout(1500)
 def test_certificate_renewal_and_ca_rotation_under_load_fail_nothing_and_restart_nothing(
     cluster: Cluster, resources: str
 ) -> None:
