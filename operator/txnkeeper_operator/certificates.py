@@ -161,8 +161,16 @@ def view_to_status(view: TlsView) -> dict[str, Any]:
 
 async def _operator_mode(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> TlsView:
     try:
-        spec = certs.TlsSpec.from_block(cr.section("tls"))
-    except CertSpecError as err:
+        # Read and checked once, as the SettingsValid condition reads it (tlsspec), for the engine.
+        read = tlsspec.TlsSpec.of(cr.spec, True)
+        spec = certs.TlsSpec(
+            renew_before=read.renew_before,
+            validity=read.certificate_validity,
+            ca_validity=read.ca_validity,
+            ca_renew_before=read.ca_renew_before,
+            overlap=read.ca_overlap,
+        )
+    except (tlsspec.TlsSpecError, CertSpecError) as err:
         return TlsView("operator", "Refused", str(err))
     lock = _LOCKS.setdefault(cr.namespace, asyncio.Lock())
     async with lock:

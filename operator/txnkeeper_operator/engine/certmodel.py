@@ -93,24 +93,6 @@ class TlsSpec:
             if value <= timedelta(0):
                 raise CertSpecError(f"spec.tls.{name} must be positive, got {duration_text(value)}")
 
-    @classmethod
-    def from_block(cls, block: Mapping[str, object]) -> TlsSpec:
-        """From spec.tls (absent fields: the defaults)."""
-        ca = block.get("ca")
-        ca_block: Mapping[str, object] = ca if isinstance(ca, Mapping) else {}
-        default = cls()
-
-        def read(source: Mapping[str, object], key: str, name: str, fallback: timedelta) -> timedelta:
-            return parse_duration(source[key], f"spec.tls.{name}") if key in source else fallback
-
-        return cls(
-            renew_before=read(block, "renewBefore", "renewBefore", default.renew_before),
-            validity=read(block, "certificateValidity", "certificateValidity", default.validity),
-            ca_validity=read(ca_block, "validity", "ca.validity", default.ca_validity),
-            ca_renew_before=read(ca_block, "renewBefore", "ca.renewBefore", default.ca_renew_before),
-            overlap=read(ca_block, "overlap", "ca.overlap", default.overlap),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class SecretData:
