@@ -12,6 +12,7 @@ moves shards itself, so this is not run against an operator-managed resource).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ class MoveReport:
     topics: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     rolled_back: bool = False
+    precopy_files: int = 0
+    precopy_bytes: int = 0
+    pulled_bytes: int = 0  # pulled between fence and switch (the rest was pre-copied)
+    pause_s: float = 0.0  # from the fence's call to the target's new record
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +64,10 @@ class MoveReport:
             "topics": self.topics,
             "steps": self.steps,
             "rolledBack": self.rolled_back,
+            "precopyFiles": self.precopy_files,
+            "precopyBytes": self.precopy_bytes,
+            "pulledBytes": self.pulled_bytes,
+            "pauseSeconds": round(self.pause_s, 3),
         }
 
 
@@ -111,11 +120,14 @@ async def move_shard(
     move: str | None = None,
     publish: Publish | None = None,
     roll_back: bool = True,
+    precopy: bool = True,
 ) -> MoveReport:
     """Move ``shard`` from the pod at admin URL ``source`` to the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
-    the resource keeps it, before any pod is given it. A failure before the new record is written is
+    the resource keeps it, before any pod is given it. ``precopy``: the target first copies the
+    shard's closed files while the source serves (§12 "Pre-copy"), so the fence waits only for what
+    changed since. A failure before the new record is written is
     rolled back (discard on the target, unfence on the source) unless ``roll_back`` is False; after
     it, the move can only go forward: call again with the same id."""
     move = move or f"shard-{shard}-{uuid.uuid4().hex[:12]}"
@@ -138,14 +150,21 @@ async def move_shard(
                 "so clients could not follow the shard there: PUT a record with members first (start "
                 "the store pods with --pulsar-urls, or let the operator place them)",
             )
+        fenced_at = 0.0
         if owner == source_ordinal:
             try:
+                if precopy:
+                    copied = await pods.verb(target, shard, "precopy", {"move": move, "source": source})
+                    report.steps.append("precopy")
+                    report.precopy_files, report.precopy_bytes = int(copied["files"]), int(copied["bytes"])
+                fenced_at = time.monotonic()
                 manifest = await pods.verb(source, shard, "fence", {"move": move})
                 report.steps.append("fence")
                 report.topics = list(manifest.get("topics", []))
                 receipt = await pods.verb(target, shard, "receive", {"move": move, "source": source})
                 report.steps.append("receive")
                 report.files, report.bytes = int(receipt["files"]), int(receipt["bytes"])
+                report.pulled_bytes = int(receipt.get("pulledBytes", receipt["bytes"]))
             except MoveError:
                 if roll_back:
                     await _roll_back(pods, report, source, target)
@@ -161,6 +180,8 @@ async def move_shard(
         # longer than between two calls; then the source, then everyone else.
         for base in (target, source, *others):
             await pods.call("placement", "PUT", f"{base.rstrip('/')}/admin/v1/placement", record.to_json())
+            if base == target and owner == source_ordinal:
+                report.pause_s = time.monotonic() - fenced_at
         report.steps.append("placement")
         report.epoch = record.epoch
         await pods.verb(source, shard, "release", {"move": move})

@@ -102,11 +102,10 @@ def add_shard_routes(
         shard = _shard(request)
         name = request.match_info["verb"]
         body = await read_body(request)
-        if name == "receive":
+        if name in ("receive", "precopy"):
             _keys(body, {"move", "source"})
-            return web.json_response(
-                await view.receive(shard, _move(body.get("move")), _source(body.get("source")))
-            )
+            act = view.receive if name == "receive" else view.precopy
+            return web.json_response(await act(shard, _move(body.get("move")), _source(body.get("source"))))
         _keys(body, {"move"})
         move = _move(body.get("move"))
         actions = {
@@ -114,6 +113,7 @@ def add_shard_routes(
             "unfence": view.unfence,
             "discard": view.discard,
             "release": view.release,
+            "closed": view.closed_files,
         }
         return web.json_response(await actions[name](shard, move))
 
@@ -133,5 +133,7 @@ def add_shard_routes(
     app.router.add_get("/admin/v1/placement", get_placement)
     app.router.add_put("/admin/v1/placement", put_placement)
     app.router.add_get("/admin/v1/shards", list_shards)
-    app.router.add_post("/admin/v1/shards/{shard}/{verb:fence|unfence|receive|discard|release}", verb)
+    app.router.add_post(
+        "/admin/v1/shards/{shard}/{verb:fence|unfence|receive|discard|release|precopy|closed}", verb
+    )
     app.router.add_get("/admin/v1/shards/{shard}/files", shard_file)

@@ -42,6 +42,7 @@ from txnkeeper.contract.placement import Member, Placement, PlacementError, Plac
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.pendingack import pending_ack_log_name
 from txnkeeper.server import shard_files as sf
+from txnkeeper.server import shard_precopy as pc
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.placement_state import MoveMarker, PlacementRefusal, PodPlacement
 from txnkeeper.server.topic_policies import TopicPolicyStore
@@ -56,6 +57,12 @@ RECEIPT_FILE = "receipt.json"
 RATE_WINDOW_S = 60.0
 RATE_SAMPLE_S = 15.0
 FETCH_TIMEOUT_S = 300.0
+# Pre-copy: a pass that pulled more than this is followed by another (ledgers closed meanwhile), at
+# most PRECOPY_PASSES in all; the source rolls a shard's open ledger over when it holds more than
+# ROLL_OVER_BYTES, so what is left for the fence is what was written since the last pass.
+PRECOPY_PASSES = 3
+PRECOPY_AGAIN_BYTES = 4 << 20
+ROLL_OVER_BYTES = 1 << 20
 TopicsClosed = Callable[[set[str]], None]
 
 
@@ -85,6 +92,9 @@ class ShardMoves:
         self.moves_out = 0
         self.moves_in = 0
         self._listed: dict[str, frozenset[str]] = {}  # the paths of each fenced move's manifest
+        self._closed_listed: dict[str, frozenset[str]] = {}  # closed files listed for a pre-copy
+        self._checksums = pc.ChecksumCache()
+        self._move_locks: dict[str, asyncio.Lock] = {}  # a pre-copy against receive/discard of its move
         self._samples: deque[tuple[float, dict[int, tuple[int, int]]]] = deque()
         self._sampler: asyncio.Task[None] | None = None
         self._opening: set[asyncio.Task[None]] = set()  # received shards being opened after a flip
@@ -380,7 +390,8 @@ class ShardMoves:
 
         def build() -> list[sf.ManifestFile]:
             paths = sf.list_files(self.data_dir, self._units(topics))
-            return sf.manifest_files(self.data_dir, [*paths, rows_rel])
+            # Closed files summed for a pre-copy are not read again while unchanged on disk.
+            return self._checksums.files(self.data_dir, [*paths, rows_rel], remember=False)
 
         files = await asyncio.to_thread(build)
         assert self.placement is not None
@@ -398,6 +409,17 @@ class ShardMoves:
         """One file of the fenced shard's manifest (§12 step 2)."""
         placement = self._require(shard)
         marker = placement.markers.get(shard)
+        closed = self._closed_listed.get(move, frozenset())
+        if (
+            path in closed
+            and placement.record.owner_of(shard) == self.ordinal
+            and marker
+            in (
+                None,
+                MoveMarker(move, "fenced"),
+            )
+        ):
+            return self.data_dir / path  # a closed file listed for this move's pre-copy
         if marker != MoveMarker(move, "fenced"):
             raise AdminRefusal(
                 409,
@@ -437,6 +459,7 @@ class ShardMoves:
             deleted = await asyncio.to_thread(self._delete_units, units)
             await self._drop_rows(set(topics))
             self._listed.pop(move, None)
+            self._forget_closed(move)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             if marker is not None:
                 placement.clear(shard, move)
@@ -478,15 +501,123 @@ class ShardMoves:
                 except PlacementRefusal as exc:
                     raise AdminRefusal(exc.status, str(exc)) from exc
             self._listed.pop(move, None)
+            self._forget_closed(move)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             return {"shard": shard, "move": move, "state": "serving"}
+
+    # --- pre-copy: closed files while the source serves ----------------------------------------------
+    def _move_lock(self, move: str) -> asyncio.Lock:
+        return self._move_locks.setdefault(move, asyncio.Lock())
+
+    def _forget_closed(self, move: str) -> None:
+        self._checksums.forget(self._closed_listed.pop(move, frozenset()))
+        self._move_locks.pop(move, None)
+
+    async def closed_files(self, shard: int, move: str) -> dict[str, Any]:
+        """The source's listing for a pre-copy (no fence: the shard keeps serving): every closed,
+        local ledger file of the shard's topics and pending-ack logs with size and CRC32C. First the
+        shard's open ledgers holding more than ROLL_OVER_BYTES are rolled over, so that what the fence
+        leaves to copy is only what is written after this listing. The paths are served by the file
+        verb for this move until it is released or unfenced."""
+        async with self._lock:
+            placement = self._require(shard)
+            if placement.record.owner_of(shard) != self.ordinal:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard} is owned by {self._owner_text(placement, shard)}, not this pod"
+                    f" ({self.ordinal}): pre-copy it from its owner",
+                )
+            marker = placement.markers.get(shard)
+            if marker is not None and marker.move != move:
+                raise AdminRefusal(
+                    409, f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}"
+                )
+            topics = await asyncio.to_thread(self._shard_topics, shard)
+            units = self._units(topics)
+            if marker is None:
+                await self._roll_over(units)
+
+            def build() -> list[sf.ManifestFile]:
+                paths = pc.closed_ledger_files(self.data_dir, units)
+                return self._checksums.files(self.data_dir, paths, remember=True)
+
+            files = await asyncio.to_thread(build)
+            self._closed_listed[move] = self._closed_listed.get(move, frozenset()) | {f.path for f in files}
+            return {
+                "shard": shard,
+                "move": move,
+                "epoch": placement.record.epoch,
+                "closed": True,
+                "files": [f.to_json() for f in files],
+                "topics": topics,
+                "bytes": sum(f.size for f in files),
+            }
+
+    async def _roll_over(self, units: list[str]) -> None:
+        names = {ml.directory.name: ml for ml in self._factory.open_ledgers()}
+        for unit in units:
+            ledger = names.get(unit.split("/", 1)[1]) if unit.startswith(sf.LEDGERS + "/") else None
+            if ledger is None:
+                continue
+            facts = ledger.ledger_facts()
+            if facts and not facts[-1].closed and facts[-1].size > ROLL_OVER_BYTES:
+                with contextlib.suppress(Exception):  # closed meanwhile: the fence copies it whole
+                    await ledger.rollover()
+
+    async def precopy(self, shard: int, move: str, source: str) -> dict[str, Any]:
+        """The target's pre-copy (before the fence): pulls the source's closed files into
+        ``moves-in/<move>/precopy`` (checked, fsync'd, indexed), in passes until one pulls little.
+        Nothing is installed or served; the receive takes every staged file whose size and CRC32C the
+        fence's manifest repeats, ``discard`` deletes them. Repeatable: a pass pulls only what is not
+        staged already."""
+        async with self._lock:
+            placement = self._require(shard)
+            if placement.record.owner_of(shard) == self.ordinal:
+                raise AdminRefusal(
+                    409, f"this pod already owns shard {shard} (placement epoch {placement.record.epoch})"
+                )
+            marker = placement.markers.get(shard)
+            if marker is not None and marker.move != move:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}:"
+                    " discard that move first",
+                )
+            if marker is not None:  # received already: nothing left to pre-copy
+                return {"shard": shard, "move": move, "passes": 0, "files": 0, "bytes": 0, "received": True}
+        copies = pc.StagedCopies(self._incoming(move))
+        passes, files, pulled = 0, 0, 0
+        async with self._move_lock(move):
+            while passes < PRECOPY_PASSES:
+                listing = await self._fetch_manifest(shard, move, source, verb="closed")
+                todo = await asyncio.to_thread(copies.wanted, listing["files"])
+                passes += 1
+                if not todo:
+                    break
+                await asyncio.to_thread(sf.remove, copies.pass_dir)
+                await self._pull(shard, move, source, {"files": todo}, copies.pass_dir)
+                await asyncio.to_thread(copies.adopt_pass, todo)
+                size = sum(int(e["size"]) for e in todo)
+                files, pulled = files + len(todo), pulled + size
+                if size < PRECOPY_AGAIN_BYTES:
+                    break
+            staged = await asyncio.to_thread(copies.index)
+        return {
+            "shard": shard,
+            "move": move,
+            "passes": passes,
+            "files": files,
+            "bytes": pulled,
+            "stagedFiles": len(staged),
+            "stagedBytes": sum(v[0] for v in staged.values()),
+        }
 
     # --- target: receive, discard ------------------------------------------------------------------
     def _incoming(self, move: str) -> Path:
         return self.data_dir / sf.INCOMING / sf.move_dir_name(move)
 
     async def receive(self, shard: int, move: str, source: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self._lock, self._move_lock(move):
             placement = self._require(shard)
             if placement.record.owner_of(shard) == self.ordinal:
                 raise AdminRefusal(
@@ -497,7 +628,7 @@ class ShardMoves:
             if marker is not None and marker.move == move and marker.state == "received":
                 receipt = await asyncio.to_thread(_read_json, incoming / RECEIPT_FILE)
                 if receipt is not None:
-                    return {k: receipt[k] for k in ("shard", "move", "files", "bytes", "topics")}
+                    return receipt
             if marker is not None and marker.move != move:
                 raise AdminRefusal(
                     409,
@@ -509,19 +640,37 @@ class ShardMoves:
             # Only the staged copy goes: an install plan left by an attempt that crashed is what a
             # discard needs to find what that attempt installed.
             await asyncio.to_thread(sf.remove, staged)
-            await self._pull(shard, move, source, manifest, staged)
+            copies = pc.StagedCopies(incoming)
+            reused, todo, changed = await asyncio.to_thread(copies.link_into, manifest["files"], staged)
+            if changed:
+                log.warning(
+                    "shard %d, move %r: %d pre-copied file(s) changed on the source since (%s): pulled again",
+                    shard, move, len(changed), ", ".join(changed[:5]),
+                )  # fmt: skip
+            await self._pull(shard, move, source, {**manifest, "files": todo}, staged)
             answer = await self._install(shard, move, manifest, staged)
+            answer.update(
+                pulled=len(todo),
+                pulledBytes=sum(int(e["size"]) for e in todo),
+                precopied=len(reused),
+                precopiedBytes=sum(int(e["size"]) for e in reused),
+                changedSincePrecopy=changed,
+            )
             self._mark(placement, shard, move, "received")
             await asyncio.to_thread(_write_json, incoming / RECEIPT_FILE, answer)
             await asyncio.to_thread(sf.remove, staged)
+            await asyncio.to_thread(sf.remove, copies.root)
             return answer
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
-    async def _fetch_manifest(self, shard: int, move: str, source: str) -> dict[str, Any]:
-        """The manifest, by repeating the fence on the source (idempotent for the same move)."""
-        url = f"{source.rstrip('/')}/admin/v1/shards/{shard}/fence"
+    async def _fetch_manifest(
+        self, shard: int, move: str, source: str, verb: str = "fence"
+    ) -> dict[str, Any]:
+        """The manifest, by repeating the fence on the source (idempotent for the same move); with
+        ``verb="closed"`` the listing of the shard's closed files for a pre-copy (no fence)."""
+        url = f"{source.rstrip('/')}/admin/v1/shards/{shard}/{verb}"
         try:
             timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
             async with (
@@ -641,7 +790,7 @@ class ShardMoves:
         }
 
     async def discard(self, shard: int, move: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self._lock, self._move_lock(move):
             placement = self._require(shard)
             if placement.record.owner_of(shard) == self.ordinal:
                 raise AdminRefusal(
