@@ -215,6 +215,12 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="copy everything after the fence (the shard pauses for the whole copy)",
     )
+    mover.add_argument(
+        "--precopy-mib-per-s",
+        type=float,
+        default=None,
+        help="bound the pre-copy's bandwidth (it shares CPU, disks and network with the shard's clients)",
+    )
     unload = actions.add_parser("unload", help="fence and unfence a topic's shard: its clients reconnect")
     unload.add_argument("topic")
 
@@ -238,6 +244,9 @@ def _run_shards(ns: argparse.Namespace) -> int:
                     move=move_id,
                     roll_back=not ns.no_rollback,
                     precopy=not ns.no_precopy,
+                    precopy_bytes_per_second=(
+                        int(ns.precopy_mib_per_s * 1024 * 1024) if ns.precopy_mib_per_s else None
+                    ),
                 )
             )
             result = report.to_json()

@@ -51,6 +51,7 @@ class MoveReport:
     precopy_bytes: int = 0
     pulled_bytes: int = 0  # pulled between fence and switch (the rest was pre-copied)
     pause_s: float = 0.0  # from the fence's call to the target's new record
+    precopy_s: float = 0.0  # from the move's start to the fence's call
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class MoveReport:
             "precopyBytes": self.precopy_bytes,
             "pulledBytes": self.pulled_bytes,
             "pauseSeconds": round(self.pause_s, 3),
+            "precopySeconds": round(self.precopy_s, 3),
         }
 
 
@@ -121,15 +123,16 @@ async def move_shard(
     publish: Publish | None = None,
     roll_back: bool = True,
     precopy: bool = True,
+    precopy_bytes_per_second: int | None = None,
 ) -> MoveReport:
     """Move ``shard`` from the pod at admin URL ``source`` to the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
     the resource keeps it, before any pod is given it. ``precopy``: the target first copies the
     shard's closed files while the source serves (§12 "Pre-copy"), so the fence waits only for what
-    changed since. A failure before the new record is written is
-    rolled back (discard on the target, unfence on the source) unless ``roll_back`` is False; after
-    it, the move can only go forward: call again with the same id."""
+    changed since; ``precopy_bytes_per_second`` bounds that copy. A failure before the new record
+    is written is rolled back (discard on the target, unfence on the source) unless ``roll_back`` is
+    False; after it, the move can only go forward: call again with the same id."""
     move = move or f"shard-{shard}-{uuid.uuid4().hex[:12]}"
     source, target = source.rstrip("/"), target.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
@@ -150,14 +153,18 @@ async def move_shard(
                 "so clients could not follow the shard there: PUT a record with members first (start "
                 "the store pods with --pulsar-urls, or let the operator place them)",
             )
-        fenced_at = 0.0
+        fenced_at = began = time.monotonic()
         if owner == source_ordinal:
             try:
                 if precopy:
-                    copied = await pods.verb(target, shard, "precopy", {"move": move, "source": source})
+                    body: dict[str, Any] = {"move": move, "source": source}
+                    if precopy_bytes_per_second:
+                        body["maxBytesPerSecond"] = precopy_bytes_per_second
+                    copied = await pods.verb(target, shard, "precopy", body)
                     report.steps.append("precopy")
                     report.precopy_files, report.precopy_bytes = int(copied["files"]), int(copied["bytes"])
                 fenced_at = time.monotonic()
+                report.precopy_s = fenced_at - began
                 manifest = await pods.verb(source, shard, "fence", {"move": move})
                 report.steps.append("fence")
                 report.topics = list(manifest.get("topics", []))

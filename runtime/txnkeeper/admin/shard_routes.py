@@ -102,10 +102,18 @@ def add_shard_routes(
         shard = _shard(request)
         name = request.match_info["verb"]
         body = await read_body(request)
-        if name in ("receive", "precopy"):
+        if name == "receive":
             _keys(body, {"move", "source"})
-            act = view.receive if name == "receive" else view.precopy
-            return web.json_response(await act(shard, _move(body.get("move")), _source(body.get("source"))))
+            return web.json_response(
+                await view.receive(shard, _move(body.get("move")), _source(body.get("source")))
+            )
+        if name == "precopy":
+            _keys(body, {"move", "source", "maxBytesPerSecond"})
+            rate = body.get("maxBytesPerSecond")
+            if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
+                raise AdminRefusal(400, f"'maxBytesPerSecond' must be a positive integer, got {rate!r}")
+            move = _move(body.get("move"))
+            return web.json_response(await view.precopy(shard, move, _source(body.get("source")), rate))
         _keys(body, {"move"})
         move = _move(body.get("move"))
         actions = {

@@ -153,7 +153,9 @@ class ShardAdminView(Protocol):
 
     async def closed_files(self, shard: int, move: str) -> dict[str, Any]: ...  # pre-copy listing
 
-    async def precopy(self, shard: int, move: str, source: str) -> dict[str, Any]: ...
+    async def precopy(
+        self, shard: int, move: str, source: str, max_bytes_per_second: int | None
+    ) -> dict[str, Any]: ...
 
     async def discard(self, shard: int, move: str) -> dict[str, Any]: ...
 

@@ -40,9 +40,12 @@ from txnkeeper import statefile
 from txnkeeper.admin.views import AdminRefusal
 from txnkeeper.contract.placement import Member, Placement, PlacementError, PlacementKind, shard_of
 from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger.names import decode_name
 from txnkeeper.pendingack import pending_ack_log_name
 from txnkeeper.server import shard_files as sf
 from txnkeeper.server import shard_precopy as pc
+from txnkeeper.server import shard_tier as tier
+from txnkeeper.server.offload_settings import OffloadSettingsError
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.placement_state import MoveMarker, PlacementRefusal, PodPlacement
 from txnkeeper.server.topic_policies import TopicPolicyStore
@@ -63,6 +66,7 @@ FETCH_TIMEOUT_S = 300.0
 PRECOPY_PASSES = 3
 PRECOPY_AGAIN_BYTES = 4 << 20
 ROLL_OVER_BYTES = 1 << 20
+SEGMENT_CLOSE_WAIT_S = 30.0
 TopicsClosed = Callable[[set[str]], None]
 
 
@@ -554,6 +558,11 @@ class ShardMoves:
             }
 
     async def _roll_over(self, units: list[str]) -> None:
+        """Before a pre-copy listing: roll over open ledgers of the shard holding more than
+        ROLL_OVER_BYTES, and let a streaming offloader close its current segment now (Pulsar's
+        manual offload), so neither the copy nor finishing that segment is left for the fence's
+        close; with a deletion lag of 0 the ledgers it completes are not local any more and are read
+        from the tier by the target (same tier settings), not copied."""
         names = {ml.directory.name: ml for ml in self._factory.open_ledgers()}
         for unit in units:
             ledger = names.get(unit.split("/", 1)[1]) if unit.startswith(sf.LEDGERS + "/") else None
@@ -563,13 +572,27 @@ class ShardMoves:
             if facts and not facts[-1].closed and facts[-1].size > ROLL_OVER_BYTES:
                 with contextlib.suppress(Exception):  # closed meanwhile: the fence copies it whole
                     await ledger.rollover()
+            offloader = ledger.offloader
+            policy = offloader.policy if offloader is not None else None
+            if (
+                offloader is not None
+                and policy is not None
+                and policy.offloadMode == "streaming"
+                and policy.managedLedgerOffloadThresholdInBytes >= 0  # automatic: streaming runs
+            ):
+                # Shielded: a pass is never cut short by this wait (it goes on in the background).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(offloader.offload()), SEGMENT_CLOSE_WAIT_S)
 
-    async def precopy(self, shard: int, move: str, source: str) -> dict[str, Any]:
+    async def precopy(
+        self, shard: int, move: str, source: str, max_bytes_per_second: int | None = None
+    ) -> dict[str, Any]:
         """The target's pre-copy (before the fence): pulls the source's closed files into
         ``moves-in/<move>/precopy`` (checked, fsync'd, indexed), in passes until one pulls little.
         Nothing is installed or served; the receive takes every staged file whose size and CRC32C the
         fence's manifest repeats, ``discard`` deletes them. Repeatable: a pass pulls only what is not
-        staged already."""
+        staged already. ``max_bytes_per_second``: a bound on what it pulls (the pre-copy shares the
+        pods' CPU, disks and network with the shard's clients; the fence's copy is never bounded)."""
         async with self._lock:
             placement = self._require(shard)
             if placement.record.owner_of(shard) == self.ordinal:
@@ -586,6 +609,7 @@ class ShardMoves:
             if marker is not None:  # received already: nothing left to pre-copy
                 return {"shard": shard, "move": move, "passes": 0, "files": 0, "bytes": 0, "received": True}
         copies = pc.StagedCopies(self._incoming(move))
+        pace = pc.Pace(max_bytes_per_second) if max_bytes_per_second else None
         passes, files, pulled = 0, 0, 0
         async with self._move_lock(move):
             while passes < PRECOPY_PASSES:
@@ -595,7 +619,14 @@ class ShardMoves:
                 if not todo:
                     break
                 await asyncio.to_thread(sf.remove, copies.pass_dir)
-                await self._pull(shard, move, source, {"files": todo}, copies.pass_dir)
+                try:
+                    await self._pull(shard, move, source, {"files": todo}, copies.pass_dir, pace=pace)
+                except AdminRefusal:
+                    # A closed file can go between listing and pull (a trim; offloaded and deleted):
+                    # the next pass lists again; the last pass's failure is the answer.
+                    if passes >= PRECOPY_PASSES:
+                        raise
+                    continue
                 await asyncio.to_thread(copies.adopt_pass, todo)
                 size = sum(int(e["size"]) for e in todo)
                 files, pulled = files + len(todo), pulled + size
@@ -648,6 +679,7 @@ class ShardMoves:
                     shard, move, len(changed), ", ".join(changed[:5]),
                 )  # fmt: skip
             await self._pull(shard, move, source, {**manifest, "files": todo}, staged)
+            await self._check_tier(shard, move, manifest, staged)
             answer = await self._install(shard, move, manifest, staged)
             answer.update(
                 pulled=len(todo),
@@ -701,9 +733,19 @@ class ShardMoves:
             raise AdminRefusal(502, f"the source's manifest ({url}) is not usable: {exc}") from exc
         return dict(manifest)
 
-    async def _pull(self, shard: int, move: str, source: str, manifest: dict[str, Any], staged: Path) -> None:
+    async def _pull(
+        self,
+        shard: int,
+        move: str,
+        source: str,
+        manifest: dict[str, Any],
+        staged: Path,
+        *,
+        pace: pc.Pace | None = None,
+    ) -> None:
         """Every file into ``staged``, each checked against the manifest; nothing is installed on a
-        mismatch (the refusal names the file and both checksums)."""
+        mismatch (the refusal names the file and both checksums). ``pace``: a pre-copy's bandwidth
+        bound, told every chunk."""
         base = f"{source.rstrip('/')}/admin/v1/shards/{shard}/files"
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -726,6 +768,8 @@ class ShardMoves:
                                 crc = google_crc32c.extend(crc, chunk)
                                 size += len(chunk)
                                 await asyncio.to_thread(handle.write, chunk)
+                                if pace is not None:
+                                    await pace.took(len(chunk))
                             await asyncio.to_thread(handle.flush)
                             await asyncio.to_thread(os.fsync, handle.fileno())
                         finally:
@@ -744,6 +788,37 @@ class ShardMoves:
                         " fails again the source's copy changed or is damaged: unfence it there)",
                     )
         await asyncio.to_thread(sf.fsync_tree, staged)
+
+    async def _check_tier(self, shard: int, move: str, manifest: dict[str, Any], staged: Path) -> None:
+        """Ledgers the shard holds only in the tier move as metadata: refuse (nothing installed)
+        unless this pod's tier has every object of the segments they need."""
+        assert self._offloads is not None
+        units = sorted({sf.unit_of(e["path"]) for e in manifest["files"]})
+        needed = await asyncio.to_thread(tier.tier_segments, staged, units)
+        if not needed:
+            return
+        rows = await asyncio.to_thread(_read_json, staged / manifest.get("rows", sf.rows_path(move)))
+        overrides = (rows or {}).get("offloadPolicies", {})
+        for unit, uuids in needed.items():
+            name = decode_name(unit.split("/", 1)[1]) or unit
+            override = overrides.get(name) if isinstance(overrides, dict) else None
+            try:
+                config = self._offloads.tier_of(override if isinstance(override, dict) else None)
+            except OffloadSettingsError as exc:
+                raise AdminRefusal(
+                    502, f"shard {shard}, move {move!r}: {name}'s offload settings: {exc}"
+                ) from exc
+            if config is None:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard}, move {move!r}: {name} holds ledgers only in the offload tier, and this"
+                    " pod has no offload settings: give it the source's tier (the pods of one resource"
+                    " share it), then retry the move; nothing was installed",
+                )
+            missing = await tier.missing_objects(config, uuids)
+            if missing:
+                where = config.fileSystemURI or config.managedLedgerOffloadBucket
+                raise AdminRefusal(502, tier.describe(shard, move, where, missing, name))
 
     async def _install(self, shard: int, move: str, manifest: dict[str, Any], staged: Path) -> dict[str, Any]:
         assert self._topics is not None and self._offloads is not None and self._policies is not None

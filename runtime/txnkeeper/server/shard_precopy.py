@@ -12,8 +12,10 @@ in a thread.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,3 +180,18 @@ class StagedCopies:
                 changed.append(rel)
             todo.append(entry)
         return reused, todo, changed
+
+
+class Pace:
+    """A bound on a pre-copy's bytes per second: after each chunk, sleep until the bytes so far fit."""
+
+    def __init__(self, bytes_per_second: int) -> None:
+        self._rate = float(bytes_per_second)
+        self._began = time.monotonic()
+        self._bytes = 0
+
+    async def took(self, size: int) -> None:
+        self._bytes += size
+        ahead = self._bytes / self._rate - (time.monotonic() - self._began)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
