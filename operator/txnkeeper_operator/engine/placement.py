@@ -289,6 +289,8 @@ def describe_step(move: Move, kind: PlacementKind) -> str:
     """One line for Events and status: what this phase of ``move`` does."""
     where = describe_move(move, kind)
     match move.phase:
+        case MovePhase.PRECOPY:
+            return f"pre-copy the closed files of {where}"
         case MovePhase.FENCE:
             return f"fence {where}"
         case MovePhase.RECEIVE:

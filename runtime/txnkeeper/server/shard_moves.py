@@ -337,8 +337,19 @@ class ShardMoves:
                 )
             self._mark(placement, shard, move, "fenced")
             topics = await asyncio.to_thread(self._shard_topics, shard)
+            self._leave_segments_open(self._units(topics))
             await self._close_topics(set(topics) | {t for t in self._open() if self._shard(t) == shard})
             return await self._manifest(shard, move)
+
+    def _leave_segments_open(self, units: list[str]) -> None:
+        """A fence does not wait for streaming offload segments to be finished (an upload inside the
+        pause): they stay Assigned and the new owner streams their entries again (§9: an Assigned
+        segment's objects are deleted and retried at the next open)."""
+        names = {ml.directory.name: ml for ml in self._factory.open_ledgers()}
+        for unit in units:
+            ledger = names.get(unit.split("/", 1)[1]) if unit.startswith(sf.LEDGERS + "/") else None
+            if ledger is not None and ledger.offloader is not None:
+                ledger.offloader.finish_on_close = False
 
     def _open(self) -> list[str]:
         assert self._topics is not None
