@@ -85,6 +85,10 @@ async def test_precopy_while_writes_go_on_then_every_acknowledged_message_is_rea
     assert status == 409 and "already owns" in refused["error"], refused
     status, refused = _verb(target, "closed", {"move": "m1"})
     assert status == 409 and "not this pod" in refused["error"], refused
+    status, refused = _verb(
+        target, "precopy", {"move": "m1", "source": source.admin_url(), "maxBytesPerSecond": 0}
+    )
+    assert status == 400 and "maxBytesPerSecond" in refused["error"], refused
 
     acked: list[bytes] = []
     stop = asyncio.Event()

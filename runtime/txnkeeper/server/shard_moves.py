@@ -620,7 +620,7 @@ class ShardMoves:
             if marker is not None:  # received already: nothing left to pre-copy
                 return {"shard": shard, "move": move, "passes": 0, "files": 0, "bytes": 0, "received": True}
         copies = pc.StagedCopies(self._incoming(move))
-        pace = pc.Pace(max_bytes_per_second) if max_bytes_per_second else None
+        pace = pc.Pace(max_bytes_per_second)
         passes, files, pulled = 0, 0, 0
         async with self._move_lock(move):
             while passes < PRECOPY_PASSES:
@@ -781,6 +781,10 @@ class ShardMoves:
                                 await asyncio.to_thread(handle.write, chunk)
                                 if pace is not None:
                                     await pace.took(len(chunk))
+                                    if size % pc.WRITEBACK_BYTES < len(chunk):
+                                        # Written back in small steps, not one burst at the file's
+                                        # fsync that the clients' own fsyncs would queue behind.
+                                        await asyncio.to_thread(pc.write_back, handle)
                             await asyncio.to_thread(handle.flush)
                             await asyncio.to_thread(os.fsync, handle.fileno())
                         finally:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from txnkeeper.ledger.errors import CorruptMetadataError
 from txnkeeper.ledger.ledger_file import ledger_file_name
@@ -27,6 +27,7 @@ from txnkeeper.ledger.metadata import METADATA_FILE, ManagedLedgerMetadata
 from txnkeeper.ledger.recovery import LEDGERS_DIR
 from txnkeeper.server import shard_files as sf
 
+WRITEBACK_BYTES = 4 << 20  # a pre-copy writes its pulled bytes back to disk every 4 MiB
 PRECOPY_DIR = "precopy"  # under moves-in/<move>/: files/<path> and index.json
 PASS_DIR = "precopy-pass"  # one pass's pulls, checked, before they join the staged copies
 INDEX_FILE = "index.json"
@@ -183,15 +184,23 @@ class StagedCopies:
 
 
 class Pace:
-    """A bound on a pre-copy's bytes per second: after each chunk, sleep until the bytes so far fit."""
+    """A pre-copy's pace: with a bound on its bytes per second, after each chunk it sleeps until the
+    bytes so far fit (None: no bound; the pull still writes back every WRITEBACK_BYTES)."""
 
-    def __init__(self, bytes_per_second: int) -> None:
-        self._rate = float(bytes_per_second)
+    def __init__(self, bytes_per_second: int | None) -> None:
+        self._rate = float(bytes_per_second) if bytes_per_second else None
         self._began = time.monotonic()
         self._bytes = 0
 
     async def took(self, size: int) -> None:
         self._bytes += size
+        if self._rate is None:
+            return
         ahead = self._bytes / self._rate - (time.monotonic() - self._began)
         if ahead > 0:
             await asyncio.sleep(ahead)
+
+
+def write_back(handle: IO[bytes]) -> None:
+    handle.flush()
+    os.fdatasync(handle.fileno())
