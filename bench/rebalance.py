@@ -13,10 +13,11 @@ and each client's throughput during the move against the seconds before it.
 Tiers: ``none`` (every byte is copied pod to pod) and ``filesystem`` (both pods offload to the same
 directory, as pods of one resource share their tier: threshold 0, deletion lag 0, and the move starts
 once every closed ledger of the filled topic is offloaded and its local file deleted, so only the
-metadata and the data not yet offloaded move).
+metadata and the data not yet offloaded move). ``--deletion-lag-ms N`` > 0: the local files stay (their
+segments complete in the tier), and a target sharing the tier takes them from it instead of copying.
 
     .venv/bin/python bench/rebalance.py [--sizes 10,100,1024] [--tiers none,filesystem] [--no-precopy]
-        [--payload 65536] [--dir /path]
+        [--precopy-mib-per-s N] [--deletion-lag-ms N] [--payload 65536] [--dir /path]
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class Worker:
         }
 
 
-def tier_config(root: Path) -> list[str]:
+def tier_config(root: Path, lag_ms: int = 0) -> list[str]:
     """Both store pods offload to one directory (a shared tier), everything at once, local copies
     deleted as soon as their segments are complete."""
     (root / "tier").mkdir()
@@ -175,7 +176,7 @@ def tier_config(root: Path) -> list[str]:
         "managedLedgerOffloadDriver": "filesystem",
         "fileSystemURI": str(root / "tier"),
         "managedLedgerOffloadThresholdInBytes": 0,
-        "managedLedgerOffloadDeletionLagMs": 0,
+        "managedLedgerOffloadDeletionLagMs": lag_ms,
     }
     config.write_text(json.dumps({"offload": offload}))
     return ["--config", str(config), "--release", "3.0.0"]  # offload segments: format level 3
@@ -211,11 +212,11 @@ async def wait_offloaded(pod: Pod, topic: str) -> float:
 
 
 async def one_size(
-    root: Path, mib: int, payload_size: int, tier: str, *, precopy: bool, rate: int | None
+    root: Path, mib: int, payload_size: int, tier: str, *, precopy: bool, rate: int | None, lag_ms: int = 0
 ) -> dict[str, Any]:
     token = (root / "token").read_text()
     tc = Pod(root, "tc-0", "coordinator", ["--coordinators", "1"])
-    extra = ["--replicas", "2", *(tier_config(root) if tier == "filesystem" else [])]
+    extra = ["--replicas", "2", *(tier_config(root, lag_ms) if tier == "filesystem" else [])]
     stores = [Pod(root, f"pas-{i}", "store", extra) for i in range(2)]
     try:
         shard = 0  # owned by pas-0 in the first record (shard mod 2)
@@ -237,7 +238,8 @@ async def one_size(
                 await unload(stores[0].admin, filled, token=token)
                 await producer.send(payload)
                 await offload_now(stores[0], filled, token)
-                await wait_offloaded(stores[0], filled)
+                if lag_ms == 0:  # else the local files stay: the segments are complete (tier-held)
+                    await wait_offloaded(stores[0], filled)
                 offload_wait_s = time.monotonic() - began
             local_bytes = sum(p.stat().st_size for p in local_ledgers(stores[0], filled))
             plain = await client.create_producer(plain_topic)
@@ -271,6 +273,7 @@ async def one_size(
         return {
             "shard_mib": mib,
             "tier": tier,
+            "deletion_lag_ms": lag_ms if tier == "filesystem" else None,
             "precopy": precopy,
             "precopy_mib_per_s_bound": round(rate / 1024 / 1024, 1) if rate else None,
             "fill_s": round(fill_s, 2),
@@ -296,6 +299,9 @@ def main() -> None:
     parser.add_argument("--tiers", default="none,filesystem", help="none and/or filesystem (a shared tier)")
     parser.add_argument("--no-precopy", action="store_true", help="copy everything inside the pause")
     parser.add_argument("--precopy-mib-per-s", type=float, default=None, help="bound the pre-copy")
+    parser.add_argument(
+        "--deletion-lag-ms", type=int, default=0, help="the tier's deletion lag (> 0: local copies stay)"
+    )
     parser.add_argument("--payload", type=int, default=65536)
     parser.add_argument("--dir", type=Path, default=None, help="where the pods' data goes (default: temp)")
     args = parser.parse_args()
@@ -312,7 +318,15 @@ def main() -> None:
                 (root / "cluster-secret").write_bytes(os.urandom(32))
                 (root / "cluster-secret").chmod(0o600)
                 rate = int(args.precopy_mib_per_s * 1024 * 1024) if args.precopy_mib_per_s else None
-                run = one_size(root, mib, args.payload, tier, precopy=not args.no_precopy, rate=rate)
+                run = one_size(
+                    root,
+                    mib,
+                    args.payload,
+                    tier,
+                    precopy=not args.no_precopy,
+                    rate=rate,
+                    lag_ms=args.deletion_lag_ms,
+                )
                 results.append(asyncio.run(run))
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
             finally:

@@ -215,7 +215,9 @@ async def test_a_target_killed_after_a_precopy_serves_nothing_and_a_discard_remo
         assert (await consumer.receive(timeout=10)).data.startswith(b"0")
 
 
-def _tiered_stores(pods: Callable[..., ServePod], tier: Path) -> tuple[ServePod, ServePod, ServePod]:
+def _tiered_stores(
+    pods: Callable[..., ServePod], tier: Path, lag_ms: int = 0
+) -> tuple[ServePod, ServePod, ServePod]:
     """Both store pods offload to one directory (the pods of a resource share their tier)."""
     tier.mkdir()
     ports = [free_port(), free_port()]
@@ -224,7 +226,7 @@ def _tiered_stores(pods: Callable[..., ServePod], tier: Path) -> tuple[ServePod,
         "managedLedgerOffloadDriver": "filesystem",
         "fileSystemURI": str(tier),
         "managedLedgerOffloadThresholdInBytes": 0,
-        "managedLedgerOffloadDeletionLagMs": 0,
+        "managedLedgerOffloadDeletionLagMs": lag_ms,
     }
     tc = pods("tc-0", "coordinator")
     source, target = (
@@ -290,3 +292,24 @@ async def test_a_tier_object_missing_on_the_target_fails_the_move_and_the_source
     assert row["owner"] == 0 and row["state"] == "serving", row
     async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
         await (await client.create_producer(topic)).send(b"after")  # the source serves it again
+
+
+async def test_a_ledger_offloaded_but_still_local_is_not_copied_to_a_pod_sharing_the_tier(
+    pods: Callable[..., ServePod], tmp_path: Path
+) -> None:
+    """Deletion lag not passed: the source still has the file, its segments are complete in the tier;
+    the target checks its tier holds them, marks the ledger offloaded and reads it from there."""
+    tc, source, target = _tiered_stores(pods, tmp_path / "tier", lag_ms=3_600_000)
+    topic = _topic("lagged")
+    await _fill(tc, source, topic)
+    status, copied = _verb(target, "precopy", {"move": "m6", "source": source.admin_url()})
+    assert status == 200, copied
+    assert copied["bytes"] < FILL * PAYLOAD, f"the offloaded ledger is not pre-copied: {copied}"
+    assert any(p.name.startswith("00000000000000000001") for p in _ledger_files(source, topic))
+    report = await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move="m6")
+    assert report.pulled_bytes < PAYLOAD * 4 and report.bytes > FILL * PAYLOAD, report.to_json()
+    assert not any(p.name.startswith("00000000000000000001") for p in _ledger_files(target, topic))
+    async with Client(coordinators=[tc.listen], stores=[target.listen]) as client:
+        consumer = await client.subscribe(topic, SUB)
+        seen = [(await consumer.receive(timeout=20)).data[:4] for _ in range(FILL)]
+    assert sorted(seen) == [b"%04d" % i for i in range(FILL)], "read from the tier on the new owner"

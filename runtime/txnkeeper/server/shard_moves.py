@@ -403,18 +403,20 @@ class ShardMoves:
         rows_rel = sf.rows_path(move)
         await asyncio.to_thread(_write_json, self.data_dir / rows_rel, rows)
 
-        def build() -> list[sf.ManifestFile]:
-            paths = sf.list_files(self.data_dir, self._units(topics))
+        def build() -> tuple[list[sf.ManifestFile], set[str]]:
+            units = self._units(topics)
+            paths = sf.list_files(self.data_dir, units)
             # Closed files summed for a pre-copy are not read again while unchanged on disk.
-            return self._checksums.files(self.data_dir, [*paths, rows_rel], remember=False)
+            files = self._checksums.files(self.data_dir, [*paths, rows_rel], remember=False)
+            return files, tier.tier_held_files(self.data_dir, units)
 
-        files = await asyncio.to_thread(build)
+        files, held = await asyncio.to_thread(build)
         assert self.placement is not None
         return {
             "shard": shard,
             "move": move,
             "epoch": self.placement.record.epoch,
-            "files": [f.to_json() for f in files],
+            "files": [_tagged(f, held) for f in files],
             "topics": topics,
             "bytes": sum(f.size for f in files),
             "rows": rows_rel,
@@ -552,18 +554,19 @@ class ShardMoves:
             if marker is None:
                 await self._roll_over(units)
 
-            def build() -> list[sf.ManifestFile]:
+            def build() -> tuple[list[sf.ManifestFile], set[str]]:
                 paths = pc.closed_ledger_files(self.data_dir, units)
-                return self._checksums.files(self.data_dir, paths, remember=True)
+                files = self._checksums.files(self.data_dir, paths, remember=True)
+                return files, tier.tier_held_files(self.data_dir, units)
 
-            files = await asyncio.to_thread(build)
+            files, held = await asyncio.to_thread(build)
             self._closed_listed[move] = self._closed_listed.get(move, frozenset()) | {f.path for f in files}
             return {
                 "shard": shard,
                 "move": move,
                 "epoch": placement.record.epoch,
                 "closed": True,
-                "files": [f.to_json() for f in files],
+                "files": [_tagged(f, held) for f in files],
                 "topics": topics,
                 "bytes": sum(f.size for f in files),
             }
@@ -625,7 +628,12 @@ class ShardMoves:
         async with self._move_lock(move):
             while passes < PRECOPY_PASSES:
                 listing = await self._fetch_manifest(shard, move, source, verb="closed")
-                todo = await asyncio.to_thread(copies.wanted, listing["files"])
+                wanted = listing["files"]
+                if self._has_tier():
+                    # Its segments are complete in the tier: the receive checks this pod's tier has
+                    # them and then takes the ledger from there (else it pulls the file then).
+                    wanted = [e for e in wanted if not e.get("tierHeld")]
+                todo = await asyncio.to_thread(copies.wanted, wanted)
                 passes += 1
                 if not todo:
                     break
@@ -689,10 +697,17 @@ class ShardMoves:
                     "shard %d, move %r: %d pre-copied file(s) changed on the source since (%s): pulled again",
                     shard, move, len(changed), ", ".join(changed[:5]),
                 )  # fmt: skip
+            held = [e for e in todo if e.get("tierHeld")] if self._has_tier() else []
+            todo = [e for e in todo if e not in held]
             await self._pull(shard, move, source, {**manifest, "files": todo}, staged)
+            from_tier, rest = await self._from_tier(manifest, staged, held)
+            await self._pull(shard, move, source, {**manifest, "files": rest}, staged)
+            todo += rest
             await self._check_tier(shard, move, manifest, staged)
             answer = await self._install(shard, move, manifest, staged)
             answer.update(
+                fromTier=len(from_tier),
+                fromTierBytes=sum(int(e["size"]) for e in from_tier),
                 pulled=len(todo),
                 pulledBytes=sum(int(e["size"]) for e in todo),
                 precopied=len(reused),
@@ -804,6 +819,47 @@ class ShardMoves:
                     )
         await asyncio.to_thread(sf.fsync_tree, staged)
 
+    def _has_tier(self) -> bool:
+        assert self._offloads is not None
+        try:
+            return self._offloads.tier_of(None) is not None
+        except OffloadSettingsError:
+            return False
+
+    async def _from_tier(
+        self, manifest: dict[str, Any], staged: Path, held: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Of the files the source's segments hold completely (deletion lag not passed), those whose
+        segments this pod's tier has: not copied, their ledgers marked offloaded in the staged metadata
+        (read from the tier, as after the source's own deletion). Answers (taken from the tier, still
+        to pull)."""
+        assert self._offloads is not None
+        if not held:
+            return [], []
+        uuids, ledgers = await asyncio.to_thread(tier.tier_uuids_of, staged, [e["path"] for e in held])
+        rows = await asyncio.to_thread(
+            _read_json, staged / manifest.get("rows", sf.rows_path(manifest["move"]))
+        )
+        overrides = (rows or {}).get("offloadPolicies", {})
+        usable: set[str] = set()
+        for unit, needed in uuids.items():
+            name = decode_name(unit.split("/", 1)[1]) or unit
+            override = overrides.get(name) if isinstance(overrides, dict) else None
+            try:
+                config = self._offloads.tier_of(override if isinstance(override, dict) else None)
+            except OffloadSettingsError:
+                continue
+            if config is not None and not await tier.missing_objects(config, needed):
+                await asyncio.to_thread(tier.mark_offloaded, staged, unit, ledgers[unit])
+                usable.add(unit)
+        taken = [
+            e
+            for e in held
+            if sf.unit_of(e["path"]) in usable
+            and _ledger_id(e["path"]) in ledgers.get(sf.unit_of(e["path"]), [])
+        ]
+        return taken, [e for e in held if e not in taken]
+
     async def _check_tier(self, shard: int, move: str, manifest: dict[str, Any], staged: Path) -> None:
         """Ledgers the shard holds only in the tier move as metadata: refuse (nothing installed)
         unless this pod's tier has every object of the segments they need."""
@@ -906,6 +962,19 @@ class ShardMoves:
                 placement.clear(shard, move)
             await asyncio.to_thread(sf.remove, incoming)
             return {"shard": shard, "move": move, "discarded": True, "bytes": deleted}
+
+
+def _tagged(entry: sf.ManifestFile, held: set[str]) -> dict[str, Any]:
+    """A manifest entry; ``tierHeld``: a closed ledger's file whose every entry is in Offloaded
+    segments (a target sharing the tier reads it from there instead of copying it)."""
+    doc = entry.to_json()
+    if entry.path in held:
+        doc["tierHeld"] = True
+    return doc
+
+
+def _ledger_id(path: str) -> int:
+    return int(Path(path).stem)
 
 
 def _rows(doc: dict[str, Any], key: str) -> dict[str, Any]:

@@ -11,13 +11,16 @@ move rolls back and the source keeps serving), never a read after the move.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from txnkeeper.ledger.errors import CorruptMetadataError
+from txnkeeper.ledger.ledger_file import ledger_file_name
 from txnkeeper.ledger.metadata import METADATA_FILE, ManagedLedgerMetadata
 from txnkeeper.ledger.offload import OffloadConfig, OffloadError, open_store
 from txnkeeper.ledger.offload.writer import data_key, index_key
+from txnkeeper.ledger.recovery import LEDGERS_DIR
 from txnkeeper.server import shard_files as sf
 
 
@@ -71,3 +74,85 @@ def describe(shard: int, move: str, where: str, missing: list[str], topic: str |
         f" tier ({where}) lacks {shown}; nothing was installed: give this pod the same offload tier as"
         " the source (the pods of one resource share it), then retry the move"
     )
+
+
+def _covered(meta: ManagedLedgerMetadata, ledger_id: int, entries: int) -> list[str] | None:
+    """The uuids of the Offloaded segments that together hold every entry of a closed ledger, or None
+    when some entry is in none of them."""
+    done = [s for s in meta.segments if s.status == "Offloaded" and s.end is not None]
+    uuids: list[str] = []
+    entry = 0
+    while entry < entries:
+        here = next(
+            (
+                s
+                for s in done
+                if s.end is not None
+                and (s.begin.ledger_id, s.begin.entry_id)
+                <= (ledger_id, entry)
+                <= (s.end.ledger_id, s.end.entry_id)
+            ),
+            None,
+        )
+        if here is None or here.end is None:
+            return None
+        uuids.append(here.uuid)
+        entry = entries if here.end.ledger_id > ledger_id else here.end.entry_id + 1
+    return uuids
+
+
+def tier_held_files(data_dir: Path, units: list[str]) -> set[str]:
+    """Closed ledgers' files still local whose every entry is in Offloaded segments (deletion lag not
+    passed): a target whose tier holds those segments need not copy them (blocking)."""
+    found: set[str] = set()
+    for unit in units:
+        if not unit.startswith(sf.LEDGERS + "/"):
+            continue
+        meta_path = data_dir / unit / METADATA_FILE
+        try:
+            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+        except (OSError, CorruptMetadataError):
+            continue
+        for info in meta.ledgers:
+            if info.closed and not info.offloaded and _covered(meta, info.ledger_id, info.entries):
+                found.add(f"{unit}/{LEDGERS_DIR}/{ledger_file_name(info.ledger_id)}")
+    return found
+
+
+def tier_uuids_of(staged: Path, paths: list[str]) -> tuple[dict[str, list[str]], dict[str, list[int]]]:
+    """For tier-held files left out of a receive: per ledger directory unit, the segments the staged
+    metadata says hold them and the ledger ids (blocking). A ledger the staged metadata does not show
+    fully offloaded is left out of both (the caller pulls its file)."""
+    uuids: dict[str, list[str]] = {}
+    ledgers: dict[str, list[int]] = {}
+    for rel in paths:
+        unit = sf.unit_of(rel)
+        meta_path = staged / unit / METADATA_FILE
+        try:
+            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+        except (OSError, CorruptMetadataError):
+            continue
+        ledger_id = int(Path(rel).stem)
+        info = meta.find(ledger_id)
+        held = _covered(meta, ledger_id, info.entries) if info is not None and info.closed else None
+        if held:
+            uuids.setdefault(unit, []).extend(held)
+            ledgers.setdefault(unit, []).append(ledger_id)
+    return uuids, ledgers
+
+
+def mark_offloaded(staged: Path, unit: str, ledger_ids: list[int]) -> None:
+    """Record in the staged metadata that these ledgers are read from the tier (their local files were
+    not copied), as the offloader does when it deletes a local copy (blocking, fsync'd)."""
+    meta_path = staged / unit / METADATA_FILE
+    meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+    for info in meta.ledgers:
+        if info.ledger_id in ledger_ids:
+            info.offloaded = True
+    tmp = meta_path.with_name(METADATA_FILE + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(meta.encode())
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(meta_path)
+    sf.fsync_dir(meta_path.parent)
