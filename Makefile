@@ -156,13 +156,14 @@ e2e-if-possible:
 	  $(MAKE) --no-print-directory e2e; fi
 
 # Everything the test run builds, before the unit run: helm (the chart checks), MinIO (the S3 offload
-# tests), promtool and Prometheus (the monitoring tests), kube-apiserver and etcd
+# tests), promtool and Prometheus (the monitoring tests), cert-manager's Certificate CRD (fetched only), kube-apiserver and etcd
 # (tests/operator/test_op_apiserver.py), and for the e2e suite the node binaries, kind's components and the project's images. Three at a time: the Go builds are
 # CPU-bound, the images mostly wait on the package index, so they overlap well on two cores.
 test-prereqs:
 	@if [ -n "$(CLUSTER_SKIP)" ]; then echo "Go builds: SKIPPED: $(CLUSTER_SKIP);" \
 	  "the chart, S3 offload and API-server tests will be skipped"; \
 	else $(MAKE) --no-print-directory -j3 -O $(HELM_STAMP) $(MINIO_STAMP) $(PROMETHEUS_STAMP) $(PULSAR_GO_PEER_STAMP) \
+	  $(CERT_MANAGER_STAMP) \
 	  $(if $(JAVA_SKIP),,$(PULSAR_JAVA_STAMP) $(PULSAR_PEER_STAMP)) k8s-bins kind-components \
 	  $(if $(KIND_SKIP),,image); fi
 
@@ -279,6 +280,24 @@ prometheus:
 # The monitoring checks alone (docs/monitoring.md): the chart's templates, promtool, a real Prometheus.
 monitoring: install helm prometheus
 	$(BIN)/pytest tests/monitoring tests/chart/test_chart_monitoring.py $(PYTEST_ARGS)
+
+# --- cert-manager's Certificate CRD (tests/operator/test_op_certificates.py), from the Go module proxy --
+# The operator's cert-manager mode makes Certificate objects; the test apiserver validates them against
+# the real CRD (no cert-manager controller runs). Fetched into $(CACHE_DIR), never committed.
+CERT_MANAGER_VERSION ?= v1.21.2
+CERT_MANAGER_SUM := h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68=
+CERT_MANAGER_CRDS := $(CACHE_DIR)/cert-manager/$(CERT_MANAGER_VERSION)
+CERT_MANAGER_STAMP := $(CERT_MANAGER_CRDS)/.fetched
+export CERT_MANAGER_CRDS
+.PHONY: cert-manager-crds
+
+$(CERT_MANAGER_STAMP): tests/operator/fetch_cert_manager_crds.sh
+	bash tests/operator/fetch_cert_manager_crds.sh $(CERT_MANAGER_VERSION) $(CERT_MANAGER_SUM) $(CERT_MANAGER_CRDS)
+	@touch $@
+
+cert-manager-crds:
+	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(CERT_MANAGER_STAMP); \
+	else echo "cert-manager CRDs: SKIPPED: Go is not installed; the cert-manager mode tests will be skipped"; fi
 
 # --- Pulsar's Go client as a test peer (tests/peers/pulsar-go): transactions driven by Apache's own Go
 # client (tests/runtime/test_pulsar_go.py). Built from the Go module proxy into $(CACHE_DIR)/bin; the

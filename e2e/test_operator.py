@@ -65,6 +65,9 @@ def operator(cluster: Cluster) -> Iterator[str]:
         "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
         "--set", f"verifierImage.repository={verifier_repo}", "--set", f"verifierImage.tag={verifier_tag}",
         "--set", "operator.reconcileSeconds=2",
+        # The chart turns TLS on for new installs; these tests speak plaintext to the pods unless a
+        # resource asks for TLS itself (e2e/test_tls.py does: spec.tls.enabled).
+        "--set", "tls.enabled=false",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
     wait_for(lambda: _operator_pod(cluster), "the operator pod Ready", timeout=120)

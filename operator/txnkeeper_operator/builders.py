@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txnkeeper.contract.placement import SHARDS_PER_REPLICA, Member, Placement
-from txnkeeper_operator import gated, naming, podsettings
+from txnkeeper_operator import gated, naming, podsettings, tlsspec
 from txnkeeper_operator.engine import BatchSettings, Template
 from txnkeeper_operator.resource import Resource
 from txnkeeper_operator.settings import OperatorSettings
@@ -279,6 +279,65 @@ def _client_authentication(
     return [volume], [mount], [env]
 
 
+def tls_on(cr: Resource, settings: OperatorSettings) -> bool:
+    """Whether the resource's pods serve TLS: spec.tls.enabled, else the operator's default."""
+    return tlsspec.enabled(cr.spec, settings.tls_default)
+
+
+def _tls_files(cr: Resource) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(volume, volumeMount, env) of the resource's Secret <cr>-tls: the pods' certificate, and the
+    client certificate of the verifier jobs (the same env names: contract/tls.py reads them)."""
+    volume = {
+        "name": tlsspec.VOLUME,
+        "secret": {"secretName": tlsspec.secret_name(cr.name), "defaultMode": 0o440},
+    }
+    mount = {"name": tlsspec.VOLUME, "mountPath": tlsspec.TLS_DIR, "readOnly": True}
+    env = [
+        {"name": "TXNKEEPER_TLS_CERT_FILE", "value": tlsspec.CERT_FILE},
+        {"name": "TXNKEEPER_TLS_KEY_FILE", "value": tlsspec.KEY_FILE},
+        {"name": "TXNKEEPER_TLS_CA_FILE", "value": tlsspec.CA_FILE},
+    ]
+    return volume, mount, env
+
+
+def _pod_tls(
+    cr: Resource, settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], str]:
+    """(volumes, volumeMounts, env, probe scheme) of a runtime pod: with TLS all three listeners
+    (client, admin, peers) serve the Secret's certificate; the admin port only *requests* a client
+    certificate (the kubelet's probes present none; mutating verbs stay behind the admin token)."""
+    if not tls_on(cr, settings):
+        return [], [], [], "HTTP"
+    volume, mount, env = _tls_files(cr)
+    env += [
+        {"name": "TXNKEEPER_TLS_CLIENT_AUTH", "value": tlsspec.client_auth(cr.spec)},
+        {"name": "TXNKEEPER_TLS_ADMIN_CLIENT_AUTH", "value": "request"},
+    ]
+    return [volume], [mount], env, "HTTPS"
+
+
+def _job_tls(
+    cr: Resource, settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts, env) of a verifier or audit job that calls the pods' admin APIs: the
+    resource's Secret, whose certificate is also a client certificate (pods' admin ports verify it)."""
+    if not tls_on(cr, settings):
+        return [], [], []
+    volume, mount, env = _tls_files(cr)
+    return [volume], [mount], env
+
+
+def tls_executor_conf(cr: Resource, settings: OperatorSettings) -> dict[str, str]:
+    """On a k8s:// master Spark's executors fetch from the pods too: the same Secret at the same path
+    (Spark's executor secret mounts) and the same env."""
+    if not tls_on(cr, settings) or not spark_on_kubernetes(cr):
+        return {}
+    _, _, env = _tls_files(cr)
+    conf = {f"spark.kubernetes.executor.secrets.{tlsspec.secret_name(cr.name)}": tlsspec.TLS_DIR}
+    conf.update({f"spark.executorEnv.{e['name']}": str(e["value"]) for e in env})
+    return conf
+
+
 def statefulset(
     cr: Resource,
     template: Template,
@@ -300,6 +359,7 @@ def statefulset(
     selector = naming.selector_labels(cr.kind, cr.name)
     offload_volumes, offload_mounts = gated.offload_volumes(cr, template.version)
     auth_volumes, auth_mounts, auth_env = _client_authentication(cr)
+    tls_volumes, tls_mounts, tls_env, scheme = _pod_tls(cr, settings)
     container = {
         "name": "txnkeeper",
         "image": str(cr.spec.get("image") or settings.image),
@@ -315,18 +375,19 @@ def statefulset(
             *podsettings.memory_env(cr),
             *_pulsar_env(cr, peer),
             *auth_env,
+            *tls_env,
         ],
         "ports": [
             {"name": "pulsar", "containerPort": naming.CLIENT_PORT, "protocol": "TCP"},
             {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
-            "httpGet": {"path": "/ready", "port": "admin"},
+            "httpGet": {"path": "/ready", "port": "admin", "scheme": scheme},
             "periodSeconds": 2,
             "failureThreshold": 2,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "admin"},
+            "httpGet": {"path": "/health", "port": "admin", "scheme": scheme},
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
             "failureThreshold": 6,
@@ -341,6 +402,7 @@ def statefulset(
             {"name": "tmp", "mountPath": "/tmp"},
             *offload_mounts,
             *auth_mounts,
+            *tls_mounts,
         ],
     }
     return {
@@ -383,6 +445,7 @@ def statefulset(
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                         *offload_volumes,
                         *auth_volumes,
+                        *tls_volumes,
                     ],
                 },
             },
@@ -548,6 +611,7 @@ def _spark_ports(cr: Resource) -> dict[str, Any]:
 
 
 def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, Any]:
+    tls_volumes, tls_mounts, tls_env = _job_tls(cr, settings)
     return {
         "serviceAccountName": naming.verifier(cr.name),
         "restartPolicy": "Never",
@@ -577,14 +641,15 @@ def _verifier_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[str, An
                 "env": [
                     {"name": "HOME", "value": "/tmp"},
                     {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
-                    *_spark_env(cr, settings),
+                    *_spark_env(cr, settings, tls_executor_conf(cr, settings)),
+                    *tls_env,
                 ],
                 **_spark_ports(cr),
                 "securityContext": _RESTRICTED_CONTAINER,
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *tls_mounts],
             }
         ],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *tls_volumes],
     }
 
 
@@ -650,9 +715,10 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
     # Without a usable spec.offload: no settings, no credentials, no claim (a manual run says so).
     audit_settings = gated.audit_settings(cr) if gated.audits_offload(cr) else {}
     volumes, mounts = gated.offload_volumes(cr, cr.version)
-    executor_conf = gated.offload_executor_conf(cr, cr.version)
+    executor_conf = {**gated.offload_executor_conf(cr, cr.version), **tls_executor_conf(cr, settings)}
     # The audit only reads the tier: the filesystem driver's shared claim is mounted read-only.
     mounts = [{**mount, "readOnly": True} for mount in mounts]
+    tls_volumes, tls_mounts, tls_env = _job_tls(cr, settings)
     return {
         # The verifier's account: list pods, write its own report ConfigMap, nothing else.
         "serviceAccountName": naming.verifier(cr.name),
@@ -685,13 +751,14 @@ def _offload_audit_pod_spec(cr: Resource, settings: OperatorSettings) -> dict[st
                     {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"},
                     *gated.offload_env(cr, cr.version),
                     *_spark_env(cr, settings, executor_conf),
+                    *tls_env,
                 ],
                 **_spark_ports(cr),
                 "securityContext": _RESTRICTED_CONTAINER,
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts, *tls_mounts],
             }
         ],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *volumes],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *volumes, *tls_volumes],
     }
 
 

@@ -7,12 +7,13 @@ scaling must not import reconcile (reconcile calls scaling).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from txnkeeper.contract.admin import AdminClient
 from txnkeeper_operator.kube import KubeApi
+from txnkeeper_operator.podtls import ClientTlsCache
 from txnkeeper_operator.settings import OperatorSettings
 
 
@@ -27,3 +28,5 @@ class Context:
     settings: OperatorSettings
     events: EventSink
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # The operator's client certificates, per namespace (podtls.py).
+    client_tls: ClientTlsCache = field(default_factory=ClientTlsCache)

@@ -24,6 +24,10 @@ from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
+from txnkeeper.contract.settings import schema as settings
+from txnkeeper.contract.settings.single_key import SINGLE_KEY
+from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT
+from txnkeeper_operator import crd_tls
 from txnkeeper_operator.engine import windows
 
 VERSION = "v1"
@@ -80,68 +84,24 @@ def _quantity(description: str) -> Schema:
 
 
 def _batched_write(what: str) -> Schema:
-    return _obj(
-        f"PIP-160 batched writes for the {what}. Turning it on or off, or changing a limit, is applied "
-        "to running pods one at a time through their admin API, without restarts.",
-        {
-            "enabled": _p(
-                "boolean",
-                "Write many records per ledger entry (a batched entry). Needs a 2.x version; enabling it "
-                "during an upgrade from 1.x takes effect only after every pod runs 2.x.",
-                default=False,
-            ),
-            "maxRecords": _p(
-                "integer",
-                "Flush a batch once this many records are queued (checked first). 1 disables batching.",
-                default=limits.DEFAULT_MAX_RECORDS,
-                minimum=limits.MIN_MAX_RECORDS,
-                maximum=limits.MAX_MAX_RECORDS,
-            ),
-            "maxSizeBytes": _p(
-                "integer",
-                "Flush a batch once its queued records reach this many bytes; a single record at least "
-                "this big is written alone, unbatched. At most 16 MiB: a batch can reach about twice this "
-                "size and must fit a ledger entry.",
-                default=limits.DEFAULT_MAX_SIZE_BYTES,
-                minimum=limits.MIN_MAX_SIZE_BYTES,
-                maximum=limits.MAX_MAX_SIZE_BYTES,
-            ),
-            "maxDelayMillis": _p(
-                "integer",
-                "Flush a non-empty batch at least this often (milliseconds; 0: on the next event-loop "
-                "turn). Every transactional call may wait this long, hence the one-minute bound.",
-                default=limits.DEFAULT_MAX_DELAY_MILLIS,
-                minimum=limits.MIN_MAX_DELAY_MILLIS,
-                maximum=limits.MAX_MAX_DELAY_MILLIS,
-            ),
-            "flushMode": _p(
-                "string",
-                "adaptive (default): flush as soon as the previous batch's write completed, so batches "
-                "grow with load; delay: Pulsar's pure timer, flush only at maxDelayMillis, maxRecords or "
-                "maxSizeBytes. Read by pods at start: a change takes effect as pods restart.",
-                enum=list(limits.FLUSH_MODES),
-                default=limits.FLUSH_MODES[0],
-            ),
-        },
+    # Fields, types, bounds and defaults are the declaration's (contract/settings/batched_write.py).
+    section = settings.json_schema(
+        limits.BATCHED_WRITE,
+        description=f"PIP-160 batched writes for the {what}. Turning it on or off, or changing a limit, "
+        "is applied to running pods one at a time through their admin API, without restarts.",
+    )
+    return section | {
         # A complete default: the API server checks a default against the CEL rules as it is written,
         # without filling in the nested defaults first.
-        default={
-            "enabled": limits.DEFAULT_ENABLED,
-            "maxRecords": limits.DEFAULT_MAX_RECORDS,
-            "maxSizeBytes": limits.DEFAULT_MAX_SIZE_BYTES,
-            "maxDelayMillis": limits.DEFAULT_MAX_DELAY_MILLIS,
-            "flushMode": limits.FLUSH_MODES[0],
-        },
-        **{
-            "x-kubernetes-validations": [
-                _rule(
-                    f"!self.enabled || self.maxRecords >= {limits.MIN_MAX_RECORDS_WHEN_ENABLED}",
-                    "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true "
-                    "(a batch of one record is an unbatched write)",
-                )
-            ]
-        },
-    )
+        "default": settings.cr_default(limits.BATCHED_WRITE),
+        "x-kubernetes-validations": [
+            _rule(
+                f"!self.enabled || self.maxRecords >= {limits.MIN_MAX_RECORDS_WHEN_ENABLED}",
+                "batchedWrite.maxRecords must be at least 2 when batchedWrite.enabled is true "
+                "(a batch of one record is an unbatched write)",
+            )
+        ],
+    }
 
 
 def _release_rule(section: str, feature: Feature, used: str | None = None) -> dict[str, Any]:
@@ -287,34 +247,7 @@ def _offload() -> Schema:
 
 
 def _single_key_transactions() -> Schema:
-    return _obj(
-        "PDP-44 single-routing-key transactions (release 3.x): a writer's block of events for one key is "
-        "applied atomically by the topic's store pod, without the coordinator.",
-        {
-            "enabled": _p("boolean", "Accept single-key transactions.", default=False),
-            "maxBlockBytes": _p(
-                "integer",
-                "Largest transaction (block) a writer may commit, at most 16 MiB.",
-                minimum=1,
-                maximum=gated.SRK_MAX_BLOCK_BYTES,
-                default=gated.SRK_DEFAULT_MAX_BLOCK_BYTES,
-            ),
-            "writerInactivityMinutes": _p(
-                "integer",
-                "Forget a writer's state after this many idle minutes (its next block gets WriterStateLost).",
-                minimum=1,
-                maximum=gated.SRK_MAX_WRITER_INACTIVITY_MINUTES,
-                default=gated.SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
-            ),
-            "maxWritersPerTopic": _p(
-                "integer",
-                "Writers whose state a topic keeps at most.",
-                minimum=1,
-                maximum=gated.SRK_MAX_MAX_WRITERS_PER_TOPIC,
-                default=gated.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
-            ),
-        },
-    )
+    return settings.json_schema(SINGLE_KEY)  # contract/settings/single_key.py
 
 
 _TOPIC_POLICY_TEXT = {
@@ -371,7 +304,6 @@ def _topic_policies() -> Schema:
 
 
 def _transactions() -> Schema:
-    timeout = {"minimum": 1, "maximum": txn.HARD_MAX_TIMEOUT_MS}
     list_map = {
         "maxItems": txn.MAX_LIMITED_NAMES,
         "x-kubernetes-list-type": "map",
@@ -383,11 +315,10 @@ def _transactions() -> Schema:
             f"One {what}'s maximum.",
             {
                 "name": name,
-                "maxTimeoutMs": _p(
-                    "integer",
+                "maxTimeoutMs": settings.property_schema(
+                    ENTRY_MAX_TIMEOUT,
                     f"Longest timeout of a transaction that registers a topic of this {what} (ms); at most "
                     "maxTimeoutMs.",
-                    **timeout,
                 ),
             },
             required=["name", "maxTimeoutMs"],
@@ -409,12 +340,7 @@ def _transactions() -> Schema:
         "(section transactions); pods read it at start, so a change reaches a pod when it restarts. Any "
         "release.",
         {
-            "maxTimeoutMs": _p(
-                "integer",
-                f"Longest timeout a begin may ask for (ms); default {txn.DEFAULT_MAX_TIMEOUT_MS} (15 "
-                f"minutes, Kafka's transaction.max.timeout.ms), at most {txn.HARD_MAX_TIMEOUT_MS} (a day).",
-                **timeout,
-            ),
+            "maxTimeoutMs": settings.property_schema(MAX_TIMEOUT),  # contract/settings/transactions.py
             "namespaces": _arr(
                 "Lower maximums for the topics of a namespace (a topic's own entry wins).",
                 entry(
@@ -702,6 +628,7 @@ def _spec(kind: str) -> Schema:
             minimum=1,
         ),
     }
+    props["tls"] = crd_tls.spec_schema()
     peer_key, peer_kind = (
         ("pendingAckStore", "PendingAckStore")
         if coordinator
@@ -911,8 +838,10 @@ def _status(kind: str) -> Schema:
         "conditions": _arr(
             "Ready, Progressing, BatchLogEnabled, DowngradeSafe, Paused, SettingsValid, ScaleInSafe "
             "(False, reason WouldLoseData: a scale-in refused because a pod being removed still holds "
-            "data whose move failed; the message says what to do) (and for a PendingAckStore "
-            "FeaturesSupported, OffloadHealthy, OffloadAudit).",
+            "data whose move failed; the message says what to do), AdminTLS with TLS (False while the "
+            "operator's client certificate Secret txnkeeper-operator-client-tls is missing or unusable: no "
+            "call reaches the pods) (and for a PendingAckStore FeaturesSupported, OffloadHealthy, "
+            "OffloadAudit).",
             condition,
             **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),
@@ -934,6 +863,7 @@ def _status(kind: str) -> Schema:
                 "stores": _arr("Per-store verdicts that were not safe (at most 50).", verdict),
             },
         ),
+        "tls": crd_tls.status_schema(),
         "lastAction": _obj(
             "The last action the operator took.",
             {

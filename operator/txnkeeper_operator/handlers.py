@@ -99,6 +99,9 @@ def _register(plural: str) -> None:
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo["locks"].pop(str(body["metadata"]["uid"]), None)
         metrics.RESOURCES.forget(_key(body))
+        metrics.CERTIFICATES.forget(
+            str(body["metadata"].get("namespace", "")), f"{body['metadata']['name']}-tls"
+        )
 
 
 for _kind in KINDS:

@@ -17,6 +17,14 @@ from txnkeeper_operator.naming import API_VERSION, FIELD_MANAGER, GROUP
 Obj = dict[str, Any]
 
 
+class WriteConflict(Exception):
+    """A conditional write lost a race (409): someone wrote the object since it was read."""
+
+
+class KindNotServed(Exception):
+    """The API server does not serve the kind (404 on its collection: its CRD is not installed)."""
+
+
 class KubeApi(Protocol):
     async def apply(self, manifest: Mapping[str, Any]) -> None: ...
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool: ...
@@ -31,6 +39,10 @@ class KubeApi(Protocol):
     async def patch_resource(
         self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> None: ...
+    async def list_resources(self, plural: str, namespace: str) -> list[Obj]: ...
+    async def patch_secret(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj: ...
+    async def apply_custom(self, plural: str, manifest: Mapping[str, Any]) -> None: ...
+    async def create_custom_if_absent(self, plural: str, manifest: Mapping[str, Any]) -> bool: ...
 
 
 class KubernetesClient:
@@ -170,3 +182,73 @@ class KubernetesClient:
             dict(patch),
             _content_type="application/merge-patch+json",
         )
+
+    async def list_resources(self, plural: str, namespace: str) -> list[Obj]:
+        """Every custom resource of ``plural`` (ours) in ``namespace`` (the CA's other users)."""
+        raw: object = await asyncio.to_thread(
+            self.custom.list_namespaced_custom_object, GROUP, API_VERSION, namespace, plural
+        )
+        items = raw.get("items") if isinstance(raw, dict) else None
+        return [i for i in items or [] if isinstance(i, dict)]
+
+    async def patch_secret(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
+        """Merge-patch a Secret (a null removes a key); a ``metadata.resourceVersion`` in the patch makes
+        it conditional (409 when someone wrote in between). Returns the Secret as written."""
+        try:
+            obj = await asyncio.to_thread(
+                self.core.patch_namespaced_secret,
+                name,
+                namespace,
+                dict(patch),
+                _content_type="application/merge-patch+json",
+            )
+        except self._client.ApiException as err:
+            if err.status == 409:
+                raise WriteConflict(f"Secret {namespace}/{name} changed while being written") from err
+            raise
+        result: Obj = self._api.sanitize_for_serialization(obj)
+        return result
+
+    @staticmethod
+    def _group_version(manifest: Mapping[str, Any]) -> tuple[str, str]:
+        group, _, version = str(manifest["apiVersion"]).partition("/")
+        return group, version
+
+    async def apply_custom(self, plural: str, manifest: Mapping[str, Any]) -> None:
+        """Server-side apply of another project's custom object (cert-manager's Certificate)."""
+        group, version = self._group_version(manifest)
+        meta = manifest["metadata"]
+        try:
+            await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object,
+                group,
+                version,
+                meta["namespace"],
+                plural,
+                meta["name"],
+                dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except self._client.ApiException as err:
+            if err.status == 404:
+                raise KindNotServed(f"{plural}.{group}/{version} is not served by the API server") from err
+            raise
+
+    async def create_custom_if_absent(self, plural: str, manifest: Mapping[str, Any]) -> bool:
+        group, version = self._group_version(manifest)
+        try:
+            await asyncio.to_thread(
+                self.custom.create_namespaced_custom_object,
+                group,
+                version,
+                manifest["metadata"]["namespace"],
+                plural,
+                dict(manifest),
+            )
+        except self._client.ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True

@@ -11,7 +11,8 @@ turns the last record of every resource into samples at scrape time. `serve` sta
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -109,9 +110,44 @@ class ResourceMetrics(Collector):
 RESOURCES = ResourceMetrics()
 
 
+class CertificateMetrics(Collector):
+    """When each certificate Secret the operator manages (or waits for, in cert-manager mode) ends:
+    the alert on certificates about to expire works even where no pod is up to report its own."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
+        self._not_after: dict[tuple[str, str], datetime] = {}
+        self._clock = clock
+
+    def record(self, namespace: str, secret: str, not_after: datetime) -> None:
+        with self._lock:
+            self._not_after[(namespace, secret)] = not_after
+
+    def forget(self, namespace: str, secret: str) -> None:
+        with self._lock:
+            self._not_after.pop((namespace, secret), None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            records = dict(self._not_after)
+        family = GaugeMetricFamily(
+            "txnkeeper_operator_certificate_expiry_seconds",
+            "Seconds until the certificate in the Secret ends (notAfter - now; negative: expired)",
+            labels=["namespace", "secret"],
+        )
+        now = self._clock()
+        for (namespace, secret), not_after in sorted(records.items()):
+            family.add_metric([namespace, secret], not_after.timestamp() - now)
+        yield family
+
+
+CERTIFICATES = CertificateMetrics()
+
+
 def serve(port: int, *, address: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> int:
     """Serve /metrics (these metrics and, by default, the process's) on ``port`` (0: any); returns
     the port."""
     registry.register(RESOURCES)
+    registry.register(CERTIFICATES)
     server, _thread = start_http_server(port, address, registry=registry)
     return int(server.server_port)

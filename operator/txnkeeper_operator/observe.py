@@ -15,6 +15,7 @@ from typing import Any
 from txnkeeper.contract.admin import PodBatchLog
 from txnkeeper_operator import naming
 from txnkeeper_operator.engine import OffloadState, PodState, VerifierReport, VerifierState
+from txnkeeper_operator.engine.certs import PodTls
 from txnkeeper_operator.engine.persist import MalformedReportError, parse_time, report_from_json
 
 Obj = Mapping[str, Any]
@@ -39,9 +40,9 @@ def pod_ip(pod: Obj) -> str | None:
     return str(ip) if ip else None
 
 
-def admin_base(ip: str) -> str:
+def admin_base(ip: str, *, tls: bool = False) -> str:
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{naming.ADMIN_PORT}"
+    return f"{'https' if tls else 'http'}://{host}:{naming.ADMIN_PORT}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +158,25 @@ def verifier_state(jobs: Sequence[Obj], report_config_map: Obj | None) -> tuple[
 
 def creation_stamp(now: datetime) -> int:
     return int(now.timestamp())
+
+
+def tls_report(pod: str, doc: object) -> PodTls:
+    """A pod's ``GET /admin/v1/tls`` answer (docs/contracts.md) as the certificate engine reads it; a
+    malformed answer is no report (the CA rotation waits on that pod, naming it)."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("enabled"), bool):
+        return PodTls(pod, problem="its TLS report is not an object with a boolean 'enabled'")
+    if not doc["enabled"]:
+        return PodTls(pod, enabled=False)
+    cert = doc.get("certificate")
+    trusted = doc.get("trustedCAs")
+    if not isinstance(cert, Mapping) or not isinstance(trusted, list):
+        return PodTls(pod, problem="its TLS report has no 'certificate' object or 'trustedCAs' list")
+    issuer = cert.get("issuerFingerprint")
+    return PodTls(
+        pod,
+        enabled=True,
+        fingerprint=str(cert.get("fingerprint") or "") or None,
+        issuer=str(issuer) if issuer else None,
+        trusted=frozenset(str(t) for t in trusted),
+        reload_failing=bool(doc.get("reloadFailing", False)),
+    )

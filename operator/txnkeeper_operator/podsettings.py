@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from txnkeeper.contract import connections, coordinator_settings, memory, store_settings
-from txnkeeper_operator import naming
+from txnkeeper_operator import naming, tlsspec
 from txnkeeper_operator.engine import Condition, ConditionStatus
 from txnkeeper_operator.resource import Resource
 
@@ -30,6 +30,7 @@ _CHECKS: dict[str, tuple[naming.Kind | None, Callable[[object], list[str]]]] = {
     ),
     "connectionLimits": (None, connections.connection_limit_problems),
     memory.MEMORY_SECTION: (naming.PENDING_ACK_STORE, memory.memory_problems),
+    "tls": (None, tlsspec.problems),
 }
 
 

@@ -20,11 +20,13 @@ from typing import Any
 from txnkeeper.contract import store_settings as gated_settings
 from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.formats import OFFLOAD_LEVEL
-from txnkeeper_operator import auditfresh, builders, gated, metrics, naming, scaling
+from txnkeeper_operator import auditfresh, builders, certificates, gated, metrics, naming, podtls, scaling
 from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine import (
     Action,
     ApplyTemplate,
+    Condition,
+    ConditionStatus,
     ConfigureBatchLog,
     Decision,
     EngineConfig,
@@ -49,9 +51,7 @@ from txnkeeper_operator.engine.persist import (
 )
 from txnkeeper_operator.observe import (
     PodView,
-    admin_base,
     creation_stamp,
-    pod_ip,
     pod_ready,
     read_offload_audit,
     verifier_state,
@@ -79,10 +79,9 @@ async def _token(ctx: Context, cr: Resource) -> str:
 
 
 async def _observe_pod(ctx: Context, cr: Resource, pod: Mapping[str, Any]) -> PodView:
-    ip = pod_ip(pod)
-    if not pod_ready(pod) or ip is None:
+    base = podtls.pod_base(pod)
+    if not pod_ready(pod) or base is None:
         return PodView(pod)
-    base = admin_base(ip)
     try:
         batch_log, info = await asyncio.gather(ctx.admin.batch_log(base, cr.kind), ctx.admin.info(base))
     except AdminError as err:
@@ -155,6 +154,14 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     status: Mapping[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     now = ctx.clock()
     # Paused (Strimzi's pause-reconciliation): observe and report, change nothing.
+    if not cr.paused:
+        # Before the children: a pod must never start before the certificate Secret it mounts exists.
+        # The pods' TLS reports it waits on are read over the scheme each pod serves (podtls).
+        existing = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
+        early = await podtls.pod_calls(
+            ctx.client_tls, ctx.kube, ctx.admin, cr, existing, wanted=builders.tls_on(cr, ctx.settings)
+        )
+        await certificates.ensure(replace(ctx, admin=early.admin), cr, body, status)
     token = "" if cr.paused else await ensure_children(ctx, cr)
 
     statefulset = await ctx.kube.get("StatefulSet", cr.namespace, cr.name)
@@ -170,6 +177,12 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
         await ctx.kube.apply(builders.config_map(cr, template.batch, template.version))
         await ctx.kube.apply(builders.statefulset(cr, template, ctx.settings, peer, count))
     pod_objs = await ctx.kube.list_pods(cr.namespace, naming.selector_string(cr.kind, cr.name))
+    # From here every call to a pod goes over the scheme it serves (mutual TLS: podtls.py).
+    calls = await podtls.pod_calls(
+        ctx.client_tls, ctx.kube, ctx.admin, cr, pod_objs, wanted=builders.tls_on(cr, ctx.settings)
+    )
+    ctx = replace(ctx, admin=calls.admin)
+    _tls_event(ctx, body, status, calls.condition)
     scaled: ScalingDecision | None = None
     if template is not None and placed is not None and not cr.paused:
 
@@ -191,6 +204,8 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
     verifier, report_problem = verifier_state(jobs, report_cm)
     offload_audit = await _offload_audit(ctx, cr)
     states = tuple(s for s in (v.state() for v in views) if s is not None)
+    if template is not None and not cr.paused:
+        states = podtls.mark_stale(states, views, tls=builders.tls_on(cr, ctx.settings))
     observed = Observed(template, states, now, verifier, cr.paused)
 
     progress = progress_from_status(status.get("downgrade"))
@@ -235,6 +250,7 @@ async def reconcile(body: Mapping[str, Any], ctx: Context) -> Decision | None:
         offload_audit=offload_audit,
         placement=scaling.status(cr, placed, scaled, problem),
         scaling=scaling.condition(scaled, _not_scaling(cr, template is None, problem)),
+        tls=calls.condition,
     )
     await ctx.kube.patch_status(cr.kind.plural, cr.namespace, cr.name, new_status)
     _phase_events(ctx, body, status, final, report_problem)
@@ -311,6 +327,18 @@ async def _pulsar_peer(ctx: Context, cr: Resource, body: Mapping[str, Any]) -> R
 
 def replace_progress(decision: Decision, progress: Progress) -> Decision:
     return replace(decision, progress=progress)
+
+
+def _tls_event(
+    ctx: Context, body: Mapping[str, Any], status: Mapping[str, Any], condition: Condition | None
+) -> None:
+    """A Warning when the operator's client certificate becomes missing or unusable (once, not at
+    every reconcile)."""
+    if condition is None or condition.status != ConditionStatus.FALSE:
+        return
+    before = next((c for c in status.get("conditions") or [] if c.get("type") == condition.type), None)
+    if before is None or before.get("status") != str(ConditionStatus.FALSE):
+        ctx.events.emit(body, "Warning", condition.reason, condition.message)
 
 
 def _scale_in_event(
@@ -394,7 +422,7 @@ async def _execute(
 
 
 def _base(view: PodView) -> str:
-    ip = pod_ip(view.obj)
-    if ip is None:
+    base = podtls.pod_base(view.obj)
+    if base is None:
         raise AdminError(f"{view.name} has no pod IP")
-    return admin_base(ip)
+    return base

@@ -22,7 +22,7 @@ from txnkeeper.contract.placement import (
     PlacementError,
     PlacementKind,
 )
-from txnkeeper_operator import builders, naming
+from txnkeeper_operator import builders, naming, podtls
 from txnkeeper_operator.context import Context
 from txnkeeper_operator.engine.model import Condition, ConditionStatus
 from txnkeeper_operator.engine.moves import (
@@ -48,7 +48,7 @@ from txnkeeper_operator.engine.placement import (
     describe_move,
     describe_step,
 )
-from txnkeeper_operator.observe import admin_base, pod_ip, pod_ready
+from txnkeeper_operator.observe import pod_ready
 from txnkeeper_operator.resource import Resource
 
 Obj = Mapping[str, Any]
@@ -123,9 +123,8 @@ def _kind(cr: Resource) -> PlacementKind:
 
 
 def pod_admin_base(pod: Obj) -> str | None:
-    """A pod's admin API by its IP (None: no IP yet)."""
-    ip = pod_ip(pod)
-    return admin_base(ip) if ip is not None else None
+    """A pod's admin API by its IP (None: no IP yet), https:// when it serves TLS."""
+    return podtls.pod_base(pod)
 
 
 async def _view(
@@ -215,6 +214,16 @@ class ScalingRun:
                 return base
         raise AdminError(f"{self.cr.name}-{ordinal} has no pod IP")
 
+    def _scheme(self, ordinal: int, url: str) -> str:
+        """The record's admin URL of a pod with the scheme the pod serves now (records written before
+        a switch of spec.tls keep the old scheme; the pod's DNS name is what its certificate is for)."""
+        pod = next((p for p in self.pods if naming.pod_ordinal(str(p["metadata"]["name"])) == ordinal), None)
+        if pod is None:
+            return url
+        scheme, sep, rest = url.partition("://")
+        wanted = "https" if podtls.pod_serves_tls(pod) else "http"
+        return f"{wanted}://{rest}" if sep and scheme in ("http", "https") else url
+
     def emit(self, type_: str, reason: str, message: str) -> None:
         self.ctx.events.emit(self.body, type_, reason, message)
 
@@ -250,7 +259,8 @@ class ScalingRun:
                 source = placed.record.member(move.source)
                 if source is None or not source.admin_url:
                     raise AdminError(f"the record names no admin URL for pod {move.source}")
-                await calls.receive(self._base(move.target), move.unit, move.id, source.admin_url, token)
+                source_url = self._scheme(move.source, source.admin_url)
+                await calls.receive(self._base(move.target), move.unit, move.id, source_url, token)
             case MovePhase.RELEASE:
                 await calls.release(self._base(move.source), move.unit, move.id, token)
             case MovePhase.ROLLBACK:

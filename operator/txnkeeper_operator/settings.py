@@ -31,6 +31,9 @@ class OperatorSettings:
     admin_timeout_seconds: float = 5.0
     # Namespaces to watch; empty: the whole cluster.
     namespaces: tuple[str, ...] = ()
+    # Whether a resource without spec.tls.enabled serves TLS: the chart sets it from its value
+    # tls.enabled (default true); unset (an operator run by hand, tests, the local fleet): false.
+    tls_default: bool = False
 
     def __post_init__(self) -> None:
         for name, image in (
@@ -65,7 +68,18 @@ class OperatorSettings:
                 env, "TXNKEEPER_ADMIN_TIMEOUT_SECONDS", default.admin_timeout_seconds
             ),
             namespaces=namespaces,
+            tls_default=_flag(env, "TXNKEEPER_OPERATOR_TLS_DEFAULT", default.tls_default),
         )
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    text = env.get(name)
+    if text is None or not text.strip():
+        return default
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise OperatorSettingsError(f"{name} must be true or false, got {text!r}")
+    return value == "true"
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

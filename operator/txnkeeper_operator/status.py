@@ -132,11 +132,12 @@ def build_status(
     offload_audit: AuditView = (None, None, None),
     placement: Mapping[str, Any] | None = None,
     scaling: Condition | None = None,
+    tls: Condition | None = None,
 ) -> dict[str, Any]:
     """The full status to merge-patch (None values clear stale fields). ``offload_audit`` is the
     verify-offload report (None: none), why it is unusable, if it is, and why it is not the last
     run's, if it is not (``auditfresh.stale_reason``); ``placement``/``scaling``: status.placement and
-    the ScaleInSafe condition (scaling.py)."""
+    the ScaleInSafe condition (scaling.py); ``tls``: the AdminTLS condition (podtls.py)."""
     ours = [p for p in pods if p.state() is not None]
     status: dict[str, Any] = {
         "observedGeneration": cr.generation,
@@ -147,7 +148,11 @@ def build_status(
             decision,
             cr.generation,
             now,
-            (*_gated_conditions(cr, ours, offload_audit), *((scaling,) if scaling is not None else ())),
+            (
+                *_gated_conditions(cr, ours, offload_audit),
+                *((scaling,) if scaling is not None else ()),
+                *((tls,) if tls is not None else ()),
+            ),
         ),
         "replicas": len(ours),
         "readyReplicas": sum(1 for p in ours if (s := p.state()) is not None and s.ready),

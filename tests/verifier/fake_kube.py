@@ -80,18 +80,30 @@ class FakeKubeApi:
         path.write_text(json.dumps(config))
         return path
 
-    def add_pod(self, namespace: str, name: str, labels: dict[str, str], ip: str | None, phase: str) -> None:
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        ip: str | None,
+        phase: str,
+        *,
+        subdomain: str | None = None,
+    ) -> None:
+        """``subdomain``: a StatefulSet's pod (spec.hostname = its name, spec.subdomain = the headless
+        Service)."""
         status: dict[str, Any] = {"phase": phase}
         if ip is not None:
             status["podIP"] = ip
-        self.pods.setdefault(namespace, []).append(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "status": status,
-            }
-        )
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "status": status,
+        }
+        if subdomain is not None:
+            pod["spec"] = {"hostname": name, "subdomain": subdomain, "containers": [{"name": "txnkeeper"}]}
+        self.pods.setdefault(namespace, []).append(pod)
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         self.requests.append(("list-pods", request.query.get("labelSelector", "")))

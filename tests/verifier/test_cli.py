@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from txnkeeper import cli as txnkeeper_cli
-from txnkeeper.verifier import RolloverMarkers, report_is_fresh
+from txnkeeper.verifier import RolloverMarkers, k8s, report_is_fresh
 from txnkeeper.verifier.job import DRIVER_JAVA_OPTIONS
 from txnkeeper.verifier.synthetic import PodAnswer, SyntheticPods, pod_document, store_entry
 
@@ -197,6 +197,20 @@ def test_in_cluster_discovery_markers_and_report_configmaps(
     [pending] = [pod for pod in report["pods"] if pod["pod"] == "tc-main-2"]
     assert pending["error"] == "unreachable: no address (phase Pending, no pod IP)"
     assert [kind for kind, _ in kube.requests].count("create-configmap") == 1
+
+
+def test_pods_serving_tls_are_reached_by_the_name_their_certificate_is_for(
+    kube: FakeKubeApi, tmp_path: Path
+) -> None:
+    labels = {"app.kubernetes.io/instance": "tc-main"}
+    kube.add_pod("txn", "tc-main-0", labels, "10.0.0.5", "Running", subdomain="tc-main")
+    kube.add_pod("txn", "tc-main-1", labels, "10.0.0.6", "Running")  # no hostname: only its IP
+    api = k8s.core_api(str(kube.kubeconfig(tmp_path, "txn")))
+    selector = ["app.kubernetes.io/instance=tc-main"]
+    plain = k8s.discover_pods(api, "txn", selector, 8080)
+    assert [e.url for e in plain] == ["http://10.0.0.5:8080", "http://10.0.0.6:8080"]
+    over_tls = k8s.discover_pods(api, "txn", selector, 8080, tls=True)
+    assert [e.url for e in over_tls] == ["https://tc-main-0.tc-main.txn.svc:8080", "https://10.0.0.6:8080"]
 
 
 def test_selector_matching_nothing_is_exit_2(kube: FakeKubeApi, tmp_path: Path) -> None:

@@ -63,9 +63,15 @@ pods (sparkMaster k8s://); the operator itself never creates a pod nor deletes p
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["get", "create", "patch"]
+{{- /* patch: the certificate manager renews the certificate Secrets it made (txnkeeper-ca, {name}-tls,
+txnkeeper-operator-client-tls); still no list/watch: it reads Secrets by name only. */}}
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
+{{- /* spec.tls.certManager: the operator makes cert-manager Certificates (no cert-manager CRD: unused). */}}
+- apiGroups: ["cert-manager.io"]
+  resources: ["certificates"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch"]

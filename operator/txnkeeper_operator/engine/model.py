@@ -67,6 +67,9 @@ class PodState:
     batch: BatchSettings | None = None
     # Reported by store pods whose release has offload-segments; None: not asked or no answer.
     offload: OffloadState | None = None
+    # Why the pod must restart although it runs the template's version: it was started from a template
+    # that differs otherwise (spec.tls switched: "TLS off -> on"). None: it matches the template.
+    stale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

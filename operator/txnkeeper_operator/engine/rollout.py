@@ -243,6 +243,13 @@ class _Planner:
         restart = self._restart_next(desired.version, "to", self._rolling_phase())
         if restart is not None:
             return restart
+        for pod in self.pods:
+            # A template change other than the version (TLS switched): the same one-at-a-time restart,
+            # in the same order and maintenance windows, once every pod runs the version.
+            if pod.stale is not None:
+                reason = f"restart {pod.name}: {pod.stale}"
+                stale = RestartPod(pod.name, pod.ordinal, pod.version, pod.version, reason)
+                return self._act(stale, Phase.ROLLING_UPGRADE)
         if self.want_batch:
             if not template.batch.satisfies(desired.batch):
                 return self._act(

@@ -30,6 +30,7 @@ from txnkeeper.admin.views import (
 )
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
 from txnkeeper.contract import entry_frames
+from txnkeeper.contract.admin import PodTls
 from txnkeeper.errors import NotServedHereError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ PolicyProvider = Callable[[], TopicPolicyView | None]
 POLICY_KEY: web.AppKey[PolicyProvider] = web.AppKey("policies", PolicyProvider)  # type: ignore[arg-type]
 ReadProvider = Callable[[], TopicReadView | None]
 READ_KEY: web.AppKey[ReadProvider] = web.AppKey("reads", ReadProvider)  # type: ignore[arg-type]
+TlsProvider = Callable[[], PodTls]
+TLS_KEY: web.AppKey[TlsProvider] = web.AppKey("tls", TlsProvider)  # type: ignore[arg-type]
 # GET /admin/v1/topics/entries: at most this many entries and payload bytes per request (the default
 # when the query does not say, and the most it may ask for).
 ENTRIES_DEFAULT = (1_000, 4 * 1024 * 1024)
@@ -150,6 +153,12 @@ async def info(request: web.Request) -> web.Response:
     return web.json_response(
         {"pod": pod.pod_name, "role": pod.role, "release": pod.release, "formatLevel": pod.format_level}
     )
+
+
+async def tls_report(request: web.Request) -> web.Response:
+    """GET /admin/v1/tls: what the pod's TLS files loaded right now hold (no token: read-only, and the
+    operator's certificate engine waits on it)."""
+    return web.json_response(request.app[TLS_KEY]().to_json())
 
 
 async def coordinator_stats(request: web.Request) -> web.Response:
@@ -499,19 +508,23 @@ def build_admin_app(
     reads: ReadProvider | None = None,
     *,
     shards: ShardProvider | None = None,
+    tls: TlsProvider | None = None,
 ) -> web.Application:
     """``offload``, ``policies``, ``reads`` and ``shards`` return the pod's topic offload, topic
     policy, topic read and placement views once its stores are up (None: no topics); without
-    ``shards`` the placement and shard routes are not added (a coordinator pod adds its own)."""
+    ``shards`` the placement and shard routes are not added (a coordinator pod adds its own);
+    ``tls``: the pod's TLS report (None: the pod serves no TLS)."""
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[POD_KEY] = pod
     app[TOKEN_KEY] = token
     app[OFFLOAD_KEY] = offload or (lambda: None)
     app[POLICY_KEY] = policies or (lambda: None)
     app[READ_KEY] = reads or (lambda: None)
+    app[TLS_KEY] = tls or (lambda: PodTls(False))
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/v1/info", info)
+    app.router.add_get("/admin/v1/tls", tls_report)
     app.router.add_get("/admin/v3/transactions/coordinatorStats", coordinator_stats)
     app.router.add_get("/admin/v3/transactions/pendingAckStats", pending_ack_stats)
     app.router.add_get("/admin/v1/batch-log", get_batch_log)

@@ -20,6 +20,7 @@ from typing import Any
 from txnkeeper.admin import move
 from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
 from txnkeeper.contract import tls
+from txnkeeper.contract.admin import COORDINATOR_ROUTE
 from txnkeeper.contract.batching import FLUSH_MODES
 from txnkeeper.contract.tls import TlsClientSettings
 
@@ -97,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--tls-ca-file",
         default=os.environ.get(tls.CA_FILE_ENV),
-        help=f"CA bundle verifying an https:// --url (env {tls.CA_FILE_ENV})",
+        help="CA bundle verifying https:// pod URLs (--url, a move's --from/--to/--pods; env"
+        f" {tls.CA_FILE_ENV})",
     )
     parser.add_argument(
         "--tls-cert-file",
@@ -189,6 +191,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         setter.add_argument("topic")
         setter.add_argument("settings", nargs="+", metavar="KEY=VALUE")
     _register_shards(verbs)
+    _register_coordinators(verbs)
     parser.set_defaults(func=run)
 
 
@@ -225,13 +228,70 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
     unload.add_argument("topic")
 
 
+def _register_coordinators(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    coordinators = verbs.add_parser(
+        "coordinators",
+        help="coordinator ids of pods placed by a record (--coordinator-ids auto): list them, move one",
+    )
+    actions = coordinators.add_subparsers(dest="coordinators_action", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", help="GET /admin/v1/coordinators of each pod (default: --url)")
+    listing.add_argument("pods", nargs="*", metavar="ADMIN_URL")
+    mover = actions.add_parser(
+        "move",
+        help="move a coordinator id with its open transactions: fence on --from, receive on --to, the new"
+        " placement record (to, from, --pods), release on --from (docs/contracts.md §12); not for"
+        " operator-managed resources",
+    )
+    mover.add_argument("--coordinator", type=int, required=True)
+    mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--to", dest="target", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
+    mover.add_argument("--move-id", help="resume an interrupted move with its id")
+    mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+
+
+def _run_coordinators(ns: argparse.Namespace) -> int:
+    action = ns.coordinators_action
+    move_id = (
+        getattr(ns, "move_id", None) or f"coordinator-{getattr(ns, 'coordinator', 0)}-{uuid.uuid4().hex[:12]}"
+    )
+    try:
+        tls_settings = _tls_settings(ns)
+        if action == "list":
+            route = COORDINATOR_ROUTE
+            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings, route=route))
+        else:
+            report = asyncio.run(
+                move.move_coordinator(
+                    ns.coordinator,
+                    ns.source,
+                    ns.target,
+                    token=load_admin_token(ns.token_file),
+                    others=[p for p in ns.pods.split(",") if p],
+                    move=move_id,
+                    roll_back=not ns.no_rollback,
+                    tls=tls_settings,
+                )
+            )
+            result = report.to_json()
+    except (move.MoveError, ValueError) as exc:
+        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if action == "move" else ""
+        print(f"txnkeeper admin coordinators {action}: {exc}{hint}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
 def _run_shards(ns: argparse.Namespace) -> int:
     move_id = getattr(ns, "move_id", None) or f"shard-{getattr(ns, 'shard', 0)}-{uuid.uuid4().hex[:12]}"
     try:
+        tls_settings = _tls_settings(ns)
         if ns.shards_action == "list":
-            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url]))
+            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings))
         elif ns.shards_action == "unload":
-            result = asyncio.run(move.unload(ns.url, ns.topic, token=load_admin_token(ns.token_file)))
+            token = load_admin_token(ns.token_file)
+            result = asyncio.run(move.unload(ns.url, ns.topic, token=token, tls=tls_settings))
         else:
             others = [p for p in ns.pods.split(",") if p]
             report = asyncio.run(
@@ -247,6 +307,7 @@ def _run_shards(ns: argparse.Namespace) -> int:
                     precopy_bytes_per_second=(
                         int(ns.precopy_mib_per_s * 1024 * 1024) if ns.precopy_mib_per_s else None
                     ),
+                    tls=tls_settings,
                 )
             )
             result = report.to_json()
@@ -343,6 +404,8 @@ def _tls_settings(ns: argparse.Namespace) -> TlsClientSettings | None:
 def run(ns: argparse.Namespace) -> int:
     if ns.verb == "shards":
         return _run_shards(ns)
+    if ns.verb == "coordinators":
+        return _run_coordinators(ns)
     try:
         method, path, body = _request(ns)
     except ValueError as exc:

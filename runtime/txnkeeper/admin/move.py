@@ -1,6 +1,8 @@
-"""Moving one store shard between two pods by the §12 admin verbs (docs/contracts.md §12), and Pulsar's
-"unload" (fence + unfence: the shard's clients reconnect), as one async function each: what
-``txnkeeper admin shards move|unload`` runs, and what the local fleet's driver calls.
+"""Moving one store shard (or one coordinator id) between two pods by the §12 admin verbs
+(docs/contracts.md §12), and Pulsar's "unload" (fence + unfence: the shard's clients reconnect), as one
+async function each: what ``txnkeeper admin shards move|unload`` and ``txnkeeper admin coordinators
+move`` run. Against pods that serve TLS the URLs are https://: the caller's CA file verifies them and
+its client certificate is presented; the target pulls from the source with its own certificate.
 
 Why a module of its own: the order of the steps is the protocol (fence, receive, the new record to the
 target first and the source second, release), every step is idempotent for its move id, and a caller
@@ -20,7 +22,11 @@ from typing import Any
 
 import aiohttp
 
+from txnkeeper.admin.https import AdminHttps
+from txnkeeper.contract.admin import COORDINATOR_ROUTE, SHARD_ROUTE, UnitRoute
 from txnkeeper.contract.placement import Placement, PlacementError, shard_of
+from txnkeeper.contract.tls import TlsClientSettings
+from txnkeeper.protocol.rpc import StaticClientTls
 
 Publish = Callable[[Placement], Awaitable[None]]
 STEP_TIMEOUT_S = 600.0
@@ -32,12 +38,13 @@ class MoveError(Exception):
     def __init__(self, step: str, message: str, status: int = 0) -> None:
         super().__init__(f"{step}: {message}")
         self.step = step
+        self.message = message
         self.status = status
 
 
 @dataclass
 class MoveReport:
-    shard: int
+    shard: int  # the unit moved: a shard, or a coordinator id (``id_key`` says which)
     move: str
     source: int
     target: int
@@ -52,10 +59,11 @@ class MoveReport:
     pulled_bytes: int = 0  # pulled between fence and switch (the rest was pre-copied)
     pause_s: float = 0.0  # from the fence's call to the target's new record
     precopy_s: float = 0.0  # from the move's start to the fence's call
+    id_key: str = "shard"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "shard": self.shard,
+            self.id_key: self.shard,
             "move": self.move,
             "from": self.source,
             "to": self.target,
@@ -76,20 +84,30 @@ class MoveReport:
 class _Pods:
     """The admin calls of a move, with the token every mutating call carries."""
 
-    def __init__(self, http: aiohttp.ClientSession, token: str | None) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        token: str | None,
+        tls: TlsClientSettings | None = None,
+        route: UnitRoute = SHARD_ROUTE,
+    ) -> None:
         self._http = http
+        self.route = route
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._https = AdminHttps(StaticClientTls(tls) if tls is not None else None)
 
     async def call(self, step: str, method: str, url: str, body: Any = None) -> Any:
         try:
-            async with self._http.request(method, url, json=body, headers=self._headers) as response:
+            async with self._http.request(
+                method, url, json=body, headers=self._headers, ssl=self._https.ssl_for(url)
+            ) as response:
                 text = await response.text()
                 if response.status != 200:
                     raise MoveError(
                         step, f"{url} answered HTTP {response.status}: {text[:1000]}", response.status
                     )
         except aiohttp.ClientError as exc:
-            raise MoveError(step, f"{url} cannot be reached: {exc}") from exc
+            raise MoveError(step, f"{url} cannot be reached: {await self._https.explain(exc, url)}") from exc
         try:
             return json.loads(text)
         except ValueError as exc:
@@ -103,16 +121,29 @@ class _Pods:
             raise MoveError("placement", str(exc)) from exc
 
     async def ordinal(self, base: str) -> int:
-        doc = await self.call("shards", "GET", f"{base}/admin/v1/shards")
+        path = self.route.path
+        doc = await self.call(path, "GET", f"{base}/admin/v1/{path}")
         if not isinstance(doc, dict) or not isinstance(doc.get("ordinal"), int):
-            raise MoveError("shards", f"{base}/admin/v1/shards names no pod ordinal")
+            raise MoveError(path, f"{base}/admin/v1/{path} names no pod ordinal")
         return int(doc["ordinal"])
 
-    async def verb(self, base: str, shard: int, verb: str, body: dict[str, Any]) -> Any:
-        return await self.call(verb, "POST", f"{base}/admin/v1/shards/{shard}/{verb}", body)
+    async def verb(self, base: str, unit: int, verb: str, body: dict[str, Any]) -> Any:
+        return await self.call(verb, "POST", f"{base}/admin/v1/{self.route.path}/{unit}/{verb}", body)
 
 
-async def move_shard(
+async def move_shard(shard: int, source: str, target: str, **options: Any) -> MoveReport:
+    """Move store shard ``shard`` (``move_unit`` with the shard verbs)."""
+    return await move_unit(SHARD_ROUTE, shard, source, target, **options)
+
+
+async def move_coordinator(coordinator: int, source: str, target: str, **options: Any) -> MoveReport:
+    """Move coordinator id ``coordinator`` between coordinator pods that place their ids by a record
+    (``--coordinator-ids auto``), with its open transactions (``move_unit`` with the coordinator verbs)."""
+    return await move_unit(COORDINATOR_ROUTE, coordinator, source, target, **options)
+
+
+async def move_unit(
+    route: UnitRoute,
     shard: int,
     source: str,
     target: str,
@@ -124,25 +155,30 @@ async def move_shard(
     roll_back: bool = True,
     precopy: bool = True,
     precopy_bytes_per_second: int | None = None,
+    tls: TlsClientSettings | None = None,
 ) -> MoveReport:
-    """Move ``shard`` from the pod at admin URL ``source`` to the pod at ``target`` (§12 steps 1-5);
+    """Move ``shard`` (a shard or coordinator id, by ``route``) from the pod at admin URL ``source`` to
+    the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
-    the resource keeps it, before any pod is given it. ``precopy``: the target first copies the
-    shard's closed files while the source serves (§12 "Pre-copy"), so the fence waits only for what
-    changed since; ``precopy_bytes_per_second`` bounds that copy. A failure before the new record
-    is written is rolled back (discard on the target, unfence on the source) unless ``roll_back`` is
-    False; after it, the move can only go forward: call again with the same id."""
-    move = move or f"shard-{shard}-{uuid.uuid4().hex[:12]}"
+    the resource keeps it, before any pod is given it. ``precopy`` (shards only): the target first
+    copies the shard's closed files while the source serves (§12 "Pre-copy"), so the fence waits only
+    for what changed since; ``precopy_bytes_per_second`` bounds that copy. A failure before the new
+    record is written is rolled back (discard on the target, unfence on the source) unless
+    ``roll_back`` is False; after it, the move can only go forward: call again with the same id.
+    ``tls``: https:// pods are verified against its CA file and given its client certificate (the pods
+    pull from each other with their own certificates)."""
+    what = route.id_key
+    move = move or f"{what}-{shard}-{uuid.uuid4().hex[:12]}"
     source, target = source.rstrip("/"), target.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, token)
+        pods = _Pods(http, token, tls, route)
         record = await pods.placement(source)
         source_ordinal, target_ordinal = await pods.ordinal(source), await pods.ordinal(target)
         if source_ordinal == target_ordinal:
             raise MoveError("check", f"source and target are the same pod ({source_ordinal})")
-        report = MoveReport(shard, move, source_ordinal, target_ordinal)
+        report = MoveReport(shard, move, source_ordinal, target_ordinal, id_key=what)
         owner = record.owner_of(shard)
         if owner == source_ordinal and record.member(target_ordinal) is None:
             # Clients are redirected to the address the record gives the new owner: without one they
@@ -150,13 +186,13 @@ async def move_shard(
             raise MoveError(
                 "check",
                 f"the placement record (epoch {record.epoch}) gives no address for pod {target_ordinal}, "
-                "so clients could not follow the shard there: PUT a record with members first (start "
+                f"so clients could not follow the {what} there: PUT a record with members first (start "
                 "the store pods with --pulsar-urls, or let the operator place them)",
             )
         fenced_at = began = time.monotonic()
         if owner == source_ordinal:
             try:
-                if precopy:
+                if precopy and route is SHARD_ROUTE:
                     body: dict[str, Any] = {"move": move, "source": source}
                     if precopy_bytes_per_second:
                         body["maxBytesPerSecond"] = precopy_bytes_per_second
@@ -172,16 +208,23 @@ async def move_shard(
                 report.steps.append("receive")
                 report.files, report.bytes = int(receipt["files"]), int(receipt["bytes"])
                 report.pulled_bytes = int(receipt.get("pulledBytes", receipt["bytes"]))
-            except MoveError:
+            except MoveError as exc:
                 if roll_back:
                     await _roll_back(pods, report, source, target)
+                if report.rolled_back:
+                    raise MoveError(
+                        exc.step,
+                        f"{exc.message}; rolled back (discarded on the target, unfenced on the source,"
+                        " which serves it again)",
+                        exc.status,
+                    ) from exc
                 raise
             record = record.with_owner(shard, target_ordinal)
             if publish is not None:
                 await publish(record)
         elif owner != target_ordinal:
             raise MoveError(
-                "check", f"shard {shard} is owned by pod {owner} (epoch {record.epoch}), not by the source"
+                "check", f"{what} {shard} is owned by pod {owner} (epoch {record.epoch}), not by the source"
             )
         # The flip (again, when resuming): the target first, so the shard is never without a server
         # longer than between two calls; then the source, then everyone else.
@@ -207,13 +250,15 @@ async def _roll_back(pods: _Pods, report: MoveReport, source: str, target: str) 
     report.rolled_back = True
 
 
-async def unload(admin_url: str, topic: str, *, token: str | None) -> dict[str, Any]:
+async def unload(
+    admin_url: str, topic: str, *, token: str | None, tls: TlsClientSettings | None = None
+) -> dict[str, Any]:
     """Pulsar's ``topics unload``: fence and unfence the shard of ``topic`` on its owner, so every
     client of the shard's topics reconnects (and the topics are reopened from disk)."""
     base = admin_url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, token)
+        pods = _Pods(http, token, tls)
         record = await pods.placement(base)
         shard = shard_of(topic, record.shards)
         move = f"unload-{uuid.uuid4().hex[:12]}"
@@ -222,13 +267,16 @@ async def unload(admin_url: str, topic: str, *, token: str | None) -> dict[str, 
         return {"shard": shard, "topics": manifest.get("topics", []), "unloaded": True}
 
 
-async def list_shards(admin_urls: Sequence[str]) -> list[dict[str, Any]]:
-    """``GET /admin/v1/shards`` of each pod, with the URL it came from."""
+async def list_shards(
+    admin_urls: Sequence[str], *, tls: TlsClientSettings | None = None, route: UnitRoute = SHARD_ROUTE
+) -> list[dict[str, Any]]:
+    """``GET /admin/v1/shards`` (``/admin/v1/coordinators`` by ``route``) of each pod, with the URL it
+    came from."""
     timeout = aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pods = _Pods(http, None)
+        pods = _Pods(http, None, tls, route)
         out = []
         for url in admin_urls:
-            doc = await pods.call("shards", "GET", f"{url.rstrip('/')}/admin/v1/shards")
+            doc = await pods.call(route.path, "GET", f"{url.rstrip('/')}/admin/v1/{route.path}")
             out.append({"url": url, **(doc if isinstance(doc, dict) else {})})
         return out

@@ -23,7 +23,7 @@ from txnkeeper.contract.tls import TlsClientSettings
 from txnkeeper.errors import NotServedHereError
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.pool import ConnectionPool
-from txnkeeper.protocol.rpc import RpcConnection, StaticClientTls, expect, split_address
+from txnkeeper.protocol.rpc import ClientTls, RpcConnection, StaticClientTls, expect, split_address
 from txnkeeper.txnid import TxnID
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,12 @@ class Client:
         stores: list[str],
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
         auth_token: str | None = None,
-        tls: TlsClientSettings | None = None,
+        tls: TlsClientSettings | ClientTls | None = None,
     ) -> None:
         """``tls``: connect over TLS, verifying the pods against ``tls.ca_file`` (and presenting
         ``tls.cert_file`` where pods require a client certificate); a refused certificate fails with
-        ``TlsHandshakeError`` saying which and why.
+        ``TlsHandshakeError`` saying which and why. Settings are read once; a ``ClientTls`` (e.g. the
+        local fleet's, which follows its CA rotations) is asked for the context of each new connection.
 
         ``auth_token``: this client's credential (``txnkeeper client-token create``), presented on
         every store connection: on stores that authenticate clients, single-key writer ids and
@@ -72,7 +73,7 @@ class Client:
         self.connections = ConnectionPool(
             operation_timeout,
             on_connect=self._authenticate if auth_token is not None else None,
-            tls=StaticClientTls(tls) if tls is not None else None,
+            tls=StaticClientTls(tls) if isinstance(tls, TlsClientSettings) else tls,
         )
         self._consumers: dict[int, Consumer] = {}
         # Closed with the client: a writer or named producer resynchronising must not reconnect after.

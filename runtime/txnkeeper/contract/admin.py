@@ -10,8 +10,8 @@ txnkeeper outside the contract package.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -101,6 +101,37 @@ class AdminClient:
         )
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._token = token
+        self._hostname_of: Callable[[str], str | None] = _no_hostname
+        self._refusal: str | None = None
+
+    def scoped(
+        self,
+        tls: ssl.SSLContext | None,
+        hostname_of: Callable[[str], str | None] = lambda _url: None,
+        *,
+        refusal: str | None = None,
+        ca_name: str | None = None,
+    ) -> AdminClient:
+        """The same session with another TLS context (the operator's per-namespace client certificate)
+        and, for https:// URLs, the name each pod's certificate is checked against (``hostname_of(url)``:
+        pods are reached by IP, their certificates name their DNS names). ``refusal``: every https://
+        call fails at once with this message, reaching no pod (the client certificate is not there
+        yet); ``ca_name``: where the trusted CAs come from, as refusals name it."""
+        other = AdminClient(self._session, self._timeout.total or 5.0, self._token, tls=tls)
+        if ca_name is not None:
+            other._tls_settings = TlsClientSettings(ca_name)
+        other._hostname_of = hostname_of
+        other._refusal = refusal
+        return other
+
+    def _request_kwargs(self, url: str) -> dict[str, Any]:
+        if self._refusal is not None and url.startswith("https://"):
+            raise AdminError(f"{url}: {self._refusal}")
+        kwargs: dict[str, Any] = {"timeout": self._timeout, "ssl": self._ssl}
+        hostname = self._hostname_of(url) if url.startswith("https://") else None
+        if hostname is not None:
+            kwargs["server_hostname"] = hostname
+        return kwargs
 
     async def _call(
         self, method: str, url: str, token: str | None = None, body: Any = None, *, text: bool = False
@@ -108,7 +139,7 @@ class AdminClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             async with self._session.request(
-                method, url, json=body, headers=headers, timeout=self._timeout, ssl=self._ssl
+                method, url, json=body, headers=headers, **self._request_kwargs(url)
             ) as resp:
                 raw = await resp.text()
                 doc: Any = None
@@ -124,17 +155,27 @@ class AdminClient:
         except aiohttp.ClientSSLError as err:
             # aiohttp keeps the ssl module's error: a refused certificate, or the handshake's failure
             cause = getattr(err, "certificate_error", None) or getattr(err, "os_error", err)
-            described = describe_url_error(cause, url, self._tls_settings)
+            hostname = self._hostname_of(url)
+            settings = self._tls_settings
+            if settings is not None and hostname is not None:
+                settings = replace(settings, server_hostname=hostname)
+            described = describe_url_error(cause, url, settings)
             raise AdminError(f"{method} {url}: {described or err}") from err
         except (aiohttp.ClientError, TimeoutError) as err:
+            # A TLS 1.3 server refuses a client certificate after the handshake: on the first read.
+            cause = err.__cause__ or err.__context__
+            if isinstance(cause, ssl.SSLError):
+                described = describe_url_error(cause, url, self._tls_settings)
+                raise AdminError(f"{method} {url}: {described or err}") from err
             raise AdminError(f"{method} {url}: {type(err).__name__}: {err}") from err
 
     async def ready(self, base: str) -> bool:
         """True when the pod's /ready answers 200; any failure to ask is simply not ready."""
         try:
-            async with self._session.get(f"{base}/ready", timeout=self._timeout, ssl=self._ssl) as resp:
+            url = f"{base}/ready"
+            async with self._session.get(url, **self._request_kwargs(url)) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+        except (aiohttp.ClientError, TimeoutError, AdminError):
             return False
 
     async def info(self, base: str) -> dict[str, Any]:
@@ -176,6 +217,11 @@ class AdminClient:
         await self._call(
             "POST", f"{base}/admin/v1/offload/restore", token or self._token, {"offload": dict(offload)}
         )
+
+    async def tls(self, base: str) -> PodTls:
+        """``GET /admin/v1/tls`` (no token): the certificate the pod serves right now."""
+        url = f"{base}/admin/v1/tls"
+        return PodTls.from_json(await self._call("GET", url), f"GET {url}")
 
     async def metrics(self, base: str) -> str:
         """The pod's Prometheus text exposition."""
@@ -254,6 +300,85 @@ class AdminClient:
 
     async def list_coordinator_ids(self, base: str) -> HeldUnits:
         return await self.placement_calls("coordinator-ids").held(base)
+
+
+def _no_hostname(_url: str) -> str | None:
+    return None
+
+
+# ---- what a pod serves: GET /admin/v1/tls (docs/contracts.md §5) -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodCertificate:
+    """The leaf a pod serves: sha256 of its DER (hex), notAfter (ISO 8601), the sha256 of its issuer's
+    certificate when the pod's CA bundle holds the issuer (None otherwise), and the names it is for."""
+
+    fingerprint: str
+    not_after: str
+    issuer_fingerprint: str | None
+    hosts: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "notAfter": self.not_after,
+            "issuerFingerprint": self.issuer_fingerprint,
+            "hosts": list(self.hosts),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PodTls:
+    """``GET /admin/v1/tls``: what the pod's TLS files loaded right now hold (not what is on disk:
+    a rotated file the pod could not use leaves ``reload_failing`` true and the old values here).
+    ``{"enabled": false}`` from a pod without TLS."""
+
+    enabled: bool
+    listeners: tuple[str, ...] = ()
+    certificate: PodCertificate | None = None
+    trusted_cas: tuple[str, ...] = ()
+    loaded_at: str | None = None
+    reload_failing: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.enabled or self.certificate is None:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "listeners": list(self.listeners),
+            "certificate": self.certificate.to_json(),
+            "trustedCAs": list(self.trusted_cas),
+            "loadedAt": self.loaded_at,
+            "reloadFailing": self.reload_failing,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "TLS report") -> PodTls:
+        """Checked: a document of another shape is an AdminError naming what is wrong."""
+        try:
+            if not isinstance(doc, dict) or not isinstance(doc.get("enabled"), bool):
+                raise TypeError("not an object with a boolean 'enabled'")
+            if not doc["enabled"]:
+                return cls(False)
+            cert = doc["certificate"]
+            issuer = cert.get("issuerFingerprint")
+            if issuer is not None and not isinstance(issuer, str):
+                raise TypeError("certificate.issuerFingerprint must be a string or null")
+            texts = [cert["fingerprint"], cert["notAfter"], doc["loadedAt"], *cert["hosts"]]
+            texts += [*doc["listeners"], *doc["trustedCAs"]]
+            if not all(isinstance(t, str) for t in texts) or not isinstance(doc["reloadFailing"], bool):
+                raise TypeError("fingerprints, names and times must be strings, reloadFailing a boolean")
+            return cls(
+                True,
+                tuple(doc["listeners"]),
+                PodCertificate(cert["fingerprint"], cert["notAfter"], issuer, tuple(cert["hosts"])),
+                tuple(doc["trustedCAs"]),
+                doc["loadedAt"],
+                doc["reloadFailing"],
+            )
+        except (KeyError, TypeError, AttributeError) as err:
+            raise AdminError(f"{where}: malformed TLS report: {err}") from err
 
 
 # ---- placement and moves (docs/contracts.md §12) -------------------------------------------------------

@@ -4,11 +4,15 @@ Three coordinator processes and two store processes start at release 1.0.0 (form
 transactional load; the fleet upgrades them to 2.0.0 one at a time with the batch log off, enables
 batching member by member, shows what batching does to the logs, scales the stores out to three
 (the operator's scaling engine moves shards to the new member while clients follow redirects) and
-rebalances, then downgrades back to 1.0.0:
-batching off, every ledger rolled over, the Spark verifier run until it proves no batched entry is
-still live (a transaction deliberately left open holds the gate until it commits), and only then the
-old release, which itself refuses to start on live batched data. Every
+rebalances, rotates the certificates under load (new leaves, then a new CA in three steps), then
+downgrades back to 1.0.0: batching off, every ledger rolled over, the Spark verifier run until it
+proves no batched entry is still live (a transaction deliberately left open holds the gate until it
+commits), and only then the old release, which itself refuses to start on live batched data. Every
 process is stopped at the end, also on error or Ctrl-C.
+
+TLS is on unless --no-tls: the fleet makes its own CA and a leaf per process (WORK_DIR/tls,
+fleet/certificates.py), every listener serves TLS, members reach each other with mutual TLS, and every
+client of the demo (the load, admin calls, shard moves, the Spark verifier) verifies the CA.
 """
 
 from __future__ import annotations
@@ -33,10 +37,14 @@ import aiohttp
 from txnkeeper.client.client import Client
 from txnkeeper.client.transaction import Transaction
 from txnkeeper.contract.admin import AdminClient, AdminError
+from txnkeeper.fleet.certificates import FleetCertificates
 from txnkeeper.fleet.display import Display
 from txnkeeper.fleet.group import COORDINATOR, STORE, MemberGroup
 from txnkeeper.fleet.load import TransactionalLoad
+from txnkeeper.fleet.process import RuntimeProcess
+from txnkeeper.fleet.rotation import CertificateRotation, RotationError
 from txnkeeper.fleet.scaling import ScalingDriver
+from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper_operator.engine import BatchSettings, Decision, Desired, EngineConfig, Phase
 
 OLD, NEW = "1.0.0", "2.0.0"
@@ -56,6 +64,7 @@ class Fleet:
     groups: list[MemberGroup]
     display: Display
     load: TransactionalLoad | None = None
+    certificates: FleetCertificates | None = None  # TLS on (fleet/certificates.py)
 
     async def drive(
         self,
@@ -142,18 +151,32 @@ async def _figures(groups: list[MemberGroup], admin: AdminClient, display: Displ
             )
 
 
-async def run_demo(work_dir: Path, display: Display, load_seconds: float) -> int:
+async def run_demo(work_dir: Path, display: Display, load_seconds: float, *, tls: bool = True) -> int:
     token_file = work_dir / "admin-token"
     token_file.write_text(secrets.token_urlsafe(24))
     token_file.chmod(0o600)  # serve refuses a token file others can read
     config = EngineConfig(verifier_retry=timedelta(seconds=3), verifier_timeout=timedelta(seconds=90))
+    certificates = FleetCertificates.create(work_dir / "tls") if tls else None
+    if certificates is not None:
+        display.line(
+            f"TLS: on (CA {certificates.ca_file}; every listener, mutual TLS between members;"
+            " --no-tls turns it off)"
+        )
+    else:
+        display.line("TLS: off (--no-tls)")
     async with aiohttp.ClientSession() as session:
-        admin = AdminClient(session, timeout_seconds=10, token=token_file.read_text())
+        admin = AdminClient(
+            session,
+            timeout_seconds=10,
+            token=token_file.read_text(),
+            tls=certificates.client_context() if certificates is not None else None,
+        )
         tc = MemberGroup("tc", COORDINATOR, work_dir, token_file, admin, replicas=3, coordinators=3)
         pas = MemberGroup("pas", STORE, work_dir, token_file, admin, replicas=2, placement_replicas=2)
         for group in (tc, pas):
             group.engine_config = config
-        fleet = Fleet([tc, pas], display)
+            group.certificates = certificates
+        fleet = Fleet([tc, pas], display, certificates=certificates)
         try:
             return await _lifecycle(fleet, admin, load_seconds, token_file.read_text())
         finally:
@@ -174,32 +197,35 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
     def want(version: str, batch: BatchSettings) -> dict[str, Desired]:
         return {"tc": Desired(version, 3, batch), "pas": Desired(version, pas.replicas, batch)}
 
-    display.stage(f"1/5 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
+    display.stage(f"1/6 install: 3 coordinators + 2 stores at {OLD} (format level 1: unbatched only)")
     if not await fleet.drive(want(OLD, BatchSettings()), 60):
         raise DemoError("the fleet did not become ready at the old release")
-    fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses())
+    fleet.load = TransactionalLoad(tc.client_addresses(), pas.client_addresses(), tls=fleet.certificates)
     fleet.load.start()
     display.line(f"transactional load started on {len(fleet.load.topics)} topics")
     await asyncio.sleep(load_seconds)
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage(f"2/5 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
+    display.stage(f"2/6 upgrade to {NEW} with batchedWrite.enabled=true (roll unbatched, then enable)")
     if not await fleet.drive(want(NEW, BATCHED), 90):
         raise DemoError("the upgrade did not finish")
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage("3/5 batching figures after a few seconds of load")
+    display.stage("3/6 batching figures after a few seconds of load")
     await asyncio.sleep(load_seconds)
     await _figures(fleet.groups, admin, display)
 
-    display.stage("4/5 scale the stores 2 -> 3 under load, then a rebalance (the operator's scaling engine)")
+    display.stage("4/6 scale the stores 2 -> 3 under load, then a rebalance (the operator's scaling engine)")
     await _scale_out(fleet, ScalingDriver(pas, admin, token, display.line), 3)
     display.line(f"load: {fleet.load.figures.summary()}")
 
-    display.stage(f"5/5 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
+    display.stage("5/6 rotate the certificates under load: new leaves, then a new CA in three steps")
+    await _rotate(fleet, admin)
+
+    display.stage(f"6/6 downgrade to {OLD}: disable, roll ledgers over, verify with Spark, then roll back")
     # A transaction left open across the downgrade keeps its batched log records live: the gate must
     # hold until it ends. The scripted user commits it once the operator says what it is waiting for.
-    held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses())
+    held = await HeldTransaction.begin(tc.client_addresses(), pas.client_addresses(), fleet.certificates)
     display.line(f"a transaction {held.txn_id} is left open: its batched log records stay live")
 
     async def release_when_blocked(decisions: dict[str, Decision]) -> None:
@@ -229,6 +255,35 @@ async def _lifecycle(fleet: Fleet, admin: AdminClient, load_seconds: float, toke
         "format level 1 (a level-1 runtime refuses to start on a live batched entry)"
     )
     return 0
+
+
+async def _rotate(fleet: Fleet, admin: AdminClient) -> None:
+    """What the operator's certificate manager does, on the fleet (fleet/rotation.py): every step
+    waits until each process reports it took the new files; none restarts, open connections stay."""
+    display = fleet.display
+    if fleet.certificates is None or fleet.load is None:
+        display.line("TLS is off (--no-tls): nothing to rotate")
+        return
+    groups = fleet.groups
+
+    def members() -> list[RuntimeProcess]:
+        return [m for g in groups for m in g.members_started() if m.running()]
+
+    pids = {m.name: m.proc.pid for m in members() if m.proc is not None}
+    failed = sum(fleet.load.figures.failures.values())
+    rotation = CertificateRotation(fleet.certificates, admin, members, display.line)
+    try:
+        await rotation.renew_leaves()
+        await rotation.rotate_ca()
+    except RotationError as err:
+        raise DemoError(str(err)) from err
+    restarted = sorted(m.name for m in members() if m.proc is None or pids.get(m.name) != m.proc.pid)
+    display.line(
+        f"every process serves a leaf of the new CA ({fleet.certificates.ca.fingerprint[:16]}...);"
+        f" restarted: {', '.join(restarted) or 'none'}; load retries during the rotation:"
+        f" {sum(fleet.load.figures.failures.values()) - failed}"
+    )
+    display.line(f"load: {fleet.load.figures.summary()}")
 
 
 async def _scale_out(fleet: Fleet, driver: ScalingDriver, replicas: int) -> None:
@@ -269,8 +324,10 @@ class HeldTransaction:
         return str(self._txn.txn_id)
 
     @classmethod
-    async def begin(cls, coordinators: list[str], stores: list[str]) -> HeldTransaction:
-        client = Client(coordinators=coordinators, stores=stores)
+    async def begin(
+        cls, coordinators: list[str], stores: list[str], tls: ClientTls | None = None
+    ) -> HeldTransaction:
+        client = Client(coordinators=coordinators, stores=stores, tls=tls)
         try:
             producer = await client.create_producer("persistent://public/demo/held")
             # If the commit below failed, the coordinator's timeout would still end it (and free the gate).
@@ -303,7 +360,7 @@ def run(ns: argparse.Namespace) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     display.line(f"txnkeeper local fleet demo (work dir {work_dir})")
     try:
-        code = asyncio.run(run_demo(work_dir, display, ns.load_seconds))
+        code = asyncio.run(run_demo(work_dir, display, ns.load_seconds, tls=not ns.no_tls))
     except DemoError as err:
         display.line(f"demo FAILED: {err} (logs in {work_dir})")
         code = 2
@@ -327,6 +384,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--work-dir", help="keep data, logs and state here (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir after success")
     parser.add_argument("--load-seconds", type=float, default=4.0, help="load between stages")
+    parser.add_argument(
+        "--no-tls",
+        action="store_true",
+        help="plaintext listeners (default: TLS on every listener with a CA of the fleet's own, mutual"
+        " TLS between members; certificates in WORK_DIR/tls)",
+    )
     parser.set_defaults(func=run)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from txnkeeper import statefile
 from txnkeeper.contract.admin import COORDINATOR_LOG, PENDING_ACK_LOG, AdminClient, AdminError, BatchLog
+from txnkeeper.fleet.certificates import FleetCertificates
 from txnkeeper.fleet.process import RuntimeProcess
 from txnkeeper.statefile import StateFileError, StateShapeError
 from txnkeeper_operator.engine import (
@@ -101,6 +102,8 @@ class MemberGroup:
     failed_at: datetime | None = None
     failure: str = ""
     history: list[str] = field(default_factory=list)
+    # TLS on every member (the fleet's CA; fleet/certificates.py), None: plaintext.
+    certificates: FleetCertificates | None = None
 
     @property
     def state_file(self) -> Path:
@@ -150,6 +153,7 @@ class MemberGroup:
                     extra_args=extra,
                     listen=f"127.0.0.1:{free_port()}",
                     admin_listen=f"127.0.0.1:{free_port()}",
+                    certificates=self.certificates,
                 )
             )
         return self.members[ordinal]
@@ -187,7 +191,7 @@ class MemberGroup:
 
     @staticmethod
     def admin_base(member: RuntimeProcess) -> str:
-        return f"http://{member.admin_listen}"
+        return f"{member.scheme}://{member.admin_listen}"
 
     # ---- observe -------------------------------------------------------------------------------------
 
@@ -267,6 +271,9 @@ class MemberGroup:
         doc = {"takenAt": format_time(taken_at), "stores": dict(markers)}
         endpoints = [f"--endpoint={m.name}={self.admin_base(m)}" for m in self.members]
         log = (self.work_dir / f"{self.name}.verifier.log").open("ab")
+        # Over TLS the verifier verifies the members against the fleet's CA and presents its client
+        # certificate (TXNKEEPER_TLS_*, what a verifier Job gets from its mounted Secret).
+        env = {**os.environ, **(self.certificates.env() if self.certificates is not None else {})}
         try:
             self.verifier_proc = subprocess.Popen(
                 [
@@ -285,6 +292,7 @@ class MemberGroup:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=env,
             )
         finally:
             log.close()

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from txnkeeper.client.client import Client
+from txnkeeper.protocol.rpc import ClientTls
 
 TXN_TIMEOUT_MS = 10_000  # short, so a transaction orphaned by a restart ends (and unpins its ledger) soon
 MESSAGES_PER_TXN = 8
@@ -53,7 +54,15 @@ def _spread_topics(stores: list[str], per_store: int) -> list[str]:
 
 
 class TransactionalLoad:
-    def __init__(self, coordinators: list[str], stores: list[str], topics_per_store: int = 2) -> None:
+    def __init__(
+        self,
+        coordinators: list[str],
+        stores: list[str],
+        topics_per_store: int = 2,
+        *,
+        tls: ClientTls | None = None,
+    ) -> None:
+        """``tls``: the fleet's client TLS (fleet/certificates.py), None against plaintext members."""
         self.coordinators = coordinators
         self.stores = stores
         self.topics = _spread_topics(stores, topics_per_store)
@@ -61,9 +70,10 @@ class TransactionalLoad:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._client: Client | None = None
+        self._tls = tls
 
     def start(self) -> None:
-        self._client = Client(coordinators=self.coordinators, stores=self.stores)
+        self._client = Client(coordinators=self.coordinators, stores=self.stores, tls=self._tls)
         for topic in self.topics:
             self._tasks.append(asyncio.create_task(self._produce(topic)))
             self._tasks.append(asyncio.create_task(self._consume(topic)))

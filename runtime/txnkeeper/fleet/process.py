@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from txnkeeper.fleet.certificates import FleetCertificates
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
@@ -49,6 +51,8 @@ class RuntimeProcess:
     proc: subprocess.Popen[bytes] | None = None
     client_address: str | None = None
     admin_address: str | None = None
+    # With certificates: TLS on every listener, this process's leaf issued by the fleet's CA.
+    certificates: FleetCertificates | None = None
 
     @classmethod
     def in_work_dir(
@@ -97,7 +101,12 @@ class RuntimeProcess:
     def admin_url(self) -> str:
         if self.admin_address is None:
             raise ProcessStartError(f"{self.name} is not running")
-        return f"http://{self.admin_address}"
+        return f"{self.scheme}://{self.admin_address}"
+
+    @property
+    def scheme(self) -> str:
+        """The admin API's URL scheme."""
+        return "https" if self.certificates is not None else "http"
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -130,6 +139,7 @@ class RuntimeProcess:
             str(self.ports_file),
             "--log-level",
             "WARNING",
+            *(self.certificates.serve_flags(self.name) if self.certificates is not None else []),
             *self.extra_args,
         ]
 

@@ -1,7 +1,9 @@
 """Settings of one runtime process: command line, ``TXNKEEPER_*`` environment and ``--config`` file.
 
 Why one module: the operator sets env, the local fleet passes flags and a config file carries the CR's
-batchedWrite block; all three meet here, are validated once, and produce one ``ServeConfig``.
+batchedWrite block; all three meet here and produce one ``ServeConfig``. What a declared section
+accepts, and how a refusal reads, is its declaration's (``contract/settings/``, read through
+``schema.load``); this module reads the file once and hands each section its part.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.bufferedwriter.config import BatchedWriteConfig, InvalidBatchedWriteConfigError
-from txnkeeper.contract.batching import BLOCK_FIELDS, STAT_FIELDS
+from txnkeeper.contract.settings import schema
+from txnkeeper.contract.settings.batched_write import BATCHED_WRITE
 from txnkeeper.contract.store_settings import DEFAULT_CHECK_INTERVAL_SECONDS
 from txnkeeper.contract.tls import TlsServerSettings
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
@@ -221,14 +224,23 @@ def _is_ascii_decimal(text: str) -> bool:
 
 
 def _one(block: dict[str, Any], path: Path) -> BatchedWriteConfig:
-    if set(block) <= set(BLOCK_FIELDS):
-        return BatchedWriteConfig().with_block(block)
-    if set(block) <= set(STAT_FIELDS):
-        return BatchedWriteConfig().with_stat(block)
-    unknown = sorted(set(block) - set(BLOCK_FIELDS) - set(STAT_FIELDS))
+    # One spelling per block, each checked by the declaration: the CR's keys (through the loader, as
+    # every section is read) or Pulsar's TxnBufferedWriterStat keys.
+    where = f"{path}: {BATCHED_WRITE.name}"
+    try:
+        if set(block) <= set(BATCHED_WRITE.keys()):
+            loaded = schema.load(BATCHED_WRITE, flags={}, environ={}, file=block, file_where=where)
+            return BatchedWriteConfig(**loaded.values)
+        if set(block) <= set(BATCHED_WRITE.keys("stat")):
+            fields = schema.parse(BATCHED_WRITE, block, where, spelling="stat")
+            return BatchedWriteConfig(**(BATCHED_WRITE.defaults() | fields))
+    except schema.SettingValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    block_keys, stat_keys = set(BATCHED_WRITE.keys()), set(BATCHED_WRITE.keys("stat"))
+    unknown = sorted(set(block) - block_keys - stat_keys)
     raise ConfigError(
         f"{path}: unknown batchedWrite key(s) {unknown or sorted(block)}; use the CR's keys"
-        f" {sorted(BLOCK_FIELDS)} or Pulsar's TxnBufferedWriterStat keys {sorted(STAT_FIELDS)}, not a mix"
+        f" {sorted(block_keys)} or Pulsar's TxnBufferedWriterStat keys {sorted(stat_keys)}, not a mix"
     )
 
 

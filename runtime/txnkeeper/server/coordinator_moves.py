@@ -31,6 +31,7 @@ import aiohttp
 import google_crc32c
 
 from txnkeeper import statefile
+from txnkeeper.admin.https import AdminHttps
 from txnkeeper.admin.views import AdminRefusal
 from txnkeeper.contract.placement import Placement, PlacementError
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
@@ -38,6 +39,7 @@ from txnkeeper.coordinator.routes import ROUTES_KIND, ROUTES_VERSION, RouteTable
 from txnkeeper.coordinator.snapshot import snapshot_path
 from txnkeeper.ledger.lock import LOCK_FILE
 from txnkeeper.ledger.names import encode_name
+from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper.server.placement_state import PlacementRefusal, PodPlacement
 from txnkeeper.txnlog import transaction_log_name
 
@@ -90,12 +92,23 @@ def _fsync_dir(path: Path) -> None:
 class CoordinatorMoves:
     """The move verbs for the coordinator ids of one pod, and its reaction to record changes."""
 
-    def __init__(self, host: CoordinatorHost, placement: PodPlacement, data_dir: Path, token: str | None):
+    def __init__(
+        self,
+        host: CoordinatorHost,
+        placement: PodPlacement,
+        data_dir: Path,
+        token: str | None,
+        *,
+        tls: ClientTls | None = None,
+    ) -> None:
+        """``tls``: the pod's own certificate and CA bundle, presented and checked when a receive
+        pulls from an https:// source (mutual TLS, re-read on rotation: admin/https.py)."""
         self._host = host
         self.placement = placement
         self._data = data_dir
         self._state = data_dir / "coordinator"
         self._token = token
+        self._https = AdminHttps(tls)
         self._locks: dict[int, asyncio.Lock] = {}
         self._rates: dict[int, deque[tuple[float, int]]] = {}
         self._sampler: asyncio.Task[None] | None = None
@@ -205,7 +218,9 @@ class CoordinatorMoves:
         self._check_id(c)
         if not source.startswith(("http://", "https://")):
             raise AdminRefusal(
-                400, f"source must be the source pod's admin URL (http://host:port), not {source!r}"
+                400,
+                f"source must be the source pod's admin URL (http://host:port or https://host:port),"
+                f" not {source!r}",
             )
         async with self._lock(c):
             record = self.placement.record
@@ -430,20 +445,16 @@ class CoordinatorMoves:
         base = f"{source}/admin/v1/coordinators/{c}/files"
         staging = self._staging(c)
         await asyncio.to_thread(shutil.rmtree, staging, True)
-        async with aiohttp.ClientSession(timeout=PULL_TIMEOUT, headers=headers) as session:
-            async with session.get(base, params={"move": move}) as response:
-                if response.status != 200:
-                    text = await response.text()
-                    raise AdminRefusal(502, f"{source} refused the manifest ({response.status}: {text})")
-                manifest = await response.json()
-            files = _checked_manifest(manifest, c, move, source)
-            for entry in files:
-                if not self._is_file_of(c, entry["path"]):
-                    raise AdminRefusal(
-                        502, f"the source's manifest names {entry['path']!r}, not a file of coordinator {c}"
-                    )
-            for entry in files:
-                await self._fetch(session, base, move, entry, staging)
+        try:
+            async with aiohttp.ClientSession(timeout=PULL_TIMEOUT, headers=headers) as session:
+                files = await self._source_manifest(session, c, move, source)
+                for entry in files:
+                    await self._fetch(session, base, move, entry, staging)
+        except aiohttp.ClientError as exc:
+            why = await self._https.explain(exc, base)
+            raise AdminRefusal(
+                502, f"pulling coordinator {c} from {source} failed ({why}); nothing was installed: retry"
+            ) from exc
         await asyncio.to_thread(self._install, c, [e["path"] for e in files], staging)
         export = self._export_path(c)
         if export.is_file():
@@ -451,6 +462,23 @@ class CoordinatorMoves:
             await asyncio.to_thread(table.load)
             await self._host.route_table.add_missing(table.rows())
         return {"files": len(files), "bytes": sum(e["size"] for e in files)}
+
+    async def _source_manifest(
+        self, session: aiohttp.ClientSession, c: int, move: str, source: str
+    ) -> list[dict[str, Any]]:
+        base = f"{source}/admin/v1/coordinators/{c}/files"
+        async with session.get(base, params={"move": move}, ssl=self._https.ssl_for(base)) as response:
+            if response.status != 200:
+                text = await response.text()
+                raise AdminRefusal(502, f"{source} refused the manifest ({response.status}: {text})")
+            manifest = await response.json()
+        files = _checked_manifest(manifest, c, move, source)
+        for entry in files:
+            if not self._is_file_of(c, entry["path"]):
+                raise AdminRefusal(
+                    502, f"the source's manifest names {entry['path']!r}, not a file of coordinator {c}"
+                )
+        return files
 
     async def _fetch(
         self, session: aiohttp.ClientSession, base: str, move: str, entry: dict[str, Any], staging: Path
@@ -460,7 +488,8 @@ class CoordinatorMoves:
         await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
         crc = 0
         size = 0
-        async with session.get(base, params={"move": move, "path": rel}) as response:
+        params = {"move": move, "path": rel}
+        async with session.get(base, params=params, ssl=self._https.ssl_for(base)) as response:
             if response.status != 200:
                 raise AdminRefusal(
                     502, f"the source refused {rel} ({response.status}: {await response.text()})"

@@ -316,6 +316,7 @@ class PodRuntime:
             shards=(lambda: self.shards if self.shards is not None and self.shards.attached else None)
             if self.role == "store"
             else None,
+            tls=self._tls.report if self._tls is not None else None,
         )
         add_coordinator_routes(app, lambda: self.coordinator_moves)
         self._admin_runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=HttpServerLog())
@@ -345,7 +346,9 @@ class PodRuntime:
             initial = Placement.initial("coordinator-ids", replicas, count)
             ordinal = pod_ordinal(self.pod_name)
             self.placement = PodPlacement.load(self.config.data_dir, "coordinator-ids", ordinal, initial)
-            moves = CoordinatorMoves(self, self.placement, self.config.data_dir, self.config.admin_token)
+            moves = CoordinatorMoves(
+                self, self.placement, self.config.data_dir, self.config.admin_token, tls=self._peer_tls()
+            )
             self.coordinator_moves = moves
             ids = moves.ids_to_open()
         for coordinator_id in ids:
@@ -434,6 +437,7 @@ class PodRuntime:
             ordinal=pod_ordinal(self.pod_name),
             factory=factory,
             admin_token=self.config.admin_token,
+            tls=self._peer_tls(),
         )
 
         def served_topic_exists(topic: str) -> bool:

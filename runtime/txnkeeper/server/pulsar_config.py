@@ -18,42 +18,40 @@ Pulsar's clients then use ``persistent://t/ns/orders-partition-0`` .. ``-partiti
 its own placed like any other; the base name itself is refused for producers and consumers, as a
 Pulsar broker refuses it.
 
-Why its own module: like ``txn_config``, self-contained settings with their own validation.
+The settings, their checks and their errors are the declaration's (``contract/settings/pulsar.py``);
+this module binds them to ``serve``'s flags and reads the partitioned topics.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from txnkeeper.server.config import ConfigError, env, file_section
+from txnkeeper.contract.settings import schema
+from txnkeeper.contract.settings.pulsar import PARTITIONS, PULSAR
+from txnkeeper.server.config import ConfigError, file_section
 from txnkeeper.server.pulsar_placement import PulsarPlacement
 from txnkeeper.topicnames import name_problem
 
-SECTION = "pulsar"
-MAX_PARTITIONS = 10_000
+SECTION = PULSAR.name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--pulsar-urls",
-        default=env("PULSAR_URLS"),
-        help="comma-separated pulsar://host:port of every store pod in ordinal order: what Pulsar"
-        " lookups of topics answer (default: this pod's own address)",
-    )
-    parser.add_argument(
-        "--pulsar-coordinator-urls",
-        default=env("PULSAR_COORDINATOR_URLS"),
-        help="comma-separated pulsar://host:port of every coordinator pod in ordinal order: where Pulsar"
-        " clients find transaction coordinators, and store pods register their transactions",
-    )
+    schema.add_flags(parser, PULSAR)
 
 
 def placement(ns: argparse.Namespace, config: Path | None = None) -> PulsarPlacement:
+    raw = file_section(config, SECTION)
+    try:
+        loaded = schema.load(
+            PULSAR, flags=vars(ns), environ=os.environ, file=raw, file_where=f"{config}: {SECTION}"
+        )
+    except schema.SettingValueError as exc:
+        raise ConfigError(str(exc)) from exc
     return PulsarPlacement(
-        _urls(ns.pulsar_urls, "--pulsar-urls (or TXNKEEPER_PULSAR_URLS)"),
-        _urls(ns.pulsar_coordinator_urls, "--pulsar-coordinator-urls (or TXNKEEPER_PULSAR_COORDINATOR_URLS)"),
+        _urls(loaded.values["store_urls"]),
+        _urls(loaded.values["coordinator_urls"]),
         ns.coordinators if ns.coordinators is not None else 1,
         partitioned_topics(config),
     )
@@ -61,11 +59,10 @@ def placement(ns: argparse.Namespace, config: Path | None = None) -> PulsarPlace
 
 def partitioned_topics(config: Path | None) -> dict[str, int]:
     section = file_section(config, SECTION) or {}
-    unknown = sorted(set(section) - {"partitionedTopics"})
-    if unknown:
-        raise ConfigError(
-            f"{config}: section {SECTION}: unknown key(s) {unknown}; it holds partitionedTopics"
-        )
+    try:
+        schema.parse(PULSAR, section, f"{config}: section {SECTION}")
+    except schema.SettingValueError as exc:
+        raise ConfigError(f"{exc} (the section holds partitionedTopics)") from exc
     topics = section.get("partitionedTopics", {})
     where = f"{config}: {SECTION}.partitionedTopics"
     if not isinstance(topics, dict):
@@ -77,34 +74,20 @@ def partitioned_topics(config: Path | None) -> dict[str, int]:
             raise ConfigError(f"{where}: {problem}")
         if "-partition-" in topic:
             raise ConfigError(f"{where}: {topic!r} is itself a partition's name; give the base name")
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
-            raise ConfigError(
-                f"{where}: {topic} has {count!r} partitions; give an integer 1..{MAX_PARTITIONS}"
-            )
-        out[topic] = count
+        try:
+            out[topic] = PARTITIONS.check(count, f"{where}: {topic}: partitions")
+        except schema.SettingValueError as exc:
+            raise ConfigError(str(exc)) from exc
     return out
 
 
-def _urls(text: str | None, flag: str) -> tuple[str, ...]:
+def _urls(text: str | None) -> tuple[str, ...]:
+    # Checked by the declaration's format already: split only.
     if text is None or not text.strip():
         return ()
-    urls = tuple(part.strip() for part in text.split(","))
-    for url in urls:
-        problem = url_problem(url)
-        if problem is not None:
-            raise ConfigError(f"{flag}: {problem}")
-    return urls
+    return tuple(part.strip() for part in text.split(","))
 
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` is not a Pulsar service URL of one pod (None: it is)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        return f"{url!r} is not a URL ({exc}); give pulsar://host:port"
-    if parts.scheme != "pulsar" or not parts.hostname or port is None:
-        return f"{url!r} is not pulsar://host:port"
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        return f"{url!r} has more than pulsar://host:port"
-    return None
+    return schema.pulsar_url_problem(url)

@@ -42,6 +42,7 @@ from txnkeeper.server.config import (
     env,
 )
 from txnkeeper.topic.tailcache import DEFAULT_MAX_BYTES as DEFAULT_TAIL_CACHE_BYTES
+from txnkeeper.topic.writers import SingleKeySettings
 
 log = logging.getLogger("txnkeeper.serve")
 
@@ -256,9 +257,10 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
         policies = topic_policies.load(ns.config)
     except topic_policies.TopicPolicySettingsError as exc:
         raise ConfigError(str(exc)) from exc
-    single_key = srk_config.single_key_settings(ns, ns.config)
+    single_key_loaded = srk_config.load(ns, ns.config)
+    single_key = SingleKeySettings(**single_key_loaded.values)
     txn_timeouts = txn_config.txn_timeouts(ns, ns.config)
-    _gate_features(ns, offload, single_key.enabled)
+    _gate_features(ns, offload, single_key_loaded.sources["enabled"] if single_key.enabled else None)
     if ns.tail_cache_bytes < 0:
         raise ConfigError(
             f"--tail-cache-bytes (or TXNKEEPER_TAIL_CACHE_BYTES) is {ns.tail_cache_bytes}: give 0 (no"
@@ -298,7 +300,7 @@ def build_config(ns: argparse.Namespace) -> ServeConfig:
     )
 
 
-def _gate_features(ns: argparse.Namespace, offload: dict[str, Any] | None, srk_enabled: bool) -> None:
+def _gate_features(ns: argparse.Namespace, offload: dict[str, Any] | None, srk_enabled: str | None) -> None:
     """Refuse settings that switch on a feature the pod's ``--release`` lacks (contracts §4, §6).
 
     The operator never renders them for such a release (CEL and its own gate), but a hand-written
@@ -307,12 +309,8 @@ def _gate_features(ns: argparse.Namespace, offload: dict[str, Any] | None, srk_e
     malformed section is reported as such first.
     """
     wanted: list[tuple[Feature, str]] = []
-    if srk_enabled:
-        if ns.srk_enabled == "true":
-            source = "--srk-enabled true (or TXNKEEPER_SRK_ENABLED=true)"
-        else:
-            source = f"{ns.config}: {srk_config.SECTION}.enabled: true"
-        wanted.append((Feature.SINGLE_KEY_TRANSACTIONS, source))
+    if srk_enabled is not None:  # how it was switched on: the flag, its env variable or the file's key
+        wanted.append((Feature.SINGLE_KEY_TRANSACTIONS, srk_enabled))
     if offload:
         # Every accepted section has a driver (filesystem when the key is left out), so even with the
         # threshold at -1 the admin verbs could offload by hand: any section needs the feature.

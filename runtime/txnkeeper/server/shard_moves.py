@@ -37,11 +37,13 @@ import aiohttp
 import google_crc32c
 
 from txnkeeper import statefile
+from txnkeeper.admin.https import AdminHttps
 from txnkeeper.admin.views import AdminRefusal
 from txnkeeper.contract.placement import Member, Placement, PlacementError, PlacementKind, shard_of
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.names import decode_name
 from txnkeeper.pendingack import pending_ack_log_name
+from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper.server import shard_files as sf
 from txnkeeper.server import shard_precopy as pc
 from txnkeeper.server import shard_tier as tier
@@ -81,12 +83,16 @@ class ShardMoves:
         ordinal: int,
         factory: ManagedLedgerFactory,
         admin_token: str | None,
+        tls: ClientTls | None = None,
     ) -> None:
+        """``tls``: the pod's own certificate and CA bundle, presented and checked when a receive
+        pulls from an https:// source (mutual TLS, re-read on rotation: admin/https.py)."""
         self.data_dir = data_dir
         self.placement = placement
         self.ordinal = ordinal
         self._factory = factory
         self._token = admin_token
+        self._https = AdminHttps(tls)
         self._topics: TopicService | None = None
         self._offloads: TopicOffloads | None = None
         self._policies: TopicPolicyStore | None = None
@@ -733,7 +739,9 @@ class ShardMoves:
             timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
             async with (
                 aiohttp.ClientSession(timeout=timeout) as http,
-                http.post(url, json={"move": move}, headers=self._headers()) as response,
+                http.post(
+                    url, json={"move": move}, headers=self._headers(), ssl=self._https.ssl_for(url)
+                ) as response,
             ):
                 text = await response.text()
                 if response.status != 200:
@@ -742,8 +750,9 @@ class ShardMoves:
                         f"the source refused the manifest ({url}: HTTP {response.status}: {text[:500]})",
                     )
         except aiohttp.ClientError as exc:
+            why = await self._https.explain(exc, url)
             raise AdminRefusal(
-                502, f"the source {source} cannot be reached ({exc}); retry the receive"
+                502, f"the source {source} cannot be reached ({why}); retry the receive"
             ) from exc
         try:
             manifest = json.loads(text)
@@ -782,7 +791,9 @@ class ShardMoves:
                 params = {"move": move, "path": rel}
                 crc, size = 0, 0
                 try:
-                    async with http.get(base, params=params, headers=self._headers()) as response:
+                    async with http.get(
+                        base, params=params, headers=self._headers(), ssl=self._https.ssl_for(base)
+                    ) as response:
                         if response.status != 200:
                             text = await response.text()
                             raise AdminRefusal(
@@ -805,8 +816,9 @@ class ShardMoves:
                         finally:
                             handle.close()
                 except aiohttp.ClientError as exc:
+                    why = await self._https.explain(exc, base)
                     raise AdminRefusal(
-                        502, f"pulling {rel} from {source} failed ({exc}); retry the receive"
+                        502, f"pulling {rel} from {source} failed ({why}); retry the receive"
                     ) from exc
                 if size != entry["size"] or crc != entry["crc32c"]:
                     await asyncio.to_thread(sf.remove, staged)

@@ -20,11 +20,14 @@ import logging
 import ssl
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from txnkeeper.contract import pki
+from txnkeeper.contract.admin import PodCertificate, PodTls
 from txnkeeper.contract.tls import TlsClientSettings, TlsServerSettings, TlsSettingsError
 from txnkeeper.protocol.tls_accept import tls_factory
 from txnkeeper.server.tls_settings import TlsContexts, build_contexts, read_files
@@ -38,6 +41,7 @@ class TlsReloader:
     def __init__(self, config: TlsServerSettings) -> None:
         self.config = config
         self._current: TlsContexts = build_contexts(config, read_files(config))
+        self._report = _report(config, self._current, dt.datetime.now(dt.UTC))
         self._failed_digest: str | None = None
         self.reloads = 0
         self.reload_errors = 0
@@ -89,6 +93,7 @@ class TlsReloader:
         except (TlsSettingsError, ssl.SSLError, ValueError) as exc:
             return self._failed(digest, exc)
         self._current = contexts
+        self._report = _report(self.config, contexts, dt.datetime.now(dt.UTC))
         self._failed_digest = None
         self.failing = False
         self.reloads += 1
@@ -103,6 +108,11 @@ class TlsReloader:
         self.reload_errors += 1
         log.error("TLS reload failed, the certificates in use stay: %s", exc)
         return False
+
+    def report(self) -> PodTls:
+        """``GET /admin/v1/tls``: the files in use now (a rotation the pod could not use shows as
+        ``reloadFailing`` beside the old, still served, certificate)."""
+        return replace(self._report, reload_failing=self.failing)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._watch())
@@ -126,6 +136,30 @@ class TlsReloader:
     def expiry_seconds(self) -> float:
         now = dt.datetime.now(dt.UTC)
         return (self._current.certificate.not_valid_after_utc - now).total_seconds()
+
+
+def _report(config: TlsServerSettings, contexts: TlsContexts, loaded_at: dt.datetime) -> PodTls:
+    """What ``contexts`` hold, for GET /admin/v1/tls: fingerprints (sha256 of the DER, hex) of the leaf,
+    of its issuer when the CA bundle holds it, and of every trusted CA."""
+    leaf = contexts.certificate
+    try:
+        what = f"CA file {config.ca_file}"
+        cas = pki.load_bundle(contexts.files.ca, what=what) if contexts.files.ca else []
+    except ValueError:
+        cas = []  # build_contexts loaded them; a bundle it accepted but pki refuses reports no CAs
+    issuer = next((ca for ca in cas if pki.signed_by(leaf, ca)), None)
+    return PodTls(
+        enabled=True,
+        listeners=tuple(sorted(config.listeners)),
+        certificate=PodCertificate(
+            fingerprint=pki.fingerprint(leaf),
+            not_after=leaf.not_valid_after_utc.isoformat(),
+            issuer_fingerprint=pki.fingerprint(issuer) if issuer is not None else None,
+            hosts=tuple(pki.hosts_of(leaf)),
+        ),
+        trusted_cas=tuple(pki.fingerprint(ca) for ca in cas),
+        loaded_at=loaded_at.isoformat(),
+    )
 
 
 class TlsCollector(Collector):

@@ -5,7 +5,7 @@ port, which carries txnkeeper's protocol and Pulsar's, so Pulsar clients use ``p
 API with /metrics; and its connections to other pods, which present the same certificate and verify the
 peer against the CA file). The files are meant to be a mounted Kubernetes Secret (tls.crt, tls.key,
 ca.crt): they are re-read while the pod runs (server/tls_reload.py). Flags win over env, env over the
-config file's section, key by key.
+config file's section, key by key; each value is checked by the declaration (contract/settings/tls.py).
 
 Everything wrong is refused at start naming the file: missing or unreadable, not PEM, a key that does not
 match the certificate, a certificate that has expired or is not valid yet (with its notAfter/notBefore).
@@ -16,82 +16,58 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import os
 import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 
+from txnkeeper.contract.settings import schema
+from txnkeeper.contract.settings.tls import TLS
 from txnkeeper.contract.tls import (
-    CA_FILE_ENV,
     CERT_FILE_ENV,
-    DEFAULT_RELOAD_INTERVAL_S,
     KEY_FILE_ENV,
-    LISTENERS,
     TlsServerSettings,
     TlsSettingsError,
     load_pair,
 )
-from txnkeeper.server.config import ConfigError, env, file_section
+from txnkeeper.server.config import ConfigError, file_section
 
-SECTION = "tls"
+SECTION = TLS.name
 CLIENT_AUTH_MODES = {"none": ssl.CERT_NONE, "request": ssl.CERT_OPTIONAL, "require": ssl.CERT_REQUIRED}
-_KEYS = ("certFile", "keyFile", "caFile", "listeners", "clientAuth", "reloadIntervalSeconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("TLS (contracts §6; files are re-read while running)")
-    group.add_argument(
-        "--tls-cert-file",
-        default=env("TLS_CERT_FILE"),
-        help=f"PEM certificate (chain) of this pod; with it the listeners speak TLS (env {CERT_FILE_ENV})",
-    )
-    group.add_argument(
-        "--tls-key-file", default=env("TLS_KEY_FILE"), help=f"its private key (env {KEY_FILE_ENV})"
-    )
-    group.add_argument(
-        "--tls-ca-file",
-        default=env("TLS_CA_FILE"),
-        help="PEM CA bundle trusted for peers and client certificates; may hold several CAs (env"
-        f" {CA_FILE_ENV})",
-    )
-    group.add_argument(
-        "--tls-listeners",
-        default=env("TLS_LISTENERS"),
-        help="which of client,admin,peers use TLS (default all three once a certificate is given)",
-    )
-    group.add_argument(
-        "--tls-client-auth",
-        default=env("TLS_CLIENT_AUTH"),
-        choices=tuple(CLIENT_AUTH_MODES),
-        help="client protocol port: none, request or require a client certificate (default none)",
-    )
-    group.add_argument(
-        "--tls-admin-client-auth",
-        default=env("TLS_ADMIN_CLIENT_AUTH"),
-        choices=tuple(CLIENT_AUTH_MODES),
-        help="admin API port: none, request or require a client certificate (default none)",
-    )
-    group.add_argument(
-        "--tls-reload-interval",
-        type=float,
-        default=env("TLS_RELOAD_INTERVAL"),
-        help="seconds between checks of the TLS files for a rotation (default"
-        f" {DEFAULT_RELOAD_INTERVAL_S:g})",
-    )
+    schema.add_flags(parser.add_argument_group("TLS (contracts §6; files are re-read while running)"), TLS)
+
+
+def load(ns: argparse.Namespace, config: Path | None) -> schema.Loaded:
+    """Each TLS setting on its own, from flags > env > the config's section (the declaration's checks)."""
+    try:
+        return schema.load(
+            TLS,
+            flags=vars(ns),
+            environ=os.environ,
+            file=file_section(config, SECTION),
+            file_where=f"{config}: {SECTION}",
+        )
+    except schema.SettingValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def settings(ns: argparse.Namespace, config: Path | None) -> TlsServerSettings | None:
     """The pod's TLS settings (None: plaintext), validated and its files checked (``check_files``)."""
-    section = _section(config)
-    cert = ns.tls_cert_file or _text(section, "certFile", config)
-    key = ns.tls_key_file or _text(section, "keyFile", config)
-    ca = ns.tls_ca_file or _text(section, "caFile", config)
+    loaded = load(ns, config)
+    values, sources = loaded.values, loaded.sources
+    cert, key, ca = values["cert_file"], values["key_file"], values["ca_file"]
     if cert is None and key is None:
-        if ca is not None or ns.tls_listeners or ns.tls_client_auth or ns.tls_admin_client_auth:
+        # Flags and env that ask for TLS without a certificate are a mistake; the file's other keys
+        # may sit in a shared config file of pods that have no certificate (as before).
+        asked = [f for f in ("listeners", "client_auth", "admin_client_auth") if _flag_or_env(sources[f])]
+        if ca is not None or asked:
             raise ConfigError(
                 "TLS settings were given without a certificate: give --tls-cert-file and --tls-key-file"
                 f" (env {CERT_FILE_ENV}, {KEY_FILE_ENV}, or {SECTION}.certFile/keyFile in the config)"
@@ -100,26 +76,8 @@ def settings(ns: argparse.Namespace, config: Path | None) -> TlsServerSettings |
     if cert is None or key is None:
         missing = "--tls-cert-file" if cert is None else "--tls-key-file"
         raise ConfigError(f"TLS needs both a certificate and its key: {missing} is missing")
-    listeners = _listeners(ns.tls_listeners, section, config)
-    auth_doc = section.get("clientAuth", {}) if section else {}
-    if not isinstance(auth_doc, dict) or set(auth_doc) - {"client", "admin"}:
-        raise ConfigError(
-            f"{config}: {SECTION}.clientAuth must be an object with keys client and/or admin,"
-            f" got {auth_doc!r}"
-        )
-    client_auth = {
-        "client": _mode(ns.tls_client_auth or auth_doc.get("client", "none"), "client"),
-        "admin": _mode(ns.tls_admin_client_auth or auth_doc.get("admin", "none"), "admin"),
-    }
-    interval = ns.tls_reload_interval
-    if interval is None:
-        interval = section.get("reloadIntervalSeconds", DEFAULT_RELOAD_INTERVAL_S) if section else None
-    interval = DEFAULT_RELOAD_INTERVAL_S if interval is None else interval
-    if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0.05 <= interval <= 3600:
-        raise ConfigError(
-            f"TLS reload interval {interval!r} must be seconds between 0.05 and 3600 (default"
-            f" {DEFAULT_RELOAD_INTERVAL_S:g})"
-        )
+    listeners = set(values["listeners"])
+    client_auth = {"client": values["client_auth"], "admin": values["admin_client_auth"]}
     needs_ca = "peers" in listeners or any(
         client_auth[name] != "none" for name in ("client", "admin") if name in listeners
     )
@@ -128,7 +86,8 @@ def settings(ns: argparse.Namespace, config: Path | None) -> TlsServerSettings |
             "TLS needs a CA file (--tls-ca-file, env TXNKEEPER_TLS_CA_FILE): pod-to-pod connections"
             " (listener peers) and client certificates are verified against it"
         )
-    result = TlsServerSettings(cert, key, ca, frozenset(listeners), client_auth, float(interval))
+    interval = float(values["reload_interval_s"])
+    result = TlsServerSettings(cert, key, ca, frozenset(listeners), client_auth, interval)
     try:
         check_files(result)
     except TlsSettingsError as exc:
@@ -136,49 +95,8 @@ def settings(ns: argparse.Namespace, config: Path | None) -> TlsServerSettings |
     return result
 
 
-def _section(config: Path | None) -> dict[str, Any]:
-    section = file_section(config, SECTION)
-    if section is None:
-        return {}
-    unknown = sorted(set(section) - set(_KEYS))
-    if unknown:
-        raise ConfigError(f"{config}: {SECTION} has unknown keys {unknown}; known: {', '.join(_KEYS)}")
-    return section
-
-
-def _text(section: dict[str, Any], key: str, config: Path | None) -> str | None:
-    value = section.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{config}: {SECTION}.{key} must be a file path, got {value!r}")
-    return value
-
-
-def _listeners(flag: str | None, section: dict[str, Any], config: Path | None) -> set[str]:
-    if flag is not None:
-        names = [part.strip() for part in flag.split(",") if part.strip()]
-        source = f"--tls-listeners (env TXNKEEPER_TLS_LISTENERS) {flag!r}"
-    elif "listeners" in section:
-        raw = section["listeners"]
-        if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-            raise ConfigError(f"{config}: {SECTION}.listeners must be a list of names, got {raw!r}")
-        names = list(raw)
-        source = f"{config}: {SECTION}.listeners"
-    else:
-        return set(LISTENERS)
-    unknown = sorted(set(names) - set(LISTENERS))
-    if unknown or not names:
-        raise ConfigError(f"{source}: give one or more of {', '.join(LISTENERS)} (unknown: {unknown})")
-    return set(names)
-
-
-def _mode(value: object, listener: str) -> str:
-    if value not in CLIENT_AUTH_MODES:
-        raise ConfigError(
-            f"TLS client auth of the {listener} listener is {value!r}: give none, request or require"
-        )
-    return str(value)
+def _flag_or_env(source: str) -> bool:
+    return source.startswith(("--", schema.ENV_PREFIX))
 
 
 # --- the files ---------------------------------------------------------------------------------------

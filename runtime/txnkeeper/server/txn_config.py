@@ -6,40 +6,32 @@ the ``--max-txn-timeout-ms`` serve flag (flag > environment > file > default).
                  "namespaces": {"tenant/ns": {"maxTimeoutMs": 60000}},
                  "topics": {"persistent://tenant/ns/topic": {"maxTimeoutMs": 30000}}}
 ```
-Why its own module: like ``srk_config``, one self-contained block with its own validation; the rules
-themselves are ``coordinator/timeouts.py``'s. Store pods accept the section (one file may serve both
-roles) and use none of it.
+The settings, their bounds and their errors are the declaration's (``contract/settings/transactions.py``,
+which the CRD's fields are generated from too); this module binds it to ``serve``'s flag and reads the
+two name -> limit maps, checking each limit through the declaration. The rules themselves are
+``coordinator/timeouts.py``'s. Store pods accept the section (one file may serve both roles) and use
+none of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
-from txnkeeper.contract.coordinator_settings import MAX_TIMEOUT_KEY, TRANSACTIONS_SECTION
-from txnkeeper.coordinator.timeouts import HARD_MAX_TIMEOUT_MS, TxnTimeoutPolicy
-from txnkeeper.server.config import ConfigError, env, file_section
+from txnkeeper.contract.settings import schema
+from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT, TRANSACTIONS
+from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
+from txnkeeper.server.config import ConfigError, file_section
 from txnkeeper.topicnames import name_problem
 
-SECTION = TRANSACTIONS_SECTION  # TransactionCoordinator.spec.transactions renders into it
-_LIMIT_KEY = MAX_TIMEOUT_KEY
+SECTION = TRANSACTIONS.name  # TransactionCoordinator.spec.transactions renders into it
+_LIMIT_KEY = MAX_TIMEOUT.key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-txn-timeout-ms",
-        type=int,
-        default=env("MAX_TXN_TIMEOUT_MS"),
-        help=f"longest transaction timeout a begin may ask for (config {SECTION}.{_LIMIT_KEY};"
-        " default 900000, 15 minutes); longer ones are refused",
-    )
-
-
-def _bounded(value: object, what: str, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise ConfigError(f"{what} must be an integer in 1..{high}, got {value!r}")
-    return value
+    schema.add_flags(parser, TRANSACTIONS)
 
 
 def _limits(raw: object, where: str, kind: str, process_max: int) -> dict[str, int]:
@@ -62,28 +54,28 @@ def _limits(raw: object, where: str, kind: str, process_max: int) -> dict[str, i
             raise ConfigError(f"{at}: unknown key(s) {unknown}; known: [{_LIMIT_KEY!r}]")
         if _LIMIT_KEY not in entry:
             raise ConfigError(f"{at} needs {_LIMIT_KEY!r}")
-        limit = _bounded(entry[_LIMIT_KEY], f"{at}.{_LIMIT_KEY}", HARD_MAX_TIMEOUT_MS)
+        try:
+            limit: int = ENTRY_MAX_TIMEOUT.check(entry[_LIMIT_KEY], f"{at}.{_LIMIT_KEY}")
+        except schema.SettingValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if limit > process_max:
             raise ConfigError(
                 f"{at}.{_LIMIT_KEY} {limit} ms is above the process maximum of {process_max} ms: a"
-                f" {kind} may only lower it (raise --max-txn-timeout-ms or {SECTION}.{_LIMIT_KEY})"
+                f" {kind} may only lower it (raise {MAX_TIMEOUT.flag} or {SECTION}.{_LIMIT_KEY})"
             )
         limits[name] = limit
     return limits
 
 
 def txn_timeouts(ns: argparse.Namespace, path: Path | None) -> TxnTimeoutPolicy:
-    """The policy from the config file's section, its process maximum overridden by the flag."""
+    """The policy from the config file's section, its process maximum overridden by env and flag."""
     where = f"{path}: {SECTION}"
     raw: dict[str, Any] = file_section(path, SECTION) or {}
-    unknown = sorted(set(raw) - {_LIMIT_KEY, "namespaces", "topics"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {[_LIMIT_KEY, 'namespaces', 'topics']}")
-    process_max = TxnTimeoutPolicy().max_timeout_ms
-    if _LIMIT_KEY in raw:
-        process_max = _bounded(raw[_LIMIT_KEY], f"{where}.{_LIMIT_KEY}", HARD_MAX_TIMEOUT_MS)
-    if ns.max_txn_timeout_ms is not None:
-        process_max = _bounded(ns.max_txn_timeout_ms, "--max-txn-timeout-ms", HARD_MAX_TIMEOUT_MS)
+    try:
+        loaded = schema.load(TRANSACTIONS, flags=vars(ns), environ=os.environ, file=raw, file_where=where)
+    except schema.SettingValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    process_max: int = loaded.values[MAX_TIMEOUT.field]
     namespaces = _limits(raw.get("namespaces", {}), f"{where}.namespaces", "namespace", process_max)
     topics = _limits(raw.get("topics", {}), f"{where}.topics", "topic", process_max)
     return TxnTimeoutPolicy(process_max, namespaces, topics)

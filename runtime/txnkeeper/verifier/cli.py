@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract import tls
 from txnkeeper.verifier import k8s
 from txnkeeper.verifier.decide import failure_report, report_summary
 from txnkeeper.verifier.fetch import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S
@@ -151,7 +152,9 @@ def _endpoints(ns: argparse.Namespace, kube: k8s.LazyKube) -> list[PodEndpoint]:
     for path in ns.endpoints_file:
         endpoints.extend(load_endpoints(path))
     if ns.selector:
-        endpoints.extend(k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port))
+        endpoints.extend(
+            k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port, tls=_tls_on())
+        )
     if not endpoints:
         raise VerifierInputError("no pods to check: give --endpoint, --endpoints-file or --selector")
     return dedupe_endpoints(endpoints)
@@ -225,3 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+def _tls_on() -> bool:
+    """Pods are reached over https when the job has a CA to verify them (TXNKEEPER_TLS_CA_FILE, from
+    the mounted Secret; contract/tls.py)."""
+    return tls.TlsClientSettings.from_env() is not None

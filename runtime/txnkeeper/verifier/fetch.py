@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -100,6 +101,10 @@ def fetch_ledgers(
         return FetchResult(endpoint, None, f"unreachable: timed out after {timeout_s:g} s ({url})")
     except OverflowError as exc:
         return FetchResult(endpoint, None, f"malformed document: {exc} ({url})")
+    except ssl.SSLError as exc:
+        # TLS 1.3 sends "certificate required" after the handshake: it surfaces on the first read.
+        described = tls.describe_url_error(exc, url, tls.TlsClientSettings.from_env())
+        return FetchResult(endpoint, None, f"unreachable: {described or exc} ({url})")
     except (OSError, ValueError) as exc:
         # Connection reset mid-body, invalid HTTP, bad URL: the pod's answer cannot be trusted.
         return FetchResult(endpoint, None, f"unreachable: {type(exc).__name__}: {exc} ({url})")

@@ -1,15 +1,20 @@
 """The verifier's Kubernetes I/O: find the resources' pods, read markers, publish the report.
 
 Uses the official client (in-cluster service account, or a kubeconfig) and only the core API: pods are
-listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6); the report
-goes to the ConfigMap `{cr-name}-verifier-report`, key `report.json` (contracts §7).
+listed by label selector and reached at `http://{status.podIP}:{adminPort}` (contracts §6), or with
+TLS (TXNKEEPER_TLS_CA_FILE set: the job mounts its resource's Secret) at
+`https://{pod}.{headless service}.{namespace}.svc:{adminPort}`, the name the pods' certificate is for
+(urllib checks the URL's host; a pod IP is in no certificate); the report goes to the ConfigMap
+`{cr-name}-verifier-report`, key `report.json` (contracts §7).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from txnkeeper.contract.tls import CA_FILE_ENV
 from txnkeeper.verifier.model import PodEndpoint, VerifierInfraError, VerifierInputError
 
 REPORT_KEY = "report.json"
@@ -73,11 +78,19 @@ def _api_error(action: str, exc: Exception) -> VerifierInfraError:
 
 
 def discover_pods(
-    api: Any, namespace: str, selectors: list[str], admin_port: int = DEFAULT_ADMIN_PORT
+    api: Any,
+    namespace: str,
+    selectors: list[str],
+    admin_port: int = DEFAULT_ADMIN_PORT,
+    *,
+    tls: bool | None = None,
 ) -> list[PodEndpoint]:
     """Every pod matching any selector. Pods without an IP are kept (as unreachable), never skipped:
-    a pod the verifier did not check must make the verdict "not safe", not vanish from it."""
+    a pod the verifier did not check must make the verdict "not safe", not vanish from it. ``tls``
+    (default: TXNKEEPER_TLS_CA_FILE is set): https:// by the pod's DNS name in its headless Service."""
     endpoints: dict[str, PodEndpoint] = {}
+    if tls is None:
+        tls = bool(os.environ.get(CA_FILE_ENV))
     for selector in selectors:
         try:
             pods = api.list_namespaced_pod(namespace, label_selector=selector)
@@ -89,13 +102,31 @@ def discover_pods(
             name = pod.metadata.name
             ip = pod.status.pod_ip if pod.status is not None else None
             phase = pod.status.phase if pod.status is not None else None
-            if ip:
+            dns = _dns_name(pod, namespace)
+            if ip and tls and dns is None:
+                endpoints[name] = PodEndpoint(
+                    pod=name,
+                    url=None,
+                    note="no headless Service (spec.subdomain): its TLS certificate names no address to use",
+                )
+            elif ip and tls:
+                endpoints[name] = PodEndpoint(pod=name, url=f"https://{dns}:{admin_port}")
+            elif ip:
                 endpoints[name] = PodEndpoint(pod=name, url=f"http://{_host(ip)}:{admin_port}")
             else:
                 endpoints[name] = PodEndpoint(
                     pod=name, url=None, note=f"phase {phase or 'unknown'}, no pod IP"
                 )
     return [endpoints[name] for name in sorted(endpoints)]
+
+
+def _dns_name(pod: Any, namespace: str) -> str | None:
+    """``{hostname}.{subdomain}.{namespace}.svc``: a StatefulSet pod's name in its headless Service (a
+    pod's hostname defaults to its name)."""
+    spec = pod.spec
+    hostname = (getattr(spec, "hostname", None) if spec is not None else None) or pod.metadata.name
+    subdomain = getattr(spec, "subdomain", None) if spec is not None else None
+    return f"{hostname}.{subdomain}.{namespace}.svc" if hostname and subdomain else None
 
 
 def _host(ip: str) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import sys
@@ -39,6 +40,7 @@ from datetime import UTC, datetime
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
+from txnkeeper.contract import tls
 from txnkeeper.ledger.offload.blobstore import BlobStore
 from txnkeeper.ledger.offload.config import OffloadConfig
 from txnkeeper.ledger.offload.errors import BlobNotFound, OffloadError
@@ -63,7 +65,13 @@ SUMMARY_PATH = "/admin/v1/offload/summary"
 DEFAULT_SAMPLE_BLOCKS = 4
 DEFAULT_COMPARE_SEGMENTS = 2
 MAX_COMPARE_ENTRIES = 2_000  # per compared segment: its first entries, in position order
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """No proxy (pods are reached directly); https:// admin URLs (the job mounts its resource's TLS
+    Secret) verified against TXNKEEPER_TLS_CA_FILE, presenting the job's certificate (contract/tls.py)."""
+    return tls.url_opener(tls.TlsClientSettings.from_env())
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +129,7 @@ def fetch_segments(
             continue
         url = endpoint.url.rstrip("/") + SUMMARY_PATH
         try:
-            with _OPENER.open(url, timeout=timeout_s) as response:
+            with _opener().open(url, timeout=timeout_s) as response:
                 doc = json.loads(response.read())
             for store in doc["stores"]:
                 for seg in store.get("segmentList", []):
@@ -132,7 +140,10 @@ def fetch_segments(
                     )
         except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as exc:
             # Without this pod's segments its objects would look like orphans: the audit cannot pass.
-            problems.append(Finding("pod-unreadable", f"{url}: {type(exc).__name__}: {exc}", pod=pod))
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            described = tls.describe_url_error(reason, url, tls.TlsClientSettings.from_env())
+            detail = described or f"{type(exc).__name__}: {exc}"
+            problems.append(Finding("pod-unreadable", f"{url}: {detail}", pod=pod))
     return refs, problems
 
 
@@ -424,7 +435,7 @@ def _endpoints(ns: argparse.Namespace, kube: k8s.LazyKube) -> list[PodEndpoint]:
     if ns.endpoints_file:
         endpoints += load_endpoints(ns.endpoints_file)
     if ns.selector:
-        endpoints += k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port)
+        endpoints += k8s.discover_pods(kube.api, kube.namespace, ns.selector, ns.admin_port, tls=_tls_on())
     if not endpoints:
         raise VerifierInputError("no pods to audit against: give --endpoint, --endpoints-file or --selector")
     return dedupe_endpoints(endpoints)
@@ -518,3 +529,9 @@ def run(ns: argparse.Namespace) -> int:
 
 def _is_configmap(output: str) -> bool:
     return output.startswith("configmap:") and output != "configmap:"
+
+
+def _tls_on() -> bool:
+    """Pods are reached over https when the job has a CA to verify them (TXNKEEPER_TLS_CA_FILE, from
+    the mounted Secret; contract/tls.py)."""
+    return tls.TlsClientSettings.from_env() is not None

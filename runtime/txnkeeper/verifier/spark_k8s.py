@@ -35,6 +35,9 @@ ENV_EXECUTORS = "TXNKEEPER_SPARK_EXECUTORS"
 # audit's tier credentials and shared claim); only spark.kubernetes.executor.* keys are accepted.
 ENV_EXECUTOR_CONF = "TXNKEEPER_SPARK_EXECUTOR_CONF"
 EXECUTOR_CONF_PREFIX = "spark.kubernetes.executor."
+# With TLS the executors fetch from the pods' https admin APIs with the job's certificate files
+# (mounted by spark.kubernetes.executor.secrets.*): the files' env, and nothing else, may be set too.
+EXECUTOR_TLS_ENV_PREFIX = "spark.executorEnv.TXNKEEPER_TLS_"
 REQUIRED_ENV = (ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_IMAGE)
 # Fixed so the executors can be told where to call back (and a NetworkPolicy could name them).
 DRIVER_PORT = 7078
@@ -118,10 +121,11 @@ def _executor_conf(env: Mapping[str, str]) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in conf.items()
     ):
         raise VerifierInputError(f"{ENV_EXECUTOR_CONF} must be a JSON object of strings, got {text[:200]!r}")
-    outside = sorted(k for k in conf if not k.startswith(EXECUTOR_CONF_PREFIX))
+    outside = sorted(k for k in conf if not k.startswith((EXECUTOR_CONF_PREFIX, EXECUTOR_TLS_ENV_PREFIX)))
     if outside:
         raise VerifierInputError(
-            f"{ENV_EXECUTOR_CONF} may only set {EXECUTOR_CONF_PREFIX}* (executor pods), got {outside}"
+            f"{ENV_EXECUTOR_CONF} may only set {EXECUTOR_CONF_PREFIX}* (executor pods) and"
+            f" {EXECUTOR_TLS_ENV_PREFIX}* (their TLS files), got {outside}"
         )
     return conf
 
