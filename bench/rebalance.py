@@ -1,17 +1,23 @@
 """Shard move benchmark (issue 27): how long moving one shard takes, and what its clients feel.
 
 Starts real processes: one coordinator and two store pods with placement (``--replicas 2``), fills one
-shard of pod 0 with --sizes-mib of messages through the client, then moves that shard to pod 1 with
+shard of pod 0 with --sizes MiB of messages through the client, then moves that shard to pod 1 with
 ``txnkeeper.admin.move.move_shard`` (the §12 steps the operator and ``txnkeeper admin shards move``
-take: fence, copy pod to pod with checksums, switch, release) while two clients keep working on other
-topics of the same shard: a plain producer and a transactional one (send + commit). For each size it
-reports the move's time and bytes, the longest gap each client saw between two successful operations
-around the move (its pause), and their throughput during the move against the seconds before it.
+take: pre-copy of the closed ledgers while the source serves, fence, copy of the rest with checksums,
+switch, release) while two clients keep working on other topics of the same shard: a plain producer
+and a transactional one (send + commit). For each size and tier it reports the move's time, the pause
+(fence -> switch) as the driver saw it and as each client felt it (the longest gap between two of its
+successful operations around the move), the bytes copied during the pre-copy and during the pause,
+and each client's throughput during the move against the seconds before it.
 
-Offloaded shards are not measured: the store side always copies pod to pod (offloaded segments stay in
-the tier and are not copied, so a shard whose ledgers are offloaded moves only its local tail).
+Tiers: ``none`` (every byte is copied pod to pod) and ``filesystem`` (both pods offload to the same
+directory, as pods of one resource share their tier: threshold 0, deletion lag 0, and the move starts
+once every closed ledger of the filled topic is offloaded and its local file deleted, so only the
+metadata and the data not yet offloaded move). ``--deletion-lag-ms N`` > 0: the local files stay (their
+segments complete in the tier), and a target sharing the tier takes them from it instead of copying.
 
-    .venv/bin/python bench/rebalance.py [--sizes-mib 10,100] [--payload 65536] [--dir /path]
+    .venv/bin/python bench/rebalance.py [--sizes 10,100,1024] [--tiers none,filesystem] [--no-precopy]
+        [--precopy-mib-per-s N] [--deletion-lag-ms N] [--payload 65536] [--dir /path]
 """
 
 from __future__ import annotations
@@ -36,13 +42,15 @@ from typing import Any
 
 import aiohttp
 
-from txnkeeper.admin.move import move_shard
+from txnkeeper.admin.move import move_shard, unload
 from txnkeeper.client.client import Client
 from txnkeeper.contract.admin import AdminClient
 from txnkeeper.contract.placement import Member
+from txnkeeper.ledger.names import encode_name
 
 SHARDS = 32  # Placement.initial("store-shards", 2): 16 per replica
 READY_TIMEOUT = 120.0
+OFFLOAD_TIMEOUT = 600.0
 BEFORE_S = 3.0
 AFTER_S = 2.0
 
@@ -135,25 +143,81 @@ class Worker:
                 continue
             self.done.append(time.monotonic())
 
-    def figures(self, start: float, end: float) -> dict[str, Any]:
+    def rate(self, start: float, end: float) -> float:
+        return sum(1 for t in self.done if start <= t <= end) / max(end - start, 1e-3)
+
+    def figures(self, start: float, end: float, precopied: float) -> dict[str, Any]:
+        """``precopied``: when the pre-copy ended (the fence began)."""
         window = [t for t in self.done if start - BEFORE_S <= t <= end + AFTER_S]
         gaps = [b - a for a, b in itertools.pairwise(window)]
-        before = sum(1 for t in self.done if start - BEFORE_S <= t < start) / BEFORE_S
-        during = sum(1 for t in self.done if start <= t <= end) / max(end - start, 1e-3)
+        before = self.rate(start - BEFORE_S, start)
+        during = self.rate(start, end)
+        precopy = self.rate(start, precopied) if precopied - start > 0.05 else None
         return {
             "longest_pause_s": round(max(gaps, default=0.0), 3),
             "ops_per_s_before": round(before, 1),
             "ops_per_s_during": round(during, 1),
             "during_vs_before": round(during / before, 2) if before else None,
+            # The copy's share of the move: what the data costs the clients, apart from the pause.
+            "during_precopy_vs_before": round(precopy / before, 2)
+            if before and precopy is not None
+            else None,
             "errors": self.errors,
             "last_error": self.last_error[:300],
         }
 
 
-async def one_size(root: Path, mib: int, payload_size: int) -> dict[str, Any]:
+def tier_config(root: Path, lag_ms: int = 0) -> list[str]:
+    """Both store pods offload to one directory (a shared tier), everything at once, local copies
+    deleted as soon as their segments are complete."""
+    (root / "tier").mkdir()
+    config = root / "store-config.json"
+    offload = {
+        "managedLedgerOffloadDriver": "filesystem",
+        "fileSystemURI": str(root / "tier"),
+        "managedLedgerOffloadThresholdInBytes": 0,
+        "managedLedgerOffloadDeletionLagMs": lag_ms,
+    }
+    config.write_text(json.dumps({"offload": offload}))
+    return ["--config", str(config), "--release", "3.0.0"]  # offload segments: format level 3
+
+
+def local_ledgers(pod: Pod, topic: str) -> list[Path]:
+    return sorted((pod.dir / "data" / "ledgers" / encode_name(topic) / "ledgers").glob("*.ledger"))
+
+
+async def offload_now(pod: Pod, topic: str, token: str) -> None:
+    """Pulsar's ``topics offload``: the streaming segment closes, so the closed ledgers it holds are
+    complete in the tier (a streaming segment otherwise stays open up to its rollover time)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{pod.admin}/admin/v1/topics/offload",
+            params={"topic": topic},
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response,
+    ):
+        if response.status != 200:
+            raise RuntimeError(f"offload of {topic}: HTTP {response.status}: {await response.text()}")
+
+
+async def wait_offloaded(pod: Pod, topic: str) -> float:
+    """Until only the open ledger of ``topic`` is still a local file (the rest offloaded, deleted)."""
+    began = time.monotonic()
+    while len(local_ledgers(pod, topic)) > 1:
+        if time.monotonic() - began > OFFLOAD_TIMEOUT:
+            raise TimeoutError(f"{topic} not offloaded in {OFFLOAD_TIMEOUT}s: see {pod.dir / 'serve.log'}")
+        await asyncio.sleep(0.2)
+    return time.monotonic() - began
+
+
+async def one_size(
+    root: Path, mib: int, payload_size: int, tier: str, *, precopy: bool, rate: int | None, lag_ms: int = 0
+) -> dict[str, Any]:
     token = (root / "token").read_text()
     tc = Pod(root, "tc-0", "coordinator", ["--coordinators", "1"])
-    stores = [Pod(root, f"pas-{i}", "store", ["--replicas", "2"]) for i in range(2)]
+    extra = ["--replicas", "2", *(tier_config(root, lag_ms) if tier == "filesystem" else [])]
+    stores = [Pod(root, f"pas-{i}", "store", extra) for i in range(2)]
     try:
         shard = 0  # owned by pas-0 in the first record (shard mod 2)
         await give_members(stores, token)
@@ -166,6 +230,18 @@ async def one_size(root: Path, mib: int, payload_size: int) -> dict[str, Any]:
             for first in range(0, sends, 64):
                 await asyncio.gather(*(producer.send(payload) for _ in range(min(64, sends - first))))
             fill_s = time.monotonic() - began
+            offload_wait_s = 0.0
+            if tier == "filesystem":
+                # Already offloaded when the move starts: the open ledger is closed (an unload), the
+                # topic reopened by one more message, and every closed ledger offloaded and deleted.
+                began = time.monotonic()
+                await unload(stores[0].admin, filled, token=token)
+                await producer.send(payload)
+                await offload_now(stores[0], filled, token)
+                if lag_ms == 0:  # else the local files stay: the segments are complete (tier-held)
+                    await wait_offloaded(stores[0], filled)
+                offload_wait_s = time.monotonic() - began
+            local_bytes = sum(p.stat().st_size for p in local_ledgers(stores[0], filled))
             plain = await client.create_producer(plain_topic)
             txn_producer = await client.create_producer(txn_topic)
 
@@ -181,7 +257,14 @@ async def one_size(root: Path, mib: int, payload_size: int) -> dict[str, Any]:
             tasks = [asyncio.create_task(w.run()) for w in workers]
             await asyncio.sleep(BEFORE_S)
             start = time.monotonic()
-            report = await move_shard(shard, stores[0].admin, stores[1].admin, token=token)
+            report = await move_shard(
+                shard,
+                stores[0].admin,
+                stores[1].admin,
+                token=token,
+                precopy=precopy,
+                precopy_bytes_per_second=rate,
+            )
             end = time.monotonic()
             await asyncio.sleep(AFTER_S)
             for worker in workers:
@@ -189,12 +272,21 @@ async def one_size(root: Path, mib: int, payload_size: int) -> dict[str, Any]:
             await asyncio.gather(*tasks)
         return {
             "shard_mib": mib,
+            "tier": tier,
+            "deletion_lag_ms": lag_ms if tier == "filesystem" else None,
+            "precopy": precopy,
+            "precopy_mib_per_s_bound": round(rate / 1024 / 1024, 1) if rate else None,
             "fill_s": round(fill_s, 2),
+            "offload_wait_s": round(offload_wait_s, 2),
+            "local_ledger_bytes_before_move": local_bytes,
             "move_s": round(end - start, 3),
-            "moved_bytes": report.bytes,
-            "moved_files": report.files,
-            "moved_mib_per_s": round(report.bytes / (1024 * 1024) / max(end - start, 1e-3), 1),
-            "clients": {w.name: w.figures(start, end) for w in workers},
+            "pause_s": report.pause_s,  # the driver's fence call -> the target's new record
+            "precopy_bytes": report.precopy_bytes,
+            "pause_copied_bytes": report.pulled_bytes,
+            "manifest_bytes": report.bytes,
+            "manifest_files": report.files,
+            "precopy_s": round(report.precopy_s, 3),
+            "clients": {w.name: w.figures(start, end, start + report.precopy_s) for w in workers},
         }
     finally:
         for pod in (*stores, tc):
@@ -203,28 +295,50 @@ async def one_size(root: Path, mib: int, payload_size: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes-mib", default="10,100", help="shard sizes (1024 for the 1 GiB case)")
+    parser.add_argument("--sizes", "--sizes-mib", default="10,100", help="shard sizes in MiB (1024: 1 GiB)")
+    parser.add_argument("--tiers", default="none,filesystem", help="none and/or filesystem (a shared tier)")
+    parser.add_argument("--no-precopy", action="store_true", help="copy everything inside the pause")
+    parser.add_argument("--precopy-mib-per-s", type=float, default=None, help="bound the pre-copy")
+    parser.add_argument(
+        "--deletion-lag-ms", type=int, default=0, help="the tier's deletion lag (> 0: local copies stay)"
+    )
     parser.add_argument("--payload", type=int, default=65536)
     parser.add_argument("--dir", type=Path, default=None, help="where the pods' data goes (default: temp)")
     args = parser.parse_args()
     results = []
-    for mib in (int(s) for s in args.sizes_mib.split(",")):
-        root = Path(tempfile.mkdtemp(prefix="rebalance-bench-", dir=args.dir))
-        try:
-            (root / "token").write_text("bench-token")
-            (root / "token").chmod(0o600)
-            (root / "cluster-secret").write_bytes(os.urandom(32))
-            (root / "cluster-secret").chmod(0o600)
-            results.append(asyncio.run(one_size(root, mib, args.payload)))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+    load_before = os.getloadavg()
+    for tier in args.tiers.split(","):
+        if tier not in ("none", "filesystem"):
+            parser.error(f"--tiers: {tier!r} is neither none nor filesystem")
+        for mib in (int(s) for s in args.sizes.split(",")):
+            root = Path(tempfile.mkdtemp(prefix="rebalance-bench-", dir=args.dir))
+            try:
+                (root / "token").write_text("bench-token")
+                (root / "token").chmod(0o600)
+                (root / "cluster-secret").write_bytes(os.urandom(32))
+                (root / "cluster-secret").chmod(0o600)
+                rate = int(args.precopy_mib_per_s * 1024 * 1024) if args.precopy_mib_per_s else None
+                run = one_size(
+                    root,
+                    mib,
+                    args.payload,
+                    tier,
+                    precopy=not args.no_precopy,
+                    rate=rate,
+                    lag_ms=args.deletion_lag_ms,
+                )
+                results.append(asyncio.run(run))
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
     load = os.getloadavg()
     print(
         json.dumps(
             {
                 "benchmark": "rebalance",
+                "load_average_1m_before": round(load_before[0], 2),
                 "load_average_1m": round(load[0], 2),
-                "offload_tier": "not measured (the store side copies pod to pod)",
+                "cpus": os.cpu_count(),
                 "results": results,
             },
             indent=1,

@@ -248,6 +248,11 @@ class ScalingRun:
     async def _step(self, calls: Any, placed: Placed, move: Move) -> None:
         token = self.token
         match move.phase:
+            case MovePhase.PRECOPY:
+                source = placed.record.member(move.source)
+                if source is None or not source.admin_url:
+                    raise AdminError(f"the record names no admin URL for pod {move.source}")
+                await calls.precopy(self._base(move.target), move.unit, move.id, source.admin_url, token)
             case MovePhase.FENCE:
                 await calls.fence(self._base(move.source), move.unit, move.id, token)
             case MovePhase.RECEIVE:

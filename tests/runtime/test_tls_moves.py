@@ -229,7 +229,7 @@ async def test_a_shard_moves_between_tls_pods_and_an_untrusted_target_is_refused
     code, out, err = await asyncio.to_thread(_cli, material, source, *move)
     assert code == 0, err
     report = json.loads(out)
-    assert report["steps"] == ["fence", "receive", "placement", "release"] and report["files"] > 0
+    assert report["steps"] == ["precopy", "fence", "receive", "placement", "release"] and report["files"] > 0
     async with Client(coordinators=[tc.listen], stores=[target.listen], tls=settings) as client:
         consumer = await client.subscribe(topic, "s")  # nothing was acknowledged: both again
         got = [(await consumer.receive(timeout=20)).data for _ in range(2)]

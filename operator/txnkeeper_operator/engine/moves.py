@@ -8,7 +8,9 @@ write-ahead: every phase is recorded before its action), carries out the actions
 folds its outcome in with ``completed`` or ``failed`` and writes again. A restart therefore repeats at
 most the one action in flight, and every §12 verb is idempotent for the same move id.
 
-A move (docs/contracts.md §12): FENCE on the source, RECEIVE on the target, SWITCH (record epoch+1 with
+A move (docs/contracts.md §12): PRECOPY on the target (store shards only: the shard's closed files
+are copied while the source keeps serving, so the fence waits only for what changed since), FENCE on
+the source, RECEIVE on the target, SWITCH (record epoch+1 with
 the target as owner, then PUT to the target, the source and every other pod), RELEASE on the source,
 done. Until the record names the target a move can be rolled back (ROLLBACK: discard on the target,
 unfence on the source): when its target is being removed, or when a step failed ``MAX_STEP_FAILURES``
@@ -112,7 +114,7 @@ def decide(inp: ScalingInput, addresses: Mapping[int, Member]) -> ScalingDecisio
         move = held
         leaving = move.target >= desired or move.target >= replicas
         switched = placement.owner_of(move.unit) == move.target
-        undecided = move.phase in (MovePhase.FENCE, MovePhase.RECEIVE) or (
+        undecided = move.phase in (MovePhase.PRECOPY, MovePhase.FENCE, MovePhase.RECEIVE) or (
             move.phase is MovePhase.SWITCH and not switched
         )
         if undecided and leaving:
@@ -192,7 +194,7 @@ def _step(inp: ScalingInput, move: Move, replicas: int) -> MoveStep | PushPlacem
     match move.phase:
         case MovePhase.FENCE | MovePhase.RELEASE:
             ok = source_ready
-        case MovePhase.RECEIVE | MovePhase.SWITCH:
+        case MovePhase.PRECOPY | MovePhase.RECEIVE | MovePhase.SWITCH:
             ok = source_ready and target_ready
         case MovePhase.ROLLBACK:
             # A target whose pod no longer exists cannot be asked; its PVC is released with it.
@@ -230,10 +232,12 @@ def _start_moves(
     picks = balance.choose(board, slots)
     new: list[Move] = []
     next_move = state.next_move
+    # Coordinator ids have no pre-copy: their log is small and wholly rewritten by its snapshot.
+    first = MovePhase.PRECOPY if placement.kind == "store-shards" else MovePhase.FENCE
     for pick in picks:
         move_id = f"{_prefix(placement)}{pick.unit}-m{next_move}"
         next_move += 1
-        new.append(Move(move_id, pick.unit, pick.source, pick.target, MovePhase.FENCE, pick.reason))
+        new.append(Move(move_id, pick.unit, pick.source, pick.target, first, pick.reason))
     rebalance = state.rebalance
     if rebalance is not None and new:
         rebalance = replace(
@@ -327,6 +331,10 @@ def completed(state: ScalingState, action: ScalingAction) -> ScalingState:
     if isinstance(action, PushPlacement):
         return _replace_move(state, move.id, replace(current, phase=MovePhase.RELEASE, failures=0, error=""))
     match current.phase:
+        case MovePhase.PRECOPY:
+            return _replace_move(
+                state, move.id, replace(current, phase=MovePhase.FENCE, failures=0, error="")
+            )
         case MovePhase.FENCE:
             return _replace_move(
                 state, move.id, replace(current, phase=MovePhase.RECEIVE, failures=0, error="")
@@ -356,7 +364,7 @@ def failed(state: ScalingState, placement: Placement, action: ScalingAction, err
     count = current.failures + 1
     updated = replace(current, failures=count, error=error[:300])
     switched = placement.owner_of(current.unit) == current.target
-    can_roll_back = current.phase in (MovePhase.FENCE, MovePhase.RECEIVE) or (
+    can_roll_back = current.phase in (MovePhase.PRECOPY, MovePhase.FENCE, MovePhase.RECEIVE) or (
         current.phase is MovePhase.SWITCH and not switched
     )
     if can_roll_back and count >= MAX_STEP_FAILURES:

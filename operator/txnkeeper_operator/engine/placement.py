@@ -21,6 +21,7 @@ MAX_STEP_FAILURES = 5  # a step that failed this often rolls its move back (when
 
 
 class MovePhase(StrEnum):
+    PRECOPY = "precopy"  # next: POST .../precopy on the target (store shards: closed files, no fence)
     FENCE = "fence"  # next: POST .../fence on the source
     RECEIVE = "receive"  # next: POST .../receive on the target
     SWITCH = "switch"  # next: record epoch+1 with the target as owner, PUT to target, source, all
@@ -288,6 +289,8 @@ def describe_step(move: Move, kind: PlacementKind) -> str:
     """One line for Events and status: what this phase of ``move`` does."""
     where = describe_move(move, kind)
     match move.phase:
+        case MovePhase.PRECOPY:
+            return f"pre-copy the closed files of {where}"
         case MovePhase.FENCE:
             return f"fence {where}"
         case MovePhase.RECEIVE:

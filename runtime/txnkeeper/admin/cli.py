@@ -203,8 +203,9 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
     listing.add_argument("pods", nargs="*", metavar="ADMIN_URL")
     mover = actions.add_parser(
         "move",
-        help="move a shard: fence on --from, receive on --to, the new placement record (to, from, --pods),"
-        " release on --from (docs/contracts.md §12); not for operator-managed resources",
+        help="move a shard: pre-copy its closed files to --to, fence on --from, receive on --to, the new"
+        " placement record (to, from, --pods), release on --from (docs/contracts.md §12); not for"
+        " operator-managed resources",
     )
     mover.add_argument("--shard", type=int, required=True)
     mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
@@ -212,6 +213,17 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
     mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
     mover.add_argument("--move-id", help="resume an interrupted move with its id")
     mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+    mover.add_argument(
+        "--no-precopy",
+        action="store_true",
+        help="copy everything after the fence (the shard pauses for the whole copy)",
+    )
+    mover.add_argument(
+        "--precopy-mib-per-s",
+        type=float,
+        default=None,
+        help="bound the pre-copy's bandwidth (it shares CPU, disks and network with the shard's clients)",
+    )
     unload = actions.add_parser("unload", help="fence and unfence a topic's shard: its clients reconnect")
     unload.add_argument("topic")
 
@@ -291,6 +303,10 @@ def _run_shards(ns: argparse.Namespace) -> int:
                     others=others,
                     move=move_id,
                     roll_back=not ns.no_rollback,
+                    precopy=not ns.no_precopy,
+                    precopy_bytes_per_second=(
+                        int(ns.precopy_mib_per_s * 1024 * 1024) if ns.precopy_mib_per_s else None
+                    ),
                     tls=tls_settings,
                 )
             )

@@ -14,6 +14,7 @@ moves shards itself, so this is not run against an operator-managed resource).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class MoveReport:
     topics: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     rolled_back: bool = False
+    precopy_files: int = 0
+    precopy_bytes: int = 0
+    pulled_bytes: int = 0  # pulled between fence and switch (the rest was pre-copied)
+    pause_s: float = 0.0  # from the fence's call to the target's new record
+    precopy_s: float = 0.0  # from the move's start to the fence's call
     id_key: str = "shard"
 
     def to_json(self) -> dict[str, Any]:
@@ -67,6 +73,11 @@ class MoveReport:
             "topics": self.topics,
             "steps": self.steps,
             "rolledBack": self.rolled_back,
+            "precopyFiles": self.precopy_files,
+            "precopyBytes": self.precopy_bytes,
+            "pulledBytes": self.pulled_bytes,
+            "pauseSeconds": round(self.pause_s, 3),
+            "precopySeconds": round(self.precopy_s, 3),
         }
 
 
@@ -142,17 +153,21 @@ async def move_unit(
     move: str | None = None,
     publish: Publish | None = None,
     roll_back: bool = True,
+    precopy: bool = True,
+    precopy_bytes_per_second: int | None = None,
     tls: TlsClientSettings | None = None,
 ) -> MoveReport:
     """Move ``shard`` (a shard or coordinator id, by ``route``) from the pod at admin URL ``source`` to
     the pod at ``target`` (§12 steps 1-5);
     ``others``: every other pod of the resource (they take the new record last). ``move``: the id to
     use (give the one of an interrupted move to resume it). ``publish`` stores the new record where
-    the resource keeps it, before any pod is given it. A failure before the new record is written is
-    rolled back (discard on the target, unfence on the source) unless ``roll_back`` is False; after
-    it, the move can only go forward: call again with the same id. ``tls``: https:// pods are
-    verified against its CA file and given its client certificate (the pods pull from each other with
-    their own certificates)."""
+    the resource keeps it, before any pod is given it. ``precopy`` (shards only): the target first
+    copies the shard's closed files while the source serves (§12 "Pre-copy"), so the fence waits only
+    for what changed since; ``precopy_bytes_per_second`` bounds that copy. A failure before the new
+    record is written is rolled back (discard on the target, unfence on the source) unless
+    ``roll_back`` is False; after it, the move can only go forward: call again with the same id.
+    ``tls``: https:// pods are verified against its CA file and given its client certificate (the pods
+    pull from each other with their own certificates)."""
     what = route.id_key
     move = move or f"{what}-{shard}-{uuid.uuid4().hex[:12]}"
     source, target = source.rstrip("/"), target.rstrip("/")
@@ -174,14 +189,25 @@ async def move_unit(
                 f"so clients could not follow the {what} there: PUT a record with members first (start "
                 "the store pods with --pulsar-urls, or let the operator place them)",
             )
+        fenced_at = began = time.monotonic()
         if owner == source_ordinal:
             try:
+                if precopy and route is SHARD_ROUTE:
+                    body: dict[str, Any] = {"move": move, "source": source}
+                    if precopy_bytes_per_second:
+                        body["maxBytesPerSecond"] = precopy_bytes_per_second
+                    copied = await pods.verb(target, shard, "precopy", body)
+                    report.steps.append("precopy")
+                    report.precopy_files, report.precopy_bytes = int(copied["files"]), int(copied["bytes"])
+                fenced_at = time.monotonic()
+                report.precopy_s = fenced_at - began
                 manifest = await pods.verb(source, shard, "fence", {"move": move})
                 report.steps.append("fence")
                 report.topics = list(manifest.get("topics", []))
                 receipt = await pods.verb(target, shard, "receive", {"move": move, "source": source})
                 report.steps.append("receive")
                 report.files, report.bytes = int(receipt["files"]), int(receipt["bytes"])
+                report.pulled_bytes = int(receipt.get("pulledBytes", receipt["bytes"]))
             except MoveError as exc:
                 if roll_back:
                     await _roll_back(pods, report, source, target)
@@ -204,6 +230,8 @@ async def move_unit(
         # longer than between two calls; then the source, then everyone else.
         for base in (target, source, *others):
             await pods.call("placement", "PUT", f"{base.rstrip('/')}/admin/v1/placement", record.to_json())
+            if base == target and owner == source_ordinal:
+                report.pause_s = time.monotonic() - fenced_at
         report.steps.append("placement")
         report.epoch = record.epoch
         await pods.verb(source, shard, "release", {"move": move})

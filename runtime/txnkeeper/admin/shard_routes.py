@@ -107,6 +107,13 @@ def add_shard_routes(
             return web.json_response(
                 await view.receive(shard, _move(body.get("move")), _source(body.get("source")))
             )
+        if name == "precopy":
+            _keys(body, {"move", "source", "maxBytesPerSecond"})
+            rate = body.get("maxBytesPerSecond")
+            if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
+                raise AdminRefusal(400, f"'maxBytesPerSecond' must be a positive integer, got {rate!r}")
+            move = _move(body.get("move"))
+            return web.json_response(await view.precopy(shard, move, _source(body.get("source")), rate))
         _keys(body, {"move"})
         move = _move(body.get("move"))
         actions = {
@@ -114,6 +121,7 @@ def add_shard_routes(
             "unfence": view.unfence,
             "discard": view.discard,
             "release": view.release,
+            "closed": view.closed_files,
         }
         return web.json_response(await actions[name](shard, move))
 
@@ -133,5 +141,7 @@ def add_shard_routes(
     app.router.add_get("/admin/v1/placement", get_placement)
     app.router.add_put("/admin/v1/placement", put_placement)
     app.router.add_get("/admin/v1/shards", list_shards)
-    app.router.add_post("/admin/v1/shards/{shard}/{verb:fence|unfence|receive|discard|release}", verb)
+    app.router.add_post(
+        "/admin/v1/shards/{shard}/{verb:fence|unfence|receive|discard|release|precopy|closed}", verb
+    )
     app.router.add_get("/admin/v1/shards/{shard}/files", shard_file)

@@ -494,6 +494,17 @@ class PlacementCalls:
             raise AdminError(f"POST {url}: not a receive answer (files, bytes)")
         return doc
 
+    async def precopy(
+        self, base: str, unit: int, move: str, source: str, token: str | None = None
+    ) -> dict[str, Any]:
+        """Step 0 on the target (store shards): it copies the source's closed files before the fence
+        and answers ``{"files", "bytes", ...}`` (what it pulled now); nothing is served from them."""
+        url = self._url(base, unit, "precopy")
+        doc = await self._admin.verb("POST", url, token, {"move": move, "source": source})
+        if not isinstance(doc, dict) or not _is_int(doc.get("files")) or not _is_int(doc.get("bytes")):
+            raise AdminError(f"POST {url}: not a pre-copy answer (files, bytes)")
+        return doc
+
     async def unfence(self, base: str, unit: int, move: str, token: str | None = None) -> None:
         """Roll back on the source (409: it no longer owns the unit)."""
         await self._admin.verb("POST", self._url(base, unit, "unfence"), token, {"move": move})

@@ -177,7 +177,10 @@ class ScalingDriver:
                             raise  # a switch needs its two pods; others catch up next round
             case MoveStep(move=move):
                 self.say(f"{self.group.name}: {describe_step(move, 'store-shards')}")
-                if move.phase is MovePhase.FENCE:
+                if move.phase is MovePhase.PRECOPY:
+                    source = self._base(move.source)
+                    await calls.precopy(self._base(move.target), move.unit, move.id, source, token)
+                elif move.phase is MovePhase.FENCE:
                     await calls.fence(self._base(move.source), move.unit, move.id, token)
                 elif move.phase is MovePhase.RECEIVE:
                     source = self._base(move.source)

@@ -71,6 +71,14 @@ class TopicOffloads:
             return None
         return {**self._pod, **(override or {})}
 
+    def tier_of(self, override: dict[str, Any] | None) -> OffloadConfig | None:
+        """The tier a topic with these overrides would read from on this pod (None: no offload
+        settings here; OffloadSettingsError: settings that cannot be used)."""
+        settings = {**self._pod, **(override or {})}
+        if not settings:
+            return None
+        return offload_settings.policy(settings, "offload").config
+
     def tiers(self) -> list[OffloadConfig]:
         """The tiers this pod's settings name (its own and any topic override's): where its data
         can have been offloaded, so the only ones a restore may name."""

@@ -98,14 +98,6 @@ def checksum_file(path: Path) -> tuple[int, int]:
     return size, crc
 
 
-def manifest_files(data_dir: Path, paths: Iterable[str]) -> list[ManifestFile]:
-    out = []
-    for rel in paths:
-        size, crc = checksum_file(data_dir / rel)
-        out.append(ManifestFile(rel, size, crc))
-    return out
-
-
 def safe_relative(path: str) -> bool:
     """A manifest path the target may write: relative, inside the data directory, no '..'."""
     if not path or path.startswith("/") or "\\" in path or "\0" in path:

@@ -41,9 +41,13 @@ from txnkeeper.admin.https import AdminHttps
 from txnkeeper.admin.views import AdminRefusal
 from txnkeeper.contract.placement import Member, Placement, PlacementError, PlacementKind, shard_of
 from txnkeeper.ledger import ManagedLedgerFactory
+from txnkeeper.ledger.names import decode_name
 from txnkeeper.pendingack import pending_ack_log_name
 from txnkeeper.protocol.rpc import ClientTls
 from txnkeeper.server import shard_files as sf
+from txnkeeper.server import shard_precopy as pc
+from txnkeeper.server import shard_tier as tier
+from txnkeeper.server.offload_settings import OffloadSettingsError
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.placement_state import MoveMarker, PlacementRefusal, PodPlacement
 from txnkeeper.server.topic_policies import TopicPolicyStore
@@ -58,6 +62,13 @@ RECEIPT_FILE = "receipt.json"
 RATE_WINDOW_S = 60.0
 RATE_SAMPLE_S = 15.0
 FETCH_TIMEOUT_S = 300.0
+# Pre-copy: a pass that pulled more than this is followed by another (ledgers closed meanwhile), at
+# most PRECOPY_PASSES in all; the source rolls a shard's open ledger over when it holds more than
+# ROLL_OVER_BYTES, so what is left for the fence is what was written since the last pass.
+PRECOPY_PASSES = 3
+PRECOPY_AGAIN_BYTES = 4 << 20
+ROLL_OVER_BYTES = 1 << 20
+SEGMENT_CLOSE_WAIT_S = 30.0
 TopicsClosed = Callable[[set[str]], None]
 
 
@@ -91,6 +102,9 @@ class ShardMoves:
         self.moves_out = 0
         self.moves_in = 0
         self._listed: dict[str, frozenset[str]] = {}  # the paths of each fenced move's manifest
+        self._closed_listed: dict[str, frozenset[str]] = {}  # closed files listed for a pre-copy
+        self._checksums = pc.ChecksumCache()
+        self._move_locks: dict[str, asyncio.Lock] = {}  # a pre-copy against receive/discard of its move
         self._samples: deque[tuple[float, dict[int, tuple[int, int]]]] = deque()
         self._sampler: asyncio.Task[None] | None = None
         self._opening: set[asyncio.Task[None]] = set()  # received shards being opened after a flip
@@ -329,8 +343,19 @@ class ShardMoves:
                 )
             self._mark(placement, shard, move, "fenced")
             topics = await asyncio.to_thread(self._shard_topics, shard)
+            self._leave_segments_open(self._units(topics))
             await self._close_topics(set(topics) | {t for t in self._open() if self._shard(t) == shard})
             return await self._manifest(shard, move)
+
+    def _leave_segments_open(self, units: list[str]) -> None:
+        """A fence does not wait for streaming offload segments to be finished (an upload inside the
+        pause): they stay Assigned and the new owner streams their entries again (§9: an Assigned
+        segment's objects are deleted and retried at the next open)."""
+        names = {ml.directory.name: ml for ml in self._factory.open_ledgers()}
+        for unit in units:
+            ledger = names.get(unit.split("/", 1)[1]) if unit.startswith(sf.LEDGERS + "/") else None
+            if ledger is not None and ledger.offloader is not None:
+                ledger.offloader.finish_on_close = False
 
     def _open(self) -> list[str]:
         assert self._topics is not None
@@ -384,17 +409,20 @@ class ShardMoves:
         rows_rel = sf.rows_path(move)
         await asyncio.to_thread(_write_json, self.data_dir / rows_rel, rows)
 
-        def build() -> list[sf.ManifestFile]:
-            paths = sf.list_files(self.data_dir, self._units(topics))
-            return sf.manifest_files(self.data_dir, [*paths, rows_rel])
+        def build() -> tuple[list[sf.ManifestFile], set[str]]:
+            units = self._units(topics)
+            paths = sf.list_files(self.data_dir, units)
+            # Closed files summed for a pre-copy are not read again while unchanged on disk.
+            files = self._checksums.files(self.data_dir, [*paths, rows_rel], remember=False)
+            return files, tier.tier_held_files(self.data_dir, units)
 
-        files = await asyncio.to_thread(build)
+        files, held = await asyncio.to_thread(build)
         assert self.placement is not None
         return {
             "shard": shard,
             "move": move,
             "epoch": self.placement.record.epoch,
-            "files": [f.to_json() for f in files],
+            "files": [_tagged(f, held) for f in files],
             "topics": topics,
             "bytes": sum(f.size for f in files),
             "rows": rows_rel,
@@ -404,6 +432,17 @@ class ShardMoves:
         """One file of the fenced shard's manifest (§12 step 2)."""
         placement = self._require(shard)
         marker = placement.markers.get(shard)
+        closed = self._closed_listed.get(move, frozenset())
+        if (
+            path in closed
+            and placement.record.owner_of(shard) == self.ordinal
+            and marker
+            in (
+                None,
+                MoveMarker(move, "fenced"),
+            )
+        ):
+            return self.data_dir / path  # a closed file listed for this move's pre-copy
         if marker != MoveMarker(move, "fenced"):
             raise AdminRefusal(
                 409,
@@ -443,6 +482,7 @@ class ShardMoves:
             deleted = await asyncio.to_thread(self._delete_units, units)
             await self._drop_rows(set(topics))
             self._listed.pop(move, None)
+            self._forget_closed(move)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             if marker is not None:
                 placement.clear(shard, move)
@@ -484,15 +524,156 @@ class ShardMoves:
                 except PlacementRefusal as exc:
                     raise AdminRefusal(exc.status, str(exc)) from exc
             self._listed.pop(move, None)
+            self._forget_closed(move)
             await asyncio.to_thread(sf.remove, self.data_dir / sf.OUTGOING / sf.move_dir_name(move))
             return {"shard": shard, "move": move, "state": "serving"}
+
+    # --- pre-copy: closed files while the source serves ----------------------------------------------
+    def _move_lock(self, move: str) -> asyncio.Lock:
+        return self._move_locks.setdefault(move, asyncio.Lock())
+
+    def _forget_closed(self, move: str) -> None:
+        self._checksums.forget(self._closed_listed.pop(move, frozenset()))
+        self._move_locks.pop(move, None)
+
+    async def closed_files(self, shard: int, move: str) -> dict[str, Any]:
+        """The source's listing for a pre-copy (no fence: the shard keeps serving): every closed,
+        local ledger file of the shard's topics and pending-ack logs with size and CRC32C. First the
+        shard's open ledgers holding more than ROLL_OVER_BYTES are rolled over, so that what the fence
+        leaves to copy is only what is written after this listing. The paths are served by the file
+        verb for this move until it is released or unfenced."""
+        async with self._lock:
+            placement = self._require(shard)
+            if placement.record.owner_of(shard) != self.ordinal:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard} is owned by {self._owner_text(placement, shard)}, not this pod"
+                    f" ({self.ordinal}): pre-copy it from its owner",
+                )
+            marker = placement.markers.get(shard)
+            if marker is not None and marker.move != move:
+                raise AdminRefusal(
+                    409, f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}"
+                )
+            topics = await asyncio.to_thread(self._shard_topics, shard)
+            units = self._units(topics)
+            if marker is None:
+                await self._roll_over(units)
+
+            def build() -> tuple[list[sf.ManifestFile], set[str]]:
+                paths = pc.closed_ledger_files(self.data_dir, units)
+                files = self._checksums.files(self.data_dir, paths, remember=True)
+                return files, tier.tier_held_files(self.data_dir, units)
+
+            files, held = await asyncio.to_thread(build)
+            self._closed_listed[move] = self._closed_listed.get(move, frozenset()) | {f.path for f in files}
+            return {
+                "shard": shard,
+                "move": move,
+                "epoch": placement.record.epoch,
+                "closed": True,
+                "files": [_tagged(f, held) for f in files],
+                "topics": topics,
+                "bytes": sum(f.size for f in files),
+            }
+
+    async def _roll_over(self, units: list[str]) -> None:
+        """Before a pre-copy listing: roll over open ledgers of the shard holding more than
+        ROLL_OVER_BYTES, and let a streaming offloader close its current segment now (Pulsar's
+        manual offload), so neither the copy nor finishing that segment is left for the fence's
+        close; with a deletion lag of 0 the ledgers it completes are not local any more and are read
+        from the tier by the target (same tier settings), not copied."""
+        names = {ml.directory.name: ml for ml in self._factory.open_ledgers()}
+        for unit in units:
+            ledger = names.get(unit.split("/", 1)[1]) if unit.startswith(sf.LEDGERS + "/") else None
+            if ledger is None:
+                continue
+            facts = ledger.ledger_facts()
+            if facts and not facts[-1].closed and facts[-1].size > ROLL_OVER_BYTES:
+                with contextlib.suppress(Exception):  # closed meanwhile: the fence copies it whole
+                    await ledger.rollover()
+            offloader = ledger.offloader
+            policy = offloader.policy if offloader is not None else None
+            if (
+                offloader is not None
+                and policy is not None
+                and policy.offloadMode == "streaming"
+                and policy.managedLedgerOffloadThresholdInBytes >= 0  # automatic: streaming runs
+            ):
+                # Shielded: a pass is never cut short by this wait (it goes on in the background).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(offloader.offload()), SEGMENT_CLOSE_WAIT_S)
+
+    async def precopy(
+        self, shard: int, move: str, source: str, max_bytes_per_second: int | None = None
+    ) -> dict[str, Any]:
+        """The target's pre-copy (before the fence): pulls the source's closed files into
+        ``moves-in/<move>/precopy`` (checked, fsync'd, indexed), in passes until one pulls little.
+        Nothing is installed or served; the receive takes every staged file whose size and CRC32C the
+        fence's manifest repeats, ``discard`` deletes them. Repeatable: a pass pulls only what is not
+        staged already. ``max_bytes_per_second``: a bound on what it pulls (the pre-copy shares the
+        pods' CPU, disks and network with the shard's clients; the fence's copy is never bounded)."""
+        async with self._lock:
+            placement = self._require(shard)
+            if placement.record.owner_of(shard) == self.ordinal:
+                raise AdminRefusal(
+                    409, f"this pod already owns shard {shard} (placement epoch {placement.record.epoch})"
+                )
+            marker = placement.markers.get(shard)
+            if marker is not None and marker.move != move:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}:"
+                    " discard that move first",
+                )
+            if marker is not None:  # received already: nothing left to pre-copy
+                return {"shard": shard, "move": move, "passes": 0, "files": 0, "bytes": 0, "received": True}
+        copies = pc.StagedCopies(self._incoming(move))
+        pace = pc.Pace(max_bytes_per_second)
+        passes, files, pulled = 0, 0, 0
+        async with self._move_lock(move):
+            while passes < PRECOPY_PASSES:
+                listing = await self._fetch_manifest(shard, move, source, verb="closed")
+                wanted = listing["files"]
+                if self._has_tier():
+                    # Its segments are complete in the tier: the receive checks this pod's tier has
+                    # them and then takes the ledger from there (else it pulls the file then).
+                    wanted = [e for e in wanted if not e.get("tierHeld")]
+                todo = await asyncio.to_thread(copies.wanted, wanted)
+                passes += 1
+                if not todo:
+                    break
+                await asyncio.to_thread(sf.remove, copies.pass_dir)
+                try:
+                    await self._pull(shard, move, source, {"files": todo}, copies.pass_dir, pace=pace)
+                except AdminRefusal:
+                    # A closed file can go between listing and pull (a trim; offloaded and deleted):
+                    # the next pass lists again; the last pass's failure is the answer.
+                    if passes >= PRECOPY_PASSES:
+                        raise
+                    continue
+                await asyncio.to_thread(copies.adopt_pass, todo)
+                size = sum(int(e["size"]) for e in todo)
+                files, pulled = files + len(todo), pulled + size
+                if size < PRECOPY_AGAIN_BYTES:
+                    break
+            staged = await asyncio.to_thread(copies.index)
+        return {
+            "shard": shard,
+            "move": move,
+            "passes": passes,
+            "files": files,
+            "bytes": pulled,
+            "stagedFiles": len(staged),
+            "stagedBytes": sum(v[0] for v in staged.values()),
+        }
 
     # --- target: receive, discard ------------------------------------------------------------------
     def _incoming(self, move: str) -> Path:
         return self.data_dir / sf.INCOMING / sf.move_dir_name(move)
 
     async def receive(self, shard: int, move: str, source: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self._lock, self._move_lock(move):
             placement = self._require(shard)
             if placement.record.owner_of(shard) == self.ordinal:
                 raise AdminRefusal(
@@ -503,7 +684,7 @@ class ShardMoves:
             if marker is not None and marker.move == move and marker.state == "received":
                 receipt = await asyncio.to_thread(_read_json, incoming / RECEIPT_FILE)
                 if receipt is not None:
-                    return {k: receipt[k] for k in ("shard", "move", "files", "bytes", "topics")}
+                    return receipt
             if marker is not None and marker.move != move:
                 raise AdminRefusal(
                     409,
@@ -515,19 +696,45 @@ class ShardMoves:
             # Only the staged copy goes: an install plan left by an attempt that crashed is what a
             # discard needs to find what that attempt installed.
             await asyncio.to_thread(sf.remove, staged)
-            await self._pull(shard, move, source, manifest, staged)
+            copies = pc.StagedCopies(incoming)
+            reused, todo, changed = await asyncio.to_thread(copies.link_into, manifest["files"], staged)
+            if changed:
+                log.warning(
+                    "shard %d, move %r: %d pre-copied file(s) changed on the source since (%s): pulled again",
+                    shard, move, len(changed), ", ".join(changed[:5]),
+                )  # fmt: skip
+            held = [e for e in todo if e.get("tierHeld")] if self._has_tier() else []
+            todo = [e for e in todo if e not in held]
+            await self._pull(shard, move, source, {**manifest, "files": todo}, staged)
+            from_tier, rest = await self._from_tier(manifest, staged, held)
+            await self._pull(shard, move, source, {**manifest, "files": rest}, staged)
+            todo += rest
+            await self._check_tier(shard, move, manifest, staged)
             answer = await self._install(shard, move, manifest, staged)
+            answer.update(
+                fromTier=len(from_tier),
+                fromTierBytes=sum(int(e["size"]) for e in from_tier),
+                pulled=len(todo),
+                pulledBytes=sum(int(e["size"]) for e in todo),
+                precopied=len(reused),
+                precopiedBytes=sum(int(e["size"]) for e in reused),
+                changedSincePrecopy=changed,
+            )
             self._mark(placement, shard, move, "received")
             await asyncio.to_thread(_write_json, incoming / RECEIPT_FILE, answer)
             await asyncio.to_thread(sf.remove, staged)
+            await asyncio.to_thread(sf.remove, copies.root)
             return answer
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
-    async def _fetch_manifest(self, shard: int, move: str, source: str) -> dict[str, Any]:
-        """The manifest, by repeating the fence on the source (idempotent for the same move)."""
-        url = f"{source.rstrip('/')}/admin/v1/shards/{shard}/fence"
+    async def _fetch_manifest(
+        self, shard: int, move: str, source: str, verb: str = "fence"
+    ) -> dict[str, Any]:
+        """The manifest, by repeating the fence on the source (idempotent for the same move); with
+        ``verb="closed"`` the listing of the shard's closed files for a pre-copy (no fence)."""
+        url = f"{source.rstrip('/')}/admin/v1/shards/{shard}/{verb}"
         try:
             timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
             async with (
@@ -561,9 +768,19 @@ class ShardMoves:
             raise AdminRefusal(502, f"the source's manifest ({url}) is not usable: {exc}") from exc
         return dict(manifest)
 
-    async def _pull(self, shard: int, move: str, source: str, manifest: dict[str, Any], staged: Path) -> None:
+    async def _pull(
+        self,
+        shard: int,
+        move: str,
+        source: str,
+        manifest: dict[str, Any],
+        staged: Path,
+        *,
+        pace: pc.Pace | None = None,
+    ) -> None:
         """Every file into ``staged``, each checked against the manifest; nothing is installed on a
-        mismatch (the refusal names the file and both checksums)."""
+        mismatch (the refusal names the file and both checksums). ``pace``: a pre-copy's bandwidth
+        bound, told every chunk."""
         base = f"{source.rstrip('/')}/admin/v1/shards/{shard}/files"
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -588,6 +805,12 @@ class ShardMoves:
                                 crc = google_crc32c.extend(crc, chunk)
                                 size += len(chunk)
                                 await asyncio.to_thread(handle.write, chunk)
+                                if pace is not None:
+                                    await pace.took(len(chunk))
+                                    if size % pc.WRITEBACK_BYTES < len(chunk):
+                                        # Written back in small steps, not one burst at the file's
+                                        # fsync that the clients' own fsyncs would queue behind.
+                                        await asyncio.to_thread(pc.write_back, handle)
                             await asyncio.to_thread(handle.flush)
                             await asyncio.to_thread(os.fsync, handle.fileno())
                         finally:
@@ -607,6 +830,78 @@ class ShardMoves:
                         " fails again the source's copy changed or is damaged: unfence it there)",
                     )
         await asyncio.to_thread(sf.fsync_tree, staged)
+
+    def _has_tier(self) -> bool:
+        assert self._offloads is not None
+        try:
+            return self._offloads.tier_of(None) is not None
+        except OffloadSettingsError:
+            return False
+
+    async def _from_tier(
+        self, manifest: dict[str, Any], staged: Path, held: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Of the files the source's segments hold completely (deletion lag not passed), those whose
+        segments this pod's tier has: not copied, their ledgers marked offloaded in the staged metadata
+        (read from the tier, as after the source's own deletion). Answers (taken from the tier, still
+        to pull)."""
+        assert self._offloads is not None
+        if not held:
+            return [], []
+        uuids, ledgers = await asyncio.to_thread(tier.tier_uuids_of, staged, [e["path"] for e in held])
+        rows = await asyncio.to_thread(
+            _read_json, staged / manifest.get("rows", sf.rows_path(manifest["move"]))
+        )
+        overrides = (rows or {}).get("offloadPolicies", {})
+        usable: set[str] = set()
+        for unit, needed in uuids.items():
+            name = decode_name(unit.split("/", 1)[1]) or unit
+            override = overrides.get(name) if isinstance(overrides, dict) else None
+            try:
+                config = self._offloads.tier_of(override if isinstance(override, dict) else None)
+            except OffloadSettingsError:
+                continue
+            if config is not None and not await tier.missing_objects(config, needed):
+                await asyncio.to_thread(tier.mark_offloaded, staged, unit, ledgers[unit])
+                usable.add(unit)
+        taken = [
+            e
+            for e in held
+            if sf.unit_of(e["path"]) in usable
+            and _ledger_id(e["path"]) in ledgers.get(sf.unit_of(e["path"]), [])
+        ]
+        return taken, [e for e in held if e not in taken]
+
+    async def _check_tier(self, shard: int, move: str, manifest: dict[str, Any], staged: Path) -> None:
+        """Ledgers the shard holds only in the tier move as metadata: refuse (nothing installed)
+        unless this pod's tier has every object of the segments they need."""
+        assert self._offloads is not None
+        units = sorted({sf.unit_of(e["path"]) for e in manifest["files"]})
+        needed = await asyncio.to_thread(tier.tier_segments, staged, units)
+        if not needed:
+            return
+        rows = await asyncio.to_thread(_read_json, staged / manifest.get("rows", sf.rows_path(move)))
+        overrides = (rows or {}).get("offloadPolicies", {})
+        for unit, uuids in needed.items():
+            name = decode_name(unit.split("/", 1)[1]) or unit
+            override = overrides.get(name) if isinstance(overrides, dict) else None
+            try:
+                config = self._offloads.tier_of(override if isinstance(override, dict) else None)
+            except OffloadSettingsError as exc:
+                raise AdminRefusal(
+                    502, f"shard {shard}, move {move!r}: {name}'s offload settings: {exc}"
+                ) from exc
+            if config is None:
+                raise AdminRefusal(
+                    409,
+                    f"shard {shard}, move {move!r}: {name} holds ledgers only in the offload tier, and this"
+                    " pod has no offload settings: give it the source's tier (the pods of one resource"
+                    " share it), then retry the move; nothing was installed",
+                )
+            missing = await tier.missing_objects(config, uuids)
+            if missing:
+                where = config.fileSystemURI or config.managedLedgerOffloadBucket
+                raise AdminRefusal(502, tier.describe(shard, move, where, missing, name))
 
     async def _install(self, shard: int, move: str, manifest: dict[str, Any], staged: Path) -> dict[str, Any]:
         assert self._topics is not None and self._offloads is not None and self._policies is not None
@@ -653,7 +948,7 @@ class ShardMoves:
         }
 
     async def discard(self, shard: int, move: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self._lock, self._move_lock(move):
             placement = self._require(shard)
             if placement.record.owner_of(shard) == self.ordinal:
                 raise AdminRefusal(
@@ -679,6 +974,19 @@ class ShardMoves:
                 placement.clear(shard, move)
             await asyncio.to_thread(sf.remove, incoming)
             return {"shard": shard, "move": move, "discarded": True, "bytes": deleted}
+
+
+def _tagged(entry: sf.ManifestFile, held: set[str]) -> dict[str, Any]:
+    """A manifest entry; ``tierHeld``: a closed ledger's file whose every entry is in Offloaded
+    segments (a target sharing the tier reads it from there instead of copying it)."""
+    doc = entry.to_json()
+    if entry.path in held:
+        doc["tierHeld"] = True
+    return doc
+
+
+def _ledger_id(path: str) -> int:
+    return int(Path(path).stem)
 
 
 def _rows(doc: dict[str, Any], key: str) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class SimPod:
     record: Placement
     data: dict[int, list[int]] = field(default_factory=dict)
     markers: dict[int, tuple[str, str]] = field(default_factory=dict)  # unit -> (move, state)
+    staged: dict[int, str] = field(default_factory=dict)  # unit -> move whose closed files it pre-copied
     down: int = 0  # ticks until it is Ready again
     fail: dict[str, int] = field(default_factory=dict)  # verb -> how many more calls fail
 
@@ -73,6 +74,18 @@ class SimPod:
             raise PodError(f"409 {unit} is {held[1]} for {held[0]}")
         self.markers[unit] = (move, "fenced")
 
+    def precopy(self, unit: int, move: str, source: SimPod) -> None:
+        """Closed files only, from a source that keeps serving: staged, never served."""
+        self._refuse_if_failing("precopy")
+        if self.record.owner_of(unit) == self.ordinal:
+            raise PodError(f"409 pod {self.ordinal} already owns {unit}")
+        if source.record.owner_of(unit) != source.ordinal or not source.ready:
+            raise PodError(f"409 source {source.ordinal} does not own {unit}")
+        held = self.markers.get(unit)
+        if held is not None and held[0] != move:
+            raise PodError(f"409 {unit} is {held[1]} here for {held[0]}")
+        self.staged[unit] = move
+
     def receive(self, unit: int, move: str, source: SimPod) -> None:
         self._refuse_if_failing("receive")
         if source.markers.get(unit) != (move, "fenced") or not source.ready:
@@ -82,6 +95,7 @@ class SimPod:
             raise PodError(f"409 {unit} is {held[1]} here for {held[0]}")
         self.data[unit] = list(source.data.get(unit, []))
         self.markers[unit] = (move, "received")
+        self.staged.pop(unit, None)
 
     def put(self, record: Placement) -> None:
         self._refuse_if_failing("put")
@@ -106,6 +120,8 @@ class SimPod:
         self._refuse_if_failing("discard")
         if self.record.owner_of(unit) == self.ordinal:
             raise PodError(f"409 pod {self.ordinal} owns {unit}")
+        if self.staged.get(unit) == move:
+            del self.staged[unit]
         if self.markers.get(unit, ("", ""))[0] == move:
             del self.markers[unit]
             self.data.pop(unit, None)
@@ -285,6 +301,8 @@ class SimScaling:
 
     def _step(self, move: Move) -> None:
         match move.phase:
+            case MovePhase.PRECOPY:
+                self._pod(move.target).precopy(move.unit, move.id, self._pod(move.source))
             case MovePhase.FENCE:
                 self._pod(move.source).fence(move.unit, move.id)
             case MovePhase.RECEIVE:
@@ -306,6 +324,7 @@ class SimScaling:
             and self.replicas == self.desired
             and all(p.ready for p in self.pods.values())
             and all(p.record == self.record for p in self.pods.values())
+            and not any(p.staged for p in self.pods.values())  # pre-copies received or discarded
         )
 
 

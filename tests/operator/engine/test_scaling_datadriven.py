@@ -5,9 +5,9 @@ outputs from the engine's behaviour (review that diff). The simulated pods (scal
 every step that no acknowledged write is lost, no shard is served twice and no removed pod held data.
 
 Every scenario is also replayed with an interruption at the first action of each move phase its runs
-pass through (fence, receive, switch, release, rollback): the operator dying in each of its three ways
-(before persisting the decision, after persisting it but before acting, after the action but before
-folding its result in), and the move's source or target pod dying before it applies the verb or after
+pass through (precopy, fence, receive, switch, release, rollback): the operator dying in each of its
+three ways (before persisting the decision, after persisting it but before acting, after the action but
+before folding its result in), and the move's source or target pod dying before it applies the verb or after
 it applied it but before answering. The replay must end where the uninterrupted run ends (the same
 owners after an operator restart: the engine is deterministic; the same per-pod counts after a pod
 kill, which can change which ready pod was chosen), with the invariants holding throughout.
@@ -21,8 +21,8 @@ Commands:
   steps N                          N x (reconcile, tick), printing the actions and the phase
   load UNIT BPS TPS                the unit's measured bytes/s and txn/s (reported by its owner)
   annotate                         txnkeeper.io/rebalance=now
-  fail POD VERB N                  POD's next N calls of VERB (fence, receive, put, release, discard,
-                                   unfence) fail
+  fail POD VERB N                  POD's next N calls of VERB (precopy, fence, receive, put, release,
+                                   discard, unfence) fail
   kill POD [TICKS]                 the pod is down (not Ready) for TICKS ticks (default 2), data kept
   placement                        the record, moves in flight and failed moves
 """

@@ -290,6 +290,10 @@ class Offloader:
         self._wake = asyncio.Event()
         self._recovered = False
         self._closing = False
+        # False: close() leaves the streaming segment Assigned instead of finishing it (a shard move's
+        # fence: the next owner's open deletes its objects and streams those entries again, so the
+        # pause never waits for an upload; the pre-copy closed the segment just before).
+        self.finish_on_close = True
         self._task: asyncio.Task[None] | None = None
         self._stream: _Stream | None = None
         self._retry_at = 0.0  # monotonic: automatic passes wait until then after a failure
@@ -333,7 +337,12 @@ class Offloader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._stream is not None and self._stream.writer.last is not None and self.last_error is None:
+        if (
+            self.finish_on_close
+            and self._stream is not None
+            and self._stream.writer.last is not None
+            and self.last_error is None
+        ):
             # A clean close finishes the streaming segment (bounded: the store looked healthy, but a
             # shutdown must not hang on it), so a restart does not upload it all again.
             with contextlib.suppress(Exception):
