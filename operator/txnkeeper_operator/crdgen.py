@@ -646,6 +646,15 @@ def _spec(kind: str) -> Schema:
                 minimum=1,
                 maximum=16,
             ),
+            "precopyMiBPerSecond": _p(
+                "integer",
+                "Store shards: how fast the new pod copies the shard's closed ledgers while the old one "
+                "still serves (the pre-copy before the fence), in MiB/s. Unset: as fast as the pods go. "
+                "A bound keeps more of the clients' throughput during a move where both pods share a disk "
+                "or a link (docs/performance.md: 40 MiB/s kept 0.72-0.81 of it).",
+                minimum=1,
+                maximum=10240,
+            ),
         },
         default={"maxConcurrentMoves": 1},
     )

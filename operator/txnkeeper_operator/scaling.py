@@ -193,6 +193,12 @@ def max_concurrent_moves(cr: Resource) -> int:
     return int(cr.section("scaling").get("maxConcurrentMoves", 1))
 
 
+def precopy_bytes_per_second(cr: Resource) -> int | None:
+    """spec.scaling.precopyMiBPerSecond in bytes (None: unbounded)."""
+    rate = cr.section("scaling").get("precopyMiBPerSecond")
+    return int(rate) << 20 if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0 else None
+
+
 @dataclass
 class ScalingRun:
     """One reconcile's scaling: the context, the resource, its pods and how to resize."""
@@ -252,7 +258,14 @@ class ScalingRun:
                 source = placed.record.member(move.source)
                 if source is None or not source.admin_url:
                     raise AdminError(f"the record names no admin URL for pod {move.source}")
-                await calls.precopy(self._base(move.target), move.unit, move.id, source.admin_url, token)
+                await calls.precopy(
+                    self._base(move.target),
+                    move.unit,
+                    move.id,
+                    self._scheme(move.source, source.admin_url),
+                    token,
+                    max_bytes_per_second=precopy_bytes_per_second(self.cr),
+                )
             case MovePhase.FENCE:
                 await calls.fence(self._base(move.source), move.unit, move.id, token)
             case MovePhase.RECEIVE:

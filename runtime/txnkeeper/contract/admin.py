@@ -495,12 +495,23 @@ class PlacementCalls:
         return doc
 
     async def precopy(
-        self, base: str, unit: int, move: str, source: str, token: str | None = None
+        self,
+        base: str,
+        unit: int,
+        move: str,
+        source: str,
+        token: str | None = None,
+        *,
+        max_bytes_per_second: int | None = None,
     ) -> dict[str, Any]:
         """Step 0 on the target (store shards): it copies the source's closed files before the fence
-        and answers ``{"files", "bytes", ...}`` (what it pulled now); nothing is served from them."""
+        and answers ``{"files", "bytes", ...}`` (what it pulled now); nothing is served from them.
+        ``max_bytes_per_second`` bounds the copy (None: as fast as the pods go)."""
         url = self._url(base, unit, "precopy")
-        doc = await self._admin.verb("POST", url, token, {"move": move, "source": source})
+        body: dict[str, Any] = {"move": move, "source": source}
+        if max_bytes_per_second is not None:
+            body["maxBytesPerSecond"] = max_bytes_per_second
+        doc = await self._admin.verb("POST", url, token, body)
         if not isinstance(doc, dict) or not _is_int(doc.get("files")) or not _is_int(doc.get("bytes")):
             raise AdminError(f"POST {url}: not a pre-copy answer (files, bytes)")
         return doc
