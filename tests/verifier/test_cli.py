@@ -204,13 +204,15 @@ def test_pods_serving_tls_are_reached_by_the_name_their_certificate_is_for(
 ) -> None:
     labels = {"app.kubernetes.io/instance": "tc-main"}
     kube.add_pod("txn", "tc-main-0", labels, "10.0.0.5", "Running", subdomain="tc-main")
-    kube.add_pod("txn", "tc-main-1", labels, "10.0.0.6", "Running")  # no hostname: only its IP
+    kube.add_pod("txn", "tc-main-1", labels, "10.0.0.6", "Running")  # no headless Service: no name
     api = k8s.core_api(str(kube.kubeconfig(tmp_path, "txn")))
     selector = ["app.kubernetes.io/instance=tc-main"]
     plain = k8s.discover_pods(api, "txn", selector, 8080)
     assert [e.url for e in plain] == ["http://10.0.0.5:8080", "http://10.0.0.6:8080"]
     over_tls = k8s.discover_pods(api, "txn", selector, 8080, tls=True)
-    assert [e.url for e in over_tls] == ["https://tc-main-0.tc-main.txn.svc:8080", "https://10.0.0.6:8080"]
+    # A pod IP is in no certificate: without a name the pod is reported unreachable, never called.
+    assert [e.url for e in over_tls] == ["https://tc-main-0.tc-main.txn.svc:8080", None]
+    assert "no headless Service" in str(over_tls[1].note)
 
 
 def test_selector_matching_nothing_is_exit_2(kube: FakeKubeApi, tmp_path: Path) -> None:
