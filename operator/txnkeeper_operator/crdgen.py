@@ -24,6 +24,7 @@ from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
+from txnkeeper.contract.settings import offload as offload_settings
 from txnkeeper.contract.settings import schema as settings
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT
@@ -119,7 +120,6 @@ def _release_rule(section: str, feature: Feature, used: str | None = None) -> di
 
 
 def _offload() -> Schema:
-    positive = {"minimum": 1}
     return _obj(
         "PIP-76 offload of topic ledgers to tiered storage (release 3.x). Closed ledgers (and segments of "
         "the open one) are uploaded in Pulsar's block format; local files are deleted after deletionLagMs "
@@ -138,7 +138,7 @@ def _offload() -> Schema:
                 "string",
                 "filesystem (an RWX volume shared by the store pods, see filesystem), aws-s3 or S3 (any "
                 "S3-compatible endpoint).",
-                enum=list(gated.OFFLOAD_DRIVERS),
+                enum=list(offload_settings.OFFLOAD_DRIVERS),
             ),
             "bucket": _p("string", "S3 bucket (required for aws-s3/S3).", minLength=3, maxLength=63),
             "region": _p("string", "S3 region, e.g. eu-west-1.", maxLength=64),
@@ -156,7 +156,7 @@ def _offload() -> Schema:
             ),
             "filesystem": _obj(
                 "The filesystem driver's volume, mounted at "
-                + gated.OFFLOAD_MOUNT_DIR
+                + offload_settings.OFFLOAD_MOUNT_DIR
                 + " in every store pod; it must be ReadWriteMany so every pod (and the verify-offload "
                 "job) sees the same objects.",
                 {
@@ -168,50 +168,8 @@ def _offload() -> Schema:
                     ),
                 },
             ),
-            "thresholdBytes": _p(
-                "integer",
-                "managedLedgerOffloadThresholdInBytes: offload once a topic holds more than this; -1 "
-                "(default): only on demand (txnkeeper admin topics offload).",
-                minimum=-1,
-                default=gated.DEFAULT_THRESHOLD_BYTES,
-            ),
-            "deletionLagMs": _p(
-                "integer",
-                "managedLedgerOffloadDeletionLagMs: keep local files this long after their segment is "
-                "Offloaded (default 4 h).",
-                minimum=0,
-                default=gated.DEFAULT_DELETION_LAG_MS,
-            ),
-            "maxSegmentSizeBytes": _p(
-                "integer",
-                "maxOffloadSegmentSizeInBytes: close a segment at this size (default 1 GiB).",
-                default=gated.DEFAULT_MAX_SEGMENT_SIZE_BYTES,
-                **positive,
-            ),
-            "maxSegmentRolloverSeconds": _p(
-                "integer",
-                "maxOffloadSegmentRolloverTimeInSeconds: close a segment at this age (default 600, at "
-                "most a week).",
-                default=gated.DEFAULT_MAX_SEGMENT_ROLLOVER_SECONDS,
-                maximum=gated.MAX_SEGMENT_ROLLOVER_SECONDS,
-                **positive,
-            ),
-            "minSegmentRolloverSeconds": _p(
-                "integer",
-                "minOffloadSegmentRolloverTimeInSeconds: never close a segment younger than this "
-                "(default 0, at most a week).",
-                minimum=0,
-                maximum=gated.MAX_SEGMENT_ROLLOVER_SECONDS,
-                default=gated.DEFAULT_MIN_SEGMENT_ROLLOVER_SECONDS,
-            ),
-            "maxBlockSizeBytes": _p(
-                "integer",
-                "managedLedgerOffloadMaxBlockSizeInBytes: size of one data block (one ranged read), "
-                "default 64 MiB.",
-                default=gated.DEFAULT_MAX_BLOCK_SIZE_BYTES,
-                minimum=gated.MIN_MAX_BLOCK_SIZE_BYTES,
-                maximum=gated.MAX_MAX_BLOCK_SIZE_BYTES,
-            ),
+            # The numeric fields are the pod's offload settings (contract/settings/offload.py).
+            **offload_settings.cr_properties(),
             "verifySchedule": _p(
                 "string",
                 "Cron schedule (five fields, e.g. '0 3 * * *', or @daily/...) of the verify-offload "
@@ -228,7 +186,7 @@ def _offload() -> Schema:
             "x-kubernetes-validations": [
                 _rule(
                     "!(self.driver in ["
-                    + ", ".join(f"'{d}'" for d in gated.S3_DRIVERS)
+                    + ", ".join(f"'{d}'" for d in offload_settings.S3_DRIVERS)
                     + "]) || has(self.bucket)",
                     "offload.bucket is required for the aws-s3 and S3 drivers",
                 ),

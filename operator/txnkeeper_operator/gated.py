@@ -15,6 +15,7 @@ from typing import Any
 
 from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, FeatureUnavailableError, UnknownReleaseError, require_feature
+from txnkeeper.contract.settings import offload as offload_settings
 from txnkeeper_operator import naming
 from txnkeeper_operator.engine import Condition, ConditionStatus
 from txnkeeper_operator.resource import Resource
@@ -65,7 +66,7 @@ def config_sections(cr: Resource, version: str) -> dict[str, Any]:
             # The spec heads for a release without offload (a downgrade): never offload anew, whatever
             # spec.offload.enabled says (the CRD refuses that combination; older objects may hold it).
             offload["enabled"] = False
-        out["offload"] = gated.offload_config(offload)
+        out["offload"] = offload_settings.offload_config(offload)
     if _allowed(cr, "singleKeyTransactions", version):
         out["singleKeyTransactions"] = gated.single_key_config(cr.section("singleKeyTransactions"))
     return out
@@ -78,7 +79,7 @@ def offload_env(cr: Resource, version: str) -> list[dict[str, Any]]:
         return []
     return [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": str(secret["name"]), "key": key}}}
-        for key in gated.S3_CREDENTIAL_KEYS
+        for key in offload_settings.S3_CREDENTIAL_KEYS
     ]
 
 
@@ -89,7 +90,7 @@ def offload_volumes(cr: Resource, version: str) -> tuple[list[dict[str, Any]], l
     if not _allowed(cr, "offload", version) or offload.get("driver") != "filesystem" or not claim:
         return [], []
     volume = {"name": OFFLOAD_VOLUME, "persistentVolumeClaim": {"claimName": str(claim)}}
-    mount = {"name": OFFLOAD_VOLUME, "mountPath": gated.OFFLOAD_MOUNT_DIR}
+    mount = {"name": OFFLOAD_VOLUME, "mountPath": offload_settings.OFFLOAD_MOUNT_DIR}
     return [volume], [mount]
 
 
@@ -135,7 +136,7 @@ def restore_settings(cr: Resource) -> dict[str, Any]:
             "a pod still holds tier-only ledgers but spec.offload is gone: put it back with "
             "enabled: false (same driver and location) so they can be restored before the downgrade"
         )
-    return gated.offload_config(cr.section("offload"))
+    return offload_settings.offload_config(cr.section("offload"))
 
 
 def offload_condition(
@@ -219,7 +220,7 @@ def audits_offload(cr: Resource) -> bool:
 
 def audit_settings(cr: Resource) -> dict[str, Any]:
     """The blob-store settings the audit reads the tier with: the pods' own offload section."""
-    return gated.offload_config(cr.section("offload"))
+    return offload_settings.offload_config(cr.section("offload"))
 
 
 def audit_status(report: Mapping[str, Any], stale: str | None = None) -> dict[str, Any]:

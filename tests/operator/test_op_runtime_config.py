@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from txnkeeper.contract import connections, coordinator_settings, memory, names, store_settings
+from txnkeeper.contract.settings import offload as offload_declared
 from txnkeeper.coordinator import timeouts
 from txnkeeper.coordinator.timeouts import TxnTimeoutPolicy
 from txnkeeper.protocol.limits import ConnectionLimits, InvalidLimitsError
@@ -127,7 +128,7 @@ def test_rendered_offload_section_is_what_the_runtime_reads(
     assert settings is not None
     policy = offload_settings.policy(settings, str(path))
     # Every CR field arrives under its Pulsar key with the CR's value (threshold -1 when disabled).
-    for field, key in store_settings.OFFLOAD_KEYS.items():
+    for field, key in offload_declared.OFFLOAD_KEYS.items():
         if field in spec:
             assert key in settings, f"spec.offload.{field} was not rendered"
     threshold = -1 if spec.get("enabled") is False else spec["thresholdBytes"]
@@ -140,7 +141,7 @@ def test_rendered_offload_section_is_what_the_runtime_reads(
     assert store_config.managedLedgerOffloadDriver == spec["driver"]
     assert store_config.managedLedgerOffloadMaxBlockSizeInBytes == spec["maxBlockSizeBytes"]
     if spec["driver"] == "filesystem":
-        assert store_config.fileSystemURI == store_settings.OFFLOAD_MOUNT_DIR
+        assert store_config.fileSystemURI == offload_declared.OFFLOAD_MOUNT_DIR
     else:
         assert store_config.managedLedgerOffloadBucket == spec["bucket"]
         assert store_config.managedLedgerOffloadServiceEndpoint == spec["endpoint"]

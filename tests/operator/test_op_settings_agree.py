@@ -8,8 +8,10 @@ deliberate differences are spelled out per row (``ONLY``), with the reason.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,21 @@ import jsonschema
 import pytest
 from test_op_crds import cel_errors
 
+from txnkeeper.client import Client
 from txnkeeper.contract.batching import BatchSettings, InvalidBatchSettingsError
 from txnkeeper.contract.coordinator_settings import HARD_MAX_TIMEOUT_MS
 from txnkeeper.contract.settings.batched_write import BATCHED_WRITE, MAX_MAX_SIZE_BYTES
+from txnkeeper.contract.settings.offload import (
+    MAX_MAX_BLOCK_SIZE_BYTES,
+    MAX_SEGMENT_ROLLOVER_SECONDS,
+    offload_config,
+)
 from txnkeeper.contract.settings.pulsar import PULSAR
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.tls import TLS
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
 from txnkeeper.contract.store_settings import SRK_MAX_BLOCK_BYTES, SRK_MAX_WRITER_INACTIVITY_MINUTES
-from txnkeeper.server import pulsar_config, srk_config, tls_settings, txn_config
+from txnkeeper.server import offload_settings, pulsar_config, srk_config, tls_settings, txn_config
 from txnkeeper.server.config import ConfigError, batch_configs
 from txnkeeper_operator import builders
 from txnkeeper_operator.resource import Resource
@@ -432,3 +440,101 @@ def section_schema(section: Any) -> dict[str, Any]:
 
     properties: dict[str, Any] = json_schema(section)["properties"]
     return properties
+
+
+OFFLOAD_READERS = ("crd", "file", "admin")
+WEEK = MAX_SEGMENT_ROLLOVER_SECONDS
+# The CR's numeric spec.offload fields (their CR spelling): the operator renders them under Pulsar's keys
+# into the pod's config file, and `offload-policies set` takes the same keys for one topic.
+OFFLOAD_ROWS: list[tuple[dict[str, Any], bool | set[str]]] = [
+    ({"thresholdBytes": -1}, True),
+    ({"thresholdBytes": 0}, True),
+    ({"thresholdBytes": -2}, False),
+    ({"thresholdBytes": 1.5}, False),
+    ({"thresholdBytes": True}, False),
+    # Pods take plain decimal strings, as Pulsar's properties files write numbers; a CR takes numbers.
+    ({"thresholdBytes": "5"}, {"file", "admin"}),
+    ({"thresholdBytes": " 5"}, False),
+    ({"deletionLagMs": 0}, True),
+    ({"deletionLagMs": -1}, False),
+    ({"maxSegmentSizeBytes": 1}, True),
+    ({"maxSegmentSizeBytes": 0}, False),
+    ({"maxSegmentRolloverSeconds": 1}, True),
+    ({"maxSegmentRolloverSeconds": 0}, False),
+    ({"maxSegmentRolloverSeconds": WEEK}, True),
+    ({"maxSegmentRolloverSeconds": WEEK + 1}, False),
+    # Pods take fractions of a second; a CR whole seconds.
+    ({"maxSegmentRolloverSeconds": 1.5}, {"file", "admin"}),
+    ({"minSegmentRolloverSeconds": 0}, True),
+    ({"minSegmentRolloverSeconds": WEEK + 1}, False),
+    ({"maxBlockSizeBytes": 140}, True),
+    ({"maxBlockSizeBytes": 139}, False),
+    ({"maxBlockSizeBytes": MAX_MAX_BLOCK_SIZE_BYTES}, True),
+    ({"maxBlockSizeBytes": MAX_MAX_BLOCK_SIZE_BYTES + 1}, False),
+    ({"thresholdBytes": 0, "deletionLagMs": 1, "maxSegmentSizeBytes": 4096, "maxBlockSizeBytes": 4096}, True),
+]
+OFFLOAD_TOPIC = "persistent://public/default/agree"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServePod]:
+    work = tmp_path_factory.mktemp("agree-store")
+    (work / "tier").mkdir()
+    pod_offload = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": str(work / "tier")}
+    pod = ServePod(work, "pas-0", "store", release="3.0.0", config={"offload": pod_offload})
+    try:
+        pod.start()
+        asyncio.run(_hold_topic(pod))
+        yield pod
+    finally:
+        pod.stop()
+
+
+async def _hold_topic(pod: ServePod) -> None:
+    async with Client(coordinators=[], stores=[pod.listen]) as client:
+        await (await client.create_producer(OFFLOAD_TOPIC)).send(b"held")
+
+
+def _offload_admin_accepts(pod: ServePod, section: dict[str, Any]) -> bool:
+    """`offload-policies set` of the topic; an accepted override is removed again (rows stay apart)."""
+    query = urllib.parse.urlencode({"topic": OFFLOAD_TOPIC})
+    url = f"{pod.admin_url()}/admin/v1/topics/offload-policies?{query}"
+    status, body = http("POST", url, section, TOKEN)
+    assert status in (200, 400), (status, body)
+    if status == 400:
+        assert "error" in body and len(body["error"]) < 400
+        return False
+    status, body = http("DELETE", url, None, TOKEN)
+    assert status == 200, (status, body)
+    return True
+
+
+def _offload_file_accepts(tmp_path: Path, section: dict[str, Any]) -> bool:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"offload": section}))
+    try:
+        offload_settings.load(path)
+    except offload_settings.OffloadSettingsError as exc:
+        assert str(path) in str(exc)
+        return False
+    return True
+
+
+def test_offload_readers_agree(store: ServePod, tmp_path: Path) -> None:
+    disagreements = []
+    for block, accepted in OFFLOAD_ROWS:
+        spec = {"driver": "filesystem", "filesystem": {"claimName": "tier"}, **block}
+        # The operator's rendering of the CR (it passes the values as the CR holds them).
+        section = offload_config(spec)
+        numbers = {
+            k: v for k, v in section.items() if k not in ("managedLedgerOffloadDriver", "fileSystemURI")
+        }
+        got = {
+            "crd": _crd_accepts("pendingackstores.yaml", {"version": "3.0.0", "offload": spec}),
+            "file": _offload_file_accepts(tmp_path, section),
+            "admin": _offload_admin_accepts(store, numbers),
+        }
+        want = _expected(accepted, OFFLOAD_READERS)
+        if got != want:
+            disagreements.append((block, got))
+    assert disagreements == []

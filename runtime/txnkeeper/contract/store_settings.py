@@ -1,12 +1,11 @@
-"""The PendingAckStore's store settings: ``spec.offload`` (PIP-76), ``spec.singleKeyTransactions``
+"""The PendingAckStore's store settings: ``spec.singleKeyTransactions``
 (PDP-44) and ``spec.topicPolicies`` (Pulsar's retention, message TTL and backlog quotas), in the CR's
 spelling and in the pod ``--config`` file's, and the one strict reading of a number in them.
 
 Why here: the CRD (its limits and CEL rules are generated from these constants), the operator (which
 renders a CR into the config file) and the runtime (which reads the file) must agree on names, limits
-and defaults, as for batched writes (``contract.batching``). The config file uses Pulsar's key names for
-offload (broker.conf's ``managedLedgerOffload*``), so an operator who knows Pulsar recognises them.
-Standard library only (docs/contracts.md §0).
+and defaults, as for batched writes (``contract.batching``). ``spec.offload`` is declared in
+``contract/settings/offload.py``. Standard library only (docs/contracts.md §0).
 """
 
 from __future__ import annotations
@@ -73,65 +72,6 @@ def plain_number(value: object, kind: type, what: str, *, low: float, high: floa
 
 def _a(kind: type) -> str:
     return "an integer" if kind is int else "a number"
-
-
-# ---- offload ------------------------------------------------------------------------------------------
-
-OFFLOAD_DRIVERS = ("filesystem", "aws-s3", "S3")
-S3_DRIVERS = ("aws-s3", "S3")
-# Where the operator mounts the filesystem driver's RWX volume in a store pod (fileSystemURI).
-OFFLOAD_MOUNT_DIR = "/var/lib/txnkeeper-offload"
-# The credentials Secret's keys, passed to the pod as env of the same names (boto3's chain reads them).
-S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-
-# CR field -> Pulsar key in the config file's top-level "offload" section.
-OFFLOAD_KEYS: dict[str, str] = {
-    "driver": "managedLedgerOffloadDriver",
-    "bucket": "managedLedgerOffloadBucket",
-    "region": "managedLedgerOffloadRegion",
-    "endpoint": "managedLedgerOffloadServiceEndpoint",
-    "thresholdBytes": "managedLedgerOffloadThresholdInBytes",
-    "deletionLagMs": "managedLedgerOffloadDeletionLagMs",
-    "maxSegmentSizeBytes": "maxOffloadSegmentSizeInBytes",
-    "maxSegmentRolloverSeconds": "maxOffloadSegmentRolloverTimeInSeconds",
-    "minSegmentRolloverSeconds": "minOffloadSegmentRolloverTimeInSeconds",
-    "maxBlockSizeBytes": "managedLedgerOffloadMaxBlockSizeInBytes",
-}
-# Pulsar's defaults (broker.conf), what the CRD documents when a field is left out.
-DEFAULT_THRESHOLD_BYTES = -1  # manual offload only
-DEFAULT_DELETION_LAG_MS = 4 * 3600 * 1000
-DEFAULT_MAX_SEGMENT_SIZE_BYTES = 1024 * MIB
-DEFAULT_MAX_SEGMENT_ROLLOVER_SECONDS = 600
-DEFAULT_MIN_SEGMENT_ROLLOVER_SECONDS = 0
-DEFAULT_MAX_BLOCK_SIZE_BYTES = 64 * MIB
-MAX_MAX_BLOCK_SIZE_BYTES = 256 * MIB  # a block is one ranged GET held in memory
-# The runtime's smallest block: its 128-byte header plus one framed (empty) entry (ledger.offload.config).
-MIN_MAX_BLOCK_SIZE_BYTES = 128 + 12
-# Limits of the pod's offload settings (config file and `offload-policies set`) beyond the CR's fields.
-# A segment younger than a second is a retry storm of tiny objects; one older than a week holds
-# a week of acknowledged data outside the tier.
-MIN_SEGMENT_ROLLOVER_SECONDS = 1
-MAX_SEGMENT_ROLLOVER_SECONDS = 7 * 24 * 3600
-# Retries faster than once a second turned a full tier into hundreds of errors a second (issue 25).
-MIN_RETRY_INTERVAL_SECONDS = 1
-MAX_RETRY_INTERVAL_SECONDS = 24 * 3600
-MAX_OFFLOAD_BUFFER_BYTES = 256 * MIB  # write (read-ahead) and read buffers: memory the offloader holds
-
-
-def offload_config(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The config file's ``offload`` section for a CR's ``spec.offload`` (only the keys it sets).
-
-    ``enabled: false`` keeps the location (pods must still read, and a downgrade restore, what was
-    offloaded) but stops automatic offload: the threshold becomes -1 (manual only, as in Pulsar)."""
-    out: dict[str, Any] = {}
-    for field, key in OFFLOAD_KEYS.items():
-        if field in spec and spec[field] is not None and spec[field] != "":
-            out[key] = spec[field]
-    if spec.get("driver") == "filesystem":
-        out["fileSystemURI"] = OFFLOAD_MOUNT_DIR
-    if spec.get("enabled") is False:
-        out[OFFLOAD_KEYS["thresholdBytes"]] = -1
-    return out
 
 
 # ---- single-key transactions --------------------------------------------------------------------------

@@ -4,7 +4,10 @@ Why its own module: offload settings come from two places (the pod's config file
 ``offload-policies set``) and must be validated the same way and merged one way (the topic's keys over
 the pod's). Keys are Pulsar's broker.conf / OffloadPolicies names, plus ours where Pulsar has none
 (``offloadMode``, ``offloadRetryIntervalSeconds``); values may be JSON numbers or, as in Pulsar's
-properties files, decimal strings. Every mistake is an ``OffloadSettingsError`` naming the key.
+properties files, decimal strings. Every mistake is an ``OffloadSettingsError`` naming the key. The
+keys, their types, bounds and defaults are declared once in ``contract/settings/offload.py`` (which
+the CRD's fields and the docs' table come from too); this module reads values strictly and checks them
+together.
 
     {"offload": {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": "/offload",
                  "managedLedgerOffloadThresholdInBytes": 0, "offloadMode": "streaming"}}
@@ -18,60 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from txnkeeper.contract import store_settings as limits
+from txnkeeper.contract.settings import offload as declared
+from txnkeeper.contract.settings.offload import OFFLOAD
+from txnkeeper.contract.settings.schema import Setting
 from txnkeeper.ledger.offload import OffloadConfig, OffloadConfigError
 from txnkeeper.ledger.offload.offloader import OffloadPolicy
 from txnkeeper.server import config
 
-SECTION = "offload"
-
-# key -> type, for the blob store (OffloadConfig) and for the policy (OffloadPolicy)
-CONFIG_KEYS: dict[str, type] = {
-    "managedLedgerOffloadDriver": str,
-    "managedLedgerOffloadBucket": str,
-    "managedLedgerOffloadRegion": str,
-    "managedLedgerOffloadServiceEndpoint": str,
-    "fileSystemURI": str,
-    "managedLedgerOffloadMaxBlockSizeInBytes": int,
-    "managedLedgerOffloadMinBlockSizeInBytes": int,
-    "managedLedgerOffloadReadBufferSizeInBytes": int,
-    "managedLedgerOffloadWriteBufferSizeInBytes": int,
-}
-POLICY_KEYS: dict[str, type] = {
-    "managedLedgerOffloadThresholdInBytes": int,
-    "managedLedgerOffloadDeletionLagMs": int,
-    "maxOffloadSegmentSizeInBytes": int,
-    "maxOffloadSegmentRolloverTimeInSeconds": float,
-    "minOffloadSegmentRolloverTimeInSeconds": float,
-    "managedLedgerDataReadPriority": str,
-    "offloadRetryIntervalSeconds": float,
-    "offloadMode": str,
-}
-KEYS = {**CONFIG_KEYS, **POLICY_KEYS}
-_JAVA_LONG = 2**63 - 1
-# key -> (lowest, highest) accepted; what a value outside says comes from _range_text.
-BOUNDS: dict[str, tuple[float, float]] = {
-    # -1 is Pulsar's "on demand only": the range -1..max is exactly {-1} and 0..max for an integer.
-    "managedLedgerOffloadThresholdInBytes": (-1, _JAVA_LONG),
-    "managedLedgerOffloadDeletionLagMs": (0, _JAVA_LONG),
-    "maxOffloadSegmentSizeInBytes": (1, _JAVA_LONG),
-    "maxOffloadSegmentRolloverTimeInSeconds": (
-        limits.MIN_SEGMENT_ROLLOVER_SECONDS,
-        limits.MAX_SEGMENT_ROLLOVER_SECONDS,
-    ),
-    "minOffloadSegmentRolloverTimeInSeconds": (0, limits.MAX_SEGMENT_ROLLOVER_SECONDS),
-    "offloadRetryIntervalSeconds": (limits.MIN_RETRY_INTERVAL_SECONDS, limits.MAX_RETRY_INTERVAL_SECONDS),
-    "managedLedgerOffloadMaxBlockSizeInBytes": (
-        limits.MIN_MAX_BLOCK_SIZE_BYTES,
-        limits.MAX_MAX_BLOCK_SIZE_BYTES,
-    ),
-    "managedLedgerOffloadMinBlockSizeInBytes": (
-        limits.MIN_MAX_BLOCK_SIZE_BYTES,
-        limits.MAX_MAX_BLOCK_SIZE_BYTES,
-    ),
-    "managedLedgerOffloadReadBufferSizeInBytes": (1, limits.MAX_OFFLOAD_BUFFER_BYTES),
-    "managedLedgerOffloadWriteBufferSizeInBytes": (1, limits.MAX_OFFLOAD_BUFFER_BYTES),
-}
-MAX_TEXT = 1024  # a bucket, region, endpoint or directory; longer is a mistake
+SECTION = OFFLOAD.name
+# The keys, their types and bounds are the declaration's (contract/settings/offload.py).
+KEYS: dict[str, Setting] = OFFLOAD.keys()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -90,44 +49,39 @@ def parse(raw: object, where: str) -> dict[str, Any]:
         raise OffloadSettingsError(f"{where} must be an object of offload settings, got {type(raw).__name__}")
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        kind = KEYS.get(key) if isinstance(key, str) else None
-        if kind is None:
+        setting = KEYS.get(key) if isinstance(key, str) else None
+        if setting is None:
             raise OffloadSettingsError(
                 f"{where}: unknown offload setting {str(key)[:60]!r}; "
                 f"known settings: {', '.join(sorted(KEYS))}"
             )
-        out[key] = _convert(value, kind, key, f"{where}: {key}")
+        out[key] = _convert(value, setting, f"{where}: {key}")
     return out
 
 
-def _convert(value: object, kind: type, key: str, what: str) -> Any:
-    if kind is str:
+def _convert(value: object, setting: Setting, what: str) -> Any:
+    if setting.kind == "text":
         if not isinstance(value, str):
             raise OffloadSettingsError(f"{what} must be a string, got {type(value).__name__}")
-        if len(value) > MAX_TEXT or _CONTROL.search(value):
+        if len(value) > declared.MAX_TEXT or _CONTROL.search(value):
             raise OffloadSettingsError(
-                f"{what} must be at most {MAX_TEXT} characters without control characters"
+                f"{what} must be at most {declared.MAX_TEXT} characters without control characters"
             )
         return value
-    low, high = BOUNDS[key]
+    low, high = declared.bounds(setting)
+    kind = int if setting.kind == "int" else float
     try:
         return limits.plain_number(
-            value, kind, what, low=low, high=high, range_text=_range_text(key, low, high)
+            value, kind, what, low=low, high=high, range_text=declared.range_text(setting)
         )
     except limits.SettingError as exc:
         raise OffloadSettingsError(str(exc)) from exc
 
 
-def _range_text(key: str, low: float, high: float) -> str:
-    if key == "managedLedgerOffloadThresholdInBytes":
-        return f"-1 (offload on demand only) or 0..{high}"
-    return f"{low}..{high}"
-
-
 def policy(settings: Mapping[str, Any], where: str) -> OffloadPolicy:
     """The OffloadPolicy of checked settings, or OffloadSettingsError saying what is missing or wrong."""
-    config_part = {k: v for k, v in settings.items() if k in CONFIG_KEYS}
-    policy_part = {k: v for k, v in settings.items() if k in POLICY_KEYS}
+    config_part = {k: v for k, v in settings.items() if k not in declared.POLICY_KEYS}
+    policy_part = {k: v for k, v in settings.items() if k in declared.POLICY_KEYS}
     low_block = settings.get("managedLedgerOffloadMinBlockSizeInBytes")
     high_block = settings.get(
         "managedLedgerOffloadMaxBlockSizeInBytes", OffloadConfig.managedLedgerOffloadMaxBlockSizeInBytes

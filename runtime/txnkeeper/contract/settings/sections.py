@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from txnkeeper.contract.settings.batched_write import BATCHED_WRITE
+from txnkeeper.contract.settings.offload import OFFLOAD
 from txnkeeper.contract.settings.pulsar import PULSAR
 from txnkeeper.contract.settings.schema import Section
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.tls import TLS
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
 
-SECTIONS: tuple[Section, ...] = (BATCHED_WRITE, SINGLE_KEY, TRANSACTIONS, PULSAR, TLS)
+SECTIONS: tuple[Section, ...] = (BATCHED_WRITE, SINGLE_KEY, TRANSACTIONS, PULSAR, TLS, OFFLOAD)
