@@ -470,10 +470,7 @@ class ShardMoves:
                     f" {shard}: write the new record (PUT /admin/v1/placement) before releasing its copy",
                 )
             marker = placement.markers.get(shard)
-            if marker is not None and marker.move != move:
-                raise AdminRefusal(
-                    409, f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}"
-                )
+            _refuse_other_move(shard, marker, move)
             if marker is not None and marker.state != "fenced":
                 raise AdminRefusal(409, f"shard {shard} was received here for move {move!r}: discard it")
             topics = await asyncio.to_thread(self._shard_topics, shard)
@@ -551,10 +548,7 @@ class ShardMoves:
                     f" ({self.ordinal}): pre-copy it from its owner",
                 )
             marker = placement.markers.get(shard)
-            if marker is not None and marker.move != move:
-                raise AdminRefusal(
-                    409, f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}"
-                )
+            _refuse_other_move(shard, marker, move)
             topics = await asyncio.to_thread(self._shard_topics, shard)
             units = self._units(topics)
             if marker is None:
@@ -620,12 +614,7 @@ class ShardMoves:
                     409, f"this pod already owns shard {shard} (placement epoch {placement.record.epoch})"
                 )
             marker = placement.markers.get(shard)
-            if marker is not None and marker.move != move:
-                raise AdminRefusal(
-                    409,
-                    f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}:"
-                    " discard that move first",
-                )
+            _refuse_other_move(shard, marker, move, ": discard that move first")
             if marker is not None:  # received already: nothing left to pre-copy
                 return {"shard": shard, "move": move, "passes": 0, "files": 0, "bytes": 0, "received": True}
         copies = pc.StagedCopies(self._incoming(move))
@@ -685,12 +674,7 @@ class ShardMoves:
                 receipt = await asyncio.to_thread(_read_json, incoming / RECEIPT_FILE)
                 if receipt is not None:
                     return receipt
-            if marker is not None and marker.move != move:
-                raise AdminRefusal(
-                    409,
-                    f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}:"
-                    " discard that move first",
-                )
+            _refuse_other_move(shard, marker, move, ": discard that move first")
             manifest = await self._fetch_manifest(shard, move, source)
             staged = incoming / "data"
             # Only the staged copy goes: an install plan left by an attempt that crashed is what a
@@ -1052,3 +1036,11 @@ def initial_placement(
     except PlacementError as exc:
         raise statefile.StateFileError(path, str(exc), "fix --replicas/--shards") from exc
     return PodPlacement.load(data_dir, kind, ordinal, initial)
+
+
+def _refuse_other_move(shard: int, marker: MoveMarker | None, move: str, advice: str = "") -> None:
+    """Every verb of one move refuses a shard that this pod holds for another move (409)."""
+    if marker is not None and marker.move != move:
+        raise AdminRefusal(
+            409, f"shard {shard} is {marker.state} for move {marker.move!r} here, not {move!r}{advice}"
+        )
