@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from txnkeeper.contract import pki
+
 _DAY = dt.timedelta(days=1)
 
 
@@ -49,35 +51,9 @@ def _name(common: str) -> x509.Name:
 
 
 def make_ca(common: str = "txnkeeper test CA") -> Issued:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common))
-        .issuer_name(_name(common))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _DAY)
-        .not_valid_after(now + 365 * _DAY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return Issued(cert, key)
+    """A CA as the operator and the fleet make theirs (contract/pki.py), valid a year."""
+    ca = pki.new_ca(common, now=dt.datetime.now(dt.UTC), validity=365 * _DAY, organization=None)
+    return Issued(ca.cert, ca.key)
 
 
 def issue(
