@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple, cast
 
-import google_crc32c
+from crc32c import crc32c as _crc32c
 from google.protobuf.message import DecodeError
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
@@ -45,7 +45,7 @@ _BODY_BY_TYPE = {
 
 
 def crc32c(data: bytes | memoryview) -> int:
-    return int(google_crc32c.value(bytes(data)))
+    return int(_crc32c(data))
 
 
 class PulsarFrame(NamedTuple):
@@ -54,7 +54,7 @@ class PulsarFrame(NamedTuple):
 
     command: pulsar.BaseCommand
     metadata: bytes = b""
-    payload: bytes = b""
+    payload: bytes | memoryview = b""  # a read-only view of the bytes it arrived in (``feed``)
     checksum_ok: bool = True  # False: a checksum was present and did not match
     has_payload: bool = False
 
@@ -86,33 +86,48 @@ class PulsarFrameDecoder:
         self._max_frame_size = max_frame_size
 
     def feed(self, data: bytes) -> list[PulsarFrame]:
-        """Consume ``data``; return every frame now complete. Raises ``FrameError`` on bad input."""
-        buffer = self._buffer
-        buffer += data
+        """Consume ``data``; return every frame now complete. Raises ``FrameError`` on bad input.
+
+        The frames' payloads are views of the bytes they arrived in, not copies: a producer's batch
+        (up to 128 KiB from Pulsar's clients) was copied five times between the socket and the
+        ledger, and each copy of that size is a fresh mapping the C heap maps and unmaps. So bytes
+        that frames were taken from are never changed again: what is left of them after the last
+        whole frame moves to a new buffer.
+        """
+        source: bytes | bytearray
+        if self._buffer:
+            self._buffer += data
+            source = self._buffer
+        else:
+            source = data
         frames: list[PulsarFrame] = []
         offset = 0
-        end = len(buffer)
-        with memoryview(buffer) as view:
-            while end - offset >= 4:
-                (total,) = _U32.unpack_from(buffer, offset)
-                if total > self._max_frame_size:
-                    raise FrameError(
-                        f"frame of {total} bytes exceeds the maximum of {self._max_frame_size}"
-                        " (the max_message_size this server announced in CONNECTED, plus framing)",
-                        api.FRAME_TOO_LARGE,
-                    )
-                if total < 4:
-                    raise FrameError(
-                        f"frame at byte {offset} declares {total} bytes, too few for its command size",
-                        api.MALFORMED_FRAME,
-                    )
-                start = offset + 4
-                if end - start < total:
-                    break
-                frames.append(_decode_frame(bytes(view[start : start + total]), offset))
-                offset = start + total
+        end = len(source)
+        view = memoryview(source).toreadonly()
+        while end - offset >= 4:
+            (total,) = _U32.unpack_from(source, offset)
+            if total > self._max_frame_size:
+                raise FrameError(
+                    f"frame of {total} bytes exceeds the maximum of {self._max_frame_size}"
+                    " (the max_message_size this server announced in CONNECTED, plus framing)",
+                    api.FRAME_TOO_LARGE,
+                )
+            if total < 4:
+                raise FrameError(
+                    f"frame at byte {offset} declares {total} bytes, too few for its command size",
+                    api.MALFORMED_FRAME,
+                )
+            start = offset + 4
+            if end - start < total:
+                break
+            frames.append(_decode_frame(view[start : start + total], offset))
+            offset = start + total
         if offset:
-            del buffer[:offset]
+            self._buffer = bytearray(view[offset:])
+        elif source is data:
+            self._buffer = bytearray(data)
+        else:
+            view.release()  # nothing taken: the buffer grows in place on the next read
         return frames
 
     @property
@@ -127,14 +142,14 @@ def _malformed(offset: int, why: str) -> FrameError:
     return FrameError(f"frame at byte {offset} is not a Pulsar frame: {why}", api.MALFORMED_FRAME)
 
 
-def _decode_frame(frame: bytes, offset: int) -> PulsarFrame:
+def _decode_frame(frame: memoryview, offset: int) -> PulsarFrame:
     """``frame``: the bytes after the total size."""
     (command_size,) = _U32.unpack_from(frame, 0)
     if command_size > len(frame) - 4:
         raise _malformed(offset, f"command size {command_size} exceeds the frame's {len(frame) - 4} bytes")
     command = pulsar.BaseCommand()
     try:
-        command.ParseFromString(frame[4 : 4 + command_size])
+        command.ParseFromString(bytes(frame[4 : 4 + command_size]))
     except DecodeError as exc:
         raise _malformed(offset, f"the command does not parse ({exc})") from exc
     # Parsing does not check proto2's required fields: an unknown type reads as the enum's first
@@ -152,7 +167,7 @@ def _decode_frame(frame: bytes, offset: int) -> PulsarFrame:
     return _with_payload(command, frame, rest, offset)
 
 
-def _with_payload(command: pulsar.BaseCommand, frame: bytes, at: int, offset: int) -> PulsarFrame:
+def _with_payload(command: pulsar.BaseCommand, frame: memoryview, at: int, offset: int) -> PulsarFrame:
     size = len(frame)
     if size - at >= 2 and _U16.unpack_from(frame, at)[0] == MAGIC_BROKER_ENTRY_METADATA:
         if size - at < 6:
@@ -167,12 +182,12 @@ def _with_payload(command: pulsar.BaseCommand, frame: bytes, at: int, offset: in
             raise _malformed(offset, "checksum magic without a checksum")
         (expected,) = _U32.unpack_from(frame, at + 2)
         at += 6
-        checksum_ok = crc32c(memoryview(frame)[at:]) == expected
+        checksum_ok = crc32c(frame[at:]) == expected
     if size - at < 4:
         raise _malformed(offset, "a payload without its metadata size")
     (metadata_size,) = _U32.unpack_from(frame, at)
     at += 4
     if metadata_size > size - at:
         raise _malformed(offset, f"metadata size {metadata_size} exceeds the {size - at} bytes left")
-    metadata = frame[at : at + metadata_size]
+    metadata = bytes(frame[at : at + metadata_size])  # small, and kept: stored with the message
     return PulsarFrame(command, metadata, frame[at + metadata_size :], checksum_ok, True)

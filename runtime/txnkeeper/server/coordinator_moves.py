@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-import google_crc32c
+from crc32c import crc32c
 
 from txnkeeper import statefile
 from txnkeeper.admin.https import AdminHttps
@@ -76,7 +76,7 @@ def _crc32c_of(path: Path) -> tuple[int, int]:
     size = 0
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
-            crc = google_crc32c.extend(crc, chunk)
+            crc = crc32c(chunk, crc)
             size += len(chunk)
     return size, crc
 
@@ -496,7 +496,7 @@ class CoordinatorMoves:
                 )
             with target.open("wb") as out:
                 async for chunk in response.content.iter_chunked(CHUNK):
-                    crc = google_crc32c.extend(crc, chunk)
+                    crc = crc32c(chunk, crc)
                     size += len(chunk)
                     out.write(chunk)
                 out.flush()

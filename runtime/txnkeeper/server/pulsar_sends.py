@@ -92,7 +92,7 @@ class Write(NamedTuple):
     topics: TopicService
     producer: Producer
     send: Send
-    message: tuple[bytes, str, bytes]
+    message: tuple[bytes | memoryview, str, bytes]
     txn: TxnID | None
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
+from crc32c import crc32c
 
 from txnkeeper.ledger.lock import LOCK_FILE
 from txnkeeper.ledger.names import encode_name
@@ -93,7 +93,7 @@ def checksum_file(path: Path) -> tuple[int, int]:
     size = 0
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
-            crc = google_crc32c.extend(crc, chunk)
+            crc = crc32c(chunk, crc)
             size += len(chunk)
     return size, crc
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import google_crc32c
+from crc32c import crc32c
 
 from txnkeeper import statefile
 from txnkeeper.admin.https import AdminHttps
@@ -786,7 +786,7 @@ class ShardMoves:
                         handle = await asyncio.to_thread(target.open, "wb")
                         try:
                             async for chunk in response.content.iter_chunked(sf.CHUNK):
-                                crc = google_crc32c.extend(crc, chunk)
+                                crc = crc32c(chunk, crc)
                                 size += len(chunk)
                                 await asyncio.to_thread(handle.write, chunk)
                                 if pace is not None:

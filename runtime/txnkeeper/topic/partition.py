@@ -452,7 +452,7 @@ class Partition:
 
     async def publish_idempotent(
         self,
-        payload: bytes,
+        payload: bytes | memoryview,
         key: str,
         producer_name: str,
         sequence_id: int,
@@ -585,7 +585,7 @@ class Partition:
         kind: str,
         first_message_id: Position,
         *,
-        events: Sequence[bytes],
+        events: Sequence[bytes | memoryview],
         key: str,
     ) -> None:
         """``what`` has the numbers of ``writer_id``'s last block (send), written at
@@ -649,7 +649,13 @@ class Partition:
         return done
 
     def publish_notify(
-        self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify, *, metadata: bytes = b""
+        self,
+        payload: bytes | memoryview,
+        key: str,
+        txn_id: TxnID | None,
+        notify: WriteNotify,
+        *,
+        metadata: bytes = b"",
     ) -> None:
         """Write one message; ``notify(position, None)`` once it is durable, ``notify(None, error)``
         if the write failed. Refusals raise at the call.
@@ -663,7 +669,9 @@ class Partition:
         if txn_id is not None:
             self._check_accepts(txn_id)
         if not self.quota.open and not self.quota.admit(
-            len(payload), partial(self._resume_publish, (payload, key, metadata), txn_id, notify)
+            # held: a copy, not a view that would keep the whole read it came in alive meanwhile
+            len(payload),
+            partial(self._resume_publish, (bytes(payload), key, metadata), txn_id, notify),
         ):
             return  # held by the backlog quota: written (or refused) by _resume_publish
         self._write_message(payload, key, txn_id, notify, metadata)
@@ -692,7 +700,12 @@ class Partition:
             notify(None, exc)
 
     def _write_message(
-        self, payload: bytes, key: str, txn_id: TxnID | None, notify: WriteNotify, metadata: bytes = b""
+        self,
+        payload: bytes | memoryview,
+        key: str,
+        txn_id: TxnID | None,
+        notify: WriteNotify,
+        metadata: bytes = b"",
     ) -> None:
         if txn_id is not None:
             self.buffer.message_written(txn_id)

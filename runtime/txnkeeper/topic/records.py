@@ -36,10 +36,22 @@ class DecodedRecord(NamedTuple):
     publish_time_ms: int = 0
 
 
-# Both fill the entry in place: building the parts and passing them as arguments copies each of them
-# (the payload included), which was most of the cost of writing a message or a marker.
+# The tags of PartitionEntry.data (field 1) and DataRecord.payload (field 1), both length-delimited.
+_DATA_TAG = b"\x0a"
+_PAYLOAD_TAG = b"\x0a"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def encode_data(
-    payload: bytes,
+    payload: bytes | memoryview,
     key: str,
     txn_id: TxnID | None,
     publish_time_ms: int,
@@ -48,9 +60,12 @@ def encode_data(
     sequence_id: int = 0,
     metadata: bytes = b"",
 ) -> bytes:
-    entry = api.PartitionEntry()
-    record = entry.data
-    record.payload = payload
+    """The entry of one message: exactly the bytes ``PartitionEntry(data=...).SerializeToString()``
+    gives (the payload first, as field 1), assembled around the payload so that it is copied once.
+    Through protobuf it was copied twice (into the field, then into the serialized entry), and a
+    Pulsar producer's batch is up to 128 KiB: those copies were a fifth of a store's CPU under
+    ``pulsar-perf produce``."""
+    record = api.DataRecord()
     record.key = key
     record.publish_time_ms = publish_time_ms
     if metadata:
@@ -61,7 +76,12 @@ def encode_data(
     if producer_name:
         record.producer_name = producer_name
         record.sequence_id = sequence_id
-    return entry.SerializeToString()
+    rest = record.SerializeToString()
+    size = len(payload)
+    if not size:  # proto3 leaves an empty bytes field out
+        return _DATA_TAG + _varint(len(rest)) + rest
+    payload_head = _PAYLOAD_TAG + _varint(size)
+    return b"".join((_DATA_TAG, _varint(len(payload_head) + size + len(rest)), payload_head, payload, rest))
 
 
 def encode_marker(

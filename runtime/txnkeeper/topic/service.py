@@ -529,7 +529,7 @@ class TopicService:
     def publish_notify(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | memoryview,
         key: str,
         txn_id: TxnID | None,
         notify: WriteNotify,
@@ -543,7 +543,9 @@ class TopicService:
         protocol, stored with it."""
         partition = self._partitions.get(topic)
         if partition is None:
-            opening = asyncio.ensure_future(self._open_then_publish(topic, (payload, key, metadata), txn_id))
+            # a copy while the partition opens: a view would keep the whole read it came in alive
+            message = (bytes(payload), key, metadata)
+            opening = asyncio.ensure_future(self._open_then_publish(topic, message, txn_id))
             opening.add_done_callback(partial(notify_from_future, notify))
             return
         if txn_id is not None:
@@ -562,7 +564,7 @@ class TopicService:
     async def publish_idempotent(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | memoryview,
         key: str,
         producer_name: str,
         sequence_id: int,
