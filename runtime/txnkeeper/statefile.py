@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MAGIC = "txnkeeper-state"
 _MAX_HEADER = 256
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class StateFileError(Exception):
@@ -76,15 +77,37 @@ class FileOps:
         finally:
             os.close(fd)
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
-        """Write all of ``data`` at ``offset`` (a short write continues; an error propagates)."""
-        view = memoryview(data)
-        while view:
-            written = self.pwrite(fd, view, offset)
+    def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        """One vectored write (at most ``IOV_MAX`` buffers): the bytes written."""
+        return os.pwritev(fd, buffers, offset)
+
+    def pwrite_all(self, fd: int, data: bytes | Sequence[bytes | memoryview], offset: int) -> None:
+        """Write all of ``data`` (bytes, or buffers one after another) at ``offset``; a short write
+        continues, an error propagates. Buffers go to the kernel as they are (``pwritev``): joining a
+        ledger group's headers and entries first copied every byte of it once more."""
+        if isinstance(data, bytes):
+            view = memoryview(data)
+            while view:
+                written = self.pwrite(fd, view, offset)
+                if written <= 0:
+                    raise OSError(f"pwrite wrote {written} bytes at offset {offset}")
+                view = view[written:]
+                offset += written
+            return
+        views = [memoryview(buffer) for buffer in data if len(buffer)]
+        first = 0
+        while first < len(views):
+            written = self.pwritev(fd, views[first : first + _IOV_MAX], offset)
             if written <= 0:
-                raise OSError(f"pwrite wrote {written} bytes at offset {offset}")
-            view = view[written:]
+                raise OSError(f"pwritev wrote {written} bytes at offset {offset}")
             offset += written
+            while written:
+                size = len(views[first])
+                if written < size:
+                    views[first] = views[first][written:]
+                    break
+                written -= size
+                first += 1
 
     def write_file_atomically(self, path: Path, data: bytes) -> None:
         """Replace ``path`` with ``data`` so a crash leaves either the old or the new content.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ class WriteSeenIO(FileIO):
 
     disk_full = False
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+    def pwrite_all(self, fd: int, data: bytes | Sequence[bytes | memoryview], offset: int) -> None:
         if self.disk_full and fd in self.ledger_fds:
             raise OSError(errno.ENOSPC, "No space left on device")
         super().pwrite_all(fd, data, offset)

@@ -6,7 +6,7 @@ import asyncio
 import errno
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -71,6 +71,9 @@ class FaultyIO(FileKindIO):
                 return written
             raise OSError(errno.ENOSPC, "No space left on device")
         return super().pwrite(fd, data, offset)
+
+    def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        return self.pwrite(fd, b"".join(buffers), offset)  # the faults above reach vectored writes too
 
     def truncate(self, fd: int, size: int) -> None:
         if self.truncate_fails:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from txnkeeper.ledger import ManagedLedgerConfig, ManagedLedgerFactory
@@ -72,7 +73,7 @@ class WriteSeenIO(GatedSyncIO):
         super().__init__()
         self.written = threading.Event()
 
-    def pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
+    def pwrite_all(self, fd: int, data: bytes | Sequence[bytes | memoryview], offset: int) -> None:
         super().pwrite_all(fd, data, offset)
         if fd in self.ledger_fds:
             self.written.set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,9 @@ class FailingIO(FileIO):
         if self.failing:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return super().pwrite(fd, data, offset)
+
+    def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        return self.pwrite(fd, b"".join(buffers), offset)  # one primitive to fail, as the ledger's
 
 
 @pytest.fixture

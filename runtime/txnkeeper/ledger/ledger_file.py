@@ -169,13 +169,12 @@ class LedgerFile:
         back to ``offset`` so nothing unacknowledged survives; if even that fails, GroupWriteFailed
         carries ``cut_failure`` and the ledger must be reopened, which cuts it as a torn tail.
         """
-        data = b"".join(buffers)
         undo: Callable[[], None] | None = None
         activity = commit_activity.current() if sync else None  # the offload worker's tier slices wait
         if activity is not None:
             activity.begin()
         try:
-            self.io.pwrite_all(self._write_fd, data, offset)
+            self.io.pwrite_all(self._write_fd, buffers, offset)
             if mark_written is not None:
                 undo = mark_written()
             if sync:
