@@ -17,7 +17,14 @@ SIZES = [0, 1, 127, 128, 16383, 16384, 16385, 2**21 - 1, 2**21 + 3]
 
 
 def through_protobuf(
-    payload: bytes, key: str, txn: TxnID | None, time_ms: int, producer: str, sequence: int, metadata: bytes
+    payload: bytes,
+    key: str,
+    txn: TxnID | None,
+    time_ms: int,
+    *,
+    producer: str,
+    sequence: int,
+    metadata: bytes,
 ) -> bytes:
     entry = api.PartitionEntry()
     record = entry.data
@@ -50,6 +57,8 @@ def test_entries_are_protobufs_own_bytes(size: int) -> None:
         entry = encode_data(
             given, key, txn, time_ms, producer_name=producer, sequence_id=sequence, metadata=metadata
         )
-        assert entry == through_protobuf(payload, key, txn, time_ms, producer, sequence, metadata)
+        assert entry == through_protobuf(
+            payload, key, txn, time_ms, producer=producer, sequence=sequence, metadata=metadata
+        )
         record = decode(entry, "t", 0)
         assert (record.payload, record.key, record.txn_id) == (payload, key, txn)
