@@ -16,6 +16,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.spark.codecs import CompressedPayloadError, decompress
@@ -53,6 +54,7 @@ class Visibility:
         return "open" if txn in self.open else "committed"
 
 
+@lru_cache(maxsize=1024)
 def partition_index(topic: str) -> int:
     """Pulsar's partition index of a partitioned topic's partition (``...-partition-N``), else -1."""
     head, sep, tail = topic.rpartition("-partition-")
@@ -77,6 +79,27 @@ def entry_rows(topic: str, ledger_id: int, entry_id: int, data: bytes, vis: Visi
             "before the planned max read position: the topic changed under the read; run it again"
         )
     txn = str(record.txn_id) if record.txn_id is not None else None
+    if not record.metadata:  # sent over txnkeeper's own protocol: one message, no generator for it
+        publish_ms = record.publish_time_ms
+        if vis.min_publish_ms is not None and publish_ms < vis.min_publish_ms:
+            return
+        if vis.max_publish_ms is not None and publish_ms > vis.max_publish_ms:
+            return
+        yield (
+            topic,
+            partition_index(topic),
+            ledger_id,
+            entry_id,
+            -1,
+            _publish_time(publish_ms),
+            record.writer_id or None,
+            record.key or None,
+            {},
+            record.payload,
+            txn,
+            state,
+        )
+        return
     base = (topic, partition_index(topic), ledger_id, entry_id)
     for batch_index, publish_ms, producer, key, properties, payload in _messages(record, where):
         if vis.min_publish_ms is not None and publish_ms < vis.min_publish_ms:
@@ -86,7 +109,7 @@ def entry_rows(topic: str, ledger_id: int, entry_id: int, data: bytes, vis: Visi
         yield (
             *base,
             batch_index,
-            datetime.fromtimestamp(publish_ms / 1000, UTC),
+            _publish_time(publish_ms),
             producer,
             key,
             properties,
@@ -94,6 +117,12 @@ def entry_rows(topic: str, ledger_id: int, entry_id: int, data: bytes, vis: Visi
             txn,
             state,
         )
+
+
+# Messages written in the same millisecond share it (a batch always does): one datetime for them.
+@lru_cache(maxsize=4096)
+def _publish_time(publish_ms: int) -> datetime:
+    return datetime.fromtimestamp(publish_ms / 1000, UTC)
 
 
 _Message = tuple[int, int, str | None, str | None, dict[str, str], bytes]
