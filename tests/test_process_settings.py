@@ -40,9 +40,13 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     ("env", "value", "message"),
     [
         ("GC_THRESHOLD", "1,2", "three positive integers"),
-        ("EVENT_LOOP", "trio", "is unknown"),
-        ("SWITCH_INTERVAL_MS", "0", "out of range"),
-        ("MALLOC_POLICY", "jemalloc", "'fixed' .* or 'glibc'"),
+        ("EVENT_LOOP", "trio", "^TXNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'$"),
+        (
+            "SWITCH_INTERVAL_MS",
+            "0",
+            r"^TXNKEEPER_SWITCH_INTERVAL_MS must be a number of milliseconds in 0\.001\.\.1000",
+        ),
+        ("MALLOC_POLICY", "jemalloc", "^TXNKEEPER_MALLOC_POLICY is 'jemalloc': give 'fixed' .* or 'glibc'"),
     ],
 )
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str) -> None:

@@ -21,12 +21,12 @@ import yaml
 from txnkeeper.contract import batching as limits
 from txnkeeper.contract import connections, memory
 from txnkeeper.contract import coordinator_settings as txn
-from txnkeeper.contract import store_settings as gated
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
 from txnkeeper.contract.settings import offload as offload_settings
 from txnkeeper.contract.settings import schema as settings
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
+from txnkeeper.contract.settings.topic_policies import TOPIC_POLICIES
 from txnkeeper.contract.settings.transactions import ENTRY_MAX_TIMEOUT, MAX_TIMEOUT
 from txnkeeper_operator import crd_tls
 from txnkeeper_operator.engine import windows
@@ -208,36 +208,9 @@ def _single_key_transactions() -> Schema:
     return settings.json_schema(SINGLE_KEY)  # contract/settings/single_key.py
 
 
-_TOPIC_POLICY_TEXT = {
-    "retentionMinutes": "retentionTimeInMinutes: a consumed ledger goes once closed longer ago than this "
-    "(-1: no time limit, 0: at once). Set with retentionSizeMB.",
-    "retentionSizeMB": "retentionSizeInMB: a consumed ledger goes once the topic holds this many MiB "
-    "without it (-1: no size limit, 0: at once). Set with retentionMinutes.",
-    "messageTTLSeconds": "messageTTLInSeconds: every subscription acknowledges messages published longer "
-    "ago than this (0: no TTL).",
-    "backlogQuotaLimitBytes": "Backlog quota limitSize: a subscription's backlog past this many bytes is "
-    "over the quota (-1: no limit).",
-    "backlogQuotaLimitSeconds": "Backlog quota limitTime: a subscription whose oldest unacknowledged "
-    "message is older than this many seconds is over the quota (-1: no limit).",
-    "checkIntervalSeconds": "How often a store pod applies the policies (retention trims, TTL, quota "
-    f"checks); default {gated.DEFAULT_CHECK_INTERVAL_SECONDS}.",
-}
-
-
 def _topic_policies() -> Schema:
-    props: dict[str, Schema] = {}
-    for field, (_block, key) in gated.TOPIC_POLICY_FIELDS.items():
-        if key == "policy":
-            props[field] = _p(
-                "string",
-                "Backlog quota policy while over the quota: producer_request_hold (default: sends wait, "
-                "at most 20 s), producer_exception (sends fail with BACKLOG_QUOTA_EXCEEDED) or "
-                "consumer_backlog_eviction (the oldest backlog is skipped).",
-                enum=list(gated.BACKLOG_POLICIES),
-            )
-            continue
-        low, high, _text = gated.topic_policy_bounds(key)
-        props[field] = _p("integer", _TOPIC_POLICY_TEXT[field], minimum=low, maximum=high)
+    # contract/settings/topic_policies.py: each CR field is one declared key (its "cr" spelling).
+    props = {cr: settings.property_schema(s) for cr, s in TOPIC_POLICIES.keys("cr").items()}
     return _obj(
         "Pulsar's retention, message TTL and backlog quota as the defaults of every topic of these pods (a "
         "topic's own settings, `txnkeeper admin topics retention|message-ttl|backlog-quota set`, override "

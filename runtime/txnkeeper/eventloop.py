@@ -21,9 +21,11 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from txnkeeper.contract.settings.interpreter import EVENT_LOOPS
+
 T = TypeVar("T")
 
-CHOICES = ("auto", "uvloop", "asyncio")
+CHOICES = EVENT_LOOPS  # declared with the flag (contract/settings/interpreter.py)
 IO_SWITCH_INTERVAL_S = 0.0005
 
 

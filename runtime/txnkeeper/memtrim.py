@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from txnkeeper.contract.settings.interpreter import MALLOC_POLICIES
+
 
 def _libc_function(name: str, argtypes: list[Any], restype: Any) -> Any | None:
     """glibc's function ``name`` typed as given, or None where it is missing (not Linux, not glibc, an
@@ -88,7 +90,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 MMAP_THRESHOLD = 128 * 1024
 ARENA_MAX = 2
-POLICIES = ("fixed", "glibc")
+POLICIES = MALLOC_POLICIES  # declared with the flag (contract/settings/interpreter.py)
 
 
 _MALLOPT: Callable[[int, int], int] | None = _libc_function(

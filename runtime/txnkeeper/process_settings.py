@@ -3,9 +3,10 @@ interval, C heap policy.
 
 Why it exists: ``txnkeeper serve`` and the benchmarks (which must run as serve runs, or their figures say
 nothing about a pod) each declared, checked and applied the same three settings; this is the one place
-that does. Defaults come from ``TXNKEEPER_GC_THRESHOLD``, ``TXNKEEPER_EVENT_LOOP`` and
-``TXNKEEPER_SWITCH_INTERVAL_MS``, ``TXNKEEPER_MALLOC_POLICY`` (what the operator's StatefulSet can
-set), then from the runtime's own policy (``gcpolicy``, ``eventloop``, ``memtrim``).
+that does. Flags win over ``TXNKEEPER_GC_THRESHOLD``, ``TXNKEEPER_EVENT_LOOP``,
+``TXNKEEPER_SWITCH_INTERVAL_MS`` and ``TXNKEEPER_MALLOC_POLICY`` (what the operator's StatefulSet can
+set), and those over the runtime's own policy (``gcpolicy``, ``eventloop``, ``memtrim``); the flags,
+their env and their shapes are declared in ``contract/settings/interpreter.py``.
 """
 
 from __future__ import annotations
@@ -17,40 +18,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txnkeeper import eventloop, gcpolicy, memtrim
+from txnkeeper.contract.settings import schema
+from txnkeeper.contract.settings.interpreter import INTERPRETER
 
 T = TypeVar("T")
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(f"TXNKEEPER_{name}")
-    return value if value else None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare ``--event-loop``, ``--switch-interval-ms`` and ``--gc-threshold`` on ``parser``."""
-    parser.add_argument(
-        "--event-loop",
-        choices=eventloop.CHOICES,
-        default=_env("EVENT_LOOP") or "auto",
-        help="auto (uvloop when installed), uvloop or asyncio",
-    )
-    parser.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=_env("SWITCH_INTERVAL_MS") or f"{eventloop.IO_SWITCH_INTERVAL_S * 1000:g}",
-        help="how often (ms) the busy loop thread lets the ledger's I/O threads take the GIL (default 0.5)",
-    )
-    parser.add_argument(
-        "--gc-threshold",
-        default=_env("GC_THRESHOLD"),
-        help="garbage-collector thresholds gen0,gen1,gen2 (default 50000,20,100; 'default' for CPython's)",
-    )
-    parser.add_argument(
-        "--malloc-policy",
-        default=_env("MALLOC_POLICY") or "fixed",
-        help="fixed (large allocations mapped on their own from 128 KiB, 2 arenas: keeps the C heap from"
-        " fragmenting) or glibc (its defaults)",
-    )
+    """Declare ``--event-loop``, ``--switch-interval-ms``, ``--gc-threshold`` and ``--malloc-policy``
+    on ``parser`` (contract/settings/interpreter.py: their env, defaults and allowed values)."""
+    schema.add_flags(parser.add_argument_group("interpreter"), INTERPRETER)
 
 
 @dataclass(frozen=True)
@@ -62,12 +39,14 @@ class ProcessSettings:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ProcessSettings:
-        """Check the flags :func:`add_arguments` declared; ValueError says what is wrong."""
+        """The flags :func:`add_arguments` declared, over their env, checked by the declaration (its
+        error names the flag or variable), then what each means; ValueError says what is wrong."""
+        values = schema.load(INTERPRETER, flags=vars(ns), environ=os.environ, file=None, file_where="").values
         return cls(
-            gcpolicy.parse_thresholds(ns.gc_threshold),
-            eventloop.resolve(ns.event_loop),
-            eventloop.check_switch_interval(ns.switch_interval_ms / 1000),
-            memtrim.check_policy(ns.malloc_policy),
+            gcpolicy.parse_thresholds(values["gc_threshold"]),
+            eventloop.resolve(values["event_loop"]),
+            eventloop.check_switch_interval(values["switch_interval_ms"] / 1000),
+            memtrim.check_policy(values["malloc_policy"]),
         )
 
     @classmethod

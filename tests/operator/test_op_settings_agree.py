@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from test_op_crds import cel_errors
 
 from txnkeeper.client import Client
@@ -30,14 +31,31 @@ from txnkeeper.contract.settings.offload import (
     offload_config,
 )
 from txnkeeper.contract.settings.pulsar import PULSAR
+from txnkeeper.contract.settings.schema import property_schema
+from txnkeeper.contract.settings.sections import SECTIONS
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
 from txnkeeper.contract.settings.tls import TLS
+from txnkeeper.contract.settings.topic_policies import TOPIC_POLICIES
 from txnkeeper.contract.settings.transactions import TRANSACTIONS
-from txnkeeper.contract.store_settings import SRK_MAX_BLOCK_BYTES, SRK_MAX_WRITER_INACTIVITY_MINUTES
-from txnkeeper.server import offload_settings, pulsar_config, srk_config, tls_settings, txn_config
+from txnkeeper.contract.store_settings import (
+    SRK_MAX_BLOCK_BYTES,
+    SRK_MAX_WRITER_INACTIVITY_MINUTES,
+    topic_policies_config,
+    topic_policy_problems,
+)
+from txnkeeper.server import (
+    offload_settings,
+    pulsar_config,
+    srk_config,
+    tls_settings,
+    topic_policies,
+    txn_config,
+)
 from txnkeeper.server.config import ConfigError, batch_configs
 from txnkeeper_operator import builders
+from txnkeeper_operator.engine import Template
 from txnkeeper_operator.resource import Resource
+from txnkeeper_operator.settings import OperatorSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_pods import TOKEN, ServePod, http
@@ -538,3 +556,94 @@ def test_offload_readers_agree(store: ServePod, tmp_path: Path) -> None:
         if got != want:
             disagreements.append((block, got))
     assert disagreements == []
+
+
+TOPIC_POLICY_READERS = ("crd", "operator", "file")
+INT_MAX = 2**31 - 1
+# spec.topicPolicies (its CR fields: contract/settings/topic_policies.py's "cr" spelling). "file" is the
+# pod reading what the operator renders of the fields (Pulsar's keys, one block per admin verb).
+TOPIC_POLICY_ROWS: list[tuple[dict[str, Any], bool | set[str]]] = [
+    ({}, True),
+    ({"retentionMinutes": -1, "retentionSizeMB": -1}, True),
+    ({"retentionMinutes": 0, "retentionSizeMB": 0}, True),
+    ({"retentionMinutes": -2, "retentionSizeMB": 0}, False),
+    ({"retentionMinutes": INT_MAX, "retentionSizeMB": (2**63 - 1) // MIB}, True),
+    ({"retentionMinutes": INT_MAX + 1, "retentionSizeMB": 0}, False),
+    ({"retentionMinutes": 0, "retentionSizeMB": (2**63 - 1) // MIB + 1}, False),
+    # The CRD's CEL wants both retention limits or neither (one left out would be 0, which keeps nothing);
+    # a pod takes one, the other at Pulsar's default.
+    ({"retentionMinutes": 5}, {"operator", "file"}),
+    ({"messageTTLSeconds": 0}, True),
+    ({"messageTTLSeconds": -1}, False),
+    ({"messageTTLSeconds": INT_MAX}, True),
+    ({"messageTTLSeconds": INT_MAX + 1}, False),
+    ({"messageTTLSeconds": 1.5}, False),
+    ({"messageTTLSeconds": True}, False),
+    ({"backlogQuotaLimitBytes": -1}, True),
+    ({"backlogQuotaLimitBytes": 2**63 - 1}, True),
+    ({"backlogQuotaLimitBytes": -2}, False),
+    # Pods take plain decimal strings, as Pulsar's properties files write numbers; a CR takes numbers.
+    ({"backlogQuotaLimitBytes": "5"}, {"file"}),
+    ({"backlogQuotaLimitSeconds": INT_MAX}, True),
+    ({"backlogQuotaPolicy": "consumer_backlog_eviction"}, True),
+    ({"backlogQuotaPolicy": "drop"}, False),
+    ({"backlogQuotaPolicy": 1}, False),
+    ({"checkIntervalSeconds": 1}, True),
+    ({"checkIntervalSeconds": 3600}, True),
+    ({"checkIntervalSeconds": 0}, False),
+    ({"checkIntervalSeconds": 3601}, False),
+]
+
+
+def _read_topic_policies(path: Path) -> None:
+    try:
+        topic_policies.load(path)
+    except topic_policies.TopicPolicySettingsError as exc:  # as serve reports it
+        raise ConfigError(str(exc)) from exc
+
+
+def test_topic_policy_readers_agree(tmp_path: Path) -> None:
+    disagreements = []
+    for block, accepted in TOPIC_POLICY_ROWS:
+        got: dict[str, bool | None] = {
+            "crd": _crd_accepts("pendingackstores.yaml", {"version": "2.0.0", "topicPolicies": block}),
+            "operator": topic_policy_problems(block) == [],
+            "file": _file_accepts(
+                tmp_path,
+                {TOPIC_POLICIES.name: topic_policies_config(block)},
+                _read_topic_policies,
+            ),
+        }
+        want = _expected(accepted, TOPIC_POLICY_READERS)
+        if any(got[r] != want[r] for r in TOPIC_POLICY_READERS):
+            disagreements.append((block, got))
+    assert disagreements == []
+    # Every CR field is one declared key, and the CRD's fragment of it is the declaration's.
+    crd = yaml.safe_load((ROOT / "crds/pendingackstores.yaml").read_text())
+    fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "topicPolicies"
+    ]["properties"]
+    assert fields == {cr: property_schema(s) for cr, s in TOPIC_POLICIES.keys("cr").items()}
+
+
+def test_every_variable_the_operator_sets_on_runtime_pods_is_declared() -> None:
+    """The operator configures pods through TXNKEEPER_* env: each must be a declared setting's, or the pod
+    would silently ignore it."""
+    declared = {s.env_name for section in SECTIONS for s in section.settings if s.env_name}
+    spec: dict[str, Any] = {
+        "version": "3.0.0",
+        "replicas": 2,
+        "tls": {"enabled": True},
+        "connectionLimits": {"maxConnections": 10, "idleTimeoutSeconds": 5.5},
+        "memory": {"tailCacheBytes": 0},
+    }
+    seen: set[str] = set()
+    for kind in ("TransactionCoordinator", "PendingAckStore"):
+        body = {"kind": kind, "metadata": {"name": "x", "namespace": "n", "uid": "u"}, "spec": spec}
+        sts = builders.statefulset(
+            Resource.from_body(body), Template("3.0.0", BatchSettings()), OperatorSettings()
+        )
+        for container in sts["spec"]["template"]["spec"]["containers"]:
+            seen |= {e["name"] for e in container.get("env", []) if e["name"].startswith("TXNKEEPER_")}
+    assert {"TXNKEEPER_MAX_CONNECTIONS", "TXNKEEPER_TAIL_CACHE_BYTES", "TXNKEEPER_TLS_CERT_FILE"} <= seen
+    assert seen - declared == set()

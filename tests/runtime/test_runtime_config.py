@@ -127,6 +127,8 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
         "topicPolicies": {"checkIntervalSeconds": 5},
         "pulsar": {"partitionedTopics": {"persistent://t/n/orders": 2}},
         "tls": {"certFile": "/etc/txnkeeper/tls/tls.crt"},
+        "connectionLimits": {"maxConnections": 10},
+        "memory": {"tailCacheBytes": 0},
     }
     path.write_text(json.dumps(doc))
     txnlog, pending = batch_configs(path)
@@ -138,6 +140,7 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
     assert section(loaded, "topicPolicies") == {"checkIntervalSeconds": 5}
     assert section(loaded, "pulsar") == {"partitionedTopics": {"persistent://t/n/orders": 2}}
     assert section(loaded, "tls") == {"certFile": "/etc/txnkeeper/tls/tls.crt"}
+    assert section(loaded, "connectionLimits") == {"maxConnections": 10}
     assert set(OTHER_SECTIONS) == {
         "offload",
         "singleKeyTransactions",
@@ -145,6 +148,8 @@ def test_other_modules_sections_sit_next_to_the_batch_settings(tmp_path: Path) -
         "topicPolicies",
         "pulsar",
         "tls",
+        "connectionLimits",
+        "memory",
     }
     # Beside the bare CR block too, and a file holding only another module's section is all defaults.
     path.write_text(json.dumps({"enabled": True, "offload": {}}))

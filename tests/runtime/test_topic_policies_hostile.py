@@ -321,6 +321,27 @@ CONFIG_ROWS: list[tuple[object, str]] = [
     ),
     ({"retention": []}, "topicPolicies: retention must be an object of retention settings, got list"),
     ([], "section topicPolicies must be an object"),
+    # the declared bounds (contract/settings/topic_policies.py) and the strict numbers, each way round
+    ({"checkIntervalSeconds": 3601}, "topicPolicies: checkIntervalSeconds must be 1..3600, got 3601"),
+    (
+        {"checkIntervalSeconds": 1e308},
+        "topicPolicies: checkIntervalSeconds must be an integer that fits 64 bits, got 1e+308",
+    ),
+    ({"checkIntervalSeconds": " 12 "}, f"topicPolicies: checkIntervalSeconds=' 12 ' {PLAIN_INT}"),
+    ({"checkIntervalSeconds": "-0"}, "topicPolicies: checkIntervalSeconds='-0' is a negative zero; write 0"),
+    (
+        {"messageTTL": {"messageTTLInSeconds": True}},
+        "topicPolicies: messageTTL: messageTTLInSeconds must be a number, got a boolean",
+    ),
+    (
+        {"backlogQuota": {"limitSize": LONG_MAX + 1}},
+        f"topicPolicies: backlogQuota: limitSize must be an integer that fits 64 bits, got {LONG_MAX + 1}",
+    ),
+    (
+        {"retention": {"retentionTimeInMinute": 1}},
+        "topicPolicies: retention: unknown retention setting 'retentionTimeInMinute'; known settings: "
+        "retentionSizeInMB, retentionTimeInMinutes",
+    ),
 ]
 
 

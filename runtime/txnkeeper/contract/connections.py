@@ -4,7 +4,10 @@ a pod reads them (``TXNKEEPER_*`` environment, the defaults of ``txnkeeper serve
 Why here: the CRD (its types, floors and the defaults it documents come from this table), the operator
 (which renders the CR into the pods' environment and reports what a pod would refuse) and the runtime
 (``protocol/limits.py``'s ``ConnectionLimits``, whose defaults and floors these are; a test holds them
-equal) must agree. Coordinator and store pods both serve the client protocol, so both CRs have it.
+equal) must agree. The settings themselves are declared in ``contract/settings/connections.py`` (serve
+reads its flags, env and config file through that declaration); this is the table the CRD and the
+operator's checks take from it. Coordinator and store pods both serve the client protocol, so both CRs
+have it.
 Standard library only (docs/contracts.md §0).
 """
 
@@ -14,15 +17,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
-# protocol.frames.DEFAULT_MAX_FRAME_SIZE and protocol.limits.WRITE_HIGH_WATER: a connection's buffers
-# must hold one frame of the maximum size (and an answer of it above the high-water mark).
-MAX_FRAME_SIZE = 5 * MIB
-WRITE_HIGH_WATER = MIB
-# Timeouts are seconds, fractions allowed. The runtime takes anything above 0; the CR keeps them between
-# a millisecond and a week (a timer a week away is as good as none, and a far larger one overflows).
-MIN_TIMEOUT_SECONDS = 0.001
-MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+from txnkeeper.contract.settings.connections import CONNECTIONS, MAX_TIMEOUT_SECONDS
+from txnkeeper.contract.settings.schema import Section
+
+__all__ = ["MAX_TIMEOUT_SECONDS"]  # the CRD tests' ceiling of the timeouts
 
 
 @dataclass(frozen=True)
@@ -47,84 +45,23 @@ def number_text(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _count(env: str, default: int, description: str, minimum: int = 1) -> ConnectionLimit:
-    return ConnectionLimit(f"TXNKEEPER_{env}", int, minimum, None, default, description)
-
-
-def _seconds(env: str, default: float, description: str) -> ConnectionLimit:
-    return ConnectionLimit(
-        f"TXNKEEPER_{env}", float, MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, default, description
-    )
+def table(section: Section) -> dict[str, ConnectionLimit]:
+    """CR field -> the limit, from a declared section of numbers (contract/settings/connections.py)."""
+    return {
+        s.key: ConnectionLimit(
+            s.env_name or "",
+            int if s.kind == "int" else float,
+            s.minimum if s.minimum is not None else 0,
+            s.maximum,
+            s.default,
+            s.description,
+        )
+        for s in section.settings
+    }
 
 
 # CR field -> the limit (serve's flag is the env name without TXNKEEPER_, lower case, dashes).
-CONNECTION_LIMITS: dict[str, ConnectionLimit] = {
-    "maxConnections": _count(
-        "MAX_CONNECTIONS",
-        1024,
-        "Client protocol connections open at once; more are refused with an error frame.",
-    ),
-    "maxConnectionsPerAddress": _count(
-        "MAX_CONNECTIONS_PER_ADDRESS",
-        256,
-        "Connections one peer address may hold open (Pulsar's brokerMaxConnectionsPerIp); more are refused.",
-    ),
-    "maxHandshakingConnections": _count(
-        "MAX_HANDSHAKING_CONNECTIONS",
-        64,
-        "Connections that have not completed a request yet; the oldest is closed to admit a new one, so "
-        "idle sockets cannot lock clients out.",
-    ),
-    "handshakeTimeoutSeconds": _seconds(
-        "HANDSHAKE_TIMEOUT", 10.0, "Seconds a new connection has to complete its first request."
-    ),
-    "idleTimeoutSeconds": _seconds(
-        "IDLE_TIMEOUT",
-        600.0,
-        "Seconds a connection without consumers and awaiting no answer may send nothing before it is closed.",
-    ),
-    "frameTimeoutSeconds": _seconds(
-        "FRAME_TIMEOUT", 30.0, "Seconds a started frame has to arrive completely."
-    ),
-    "writeTimeoutSeconds": _seconds(
-        "WRITE_TIMEOUT", 120.0, "Seconds a connection may leave its answers unread before it is aborted."
-    ),
-    "maxPendingBytes": _count(
-        "MAX_PENDING_BYTES",
-        64 * MIB,
-        "Bytes of incomplete frames buffered across all connections; the connection that would exceed it "
-        "is closed. At least one frame of the maximum size (5 MiB).",
-        minimum=MAX_FRAME_SIZE,
-    ),
-    "maxUnsentBytes": _count(
-        "MAX_UNSENT_BYTES",
-        32 * MIB,
-        "Bytes of answers and pushed messages one connection may leave unread; more aborts it. At least a "
-        "maximum frame plus 1 MiB.",
-        minimum=MAX_FRAME_SIZE + WRITE_HIGH_WATER,
-    ),
-    "maxTotalUnsentBytes": _count(
-        "MAX_TOTAL_UNSENT_BYTES",
-        64 * MIB,
-        "Bytes all connections together may leave unread; past it messages are pushed only to connections "
-        "holding under 64 KiB unread (the process-wide push budget). At least a maximum frame plus 1 MiB.",
-        minimum=MAX_FRAME_SIZE + WRITE_HIGH_WATER,
-    ),
-    "maxRequestsInFlight": _count(
-        "MAX_REQUESTS_IN_FLIGHT",
-        1000,
-        "Requests one connection may have unanswered (a Pulsar producer's sends until their receipts); past "
-        "it the connection is not read until half of them are answered (Pulsar's "
-        "maxPendingPublishRequestsPerConnection).",
-    ),
-    "maxTotalRequestBytes": _count(
-        "MAX_TOTAL_REQUEST_BYTES",
-        64 * MIB,
-        "Bytes the unanswered requests of all connections together may hold; past it a connection adding "
-        "one is not read until they hold half of it. At least one frame of the maximum size (5 MiB).",
-        minimum=MAX_FRAME_SIZE,
-    ),
-}
+CONNECTION_LIMITS: dict[str, ConnectionLimit] = table(CONNECTIONS)
 
 
 def _problem(section: str, table: Mapping[str, ConnectionLimit], field: str, value: object) -> str | None:

@@ -12,24 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from txnkeeper.contract.connections import MIB, ConnectionLimit, section_env, section_problems
+from txnkeeper.contract.connections import ConnectionLimit, section_env, section_problems, table
+from txnkeeper.contract.settings.connections import MEMORY
 
-MEMORY_SECTION = "memory"
-# The largest budget the CR takes: beyond any pod's memory, and within what a 64-bit count holds.
-MAX_TAIL_CACHE_BYTES = 2**40
+MEMORY_SECTION = MEMORY.name
 
-MEMORY_SETTINGS: dict[str, ConnectionLimit] = {
-    "tailCacheBytes": ConnectionLimit(
-        "TXNKEEPER_TAIL_CACHE_BYTES",
-        int,
-        0,
-        MAX_TAIL_CACHE_BYTES,
-        64 * MIB,
-        "Bytes of recently written entries all topics of a store pod keep in memory for consumers that "
-        "keep up (each entry counts its payload plus 240); the oldest go first, whichever topic wrote "
-        "them; 0 keeps none (every read goes to disk). Keep it well under the pod's memory limit.",
-    ),
-}
+MEMORY_SETTINGS: dict[str, ConnectionLimit] = table(MEMORY)  # contract/settings/connections.py
 
 
 def memory_problems(spec: object) -> list[str]:

@@ -16,6 +16,41 @@ from collections.abc import Mapping
 from typing import Any
 
 from txnkeeper.contract.formats import Feature
+from txnkeeper.contract.settings.single_key import (
+    SRK_DEFAULT_MAX_BLOCK_BYTES,
+    SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
+    SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
+    SRK_MAX_BLOCK_BYTES,
+    SRK_MAX_MAX_WRITERS_PER_TOPIC,
+    SRK_MAX_WRITER_INACTIVITY_MINUTES,
+)
+from txnkeeper.contract.settings.topic_policies import (
+    BACKLOG_POLICIES,
+    CHECK_INTERVAL_KEY,
+    DEFAULT_BACKLOG_POLICY,
+    DEFAULT_CHECK_INTERVAL_SECONDS,
+    MAX_CHECK_INTERVAL_SECONDS,
+    MIN_CHECK_INTERVAL_SECONDS,
+    TOPIC_POLICIES,
+    TOPIC_POLICIES_SECTION,
+)
+
+# Declared in contract/settings/; the operator, the runtime and the tests have long taken them from here.
+__all__ = [
+    "BACKLOG_POLICIES",
+    "CHECK_INTERVAL_KEY",
+    "DEFAULT_BACKLOG_POLICY",
+    "DEFAULT_CHECK_INTERVAL_SECONDS",
+    "MAX_CHECK_INTERVAL_SECONDS",
+    "MIN_CHECK_INTERVAL_SECONDS",
+    "SRK_DEFAULT_MAX_BLOCK_BYTES",
+    "SRK_DEFAULT_MAX_WRITERS_PER_TOPIC",
+    "SRK_DEFAULT_WRITER_INACTIVITY_MINUTES",
+    "SRK_MAX_BLOCK_BYTES",
+    "SRK_MAX_MAX_WRITERS_PER_TOPIC",
+    "SRK_MAX_WRITER_INACTIVITY_MINUTES",
+    "TOPIC_POLICIES_SECTION",
+]
 
 MIB = 1024 * 1024
 JAVA_INT_MAX = 2**31 - 1
@@ -51,10 +86,11 @@ def plain_number(value: object, kind: type, what: str, *, low: float, high: floa
             raise SettingError(f"{what}={value!r} is a negative zero; write 0")
         value = int(value) if kind is int else float(value)
     if kind is int:
+        given = value  # what an error shows: 1e308 as written, not its 309 digits
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or abs(value) > JAVA_LONG_MAX:
-            shown = type(value).__name__ if isinstance(value, list | dict) else repr(value)
+            shown = type(given).__name__ if isinstance(given, list | dict) else repr(given)
             if not isinstance(value, int | float):
                 raise SettingError(f"{what} must be a number, got {shown}")
             raise SettingError(f"{what} must be an integer that fits 64 bits, got {shown}")
@@ -76,15 +112,6 @@ def _a(kind: type) -> str:
 
 # ---- single-key transactions --------------------------------------------------------------------------
 
-SRK_MAX_BLOCK_BYTES = 16 * MIB  # PDP-44's max transaction size; a block is applied in one group commit
-SRK_DEFAULT_MAX_BLOCK_BYTES = 16 * MIB
-# How long a silent writer's last event number (and an idempotent producer's last sequence id) is
-# remembered: 7 days, longer than Pulsar's brokerDeduplicationProducerInactivityMinutes (360), because a
-# writer that reconnects after its state expired gets WRITER_STATE_LOST instead of a retry.
-SRK_DEFAULT_WRITER_INACTIVITY_MINUTES = 7 * 24 * 60
-SRK_MAX_WRITER_INACTIVITY_MINUTES = 365 * 24 * 60  # a year
-SRK_DEFAULT_MAX_WRITERS_PER_TOPIC = 10_000
-SRK_MAX_MAX_WRITERS_PER_TOPIC = 1_000_000  # the writer table is held in memory and in every snapshot
 SRK_KEYS = ("enabled", "maxBlockBytes", "writerInactivityMinutes", "maxWritersPerTopic")
 
 
@@ -95,53 +122,30 @@ def single_key_config(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 # ---- topic policies (Pulsar's retention, message TTL and backlog quotas) -----------------------------
 
-# The config file's section: store-wide defaults of every topic's policies, each block the body of its
-# admin verb (`txnkeeper admin topics retention|message-ttl|backlog-quota set`), plus how often they
-# are checked. A topic's own settings (set by those verbs) override the blocks key by key.
-TOPIC_POLICIES_SECTION = "topicPolicies"
-RETENTION_BLOCK = "retention"
-MESSAGE_TTL_BLOCK = "messageTTL"
-BACKLOG_QUOTA_BLOCK = "backlogQuota"
-CHECK_INTERVAL_KEY = "checkIntervalSeconds"
-# Pulsar's names (RetentionPolicies, the topic's messageTTLInSeconds, BacklogQuota).
-RETENTION_KEYS = ("retentionTimeInMinutes", "retentionSizeInMB")
-MESSAGE_TTL_KEYS = ("messageTTLInSeconds",)
-BACKLOG_QUOTA_KEYS = ("limitSize", "limitTime", "policy")
-BACKLOG_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
-DEFAULT_BACKLOG_POLICY = "producer_request_hold"  # Pulsar's backlogQuotaDefaultRetentionPolicy
-# key -> (lowest, highest, what the lowest special values mean); Pulsar's Java types bound them:
-# minutes, seconds and limitTime are ints, sizes longs (retentionSizeInMB so that its bytes fit one).
+# The section, its blocks and bounds are declared in contract/settings/topic_policies.py; these are the
+# tables the operator's rendering and checks of a CR, and the pod's reader, take from it.
+# numeric key (its name in its block) -> (lowest, highest, the range in words)
 TOPIC_POLICY_BOUNDS: dict[str, tuple[int, int, str]] = {
-    "retentionTimeInMinutes": (-1, JAVA_INT_MAX, f"-1 (infinite) or 0..{JAVA_INT_MAX}"),
-    "retentionSizeInMB": (-1, JAVA_LONG_MAX // MIB, f"-1 (infinite) or 0..{JAVA_LONG_MAX // MIB}"),
-    "messageTTLInSeconds": (0, JAVA_INT_MAX, f"0 (no TTL) or 1..{JAVA_INT_MAX}"),
-    "limitSize": (-1, JAVA_LONG_MAX, f"-1 (no limit) or 0..{JAVA_LONG_MAX}"),
-    "limitTime": (-1, JAVA_INT_MAX, f"-1 (no limit) or 0..{JAVA_INT_MAX}"),
+    s.key.rpartition(".")[2]: (int(s.minimum or 0), int(s.maximum or 0), s.range_text or "")
+    for s in TOPIC_POLICIES.settings
+    if s.kind == "int"
 }
-# How often a store pod applies them (retention trims, TTL, backlog quota checks): Pulsar checks
-# retention every 120 s, expiry every 5 min and quotas every 60 s; one interval here, 10 s by default.
-DEFAULT_CHECK_INTERVAL_SECONDS = 10
-MIN_CHECK_INTERVAL_SECONDS = 1
-MAX_CHECK_INTERVAL_SECONDS = 3600
 
-# CR field (spec.topicPolicies) -> config-file block and key. The CR spells units out; the file and
-# the admin verbs use Pulsar's names.
+
+def _target(key: str) -> tuple[str | None, str]:
+    block, _, name = key.rpartition(".")
+    return block or None, name
+
+
+# CR field (spec.topicPolicies) -> config-file block (None: the section itself) and key. The CR spells
+# units out; the file and the admin verbs use Pulsar's names.
 TOPIC_POLICY_FIELDS: dict[str, tuple[str | None, str]] = {
-    "retentionMinutes": (RETENTION_BLOCK, "retentionTimeInMinutes"),
-    "retentionSizeMB": (RETENTION_BLOCK, "retentionSizeInMB"),
-    "messageTTLSeconds": (MESSAGE_TTL_BLOCK, "messageTTLInSeconds"),
-    "backlogQuotaLimitBytes": (BACKLOG_QUOTA_BLOCK, "limitSize"),
-    "backlogQuotaLimitSeconds": (BACKLOG_QUOTA_BLOCK, "limitTime"),
-    "backlogQuotaPolicy": (BACKLOG_QUOTA_BLOCK, "policy"),
-    "checkIntervalSeconds": (None, CHECK_INTERVAL_KEY),
+    cr: _target(s.key) for cr, s in TOPIC_POLICIES.keys("cr").items()
 }
 
 
 def topic_policy_bounds(key: str) -> tuple[int, int, str]:
     """(lowest, highest, the range in words) of a numeric key of the ``topicPolicies`` section."""
-    if key == CHECK_INTERVAL_KEY:
-        low, high = MIN_CHECK_INTERVAL_SECONDS, MAX_CHECK_INTERVAL_SECONDS
-        return low, high, f"{low}..{high}"
     return TOPIC_POLICY_BOUNDS[key]
 
 

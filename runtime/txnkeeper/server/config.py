@@ -8,6 +8,7 @@ accepts, and how a refusal reads, is its declaration's (``contract/settings/``, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -27,11 +28,18 @@ from txnkeeper.server.pulsar_placement import PulsarPlacement
 from txnkeeper.topic.tailcache import DEFAULT_MAX_BYTES as DEFAULT_TAIL_CACHE_BYTES
 from txnkeeper.topic.writers import SingleKeySettings
 
-ROLES = ("coordinator", "store")
-
 # Top-level sections of the --config file that other modules read (through ``section``); the batch
 # settings parser skips them, and refuses any other key next to its own.
-OTHER_SECTIONS = ("offload", "singleKeyTransactions", "transactions", "topicPolicies", "pulsar", "tls")
+OTHER_SECTIONS = (
+    "offload",
+    "singleKeyTransactions",
+    "transactions",
+    "topicPolicies",
+    "pulsar",
+    "tls",
+    "connectionLimits",
+    "memory",
+)
 _BATCH_SECTIONS = ("batchedWrite", "coordinator", "pendingAck")
 
 
@@ -84,11 +92,7 @@ class ServeConfig:
     replicas: int | None = None
     shards: int | None = None
     tls: TlsServerSettings | None = None  # server/tls_settings.py; None: plaintext
-
-
-def env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(f"TXNKEEPER_{name}")
-    return value if value not in (None, "") else default
+    log_level: str = "INFO"
 
 
 def default_pod_name() -> str:
@@ -181,6 +185,23 @@ def file_section(path: Path | None, name: str) -> dict[str, Any] | None:
     return section(load_document(path), name, path)
 
 
+def load_section(section: schema.Section, ns: argparse.Namespace, path: Path | None) -> schema.Loaded:
+    """A declared section from serve's flags > ``TXNKEEPER_*`` env > the config file's section (when the
+    section has file keys) > default; ConfigError carries the declaration's message, which names the
+    flag, variable or file key, the value and what is allowed."""
+    has_file_keys = any(s.in_file for s in section.settings)
+    try:
+        return schema.load(
+            section,
+            flags=vars(ns),
+            environ=os.environ,
+            file=file_section(path, section.name) if has_file_keys else None,
+            file_where=f"{path}: {section.name}",
+        )
+    except schema.SettingValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def batch_configs(path: Path | None) -> tuple[BatchedWriteConfig, BatchedWriteConfig]:
     """(transaction log, pending ack) settings from a config file.
 
@@ -251,7 +272,7 @@ def _object(value: object, where: str) -> dict[str, Any]:
 
 
 def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a number a batchedWrite setting accepts")
+    raise ValueError(f"{name} is not a number: JSON has no NaN or Infinity; write a finite number")
 
 
 def _load(path: Path) -> dict[str, Any]:

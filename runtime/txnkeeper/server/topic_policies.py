@@ -3,8 +3,10 @@
 Why its own module: the settings come from two places, the ``topicPolicies`` section of the pod's
 ``--config`` file (the store's defaults, rendered by the operator from the CR) and each topic's own
 settings (``txnkeeper admin topics retention|message-ttl|backlog-quota set``, persisted in the store's
-state directory so they survive restarts). They are validated one way, with offload-policies' strict
-number rules (``contract.store_settings.plain_number``), and merged one way (the topic's keys over
+state directory so they survive restarts). Their keys, bounds and choices are declared once
+(``contract/settings/topic_policies.py``, which the CRD's fragment and the docs' table come from too);
+they are validated one way, with offload-policies' strict number rules
+(``contract.store_settings.plain_number``), and merged one way (the topic's keys over
 the pod's), into the ``topic.policies.TopicPolicies`` each partition applies at its checks. Keys are
 Pulsar's: a block is exactly the body of its verb.
 
@@ -26,6 +28,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from txnkeeper import statefile
 from txnkeeper.admin.views import TopicRefusal
 from txnkeeper.contract import store_settings as limits
+from txnkeeper.contract.settings import topic_policies as declared
+from txnkeeper.contract.settings.schema import Setting
+from txnkeeper.contract.settings.topic_policies import TOPIC_POLICIES
 from txnkeeper.ledger import ManagedLedgerFactory
 from txnkeeper.ledger.retention import Retention
 from txnkeeper.server import config
@@ -34,29 +39,26 @@ from txnkeeper.server.offload_topics import require_held_topic
 from txnkeeper.topic.partition import Partition
 from txnkeeper.topic.policies import BacklogQuota, TopicPolicies
 
-SECTION = limits.TOPIC_POLICIES_SECTION
+SECTION = TOPIC_POLICIES.name
 POLICIES_FILE = "topic-policies.json"
 _KIND = "topic-policies"
 # admin verb -> the config section's block it sets
 VERB_BLOCKS = {
-    "retention": limits.RETENTION_BLOCK,
-    "message-ttl": limits.MESSAGE_TTL_BLOCK,
-    "backlog-quota": limits.BACKLOG_QUOTA_BLOCK,
+    "retention": declared.RETENTION_BLOCK,
+    "message-ttl": declared.MESSAGE_TTL_BLOCK,
+    "backlog-quota": declared.BACKLOG_QUOTA_BLOCK,
 }
 _VERBS = {block: verb for verb, block in VERB_BLOCKS.items()}
-_BLOCK_KEYS: dict[str, tuple[str, ...]] = {
-    limits.RETENTION_BLOCK: limits.RETENTION_KEYS,
-    limits.MESSAGE_TTL_BLOCK: limits.MESSAGE_TTL_KEYS,
-    limits.BACKLOG_QUOTA_BLOCK: limits.BACKLOG_QUOTA_KEYS,
-}
+# block -> its keys' declarations (contract/settings/topic_policies.py)
+_BLOCK_KEYS: dict[str, dict[str, Setting]] = {b: declared.block_settings(b) for b in declared.BLOCKS}
 _EXAMPLES = {
-    limits.RETENTION_BLOCK: '{"retentionTimeInMinutes": 60, "retentionSizeInMB": 1024}',
-    limits.MESSAGE_TTL_BLOCK: '{"messageTTLInSeconds": 3600}',
-    limits.BACKLOG_QUOTA_BLOCK: (
+    declared.RETENTION_BLOCK: '{"retentionTimeInMinutes": 60, "retentionSizeInMB": 1024}',
+    declared.MESSAGE_TTL_BLOCK: '{"messageTTLInSeconds": 3600}',
+    declared.BACKLOG_QUOTA_BLOCK: (
         '{"limitSize": 10737418240, "limitTime": -1, "policy": "producer_request_hold"}'
     ),
 }
-_SECTION_KEYS = (*_BLOCK_KEYS, limits.CHECK_INTERVAL_KEY)
+_SECTION_KEYS = (*_BLOCK_KEYS, declared.CHECK_INTERVAL_KEY)
 
 
 class TopicPolicySettingsError(limits.SettingError):
@@ -73,25 +75,27 @@ def parse_block(block: str, raw: object, where: str) -> dict[str, Any]:
     keys = _BLOCK_KEYS[block]
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or key not in keys:
+        setting = keys.get(key) if isinstance(key, str) else None
+        if setting is None:
             known = ", ".join(sorted(keys))
             raise TopicPolicySettingsError(
                 f"{where}: unknown {verb} setting {str(key)[:60]!r}; known settings: {known}"
             )
-        out[key] = _value(key, value, f"{where}: {key}")
+        out[key] = _value(setting, value, f"{where}: {key}")
     return out
 
 
-def _value(key: str, value: object, what: str) -> Any:
-    if key == "policy":
+def _value(setting: Setting, value: object, what: str) -> Any:
+    """One value by its declaration; numbers strictly as Pulsar's properties files write them."""
+    if setting.kind == "enum":
         if not isinstance(value, str):
             raise TopicPolicySettingsError(f"{what} must be a string, got {type(value).__name__}")
-        if value not in limits.BACKLOG_POLICIES:
+        if value not in setting.choices:
             raise TopicPolicySettingsError(
-                f"{what} must be one of {', '.join(limits.BACKLOG_POLICIES)}, got {value[:40]!r}"
+                f"{what} must be one of {', '.join(setting.choices)}, got {value[:40]!r}"
             )
         return value
-    low, high, range_text = limits.TOPIC_POLICY_BOUNDS[key]
+    low, high, range_text = limits.topic_policy_bounds(setting.key.rpartition(".")[2])
     try:
         return limits.plain_number(value, int, what, low=low, high=high, range_text=range_text)
     except limits.SettingError as exc:
@@ -102,16 +106,10 @@ def parse_section(raw: object, where: str) -> PodTopicPolicies:
     if not isinstance(raw, Mapping):
         raise TopicPolicySettingsError(f"{where} must be an object")
     blocks: dict[str, dict[str, Any]] = {}
-    interval = limits.DEFAULT_CHECK_INTERVAL_SECONDS
+    interval = declared.DEFAULT_CHECK_INTERVAL_SECONDS
     for key, value in raw.items():
-        if key == limits.CHECK_INTERVAL_KEY:
-            low, high = limits.MIN_CHECK_INTERVAL_SECONDS, limits.MAX_CHECK_INTERVAL_SECONDS
-            try:
-                interval = limits.plain_number(
-                    value, int, f"{where}: {key}", low=low, high=high, range_text=f"{low}..{high}"
-                )
-            except limits.SettingError as exc:
-                raise TopicPolicySettingsError(str(exc)) from exc
+        if key == declared.CHECK_INTERVAL_KEY:
+            interval = _value(TOPIC_POLICIES.setting(key), value, f"{where}: {key}")
         elif isinstance(key, str) and key in _BLOCK_KEYS:
             blocks[key] = parse_block(key, value, f"{where}: {key}")
         else:
@@ -134,14 +132,14 @@ def load(path: Path | None) -> PodTopicPolicies | None:
 
 def topic_policies(blocks: Mapping[str, Mapping[str, Any]]) -> TopicPolicies:
     """What merged blocks mean for a partition (a key left out has Pulsar's default)."""
-    retention = blocks.get(limits.RETENTION_BLOCK)
-    ttl = blocks.get(limits.MESSAGE_TTL_BLOCK) or {}
-    quota = blocks.get(limits.BACKLOG_QUOTA_BLOCK)
+    retention = blocks.get(declared.RETENTION_BLOCK)
+    ttl = blocks.get(declared.MESSAGE_TTL_BLOCK) or {}
+    quota = blocks.get(declared.BACKLOG_QUOTA_BLOCK)
     return TopicPolicies(
         retention=(
             Retention(
                 _scaled(retention.get("retentionTimeInMinutes", 0), 60_000),
-                _scaled(retention.get("retentionSizeInMB", 0), limits.MIB),
+                _scaled(retention.get("retentionSizeInMB", 0), declared.MIB),
             )
             if retention
             else None
@@ -151,7 +149,7 @@ def topic_policies(blocks: Mapping[str, Mapping[str, Any]]) -> TopicPolicies:
             BacklogQuota(
                 int(quota.get("limitSize", -1)),
                 int(quota.get("limitTime", -1)),
-                str(quota.get("policy", limits.DEFAULT_BACKLOG_POLICY)),
+                str(quota.get("policy", declared.DEFAULT_BACKLOG_POLICY)),
             )
             if quota
             else None
@@ -265,7 +263,7 @@ class TopicPolicyStore:
             "override": override,
             "effective": {**pod, **override},
         }
-        if block == limits.BACKLOG_QUOTA_BLOCK:
+        if block == declared.BACKLOG_QUOTA_BLOCK:
             partition = self._partitions().get(topic)
             answer["backlog"] = (
                 {

@@ -26,6 +26,7 @@ ENV_PREFIX = "TXNKEEPER_"
 # Text from a flag or env variable: ASCII digits only (int() would take "١٢٣", " 12 ", "1_0").
 _INT_TEXT = re.compile(r"-?[0-9]{1,19}")
 _NUMBER_TEXT = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,18})?")
+INT64_MAX = 2**63 - 1
 _UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "min": "minutes", "bytes": "bytes"}
 
 
@@ -131,6 +132,8 @@ class Setting:
             ok = self._in_bounds(value)
         if not ok:
             raise self.refuse(where, value)
+        if self.kind == "int" and isinstance(value, int) and abs(value) > INT64_MAX:  # a 64-bit ceiling
+            raise SettingValueError(f"{where} must be {self.allowed()} that fits 64 bits, got {shown(value)}")
         return value
 
     def _in_bounds(self, value: object) -> bool:
@@ -151,12 +154,22 @@ class Setting:
             value = {"true": True, "false": False}.get(text, text)
         elif self.kind == "list":
             value = [part.strip() for part in text.split(",") if part.strip()]
-        elif self.kind == "int" and _INT_TEXT.fullmatch(text):
-            value = int(text)
-        elif self.kind == "number" and _NUMBER_TEXT.fullmatch(text):
-            value = float(text)
-            value = int(value) if value.is_integer() and "." not in text else value
+        elif self.kind in ("int", "number"):
+            value = self._number(text, where)
         return self.check(value, where)
+
+    def _number(self, text: str, where: str) -> object:
+        """Text of ASCII digits as a number; anything else stays text, which ``check`` refuses."""
+        if self.kind == "int" and _INT_TEXT.fullmatch(text):
+            number: int | float = int(text)
+        elif self.kind == "number" and _NUMBER_TEXT.fullmatch(text):
+            number = float(text)
+            number = int(number) if number.is_integer() and "." not in text else number
+        else:
+            return text
+        if text.startswith("-") and number == 0:  # "-0" means no value: refused as the config file's is
+            raise SettingValueError(f"{where}={text!r} is a negative zero; write 0")
+        return number
 
 
 @dataclass(frozen=True, slots=True)

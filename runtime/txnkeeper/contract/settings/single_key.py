@@ -1,12 +1,23 @@
 """PDP-44 single-routing-key transaction settings, declared once: the CR's and the ``--config`` file's
 ``singleKeyTransactions`` section, the ``--srk-*`` serve flags and their ``TXNKEEPER_SRK_*`` env, the
-CRD's fragment and the docs' table. The limits are ``contract.store_settings``' (``SRK_*``).
+CRD's fragment and the docs' table, with their limits (``SRK_*``, which ``contract.store_settings``
+re-exports).
 """
 
 from __future__ import annotations
 
-from txnkeeper.contract import store_settings as limits
 from txnkeeper.contract.settings.schema import Section, Setting
+
+MIB = 1024 * 1024
+SRK_MAX_BLOCK_BYTES = 16 * MIB  # PDP-44's max transaction size; a block is applied in one group commit
+SRK_DEFAULT_MAX_BLOCK_BYTES = 16 * MIB
+# How long a silent writer's last event number (and an idempotent producer's last sequence id) is
+# remembered: 7 days, longer than Pulsar's brokerDeduplicationProducerInactivityMinutes (360), because a
+# writer that reconnects after its state expired gets WRITER_STATE_LOST instead of a retry.
+SRK_DEFAULT_WRITER_INACTIVITY_MINUTES = 7 * 24 * 60
+SRK_MAX_WRITER_INACTIVITY_MINUTES = 365 * 24 * 60  # a year
+SRK_DEFAULT_MAX_WRITERS_PER_TOPIC = 10_000
+SRK_MAX_MAX_WRITERS_PER_TOPIC = 1_000_000  # the writer table is held in memory and in every snapshot
 
 SINGLE_KEY = Section(
     "singleKeyTransactions",
@@ -28,12 +39,12 @@ SINGLE_KEY = Section(
             "maxBlockBytes",
             "max_block_bytes",
             "int",
-            limits.SRK_DEFAULT_MAX_BLOCK_BYTES,
+            SRK_DEFAULT_MAX_BLOCK_BYTES,
             "Largest transaction (block) a writer may commit, at most 16 MiB.",
             flag="--srk-max-block-bytes",
             env="SRK_MAX_BLOCK_BYTES",
             minimum=1,
-            maximum=limits.SRK_MAX_BLOCK_BYTES,
+            maximum=SRK_MAX_BLOCK_BYTES,
             unit="bytes",
             flag_help="largest block a writer may append",
         ),
@@ -41,12 +52,12 @@ SINGLE_KEY = Section(
             "writerInactivityMinutes",
             "writer_inactivity_minutes",
             "int",
-            limits.SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
+            SRK_DEFAULT_WRITER_INACTIVITY_MINUTES,
             "Forget a writer's state after this many idle minutes (its next block gets WriterStateLost).",
             flag="--srk-writer-inactivity-minutes",
             env="SRK_WRITER_INACTIVITY_MINUTES",
             minimum=1,
-            maximum=limits.SRK_MAX_WRITER_INACTIVITY_MINUTES,
+            maximum=SRK_MAX_WRITER_INACTIVITY_MINUTES,
             unit="min",
             flag_help="a writer idle this long is forgotten (7 days by default)",
         ),
@@ -54,12 +65,12 @@ SINGLE_KEY = Section(
             "maxWritersPerTopic",
             "max_writers_per_topic",
             "int",
-            limits.SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
+            SRK_DEFAULT_MAX_WRITERS_PER_TOPIC,
             "Writers whose state a topic keeps at most.",
             flag="--srk-max-writers-per-topic",
             env="SRK_MAX_WRITERS_PER_TOPIC",
             minimum=1,
-            maximum=limits.SRK_MAX_MAX_WRITERS_PER_TOPIC,
+            maximum=SRK_MAX_MAX_WRITERS_PER_TOPIC,
             flag_help="writers (and idempotent producers) a topic remembers, per principal when clients"
             " authenticate",
         ),
