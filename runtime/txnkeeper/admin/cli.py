@@ -15,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from txnkeeper.admin import move
@@ -195,24 +196,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _add_move_parser(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser], id_flag: str, what: str
+) -> argparse.ArgumentParser:
+    """The ``move`` verb both kinds share: which id (``--shard`` / ``--coordinator``), the pods it
+    moves between, and how an interrupted move resumes."""
+    mover = actions.add_parser(
+        "move",
+        help=f"move {what}: fence on --from, receive on --to, the new placement record (to, from, --pods),"
+        " release on --from (docs/contracts.md §12); not for operator-managed resources",
+    )
+    mover.add_argument(id_flag, type=int, required=True)
+    mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--to", dest="target", required=True, metavar="ADMIN_URL")
+    mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
+    mover.add_argument("--move-id", help="resume an interrupted move with its id")
+    mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+    return mover
+
+
 def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shards = verbs.add_parser("shards", help="store shards: list them, move one between pods, unload one")
     actions = shards.add_subparsers(dest="shards_action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="GET /admin/v1/shards of each pod (default: --url)")
     listing.add_argument("pods", nargs="*", metavar="ADMIN_URL")
-    mover = actions.add_parser(
-        "move",
-        help="move a shard: pre-copy its closed files to --to, fence on --from, receive on --to, the new"
-        " placement record (to, from, --pods), release on --from (docs/contracts.md §12); not for"
-        " operator-managed resources",
-    )
-    mover.add_argument("--shard", type=int, required=True)
-    mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
-    mover.add_argument("--to", dest="target", required=True, metavar="ADMIN_URL")
-    mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
-    mover.add_argument("--move-id", help="resume an interrupted move with its id")
-    mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+    mover = _add_move_parser(actions, "--shard", "a shard (its closed files pre-copied to --to first)")
     mover.add_argument(
         "--no-precopy",
         action="store_true",
@@ -237,86 +246,82 @@ def _register_coordinators(verbs: argparse._SubParsersAction[argparse.ArgumentPa
     actions.required = True
     listing = actions.add_parser("list", help="GET /admin/v1/coordinators of each pod (default: --url)")
     listing.add_argument("pods", nargs="*", metavar="ADMIN_URL")
-    mover = actions.add_parser(
-        "move",
-        help="move a coordinator id with its open transactions: fence on --from, receive on --to, the new"
-        " placement record (to, from, --pods), release on --from (docs/contracts.md §12); not for"
-        " operator-managed resources",
-    )
-    mover.add_argument("--coordinator", type=int, required=True)
-    mover.add_argument("--from", dest="source", required=True, metavar="ADMIN_URL")
-    mover.add_argument("--to", dest="target", required=True, metavar="ADMIN_URL")
-    mover.add_argument("--pods", default="", metavar="ADMIN_URL,...", help="every other pod of the resource")
-    mover.add_argument("--move-id", help="resume an interrupted move with its id")
-    mover.add_argument("--no-rollback", action="store_true", help="leave a failed move as it is")
+    _add_move_parser(actions, "--coordinator", "a coordinator id with its open transactions")
+
+
+def _answer(kind: str, action: str, move_id: str, call: Callable[[], Any]) -> int:
+    """Run one verb of ``shards``/``coordinators``: its JSON on stdout, or the error (with how to resume
+    an interrupted move) on stderr."""
+    try:
+        result = call()
+    except (move.MoveError, ValueError) as exc:
+        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if action == "move" else ""
+        print(f"txnkeeper admin {kind} {action}: {exc}{hint}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
+def _move_id(ns: argparse.Namespace, kind: str, number: int) -> str:
+    return getattr(ns, "move_id", None) or f"{kind}-{number}-{uuid.uuid4().hex[:12]}"
 
 
 def _run_coordinators(ns: argparse.Namespace) -> int:
     action = ns.coordinators_action
-    move_id = (
-        getattr(ns, "move_id", None) or f"coordinator-{getattr(ns, 'coordinator', 0)}-{uuid.uuid4().hex[:12]}"
-    )
-    try:
+    move_id = _move_id(ns, "coordinator", getattr(ns, "coordinator", 0))
+
+    def call() -> Any:
         tls_settings = _tls_settings(ns)
         if action == "list":
             route = COORDINATOR_ROUTE
-            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings, route=route))
-        else:
-            report = asyncio.run(
-                move.move_coordinator(
-                    ns.coordinator,
-                    ns.source,
-                    ns.target,
-                    token=load_admin_token(ns.token_file),
-                    others=[p for p in ns.pods.split(",") if p],
-                    move=move_id,
-                    roll_back=not ns.no_rollback,
-                    tls=tls_settings,
-                )
+            return asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings, route=route))
+        report = asyncio.run(
+            move.move_coordinator(
+                ns.coordinator,
+                ns.source,
+                ns.target,
+                token=load_admin_token(ns.token_file),
+                others=[p for p in ns.pods.split(",") if p],
+                move=move_id,
+                roll_back=not ns.no_rollback,
+                tls=tls_settings,
             )
-            result = report.to_json()
-    except (move.MoveError, ValueError) as exc:
-        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if action == "move" else ""
-        print(f"txnkeeper admin coordinators {action}: {exc}{hint}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
+        )
+        return report.to_json()
+
+    return _answer("coordinators", action, move_id, call)
 
 
 def _run_shards(ns: argparse.Namespace) -> int:
-    move_id = getattr(ns, "move_id", None) or f"shard-{getattr(ns, 'shard', 0)}-{uuid.uuid4().hex[:12]}"
-    try:
+    action = ns.shards_action
+    move_id = _move_id(ns, "shard", getattr(ns, "shard", 0))
+
+    def call() -> Any:
         tls_settings = _tls_settings(ns)
-        if ns.shards_action == "list":
-            result: Any = asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings))
-        elif ns.shards_action == "unload":
+        if action == "list":
+            return asyncio.run(move.list_shards(ns.pods or [ns.url], tls=tls_settings))
+        if action == "unload":
             token = load_admin_token(ns.token_file)
-            result = asyncio.run(move.unload(ns.url, ns.topic, token=token, tls=tls_settings))
-        else:
-            others = [p for p in ns.pods.split(",") if p]
-            report = asyncio.run(
-                move.move_shard(
-                    ns.shard,
-                    ns.source,
-                    ns.target,
-                    token=load_admin_token(ns.token_file),
-                    others=others,
-                    move=move_id,
-                    roll_back=not ns.no_rollback,
-                    precopy=not ns.no_precopy,
-                    precopy_bytes_per_second=(
-                        int(ns.precopy_mib_per_s * 1024 * 1024) if ns.precopy_mib_per_s else None
-                    ),
-                    tls=tls_settings,
-                )
+            return asyncio.run(move.unload(ns.url, ns.topic, token=token, tls=tls_settings))
+        report = asyncio.run(
+            move.move_shard(
+                ns.shard,
+                ns.source,
+                ns.target,
+                token=load_admin_token(ns.token_file),
+                others=[p for p in ns.pods.split(",") if p],
+                move=move_id,
+                roll_back=not ns.no_rollback,
+                precopy=not ns.no_precopy,
+                precopy_bytes_per_second=(
+                    int(ns.precopy_mib_per_s * 1024 * 1024) if ns.precopy_mib_per_s else None
+                ),
+                tls=tls_settings,
             )
-            result = report.to_json()
-    except (move.MoveError, ValueError) as exc:
-        hint = f" (move id {move_id}: repeat with --move-id {move_id})" if ns.shards_action == "move" else ""
-        print(f"txnkeeper admin shards {ns.shards_action}: {exc}{hint}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
+        )
+        return report.to_json()
+
+    return _answer("shards", action, move_id, call)
 
 
 def _request(ns: argparse.Namespace) -> tuple[str, str, object]:
