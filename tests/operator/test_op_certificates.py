@@ -196,13 +196,17 @@ def test_own_ca_secrets_and_a_forced_rotation_held_by_a_pod(operator: tuple[Any,
     assert held["phase"] == "trust-new"
     during = _data(_secret(api, "own", certs.CA_SECRET))
     assert pki.fingerprint(pki.load_bundle(during["ca-previous.crt"], what="p")[0]) == first_ca.fingerprint
+    # the old CA's key is held through trust-new (certificates issued meanwhile come from it)
+    assert pki.load_issued(during["ca-previous.crt"], during["ca-previous.key"], what="p").fingerprint == (
+        first_ca.fingerprint
+    )
     assert len(pki.load_bundle(_data(_secret(api, "own", "txn-tls"))["ca.crt"], what="b")) == 2
     assert _events(api, "own", "CertificateAuthorityRotating")
 
     core.delete_namespaced_pod("txn-0", "own", grace_period_seconds=0)
     wait_for(lambda: _events(api, "own", "CertificateAuthorityRotated"), "CertificateAuthorityRotated", 40)
     after = _data(_secret(api, "own", certs.CA_SECRET))
-    assert "ca-previous.crt" not in after
+    assert "ca-previous.crt" not in after and "ca-previous.key" not in after
     new_ca = pki.load_bundle(after["ca.crt"], what="ca")[0]
     assert pki.fingerprint(new_ca) != first_ca.fingerprint
     leaf_now = _data(_secret(api, "own", "txn-tls"))

@@ -27,6 +27,9 @@ REASON_ANNOTATION = "txnkeeper.io/ca-rotation-reason"
 TRUSTED_ANNOTATION = "txnkeeper.io/ca-trusted-by-pods"
 SERVED_ANNOTATION = "txnkeeper.io/ca-served-by-pods"
 CA_CERT, CA_KEY, CA_PREVIOUS = "ca.crt", "ca.key", "ca-previous.crt"
+# The old CA's key, kept only through the rotation's trust-new phase: a certificate issued then (a new
+# resource, a renewal) comes from the old CA, which every pod still trusts.
+CA_PREVIOUS_KEY = "ca-previous.key"
 TLS_CERT, TLS_KEY = "tls.crt", "tls.key"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")

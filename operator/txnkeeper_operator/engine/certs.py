@@ -31,6 +31,7 @@ from txnkeeper_operator.engine.certmodel import (
     CA_CERT,
     CA_KEY,
     CA_PREVIOUS,
+    CA_PREVIOUS_KEY,
     CA_SECRET,
     CLIENT_COMMON_NAME,
     CLIENT_SECRET,
@@ -65,6 +66,7 @@ __all__ = [
     "CA_CERT",
     "CA_KEY",
     "CA_PREVIOUS",
+    "CA_PREVIOUS_KEY",
     "CA_SECRET",
     "CLIENT_COMMON_NAME",
     "CLIENT_SECRET",
@@ -118,6 +120,9 @@ class _Planner:
         self.waiting: list[str] = []
         self.ca: pki.Issued
         self.previous: list[x509.Certificate] = []
+        # The old CA with its key, in phase trust-new only (None before, or for a rotation that an
+        # operator without it started: leaves then come from the new CA).
+        self.previous_issuer: pki.Issued | None = None
         self.phase = Phase.IDLE
         self.ca_annotations: dict[str, str] = dict(inp.ca.annotations) if inp.ca else {}
         self.leaf: pki.Issued | None = None
@@ -179,6 +184,13 @@ class _Planner:
             except pki.PkiError as err:
                 raise self._refuse_ca(f"key {CA_PREVIOUS}", str(err)) from None
         raw = self.ca_annotations.get(PHASE_ANNOTATION, "")
+        if secret.data.get(CA_PREVIOUS_KEY) and raw == Phase.TRUST_NEW:
+            try:
+                self.previous_issuer = pki.load_issued(
+                    secret.data[CA_PREVIOUS], secret.data[CA_PREVIOUS_KEY], what="the previous CA"
+                )
+            except pki.PkiError as err:
+                raise self._refuse_ca(f"keys {CA_PREVIOUS}/{CA_PREVIOUS_KEY}", str(err)) from None
         try:
             self.phase = Phase(raw)
         except ValueError:
@@ -207,6 +219,7 @@ class _Planner:
         old = self.ca
         self.ca = pki.new_ca(f"txnkeeper CA {self.inp.namespace}", now=now, validity=spec.ca_validity)
         self.previous = [old.cert]
+        self.previous_issuer = old
         self.phase = Phase.TRUST_NEW
         self.started = True
         annotations: dict[str, str | None] = {
@@ -221,7 +234,12 @@ class _Planner:
             CertAction(
                 Step.START_ROTATION,
                 CA_SECRET,
-                {CA_CERT: self.ca.cert_pem, CA_KEY: self.ca.key_pem, CA_PREVIOUS: old.cert_pem},
+                {
+                    CA_CERT: self.ca.cert_pem,
+                    CA_KEY: self.ca.key_pem,
+                    CA_PREVIOUS: old.cert_pem,
+                    CA_PREVIOUS_KEY: old.key_pem,
+                },
                 annotations,
                 f"CA rotation started ({reason}): new CA {short(self.ca.fingerprint)}, old CA"
                 f" {short(old.fingerprint)} stays trusted; phase trust-new: every pod must trust both"
@@ -289,9 +307,20 @@ class _Planner:
             )
         return leaf, None
 
+    @property
+    def issuer(self) -> pki.Issued:
+        """The CA new certificates come from: in phase trust-new the old one, which every pod trusts
+        (the new CA is trusted only once every pod reports it is; a certificate from it handed out
+        earlier, say to a resource created meanwhile, would be refused by the pods that have not yet
+        re-read their bundle). The reissue phase replaces those certificates like all others."""
+        old = self.previous_issuer
+        if self.phase is Phase.TRUST_NEW and old is not None and old.not_after > self.inp.now:
+            return old
+        return self.ca
+
     def _issue(self, common_name: str, hosts: Sequence[str], *, server: bool) -> pki.Issued:
         return pki.issue(
-            self.ca,
+            self.issuer,
             common_name,
             hosts=hosts,
             now=self.inp.now,
@@ -329,7 +358,7 @@ class _Planner:
                         f" {short(self.ca.fingerprint)} (CA rotation phase reissue)"
                         if from_new
                         else f"certificate {short(self.leaf.fingerprint)} issued by CA"
-                        f" {short(self.ca.fingerprint)}, valid until {_at(self.leaf.not_after)}: {reason}"
+                        f" {short(self.issuer.fingerprint)}, valid until {_at(self.leaf.not_after)}: {reason}"
                     ),
                     event="CertificateRenewed",
                     create=secret is None,
@@ -375,7 +404,7 @@ class _Planner:
                     + (
                         f"re-issued from the new CA {short(self.ca.fingerprint)} (CA rotation phase reissue)"
                         if from_new
-                        else f"issued by CA {short(self.ca.fingerprint)}: {reason}"
+                        else f"issued by CA {short(self.issuer.fingerprint)}: {reason}"
                     ),
                     create=secret is None,
                 )
@@ -440,12 +469,14 @@ class _Planner:
     def _advance(self, to: Phase, message: str, *, event: str = "CertificateAuthorityRotating") -> None:
         self.phase = to
         annotations: dict[str, str | None] = {PHASE_ANNOTATION: str(to)}
-        data: dict[str, bytes | None] = {}
+        # Past trust-new nothing is issued from the old CA again: its key leaves the Secret.
+        data: dict[str, bytes | None] = {CA_PREVIOUS_KEY: None}
+        self.previous_issuer = None
         step = Step.ADVANCE
         if to is Phase.IDLE:
             annotations = {k: None for k in (PHASE_ANNOTATION, STARTED_ANNOTATION, OVERLAP_ANNOTATION)}
             annotations[REASON_ANNOTATION] = None
-            data = {CA_PREVIOUS: None}
+            data = {CA_PREVIOUS: None, CA_PREVIOUS_KEY: None}
             step = Step.RETIRE_OLD
             self.previous = []
         self._note_ca_annotations(annotations)

@@ -184,7 +184,7 @@ class SimNamespace:
                 data.pop(key, None)
             else:
                 data[key] = value
-                if key not in (certs.TLS_KEY, certs.CA_KEY):
+                if key not in (certs.TLS_KEY, certs.CA_KEY, certs.CA_PREVIOUS_KEY):
                     self._register(value)
         for key, note in action.annotations.items():
             if note is None:

@@ -218,6 +218,8 @@ class _Runner:
         for name, secret in sorted(sim.secrets.items()):
             parts = []
             for key, value in sorted(secret.data.items()):
+                if key == certs.CA_PREVIOUS_KEY:
+                    parts.append(f"{key}=held")  # only through trust-new
                 if key.endswith(".key"):
                     continue
                 try:
