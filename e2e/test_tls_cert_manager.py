@@ -59,13 +59,13 @@ spec:
 """
 
 
-def certificate(cluster: Cluster, ns: str, name: str) -> Obj | None:
+def certificate(cluster: Cluster, ns: str, name: str, version: str) -> Obj | None:
     from kubernetes import client
 
     try:
         return cast(
             Obj,
-            cluster.custom.get_namespaced_custom_object("cert-manager.io", "v1", ns, "certificates", name),
+            cluster.custom.get_namespaced_custom_object("cert-manager.io", version, ns, "certificates", name),
         )
     except client.ApiException as err:
         if err.status == 404:
@@ -103,7 +103,9 @@ def issue_as_cert_manager(
 
 
 @pytest.fixture(scope="module")
-def certificate_crd(cluster: Cluster) -> Iterator[None]:
+def certificate_version(cluster: Cluster) -> Iterator[str]:
+    """cert-manager's Certificate CRD installed in the cluster; yields the version it stores (what the
+    operator writes and the test reads)."""
     if not CERT_MANAGER_CRD.exists():
         pytest.skip(f"no {CERT_MANAGER_CRD} (run `make cert-manager-crds`)")
     # create, not apply: the CRD is larger than apply's last-applied annotation may be
@@ -111,21 +113,25 @@ def certificate_crd(cluster: Cluster) -> Iterator[None]:
     cluster.kubectl(
         "wait", "--for", "condition=established", "--timeout", "60s", "crd/certificates.cert-manager.io"
     )
-    yield
+    crd = json.loads(cluster.kubectl("get", "crd", "certificates.cert-manager.io", "-o", "json").stdout)
+    yield next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
 
 
 @pytest.mark.timeout(900)
 def test_cert_manager_certificates_validated_issued_served_and_renewed_without_restarts(
-    cluster: Cluster, operator: str, namespace: str, certificate_crd: None
+    cluster: Cluster, operator: str, namespace: str, certificate_version: str
 ) -> None:
     ns = namespace
+    assert certificate_version == "v1", (
+        f"the operator writes cert-manager.io/v1, the CRD stores {certificate_version}"
+    )
     apply(cluster, ns, MANIFESTS)
     names = ("txn-tls", "acks-tls", CLIENT_CERTIFICATE)
     wanted: dict[str, Obj] = {}
     for name in names:
 
         def made(name: str = name) -> Obj | None:
-            return certificate(cluster, ns, name)
+            return certificate(cluster, ns, name, certificate_version)
 
         wanted[name] = wait_for(made, f"the Certificate {name}", 120)
     # kind's API server accepted them against cert-manager's CRD; they ask for what the pods need.
