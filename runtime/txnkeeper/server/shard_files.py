@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crc32c import crc32c
 
+from txnkeeper.ledger.errors import CorruptMetadataError
 from txnkeeper.ledger.lock import LOCK_FILE
+from txnkeeper.ledger.metadata import METADATA_FILE, ManagedLedgerMetadata
 from txnkeeper.ledger.names import encode_name
 from txnkeeper.pendingack import pending_ack_log_name
 from txnkeeper.topic.service import SNAPSHOT_DIR
@@ -106,6 +108,20 @@ def safe_relative(path: str) -> bool:
     if any(p in ("", ".", "..") for p in parts):
         return False
     return parts[0] in (LEDGERS, STORE, OUTGOING) and len(parts) >= 2
+
+
+def ledger_metadata(root: Path, units: Iterable[str]) -> Iterator[tuple[str, ManagedLedgerMetadata]]:
+    """Each managed-ledger directory among ``units`` (under ``root``) with its metadata; a directory
+    whose metadata is missing or cannot be read is skipped: what copies or installs it carries it
+    whole, and opening it reports the damage, as after a restart (blocking)."""
+    for unit in units:
+        if not unit.startswith(LEDGERS + "/"):
+            continue
+        meta_path = root / unit / METADATA_FILE
+        try:
+            yield unit, ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
+        except (OSError, CorruptMetadataError):
+            continue
 
 
 def unit_of(path: str) -> str:

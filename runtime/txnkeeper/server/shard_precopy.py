@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from txnkeeper.ledger.errors import CorruptMetadataError
 from txnkeeper.ledger.ledger_file import ledger_file_name
-from txnkeeper.ledger.metadata import METADATA_FILE, ManagedLedgerMetadata
 from txnkeeper.ledger.recovery import LEDGERS_DIR
 from txnkeeper.server import shard_files as sf
 
@@ -39,14 +37,7 @@ def closed_ledger_files(data_dir: Path, units: Iterable[str]) -> list[str]:
     metadata recorded at close; a directory whose metadata cannot be read lists nothing (the fence's
     manifest then carries it whole)."""
     found: list[str] = []
-    for unit in units:
-        if not unit.startswith(sf.LEDGERS + "/"):
-            continue
-        meta_path = data_dir / unit / METADATA_FILE
-        try:
-            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
-        except (OSError, CorruptMetadataError):
-            continue
+    for unit, meta in sf.ledger_metadata(data_dir, units):
         for info in meta.ledgers:
             if not info.closed or info.offloaded:
                 continue

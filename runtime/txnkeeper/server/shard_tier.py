@@ -28,16 +28,7 @@ def tier_segments(staged: Path, units: list[str]) -> dict[str, list[str]]:
     """Per ledger directory unit: the uuids of the Offloaded segments holding entries of a ledger
     whose local file is gone (blocking)."""
     out: dict[str, list[str]] = {}
-    for unit in units:
-        if not unit.startswith(sf.LEDGERS + "/"):
-            continue
-        meta_path = staged / unit / METADATA_FILE
-        if not meta_path.is_file():
-            continue
-        try:
-            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
-        except (OSError, CorruptMetadataError):
-            continue  # installed as received; opening it reports the damage, as after a restart
+    for unit, meta in sf.ledger_metadata(staged, units):
         gone = {i.ledger_id for i in meta.ledgers if i.offloaded}
         uuids = [
             s.uuid
@@ -105,14 +96,7 @@ def tier_held_files(data_dir: Path, units: list[str]) -> set[str]:
     """Closed ledgers' files still local whose every entry is in Offloaded segments (deletion lag not
     passed): a target whose tier holds those segments need not copy them (blocking)."""
     found: set[str] = set()
-    for unit in units:
-        if not unit.startswith(sf.LEDGERS + "/"):
-            continue
-        meta_path = data_dir / unit / METADATA_FILE
-        try:
-            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
-        except (OSError, CorruptMetadataError):
-            continue
+    for unit, meta in sf.ledger_metadata(data_dir, units):
         for info in meta.ledgers:
             if info.closed and not info.offloaded and _covered(meta, info.ledger_id, info.entries):
                 found.add(f"{unit}/{LEDGERS_DIR}/{ledger_file_name(info.ledger_id)}")
