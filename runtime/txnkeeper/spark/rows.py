@@ -13,7 +13,7 @@ functions, used by the executors and by the offload audit.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -79,29 +79,14 @@ def entry_rows(topic: str, ledger_id: int, entry_id: int, data: bytes, vis: Visi
             "before the planned max read position: the topic changed under the read; run it again"
         )
     txn = str(record.txn_id) if record.txn_id is not None else None
-    if not record.metadata:  # sent over txnkeeper's own protocol: one message, no generator for it
-        publish_ms = record.publish_time_ms
-        if vis.min_publish_ms is not None and publish_ms < vis.min_publish_ms:
-            return
-        if vis.max_publish_ms is not None and publish_ms > vis.max_publish_ms:
-            return
-        yield (
-            topic,
-            partition_index(topic),
-            ledger_id,
-            entry_id,
-            -1,
-            _publish_time(publish_ms),
-            record.writer_id or None,
-            record.key or None,
-            {},
-            record.payload,
-            txn,
-            state,
-        )
-        return
+    # A message sent over txnkeeper's own protocol is one message: a tuple, not a generator, for it.
+    messages: Iterable[_Message] = (
+        ((-1, record.publish_time_ms, record.writer_id or None, record.key or None, {}, record.payload),)
+        if not record.metadata
+        else _messages(record, where)
+    )
     base = (topic, partition_index(topic), ledger_id, entry_id)
-    for batch_index, publish_ms, producer, key, properties, payload in _messages(record, where):
+    for batch_index, publish_ms, producer, key, properties, payload in messages:
         if vis.min_publish_ms is not None and publish_ms < vis.min_publish_ms:
             continue
         if vis.max_publish_ms is not None and publish_ms > vis.max_publish_ms:
@@ -129,9 +114,7 @@ _Message = tuple[int, int, str | None, str | None, dict[str, str], bytes]
 
 
 def _messages(record: DecodedRecord, where: str) -> Iterator[_Message]:
-    if not record.metadata:  # sent over txnkeeper's own protocol
-        yield (-1, record.publish_time_ms, record.writer_id or None, record.key or None, {}, record.payload)
-        return
+    """The messages of an entry sent over Pulsar's protocol (one, or a batch's)."""
     meta = pulsar.MessageMetadata()
     try:
         meta.ParseFromString(record.metadata)
