@@ -172,13 +172,15 @@ def pod_gauge(pod: ServePod, name: str, labels: str = "") -> float:
     return 0.0 if value is None else value
 
 
-def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: object = None, token: str | None = None, *, timeout: float = 10.0
+) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()
             status = response.status
     except urllib.error.HTTPError as exc:
