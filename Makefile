@@ -146,7 +146,7 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 e2e: install helm kind-node
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/e2e.setup.log
 	@E2E_SETUP_LOG=$(REPORTS)/e2e.setup.log bash e2e/kind/up.sh >/dev/null
-	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
+	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e --durations=15 --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
 	if [ $$status -ne 0 ]; then bash e2e/kind/diagnose.sh; fi; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 

@@ -36,6 +36,11 @@ Obj = dict[str, Any]
 TOPICS = "persistent://public/default/scale-a,persistent://public/default/scale-b"
 SHARDS = 6
 
+# Each test waits for a load job, several scaling steps and pod restarts; the steps' own deadlines add up
+# to far more than the suite's 300 s default, which a loaded CI machine exceeded (the kill test took
+# longer than 300 s there and passed here in less).
+pytestmark = pytest.mark.timeout(1800)
+
 
 def manifests(tc_replicas: int, pas_replicas: int) -> str:
     return f"""
