@@ -110,6 +110,7 @@ GAUGES = (
     "txnkeeper_store_tail_cache_bytes",
     "txnkeeper_store_ledger_index_bytes",
     "txnkeeper_process_heap_bytes",
+    "txnkeeper_process_heap_trims_total",
 )
 # Where the memory is, per process, at the mark and at the end: what grew (docs/performance.md).
 PARTS = (

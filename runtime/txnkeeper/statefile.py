@@ -109,8 +109,9 @@ class FileOps:
                 written -= size
                 first += 1
 
-    def write_file_atomically(self, path: Path, data: bytes) -> None:
-        """Replace ``path`` with ``data`` so a crash leaves either the old or the new content.
+    def write_file_atomically(self, path: Path, data: bytes | Sequence[bytes]) -> None:
+        """Replace ``path`` with ``data`` (bytes, or pieces written one after another) so a crash
+        leaves either the old or the new content.
 
         Write a temp file, fsync it, rename it over the target, fsync the directory.
         """
@@ -132,44 +133,88 @@ def _checksum(kind: str, version: int, body: bytes) -> int:
     return zlib.crc32(body, zlib.crc32(f"{kind} {version}\n".encode()))
 
 
-# Elements of a top-level array encoded per json.dumps call (see _json_bytes).
+# Elements of an array encoded per json.dumps call, and strings long enough to be a piece of their own
+# (see _json_pieces).
 _SLICE = 4096
+_LARGE_STRING = 16 * 1024
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def _json_bytes(body: Any) -> bytes:
-    """``json.dumps(body, sort_keys=True, separators=(",", ":"))`` as UTF-8, byte for byte, made in
-    slices.
+def _json_pieces(body: Any, out: list[bytes]) -> None:
+    """Append to ``out`` the UTF-8 pieces that, joined, are
+    ``json.dumps(body, sort_keys=True, separators=(",", ":"))`` byte for byte.
 
-    Why: json.dumps is one C call that holds the GIL throughout. Encoding a large state file (a
-    million-record transaction log snapshot is tens of MB) on a worker thread then froze the event
-    loop for over half a second; in slices of a few thousand array elements the GIL is given up
-    between calls, so the loop runs every few milliseconds while the file is encoded.
+    Why pieces, and why slices: json.dumps is one C call that holds the GIL throughout. Encoding a
+    large state file (a million-record transaction log snapshot is tens of MB) on a worker thread then
+    froze the event loop for over half a second; in slices of a few thousand array elements the GIL is
+    given up between calls. And the pieces are written as they are (``pwritev``), never joined: a
+    transaction buffer snapshot of a busy topic is a few MB of base64, and joining the slices, then the
+    object, then header and body, made three or four more copies of it at once, a recurring spike of
+    10-25 MB in a store's resident set (docs/performance.md, the memory soak). Strings of an array
+    (those base64 chunks) are one piece each, so no piece is much larger than the largest string.
     """
     if isinstance(body, list):
-        if len(body) <= _SLICE:
-            return _dumps(body).encode()
-        parts = [_dumps(body[i : i + _SLICE])[1:-1].encode() for i in range(0, len(body), _SLICE)]
-        return b"[" + b",".join(parts) + b"]"
+        out.append(b"[")
+        start = 0
+        for i, item in enumerate(body):
+            if isinstance(item, str) and len(item) >= _LARGE_STRING:
+                _json_slice(body, start, i, out)
+                out.append((b"" if out[-1] == b"[" else b",") + _dumps(item).encode())
+                start = i + 1
+            elif i - start == _SLICE:
+                _json_slice(body, start, i, out)
+                start = i
+        _json_slice(body, start, len(body), out)
+        out.append(b"]")
+        return
     if isinstance(body, dict) and all(isinstance(key, str) for key in body):
-        items = [_dumps(key).encode() + b":" + _json_bytes(body[key]) for key in sorted(body)]
-        return b"{" + b",".join(items) + b"}"
-    return _dumps(body).encode()
+        out.append(b"{")
+        for i, key in enumerate(sorted(body)):
+            out.append((b"," if i else b"") + _dumps(key).encode() + b":")
+            _json_pieces(body[key], out)
+        out.append(b"}")
+        return
+    out.append(_dumps(body).encode())
+
+
+def _json_slice(body: list[Any], start: int, end: int, out: list[bytes]) -> None:
+    """The elements ``body[start:end]`` as one piece, after a comma unless they open the array."""
+    if start < end:
+        opened = out[-1] == b"["
+        out.append((b"" if opened else b",") + _dumps(body[start:end])[1:-1].encode())
+
+
+def _json_bytes(body: Any) -> bytes:
+    """The whole JSON encoding of ``body`` (``_json_pieces`` joined)."""
+    pieces: list[bytes] = []
+    _json_pieces(body, pieces)
+    return b"".join(pieces)
+
+
+def encode_pieces(kind: str, version: int, body: Any) -> list[bytes]:
+    """A state file of ``kind`` holding the JSON value ``body``, as pieces to be written one after
+    another (header first): its checksum runs over the pieces, never over a joined copy."""
+    pieces: list[bytes] = []
+    _json_pieces(body, pieces)
+    pieces.append(b"\n")
+    crc = zlib.crc32(f"{kind} {version}\n".encode())
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    length = sum(len(piece) for piece in pieces)
+    return [f"{MAGIC} {kind} {version} {length} {crc:08x}\n".encode(), *pieces]
 
 
 def encode(kind: str, version: int, body: Any) -> bytes:
     """The bytes of a state file of ``kind`` holding the JSON value ``body``."""
-    payload = _json_bytes(body) + b"\n"
-    header = f"{MAGIC} {kind} {version} {len(payload)} {_checksum(kind, version, payload):08x}\n"
-    return header.encode() + payload
+    return b"".join(encode_pieces(kind, version, body))
 
 
 def write(path: Path, kind: str, version: int, body: Any, ops: FileOps = DEFAULT_OPS) -> None:
     """Durably replace ``path`` with a state file (creating its directory if needed)."""
-    data = encode(kind, version, body)
+    data = encode_pieces(kind, version, body)
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         ops.sync_dir(path.parent.parent)

@@ -6,8 +6,9 @@ the real code paths; each refusal must name the file and say what is wrong.
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -106,6 +107,9 @@ def test_a_failed_write_leaves_the_previous_file(tmp_path: Path) -> None:
 
     class FullDisk(statefile.FileOps):
         def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+            raise OSError(28, "No space left on device (injected)")
+
+        def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
             raise OSError(28, "No space left on device (injected)")
 
     with pytest.raises(OSError, match="No space left"):
@@ -369,6 +373,8 @@ async def test_fleet_progress_is_checksummed_and_previous_release_file_read(tmp_
         {2: "int keys go through json.dumps whole", 1: [1]},
         [],
         "text",
+        ["x" * 20_000, 1, "y" * 17_000, "z", *range(statefile._SLICE + 5), "w" * 16_384, [["v" * 30_000]]],
+        {"ended": ["a" * 20_000, "b" * 20_000], "open": [], "nested": {"k": ["c" * 40_000]}},
     ],
 )
 def test_state_file_bodies_are_encoded_in_slices_exactly_as_one_json_dumps(body: object) -> None:
@@ -380,3 +386,17 @@ def test_state_file_bodies_are_encoded_in_slices_exactly_as_one_json_dumps(body:
     assert data.endswith(whole + b"\n")
     decoded = statefile.decode(data, Path("test.state"), "test-kind", frozenset({1}))
     assert decoded.body == json.loads(whole)
+    pieces = statefile.encode_pieces("test-kind", 1, body)
+    assert b"".join(pieces) == data
+
+
+def test_a_snapshots_base64_chunks_are_written_as_pieces_never_joined(tmp_path: Path) -> None:
+    """A transaction buffer snapshot's ended rows are base64 chunks of ~224 KB: each is a piece of
+    its own (plus its quotes), so writing one never holds a second copy of the whole body."""
+    chunks = [base64.b64encode(bytes([i]) * 168_000).decode() for i in range(20)]
+    body = {"topic": "t", "ended": chunks, "open": [[1, 2, -1, -1]] * 10}
+    pieces = statefile.encode_pieces("test-kind", 1, body)
+    assert max(len(piece) for piece in pieces) <= len(chunks[0]) + 3
+    statefile.write(tmp_path / "s.state", "test-kind", 1, body)
+    assert (tmp_path / "s.state").read_bytes() == statefile.encode("test-kind", 1, body)
+    assert statefile.read(tmp_path / "s.state", "test-kind", frozenset({1})).body == body

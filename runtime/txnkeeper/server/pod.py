@@ -62,6 +62,7 @@ from txnkeeper.server.blocks import PendingBudget
 from txnkeeper.server.config import ServeConfig
 from txnkeeper.server.coordinator_moves import CoordinatorMoves
 from txnkeeper.server.handler import PodHandler
+from txnkeeper.server.heap_trimmer import HeapTrimmer
 from txnkeeper.server.offload_topics import TopicOffloads
 from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.placement_state import PodPlacement, pod_ordinal
@@ -133,6 +134,7 @@ class PodRuntime:
         self.placement: PodPlacement | None = None
         self.coordinator_moves: CoordinatorMoves | None = None
         self.shards: ShardMoves | None = None  # store pods: placement and shard moves (§12)
+        self.heap_trimmer = HeapTrimmer()
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -208,6 +210,7 @@ class PodRuntime:
             self._collector = _PodCollector(self)
             REGISTRY.register(self._collector)
             self._write_ports_file()
+            self.heap_trimmer.start()
             self._not_ready = ""
         except BaseException as exc:
             self._not_ready = f"start failed: {exc}"
@@ -499,6 +502,7 @@ class PodRuntime:
         if self._collector is not None:
             REGISTRY.unregister(self._collector)
             self._collector = None
+        await self.heap_trimmer.close()
         if self._protocol is not None:
             await self._protocol.close()
         if self.coordinator_moves is not None:
@@ -797,7 +801,7 @@ class _PodCollector(Collector):
         if pod.shards is not None:
             yield from _shard_metrics(pod.shards)
         yield from _ledger_metrics()
-        yield from _heap_metrics()
+        yield from _heap_metrics(pod.heap_trimmer)
         index_bytes = pod.ledger_index_bytes()
         if index_bytes is not None:
             yield GaugeMetricFamily(
@@ -876,11 +880,22 @@ def _ledger_metrics() -> Iterator[Metric]:
     yield from (appends, fsyncs, watermark, errors)
 
 
-def _heap_metrics() -> Iterator[Metric]:
-    """txnkeeper_process_heap_bytes: the C heap in use, free (kept between live chunks) and mmapped."""
+def _heap_metrics(trimmer: HeapTrimmer) -> Iterator[Metric]:
+    """txnkeeper_process_heap_bytes: the C heap in use, free (kept between live chunks) and mmapped;
+    txnkeeper_process_heap_trims: the periodic returns of its free pages (server/heap_trimmer.py)."""
     usage = memtrim.heap_usage()
     if usage is None:
         return
+    yield CounterMetricFamily(
+        "txnkeeper_process_heap_trims",
+        "Periodic returns of the C heap's free pages to the OS",
+        value=trimmer.trims,
+    )
+    yield CounterMetricFamily(
+        "txnkeeper_process_heap_trim_seconds",
+        "Time the periodic returns of free heap pages took (in a worker thread)",
+        value=trimmer.seconds,
+    )
     heap = GaugeMetricFamily(
         "txnkeeper_process_heap_bytes",
         "The C heap (glibc mallinfo2, every object over 512 bytes): in use, free but kept, mmapped",

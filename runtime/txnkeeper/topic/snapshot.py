@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,9 +91,15 @@ def encode_body(snapshot: BufferSnapshot) -> dict[str, object]:
     }
 
 
+# One snapshot encoded and written at a time in the process: a busy topic's is a few MB in memory while
+# it is written, and the topics of a store reach their thresholds together under an even load.
+_WRITING = threading.Lock()
+
+
 def write(path: Path, snapshot: BufferSnapshot) -> None:
     """Durably replace the snapshot at ``path`` (temporary file, fsync, rename, fsync directory)."""
-    statefile.write(path, KIND, VERSION, encode_body(snapshot))
+    with _WRITING:
+        statefile.write(path, KIND, VERSION, encode_body(snapshot))
 
 
 def _position(value: object, what: str) -> Position:
