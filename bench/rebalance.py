@@ -45,7 +45,7 @@ import aiohttp
 from txnkeeper.admin.move import move_shard, unload
 from txnkeeper.client.client import Client
 from txnkeeper.contract.admin import AdminClient
-from txnkeeper.contract.placement import Member
+from txnkeeper.contract.placement import DEFAULT_PRECOPY_MIB_PER_S, Member
 from txnkeeper.ledger.names import encode_name
 
 SHARDS = 32  # Placement.initial("store-shards", 2): 16 per replica
@@ -298,7 +298,12 @@ def main() -> None:
     parser.add_argument("--sizes", "--sizes-mib", default="10,100", help="shard sizes in MiB (1024: 1 GiB)")
     parser.add_argument("--tiers", default="none,filesystem", help="none and/or filesystem (a shared tier)")
     parser.add_argument("--no-precopy", action="store_true", help="copy everything inside the pause")
-    parser.add_argument("--precopy-mib-per-s", type=float, default=None, help="bound the pre-copy")
+    parser.add_argument(
+        "--precopy-mib-per-s",
+        type=float,
+        default=float(DEFAULT_PRECOPY_MIB_PER_S),
+        help="bound the pre-copy (default: the operator's default; 0: unbounded)",
+    )
     parser.add_argument(
         "--deletion-lag-ms", type=int, default=0, help="the tier's deletion lag (> 0: local copies stay)"
     )

@@ -23,6 +23,7 @@ from txnkeeper.contract import connections, memory
 from txnkeeper.contract import coordinator_settings as txn
 from txnkeeper.contract.formats import Feature, known_majors, majors_with
 from txnkeeper.contract.names import GROUP, MAX_TOPIC_NAME, PENDING_ACK_SUFFIX
+from txnkeeper.contract.placement import DEFAULT_PRECOPY_MIB_PER_S
 from txnkeeper.contract.settings import offload as offload_settings
 from txnkeeper.contract.settings import schema as settings
 from txnkeeper.contract.settings.single_key import SINGLE_KEY
@@ -580,14 +581,15 @@ def _spec(kind: str) -> Schema:
             "precopyMiBPerSecond": _p(
                 "integer",
                 "Store shards: how fast the new pod copies the shard's closed ledgers while the old one "
-                "still serves (the pre-copy before the fence), in MiB/s. Unset: as fast as the pods go. "
-                "A bound keeps more of the clients' throughput during a move where both pods share a disk "
-                "or a link (docs/performance.md: 40 MiB/s kept 0.72-0.81 of it).",
-                minimum=1,
+                "still serves (the pre-copy before the fence), in MiB/s; 0: as fast as the pods go. "
+                "The bound keeps the clients' throughput during a move where both pods share a disk or "
+                "a link (docs/performance.md); raise it where pods have their own disks.",
+                default=DEFAULT_PRECOPY_MIB_PER_S,
+                minimum=0,
                 maximum=10240,
             ),
         },
-        default={"maxConcurrentMoves": 1},
+        default={"maxConcurrentMoves": 1, "precopyMiBPerSecond": DEFAULT_PRECOPY_MIB_PER_S},
     )
     props["pulsar"] = _obj(
         "Pulsar's binary protocol (served on port 6650 beside txnkeeper's own).",

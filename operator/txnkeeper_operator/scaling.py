@@ -16,6 +16,7 @@ from typing import Any
 
 from txnkeeper.contract.admin import AdminError
 from txnkeeper.contract.placement import (
+    DEFAULT_PRECOPY_MIB_PER_S,
     SHARDS_PER_REPLICA,
     Member,
     Placement,
@@ -194,8 +195,9 @@ def max_concurrent_moves(cr: Resource) -> int:
 
 
 def precopy_bytes_per_second(cr: Resource) -> int | None:
-    """spec.scaling.precopyMiBPerSecond in bytes (None: unbounded)."""
-    rate = cr.section("scaling").get("precopyMiBPerSecond")
+    """spec.scaling.precopyMiBPerSecond in bytes (None: unbounded, 0 in the spec); the CRD's default
+    where the spec says nothing (a resource stored before the default existed)."""
+    rate = cr.section("scaling").get("precopyMiBPerSecond", DEFAULT_PRECOPY_MIB_PER_S)
     return int(rate) << 20 if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0 else None
 
 

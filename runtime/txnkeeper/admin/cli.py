@@ -23,6 +23,7 @@ from txnkeeper.admin.auth import TOKEN_ENV, load_admin_token
 from txnkeeper.contract import tls
 from txnkeeper.contract.admin import COORDINATOR_ROUTE
 from txnkeeper.contract.batching import FLUSH_MODES
+from txnkeeper.contract.placement import DEFAULT_PRECOPY_MIB_PER_S
 from txnkeeper.contract.tls import TlsClientSettings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -230,8 +231,9 @@ def _register_shards(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
     mover.add_argument(
         "--precopy-mib-per-s",
         type=float,
-        default=None,
-        help="bound the pre-copy's bandwidth (it shares CPU, disks and network with the shard's clients)",
+        default=float(DEFAULT_PRECOPY_MIB_PER_S),
+        help="bound the pre-copy's bandwidth (it shares CPU, disks and network with the shard's clients);"
+        " 0: unbounded (default: %(default)s, as the operator's spec.scaling.precopyMiBPerSecond)",
     )
     unload = actions.add_parser("unload", help="fence and unfence a topic's shard: its clients reconnect")
     unload.add_argument("topic")
