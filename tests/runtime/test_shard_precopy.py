@@ -12,83 +12,47 @@ import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from pulsar_wire import free_port
 from runtime_pods import TOKEN, ServePod, http
 from runtime_waits import wait_until
+from shard_pods import (
+    FILL,
+    FILLED,
+    MOVED,
+    PAYLOAD,
+    SUB,
+    filesystem_tier,
+    fill,
+    has_first_ledger,
+    ledger_files,
+    offloaded_and_deleted,
+    read_all,
+    topic_in_moved_shard,
+    two_stores,
+    verb,
+)
 
-from txnkeeper.admin.move import STEP_TIMEOUT_S, MoveError, move_shard
+from txnkeeper.admin.move import MoveError, move_shard
 from txnkeeper.client import Client
-from txnkeeper.contract.placement import shard_of
 from txnkeeper.errors import ServiceError
 from txnkeeper.ledger.names import encode_name
 
 pytestmark = pytest.mark.timeout(180)
 
-SHARDS = 2
-MOVED = 0  # on pod 0 (shard s on pod s mod 2), moves to pod 1
-SUB = "sub"
-PAYLOAD = 48 * 1024
-FILL = 30  # 1.4 MiB: over the 1 MiB at which the source rolls the open ledger over for a pre-copy
-
-
-def _topic(stem: str) -> str:
-    for i in range(1000):
-        name = f"persistent://t/ns/{stem}-{i}"
-        if shard_of(name, SHARDS) == MOVED:
-            return name
-    raise AssertionError("no name hashes into the shard")
-
-
-def _stores(pods: Callable[..., ServePod]) -> tuple[ServePod, ServePod, ServePod]:
-    ports = [free_port(), free_port()]
-    urls = ",".join(f"pulsar://127.0.0.1:{p}" for p in ports)
-    tc = pods("tc-0", "coordinator")
-    source, target = (
-        pods(
-            f"pas-{i}",
-            "store",
-            extra=[
-                *("--listen", f"127.0.0.1:{ports[i]}", "--replicas", "2", "--shards", str(SHARDS)),
-                *("--pulsar-urls", urls),
-            ],
-        )
-        for i in range(2)
-    )
-    return tc, source, target
-
-
-def _verb(pod: ServePod, verb: str, body: dict[str, Any]) -> tuple[int, Any]:
-    # A pre-copy answers when its copy is done (closing the tier's streaming segment first): allowed
-    # as long as the move driver allows a step, not the helper's 10 s, which a busy machine exceeds.
-    url = f"{pod.admin_url()}/admin/v1/shards/{MOVED}/{verb}"
-    return http("POST", url, body, token=TOKEN, timeout=STEP_TIMEOUT_S)
-
-
-def _ledger_files(pod: ServePod, topic: str) -> list[Path]:
-    return sorted((pod.data_dir / "ledgers" / encode_name(topic) / "ledgers").glob("*.ledger"))
-
-
-async def _fill(tc: ServePod, source: ServePod, topic: str) -> None:
-    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
-        producer = await client.create_producer(topic)
-        await asyncio.gather(*(producer.send(b"%04d" % i + b"f" * PAYLOAD) for i in range(FILL)))
-
 
 async def test_precopy_while_writes_go_on_then_every_acknowledged_message_is_read_once(
     pods: Callable[..., ServePod],
 ) -> None:
-    tc, source, target = _stores(pods)
-    topic = _topic("pre")
-    await _fill(tc, source, topic)
+    tc, source, target = two_stores(pods)
+    topic = topic_in_moved_shard("pre")
+    await fill(tc, source, topic)
     # The verbs' own refusals: the owner does not pre-copy, a non-owner has no closed files to list.
-    status, refused = _verb(source, "precopy", {"move": "m1", "source": target.admin_url()})
+    status, refused = verb(source, "precopy", {"move": "m1", "source": target.admin_url()})
     assert status == 409 and "already owns" in refused["error"], refused
-    status, refused = _verb(target, "closed", {"move": "m1"})
+    status, refused = verb(target, "closed", {"move": "m1"})
     assert status == 409 and "not this pod" in refused["error"], refused
-    status, refused = _verb(
+    status, refused = verb(
         target, "precopy", {"move": "m1", "source": source.admin_url(), "maxBytesPerSecond": 0}
     )
     assert status == 400 and "maxBytesPerSecond" in refused["error"], refused
@@ -114,7 +78,7 @@ async def test_precopy_while_writes_go_on_then_every_acknowledged_message_is_rea
         try:
             await wait_until(lambda: _async_true(len(acked) >= 5), 30, "writes before the pre-copy")
             status, copied = await asyncio.to_thread(
-                _verb, target, "precopy", {"move": "m1", "source": source.admin_url()}
+                verb, target, "precopy", {"move": "m1", "source": source.admin_url()}
             )
             assert status == 200, copied
             assert copied["files"] >= 1 and copied["bytes"] >= FILL * PAYLOAD, copied
@@ -124,7 +88,7 @@ async def test_precopy_while_writes_go_on_then_every_acknowledged_message_is_rea
             assert not (target.data_dir / "ledgers" / encode_name(topic)).exists()
             await wait_until(lambda: _async_true(len(acked) >= during + 5), 30, "writes after the pre-copy")
             status, again = await asyncio.to_thread(
-                _verb, target, "precopy", {"move": "m1", "source": source.admin_url()}
+                verb, target, "precopy", {"move": "m1", "source": source.admin_url()}
             )
             assert status == 200 and again["stagedBytes"] >= FILL * PAYLOAD, again
 
@@ -162,37 +126,37 @@ async def _async_true(value: bool) -> bool:
 async def test_a_closed_file_changed_after_its_precopy_is_pulled_again_by_its_checksum(
     pods: Callable[..., ServePod],
 ) -> None:
-    tc, source, target = _stores(pods)
-    topic = _topic("changed")
-    await _fill(tc, source, topic)
-    status, copied = _verb(target, "precopy", {"move": "m2", "source": source.admin_url()})
+    tc, source, target = two_stores(pods)
+    topic = topic_in_moved_shard("changed")
+    await fill(tc, source, topic)
+    status, copied = verb(target, "precopy", {"move": "m2", "source": source.admin_url()})
     assert status == 200 and copied["files"] >= 1, copied
-    closed = _ledger_files(source, topic)[0]
+    closed = ledger_files(source, topic)[0]
     rel = closed.relative_to(source.data_dir).as_posix()
     # What must not happen to a closed ledger, done on purpose: one byte of it changes (same size).
     raw = bytearray(closed.read_bytes())
     raw[-1] ^= 0xFF
     closed.write_bytes(bytes(raw))
-    status, manifest = _verb(source, "fence", {"move": "m2"})
+    status, manifest = verb(source, "fence", {"move": "m2"})
     assert status == 200, manifest
-    status, receipt = _verb(target, "receive", {"move": "m2", "source": source.admin_url()})
+    status, receipt = verb(target, "receive", {"move": "m2", "source": source.admin_url()})
     assert status == 200, receipt
     assert receipt["changedSincePrecopy"] == [rel], receipt
     assert receipt["precopied"] == copied["files"] - 1, receipt
     assert (target.data_dir / rel).read_bytes() == bytes(raw), "the source's current file, not the staged one"
     # Rolled back: the received copy goes, the source serves again.
-    assert _verb(target, "discard", {"move": "m2"})[0] == 200
-    assert _verb(source, "unfence", {"move": "m2"})[0] == 200
+    assert verb(target, "discard", {"move": "m2"})[0] == 200
+    assert verb(source, "unfence", {"move": "m2"})[0] == 200
     assert not (target.data_dir / rel).exists()
 
 
 async def test_a_target_killed_after_a_precopy_serves_nothing_and_a_discard_removes_it(
     pods: Callable[..., ServePod],
 ) -> None:
-    tc, source, target = _stores(pods)
-    topic = _topic("killed")
-    await _fill(tc, source, topic)
-    status, copied = _verb(target, "precopy", {"move": "m3", "source": source.admin_url()})
+    tc, source, target = two_stores(pods)
+    topic = topic_in_moved_shard("killed")
+    await fill(tc, source, topic)
+    status, copied = verb(target, "precopy", {"move": "m3", "source": source.admin_url()})
     assert status == 200 and copied["files"] >= 1, copied
     target.kill(signal.SIGKILL)
     target.start()
@@ -200,7 +164,7 @@ async def test_a_target_killed_after_a_precopy_serves_nothing_and_a_discard_remo
     assert list(staged.glob("*")), "the staged copies survive the restart (a repeated pre-copy reuses them)"
     status, listing = http("GET", f"{target.admin_url()}/admin/v1/shards")
     assert status == 200 and MOVED not in {r["shard"] for r in listing["shards"]}
-    status, again = _verb(target, "precopy", {"move": "m3", "source": source.admin_url()})
+    status, again = verb(target, "precopy", {"move": "m3", "source": source.admin_url()})
     assert status == 200 and again["files"] == 0 and again["stagedFiles"] == copied["files"], again
     # A file the source did not list for this move is not served without a fence.
     status, _ = http(
@@ -210,7 +174,7 @@ async def test_a_target_killed_after_a_precopy_serves_nothing_and_a_discard_remo
     )
     assert status == 409
     for _ in range(2):  # idempotent
-        status, discarded = _verb(target, "discard", {"move": "m3"})
+        status, discarded = verb(target, "discard", {"move": "m3"})
         assert status == 200, discarded
     assert not list(staged.glob("*"))
     async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
@@ -218,70 +182,26 @@ async def test_a_target_killed_after_a_precopy_serves_nothing_and_a_discard_remo
         assert (await consumer.receive(timeout=10)).data.startswith(b"0")
 
 
-def _tiered_stores(
-    pods: Callable[..., ServePod], tier: Path, lag_ms: int = 0
-) -> tuple[ServePod, ServePod, ServePod]:
-    """Both store pods offload to one directory (the pods of a resource share their tier)."""
-    tier.mkdir()
-    ports = [free_port(), free_port()]
-    urls = ",".join(f"pulsar://127.0.0.1:{p}" for p in ports)
-    offload = {
-        "managedLedgerOffloadDriver": "filesystem",
-        "fileSystemURI": str(tier),
-        "managedLedgerOffloadThresholdInBytes": 0,
-        "managedLedgerOffloadDeletionLagMs": lag_ms,
-    }
-    tc = pods("tc-0", "coordinator")
-    source, target = (
-        pods(
-            f"pas-{i}",
-            "store",
-            release="3.0.0",
-            config={"offload": offload},
-            extra=[
-                *("--listen", f"127.0.0.1:{ports[i]}", "--replicas", "2", "--shards", str(SHARDS)),
-                *("--pulsar-urls", urls),
-            ],
-        )
-        for i in range(2)
-    )
-    return tc, source, target
-
-
-async def _offloaded_and_deleted(source: ServePod, topic: str, move: str, target: ServePod) -> None:
-    """The pre-copy closes the streaming segment; the rolled-over ledger's local file then goes."""
-    status, copied = _verb(target, "precopy", {"move": move, "source": source.admin_url()})
-    assert status == 200, copied
-
-    async def gone() -> bool:
-        return not any(p.name.startswith("00000000000000000001") for p in _ledger_files(source, topic))
-
-    await wait_until(gone, 60, "the first ledger offloaded and its local file deleted")
-
-
 async def test_an_offloaded_shard_moves_as_metadata_and_is_read_from_the_shared_tier(
     pods: Callable[..., ServePod], tmp_path: Path
 ) -> None:
-    tc, source, target = _tiered_stores(pods, tmp_path / "tier")
-    topic = _topic("tiered")
-    await _fill(tc, source, topic)
-    await _offloaded_and_deleted(source, topic, "m4", target)
+    tc, source, target = two_stores(pods, filesystem_tier(tmp_path / "tier"))
+    topic = topic_in_moved_shard("tiered")
+    await fill(tc, source, topic)
+    await offloaded_and_deleted(source, topic, "m4", target)
     report = await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move="m4")
     assert report.bytes < PAYLOAD * 4, f"metadata and the open ledger only: {report.to_json()}"
-    assert not any(p.name.startswith("00000000000000000001") for p in _ledger_files(target, topic))
-    async with Client(coordinators=[tc.listen], stores=[target.listen]) as client:
-        consumer = await client.subscribe(topic, SUB)
-        seen = [(await consumer.receive(timeout=20)).data[:4] for _ in range(FILL)]
-    assert sorted(seen) == [b"%04d" % i for i in range(FILL)], "read from the tier on the new owner"
+    assert not has_first_ledger(target, topic)
+    assert await read_all(tc, target, topic) == FILLED, "read from the tier on the new owner"
 
 
 async def test_a_tier_object_missing_on_the_target_fails_the_move_and_the_source_keeps_the_shard(
     pods: Callable[..., ServePod], tmp_path: Path
 ) -> None:
-    tc, source, target = _tiered_stores(pods, tmp_path / "tier")
-    topic = _topic("lost")
-    await _fill(tc, source, topic)
-    await _offloaded_and_deleted(source, topic, "m5", target)
+    tc, source, target = two_stores(pods, filesystem_tier(tmp_path / "tier"))
+    topic = topic_in_moved_shard("lost")
+    await fill(tc, source, topic)
+    await offloaded_and_deleted(source, topic, "m5", target)
     objects = [p for p in (tmp_path / "tier").rglob("*") if p.is_file()]
     assert objects
     for path in objects:
@@ -302,17 +222,14 @@ async def test_a_ledger_offloaded_but_still_local_is_not_copied_to_a_pod_sharing
 ) -> None:
     """Deletion lag not passed: the source still has the file, its segments are complete in the tier;
     the target checks its tier holds them, marks the ledger offloaded and reads it from there."""
-    tc, source, target = _tiered_stores(pods, tmp_path / "tier", lag_ms=3_600_000)
-    topic = _topic("lagged")
-    await _fill(tc, source, topic)
-    status, copied = _verb(target, "precopy", {"move": "m6", "source": source.admin_url()})
+    tc, source, target = two_stores(pods, filesystem_tier(tmp_path / "tier", lag_ms=3_600_000))
+    topic = topic_in_moved_shard("lagged")
+    await fill(tc, source, topic)
+    status, copied = verb(target, "precopy", {"move": "m6", "source": source.admin_url()})
     assert status == 200, copied
     assert copied["bytes"] < FILL * PAYLOAD, f"the offloaded ledger is not pre-copied: {copied}"
-    assert any(p.name.startswith("00000000000000000001") for p in _ledger_files(source, topic))
+    assert has_first_ledger(source, topic)
     report = await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move="m6")
     assert report.pulled_bytes < PAYLOAD * 4 and report.bytes > FILL * PAYLOAD, report.to_json()
-    assert not any(p.name.startswith("00000000000000000001") for p in _ledger_files(target, topic))
-    async with Client(coordinators=[tc.listen], stores=[target.listen]) as client:
-        consumer = await client.subscribe(topic, SUB)
-        seen = [(await consumer.receive(timeout=20)).data[:4] for _ in range(FILL)]
-    assert sorted(seen) == [b"%04d" % i for i in range(FILL)], "read from the tier on the new owner"
+    assert not has_first_ledger(target, topic)
+    assert await read_all(tc, target, topic) == FILLED, "read from the tier on the new owner"
