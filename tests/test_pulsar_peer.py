@@ -56,6 +56,17 @@ def test_ratio_is_txnkeeper_over_pulsar_per_mode_and_level() -> None:
     }
 
 
+def test_rounds_are_summarised_by_each_ratios_median() -> None:
+    run = load_run()
+    rounds = [
+        {"batching_off": {"1": 1.2, "16": 1.4}, "produce": 0.9},
+        {"batching_off": {"1": 1.6, "16": None}, "produce": 1.3},
+        {"batching_off": {"1": 1.3, "16": 1.6}, "produce": 1.1},
+    ]
+    # A level without a ratio in some round (Pulsar completed nothing there) counts the others only.
+    assert run.median_ratios(rounds) == {"batching_off": {"1": 1.3, "16": 1.5}, "produce": 1.1}
+
+
 def test_a_lib_directory_without_the_broker_is_refused_with_what_to_do(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(RUN_PY), "--lib", str(tmp_path)],

@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -566,6 +567,20 @@ def ratios(pulsar: dict[str, Any], txnkeeper: dict[str, Any]) -> dict[str, dict[
     return out
 
 
+def median_ratios(per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each ratio's median over the rounds (the same keys as one round's ratios)."""
+    out: dict[str, Any] = {}
+    for key in per_round[0]:
+        values = [r.get(key) for r in per_round]
+        nested = [v for v in values if isinstance(v, dict)]
+        if nested and len(nested) == len(values):
+            out[key] = median_ratios(nested)
+        else:
+            numbers = [v for v in values if isinstance(v, int | float)]
+            out[key] = round(statistics.median(numbers), 2) if numbers else None
+    return out
+
+
 @contextlib.contextmanager
 def interrupts_as_exit() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C, so the finally blocks stop the JVMs either way."""
@@ -587,7 +602,13 @@ def main() -> int:
     )
     parser.add_argument("--levels", default="1,16,256")
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per level")
-    parser.add_argument("--rounds", type=int, default=1, help="txn_e2e.py rounds per level and mode")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="txn_e2e.py rounds per level and mode; with --same-tool: whole rounds, each Pulsar then"
+        " txnkeeper, reported with the median of each ratio (one run of either varies by 30 %% here)",
+    )
     parser.add_argument("--skip-txnkeeper", action="store_true", help="only the Pulsar half")
     parser.add_argument("--skip-pulsar", action="store_true", help="with --same-tool: only txnkeeper")
     parser.add_argument(
@@ -616,7 +637,10 @@ def main() -> int:
         runner.perf_args = list(ns.perf_arg)
         try:
             if ns.same_tool:
-                same = run_same_tool(runner, levels, ns.seconds, ns.skip_pulsar)
+                rounds = []
+                for number in range(max(1, ns.rounds)):
+                    rounds.append(run_same_tool(runner, levels, ns.seconds, ns.skip_pulsar))
+                    print(json.dumps({"round": number + 1, "done": True}), file=sys.stderr)
             else:
                 pulsar = run_pulsar(runner, levels, ns.seconds)
                 txnkeeper = {} if ns.skip_txnkeeper else run_txnkeeper(levels, ns.seconds, ns.rounds)
@@ -634,7 +658,23 @@ def main() -> int:
         finally:
             runner.stop_all()
     if ns.same_tool:
-        print(json.dumps(same_tool_report(ns, same, load), indent=2))
+        reports = [same_tool_report(ns, same, load) for same in rounds]
+        if len(reports) == 1:
+            print(json.dumps(reports[0], indent=2))
+            return 0
+        summary = {
+            key: value
+            for key, value in reports[-1].items()
+            if key not in ("pulsar", "txnkeeper", "ratio_txnkeeper_over_pulsar")
+        }
+        summary["rounds"] = [
+            {k: r[k] for k in ("pulsar", "txnkeeper", "ratio_txnkeeper_over_pulsar")} for r in reports
+        ]
+        summary["median_ratio_txnkeeper_over_pulsar"] = median_ratios(
+            [r["ratio_txnkeeper_over_pulsar"] for r in reports]
+        )
+        summary["loadavg_before"] = reports[0]["loadavg_before"]
+        print(json.dumps(summary, indent=2))
         return 0
     print(
         json.dumps(
