@@ -14,12 +14,19 @@ transactions on) and, for ``--seconds`` (default 3600), drives at once:
 Every ``--interval`` seconds it samples each process's RSS (/proc/<pid>/status VmRSS) and the store's
 gauges (kept transaction outcomes per topic, writers, unsent bytes, connections).
 
-Verdict (printed as JSON; exit 1 when it fails): per process, RSS *flat* (no sample of the last sixth
-of the run above the sample at the first sixth by more than 5 %: for an hour, the last 10 minutes
-against the 10-minute mark) and *under its budget* (``BUDGET_MB``; docs/performance.md says why).
+Verdict (printed as JSON; exit 1 when it fails): per process, RSS *flat* (no level of the last sixth
+of the run above the level at the first sixth by more than 5 %: for an hour, the last 10 minutes
+against the 10-minute mark, a level being the median RSS over the minute before; ``judge`` says why
+levels) and *under its budget* (``BUDGET_MB``, every sample; docs/performance.md says why).
 ``growth`` attributes the store's RSS growth over the judged window to the transaction outcomes kept
 for topics without subscriptions (the store's gauge, times the bytes one costs), the known growth that
 retention bounds.
+
+A machine that cannot reach ``--rate`` runs the load as fast as it can, so the load follows the
+machine's speed and memory follows the load (transaction outcomes are kept for a time, so their count
+scales with the rate): on this 2-core machine the reached rate moved between 1,900 and 3,700 txn/s within
+one run. A flatness verdict needs a rate the machine sustains: ``--rate 1500`` here (``load`` in the
+JSON shows the rate before the mark and in the judged window).
 
     .venv/bin/python bench/memory_soak.py [--seconds 3600] [--rate 5000] [--interval 5]
 """
@@ -35,6 +42,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -72,6 +80,7 @@ FLOOD_PER_CONNECTION = 200
 BUDGET_MB = {"coordinator": 256, "store": 384}
 FLAT_PCT = 5.0
 JUDGED_SHARE = 1 / 6  # the mark at 1/6 of the run; the judged window is its last 1/6
+LEVEL_SHARE = 1 / 60  # an RSS level is the median over this share of the run (a minute of an hour)
 # What one kept transaction outcome costs the store (txnbuffer.ENDED_ROW, 41 bytes, in a bytearray
 # that doubles as it grows), to attribute growth to the outcomes kept for topics without subscriptions.
 OUTCOME_BYTES = 41
@@ -305,10 +314,36 @@ class Load:
             await asyncio.wait_for(self.stop.wait(), seconds)
 
 
+def level(samples: list[dict[str, Any]], name: str, t_end: float, span: float) -> float:
+    """The RSS level of process ``name`` at ``t_end``: the median of its samples over the ``span``
+    seconds up to it (the sample itself when none other is that close)."""
+    near = [float(s["rss_mb"][name]) for s in samples if t_end - span < s["t"] <= t_end]
+    if near:
+        return statistics.median(near)
+    closest = min(samples, key=lambda s: abs(s["t"] - t_end))
+    return float(closest["rss_mb"][name])
+
+
+def _rate(first: dict[str, Any], last: dict[str, Any]) -> float | None:
+    """Transactions per second between two samples (None: too close to tell)."""
+    kinds = ("txn_with_subscription", "txn_without_subscription")
+    done = sum(last.get(k, 0) - first.get(k, 0) for k in kinds)
+    seconds = last["t"] - first["t"]
+    return round(done / seconds, 1) if seconds > 1 else None
+
+
 def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -> dict[str, Any]:
-    """Flatness and budget per process; the store's growth attributed to kept outcomes."""
+    """Flatness and budget per process; the store's growth attributed to kept outcomes.
+
+    Flat compares levels, not single samples: the load has bursts by design (1,000 SetupAppends in
+    flight at once every 10 s, a batch of lazy consumers every minute), each a transient of a few MB
+    that its limits bound and that is gone by the next sample; a level is the median RSS over the
+    LEVEL_SHARE of the run before a time (a minute of an hour), so a transient sample does not decide
+    flatness, while growth of the level does. Peaks are judged against the budget; the sample-by-sample
+    growth is reported too (``sample_growth_pct``)."""
     mark_at = seconds * JUDGED_SHARE
     window_from = seconds - seconds * JUDGED_SHARE
+    span = seconds * LEVEL_SHARE
     mark = min(samples, key=lambda s: abs(s["t"] - mark_at))
     window = [s for s in samples if s["t"] >= window_from] or samples[-1:]
     processes: dict[str, Any] = {}
@@ -316,16 +351,21 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
         at_mark = mark["rss_mb"][name]
         top = max(s["rss_mb"][name] for s in window)
         peak = max(s["rss_mb"][name] for s in samples)
-        growth = (top - at_mark) / at_mark * 100
+        mark_level = level(samples, name, mark["t"], span)
+        top_level = max(level(samples, name, s["t"], span) for s in window)
+        growth = (top_level - mark_level) / mark_level * 100
         processes[name] = {
             "role": role,
             "rss_mb_first": samples[0]["rss_mb"][name],
             "rss_mb_at_mark": at_mark,
+            "rss_mb_level_at_mark": mark_level,
             "rss_mb_window_min": min(s["rss_mb"][name] for s in window),
             "rss_mb_window_max": top,
+            "rss_mb_window_max_level": top_level,
             "rss_mb_last": samples[-1]["rss_mb"][name],
             "rss_mb_peak": peak,
             "growth_pct": round(growth, 2),
+            "sample_growth_pct": round((top - at_mark) / at_mark * 100, 2),
             "growth_mb_per_hour": round(
                 (samples[-1]["rss_mb"][name] - at_mark) / max(1.0, samples[-1]["t"] - mark["t"]) * 3600, 1
             ),
@@ -333,6 +373,12 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
             "budget_mb": BUDGET_MB[role],
             "under_budget": peak <= BUDGET_MB[role],
         }
+    first_level = [s for s in samples if s["t"] > mark["t"] - span] or [mark]
+    load = {
+        # The load is judged with the memory: memory follows a load that follows the machine's speed.
+        "txn_per_s_before_mark": _rate(first_level[0], mark),
+        "txn_per_s_in_window": _rate(window[0], window[-1]),
+    }
     kept_at_mark = mark["store"].get("txnkeeper_topic_kept_txn_outcomes", 0.0)
     kept_last = samples[-1]["store"].get("txnkeeper_topic_kept_txn_outcomes", 0.0)
     store_names = [name for name, role in pods.items() if role == "store"]
@@ -342,6 +388,7 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
         "mark_seconds": round(mark["t"], 1),
         "window_seconds": [round(window[0]["t"], 1), round(window[-1]["t"], 1)],
         "processes": processes,
+        "load": load,
         "growth": {
             "store_rss_mb_since_mark": round(rss_growth, 1),
             "kept_txn_outcomes_at_mark": int(kept_at_mark),

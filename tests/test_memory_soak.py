@@ -69,6 +69,21 @@ def test_the_judge_tells_flat_from_growing_and_checks_the_budget() -> None:
     assert kept["growth"]["mb_unexplained"] == 0.0
 
 
+def test_bursts_of_single_samples_do_not_decide_flatness_but_growth_of_the_level_does() -> None:
+    """An hour sampled every 10 s: every sixth sample 8 % up (a burst's transient) over a flat level is
+    flat; the same bursts over a level that grows 6 % are not."""
+    bench = load_bench()
+    pods = {"tc-0": "coordinator", "pas-0": "store"}
+    n = 361
+    bursty = [100.0 * (1.08 if i % 6 == 3 else 1.0) for i in range(n)]
+    result = bench.judge(samples(bursty, [0] * n), 3600.0, pods)["processes"]["pas-0"]
+    assert result["flat"] is True and result["growth_pct"] == 0.0
+    assert result["sample_growth_pct"] == 8.0 and result["rss_mb_peak"] == 108.0
+    growing = [mb * (1.06 if i >= 300 else 1.0) for i, mb in enumerate(bursty)]
+    result = bench.judge(samples(growing, [0] * n), 3600.0, pods)["processes"]["pas-0"]
+    assert result["flat"] is False and round(result["growth_pct"]) == 6
+
+
 @pytest.mark.soak
 # Two minutes of load whatever the machine: it runs in the side pytest process beside the wall-clock
 # tests, which keeps the two processes of `make test` about equally long.
