@@ -1,6 +1,6 @@
 """spec.scaling.precopyMiBPerSecond: the bound on a store shard's pre-copy reaches the target pod's
 precopy verb as ``maxBytesPerSecond`` (bench/rebalance.py: a bound keeps the clients' throughput during a
-move where pods share a disk): 40 MiB/s when the spec says nothing, absent when it says 0."""
+move where pods share a disk): 25 MiB/s when the spec says nothing, absent when it says 0."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _cr(scaling: dict[str, Any]) -> Resource:
 
 @pytest.mark.parametrize(
     ("scaling", "expected"),
-    [({}, 40 << 20), ({"precopyMiBPerSecond": 100}, 100 << 20), ({"precopyMiBPerSecond": 0}, None)],
+    [({}, 25 << 20), ({"precopyMiBPerSecond": 100}, 100 << 20), ({"precopyMiBPerSecond": 0}, None)],
 )
 def test_the_bound_in_bytes(scaling: dict[str, Any], expected: int | None) -> None:
     assert precopy_bytes_per_second(_cr(scaling)) == expected

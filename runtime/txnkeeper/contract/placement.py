@@ -32,10 +32,11 @@ MAX_MEMBERS = 1024
 MAX_ADDRESS_LENGTH = 512
 # A store shard's pre-copy (its closed ledgers copied while the old pod still serves) runs at most this
 # fast unless told otherwise (0: as fast as the pods go). Unbounded, the copy's writes queue the
-# clients' fsyncs wherever both pods share a disk, and clients kept 0.41-0.66 of their throughput
-# during it; at 40 MiB/s they kept 0.8 or more (bench/rebalance.py, docs/performance.md), at the price
-# of ~26 s of pre-copy per GiB (the pause does not grow: it copies only what changed since).
-DEFAULT_PRECOPY_MIB_PER_S = 40
+# clients' fsyncs wherever both pods share a disk and two cores: clients kept 0.21-0.33 of their
+# throughput during it (bench/rebalance.py, 2026-11-29); at 40 MiB/s 0.67-0.83, at 25 MiB/s 0.76-0.89
+# (docs/performance.md), at the price of ~41 s of pre-copy per GiB (the pause does not grow: it copies
+# only what changed since). Pods with disks of their own can take more (spec.scaling.precopyMiBPerSecond).
+DEFAULT_PRECOPY_MIB_PER_S = 25
 
 
 class PlacementError(ValueError):
