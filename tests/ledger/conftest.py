@@ -85,7 +85,7 @@ class FaultyIO(FileKindIO):
             raise OSError(errno.EIO, "Input/output error")
         super().unlink(path)
 
-    def write_file_atomically(self, path: Path, data: bytes) -> None:
+    def write_file_atomically(self, path: Path, data: bytes | Sequence[bytes]) -> None:
         if self.metadata_fails:
             raise OSError(errno.ENOSPC, "No space left on device")
         super().write_file_atomically(path, data)

@@ -3,6 +3,7 @@ batched entries) applied as the separate calls would, and made durable by one st
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ class CountingIO(FileIO):
     def __init__(self) -> None:
         self.state_writes = 0
 
-    def write_file_atomically(self, path: Path, data: bytes) -> None:
+    def write_file_atomically(self, path: Path, data: bytes | Sequence[bytes]) -> None:
         self.state_writes += 1
         super().write_file_atomically(path, data)
 
