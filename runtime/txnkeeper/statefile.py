@@ -129,8 +129,12 @@ class FileOps:
 DEFAULT_OPS = FileOps()
 
 
-def _checksum(kind: str, version: int, body: bytes) -> int:
-    return zlib.crc32(body, zlib.crc32(f"{kind} {version}\n".encode()))
+def _checksum(kind: str, version: int, *body: bytes) -> int:
+    """The CRC-32 of a body (given whole, or as the pieces it is written in) under its kind and version."""
+    crc = zlib.crc32(f"{kind} {version}\n".encode())
+    for piece in body:
+        crc = zlib.crc32(piece, crc)
+    return crc
 
 
 # Elements of an array encoded per json.dumps call, and strings long enough to be a piece of their own
@@ -162,7 +166,7 @@ def _json_pieces(body: Any, out: list[bytes]) -> None:
         for i, item in enumerate(body):
             if isinstance(item, str) and len(item) >= _LARGE_STRING:
                 _json_slice(body, start, i, out)
-                out.append((b"" if out[-1] == b"[" else b",") + _dumps(item).encode())
+                _json_slice(body, i, i + 1, out)
                 start = i + 1
             elif i - start == _SLICE:
                 _json_slice(body, start, i, out)
@@ -187,23 +191,14 @@ def _json_slice(body: list[Any], start: int, end: int, out: list[bytes]) -> None
         out.append((b"" if opened else b",") + _dumps(body[start:end])[1:-1].encode())
 
 
-def _json_bytes(body: Any) -> bytes:
-    """The whole JSON encoding of ``body`` (``_json_pieces`` joined)."""
-    pieces: list[bytes] = []
-    _json_pieces(body, pieces)
-    return b"".join(pieces)
-
-
 def encode_pieces(kind: str, version: int, body: Any) -> list[bytes]:
     """A state file of ``kind`` holding the JSON value ``body``, as pieces to be written one after
     another (header first): its checksum runs over the pieces, never over a joined copy."""
     pieces: list[bytes] = []
     _json_pieces(body, pieces)
     pieces.append(b"\n")
-    crc = zlib.crc32(f"{kind} {version}\n".encode())
-    for piece in pieces:
-        crc = zlib.crc32(piece, crc)
     length = sum(len(piece) for piece in pieces)
+    crc = _checksum(kind, version, *pieces)
     return [f"{MAGIC} {kind} {version} {length} {crc:08x}\n".encode(), *pieces]
 
 

@@ -381,7 +381,9 @@ def test_state_file_bodies_are_encoded_in_slices_exactly_as_one_json_dumps(body:
     """Large state files (a transaction log snapshot) are encoded in slices so a worker thread gives
     up the GIL between them; the bytes, and so every checksum, stay those of one json.dumps."""
     whole = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    assert statefile._json_bytes(body) == whole
+    pieces: list[bytes] = []
+    statefile._json_pieces(body, pieces)
+    assert b"".join(pieces) == whole
     data = statefile.encode("test-kind", 1, body)
     assert data.endswith(whole + b"\n")
     decoded = statefile.decode(data, Path("test.state"), "test-kind", frozenset({1}))

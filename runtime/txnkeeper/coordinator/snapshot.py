@@ -225,7 +225,7 @@ class TxnLogSnapshots:
     async def write(self) -> None:
         """Capture the store's state now and persist it (the capture is instant; encoding and the
         fsyncs run in a thread, the encoding in slices that give the GIL back to the loop between
-        them: ``statefile._json_bytes``)."""
+        them: ``statefile._json_pieces``)."""
         async with self._lock:
             snapshot = self._store.capture_snapshot()
             await asyncio.to_thread(write, self.path, self._store.name, snapshot)

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from txnkeeper.ledger.errors import CorruptMetadataError
 from txnkeeper.ledger.ledger_file import ledger_file_name
 from txnkeeper.ledger.metadata import METADATA_FILE, ManagedLedgerMetadata
 from txnkeeper.ledger.offload import OffloadConfig, OffloadError, open_store
@@ -107,21 +106,18 @@ def tier_uuids_of(staged: Path, paths: list[str]) -> tuple[dict[str, list[str]],
     """For tier-held files left out of a receive: per ledger directory unit, the segments the staged
     metadata says hold them and the ledger ids (blocking). A ledger the staged metadata does not show
     fully offloaded is left out of both (the caller pulls its file)."""
+    wanted: dict[str, list[int]] = {}
+    for rel in paths:
+        wanted.setdefault(sf.unit_of(rel), []).append(int(Path(rel).stem))
     uuids: dict[str, list[str]] = {}
     ledgers: dict[str, list[int]] = {}
-    for rel in paths:
-        unit = sf.unit_of(rel)
-        meta_path = staged / unit / METADATA_FILE
-        try:
-            meta = ManagedLedgerMetadata.decode(meta_path.read_bytes(), meta_path)
-        except (OSError, CorruptMetadataError):
-            continue
-        ledger_id = int(Path(rel).stem)
-        info = meta.find(ledger_id)
-        held = _covered(meta, ledger_id, info.entries) if info is not None and info.closed else None
-        if held:
-            uuids.setdefault(unit, []).extend(held)
-            ledgers.setdefault(unit, []).append(ledger_id)
+    for unit, meta in sf.ledger_metadata(staged, wanted):  # each unit's metadata read once
+        for ledger_id in wanted[unit]:
+            info = meta.find(ledger_id)
+            held = _covered(meta, ledger_id, info.entries) if info is not None and info.closed else None
+            if held:
+                uuids.setdefault(unit, []).extend(held)
+                ledgers.setdefault(unit, []).append(ledger_id)
     return uuids, ledgers
 
 
