@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,17 +130,22 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         stop_minio(server)
 
 
-def make_bucket(server: MinioServer) -> str:
+def s3_client(server: MinioServer) -> Any:
+    """A boto3 S3 client of the test MinIO (the caller closes it)."""
     import boto3
 
-    name = f"t-{uuid.uuid4().hex[:20]}"
-    client = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=server.endpoint,
         aws_access_key_id=ACCESS_KEY,
         aws_secret_access_key=SECRET_KEY,
         region_name="us-east-1",
     )
+
+
+def make_bucket(server: MinioServer) -> str:
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    client = s3_client(server)
     client.create_bucket(Bucket=name)
     client.close()
     return name

@@ -18,7 +18,7 @@ from txnkeeper.ledger.offload import (
 )
 from txnkeeper.ledger.offload.filesystem import WRITE_SLICE_BYTES
 
-from .conftest import ACCESS_KEY, SECRET_KEY, MinioServer, make_bucket
+from .conftest import ACCESS_KEY, SECRET_KEY, MinioServer, make_bucket, s3_client
 
 
 async def test_filesystem_leaves_no_temporary_files(tmp_path: Path) -> None:
@@ -126,8 +126,6 @@ async def test_s3_missing_bucket_and_bad_credentials_are_clear(minio: MinioServe
 
 
 async def test_s3_objects_carry_pulsars_format_version(minio: MinioServer) -> None:
-    import boto3
-
     from txnkeeper.ledger.offload.s3 import S3BlobStore
 
     bucket = make_bucket(minio)
@@ -141,13 +139,7 @@ async def test_s3_objects_carry_pulsars_format_version(minio: MinioServer) -> No
         await upload.complete()
     finally:
         await store.close()
-    client = boto3.client(
-        "s3",
-        endpoint_url=minio.endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    )
+    client = s3_client(minio)
     for key in ("small", "big"):
         meta = client.head_object(Bucket=bucket, Key=key)["Metadata"]
         assert meta == {"s3managedledgeroffloaderformatversion": "1"}

@@ -250,9 +250,7 @@ def driver(
         tier = tier_of(tmp_path)
         config = OffloadConfig(fileSystemURI=str(tier), managedLedgerOffloadMaxBlockSizeInBytes=1024)
         return config, lambda key: (tier / key).read_bytes(), lambda key, data: (tier / key).write_bytes(data)
-    import boto3
-
-    from .conftest import ACCESS_KEY, SECRET_KEY, make_bucket
+    from .conftest import make_bucket, s3_client
 
     server = request.getfixturevalue("minio")
     bucket = make_bucket(server)
@@ -263,13 +261,7 @@ def driver(
         managedLedgerOffloadRegion="us-east-1",
         managedLedgerOffloadMaxBlockSizeInBytes=1024,
     )
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    )
+    client = s3_client(server)
     request.addfinalizer(client.close)
     return (
         config,

@@ -4,25 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pulsar_wire import free_port, placement_flags
-from runtime_pods import ServePod
+from runtime_pods import ServePod, started_pods
 
 
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[Callable[..., ServePod]]:
-    started: list[ServePod] = []
-
-    def make(name: str, role: str, **kwargs: Any) -> ServePod:
-        pod = ServePod(tmp_path, name, role, **kwargs)
-        started.append(pod)
-        return pod.start()
-
-    yield make
-    for pod in started:
-        pod.stop()
+    yield from started_pods(tmp_path)
 
 
 @pytest.fixture

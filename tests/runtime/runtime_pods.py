@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,17 @@ async def coordinator_connection(store: ServePod) -> RpcConnection:
     proof.authenticate.proof = secret.coordinator_proof(nonce)
     await conn.request(proof, 10)
     return conn
+
+
+def started_pods(tmp_path: Path) -> Iterator[Callable[..., ServePod]]:
+    """The ``pods`` fixtures' body: a factory of started pods under ``tmp_path``, each stopped after."""
+    started: list[ServePod] = []
+
+    def make(name: str, role: str, **kwargs: Any) -> ServePod:
+        pod = ServePod(tmp_path, name, role, **kwargs)
+        started.append(pod)
+        return pod.start()
+
+    yield make
+    for pod in started:
+        pod.stop()

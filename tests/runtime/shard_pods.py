@@ -8,11 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pulsar_wire import free_port
 from runtime_pods import TOKEN, ServePod, http
 from runtime_waits import wait_until
 
-from txnkeeper.admin.move import STEP_TIMEOUT_S
+from txnkeeper.admin.move import STEP_TIMEOUT_S, MoveError, move_shard
 from txnkeeper.client import Client
 from txnkeeper.contract.placement import shard_of
 from txnkeeper.ledger.names import encode_name
@@ -23,6 +24,9 @@ SUB = "sub"
 PAYLOAD = 48 * 1024
 FILL = 30  # 1.4 MiB: over the 1 MiB at which the source rolls the open ledger over for a pre-copy
 FIRST_LEDGER = "00000000000000000001"  # the file name of a topic's first ledger
+
+
+FILLED = [b"%04d" % i for i in range(FILL)]
 
 
 def topic_in_moved_shard(stem: str) -> str:
@@ -107,4 +111,39 @@ async def read_all(tc: ServePod, store: ServePod, topic: str) -> list[bytes]:
         return sorted([(await consumer.receive(timeout=20)).data[:4] for _ in range(FILL)])
 
 
-FILLED = [b"%04d" % i for i in range(FILL)]
+async def moves_as_metadata(tc: ServePod, source: ServePod, target: ServePod, topic: str, move: str) -> None:
+    """A filled shard whose closed ledger is only in the shared tier moves as metadata and the open
+    ledger, and the new owner reads every message from the tier."""
+    await fill(tc, source, topic)
+    await offloaded_and_deleted(source, topic, move, target)
+    report = await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move=move)
+    assert report.bytes < PAYLOAD * 4, f"metadata and the open ledger only: {report.to_json()}"
+    assert not has_first_ledger(target, topic)
+    assert await read_all(tc, target, topic) == FILLED, "read from the tier on the new owner"
+
+
+async def refused_for_missing_objects(
+    tc: ServePod,
+    source: ServePod,
+    target: ServePod,
+    topic: str,
+    move: str,
+    *,
+    lose: Callable[[], int],
+    at_least: int,
+) -> MoveError:
+    """A filled shard's tier loses its objects (``lose`` deletes them and says how many) before the
+    move: the receive refuses, nothing is installed, the source keeps serving. Returns the refusal."""
+    await fill(tc, source, topic)
+    await offloaded_and_deleted(source, topic, move, target)
+    assert lose() >= at_least, "the tier's objects of the offloaded ledger"
+    with pytest.raises(MoveError) as refused:
+        await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move=move)
+    assert refused.value.step == "receive" and "lacks" in str(refused.value), refused.value
+    assert not (target.data_dir / "ledgers" / encode_name(topic)).exists(), "nothing installed"
+    _, listing = http("GET", f"{source.admin_url()}/admin/v1/shards")
+    row = next(r for r in listing["shards"] if r["shard"] == MOVED)
+    assert row["owner"] == 0 and row["state"] == "serving", row
+    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
+        await (await client.create_producer(topic)).send(b"after")  # the source serves it again
+    return refused.value

@@ -26,14 +26,15 @@ from shard_pods import (
     fill,
     has_first_ledger,
     ledger_files,
-    offloaded_and_deleted,
+    moves_as_metadata,
     read_all,
+    refused_for_missing_objects,
     topic_in_moved_shard,
     two_stores,
     verb,
 )
 
-from txnkeeper.admin.move import MoveError, move_shard
+from txnkeeper.admin.move import move_shard
 from txnkeeper.client import Client
 from txnkeeper.errors import ServiceError
 from txnkeeper.ledger.names import encode_name
@@ -186,35 +187,23 @@ async def test_an_offloaded_shard_moves_as_metadata_and_is_read_from_the_shared_
     pods: Callable[..., ServePod], tmp_path: Path
 ) -> None:
     tc, source, target = two_stores(pods, filesystem_tier(tmp_path / "tier"))
-    topic = topic_in_moved_shard("tiered")
-    await fill(tc, source, topic)
-    await offloaded_and_deleted(source, topic, "m4", target)
-    report = await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move="m4")
-    assert report.bytes < PAYLOAD * 4, f"metadata and the open ledger only: {report.to_json()}"
-    assert not has_first_ledger(target, topic)
-    assert await read_all(tc, target, topic) == FILLED, "read from the tier on the new owner"
+    await moves_as_metadata(tc, source, target, topic_in_moved_shard("tiered"), "m4")
 
 
 async def test_a_tier_object_missing_on_the_target_fails_the_move_and_the_source_keeps_the_shard(
     pods: Callable[..., ServePod], tmp_path: Path
 ) -> None:
     tc, source, target = two_stores(pods, filesystem_tier(tmp_path / "tier"))
-    topic = topic_in_moved_shard("lost")
-    await fill(tc, source, topic)
-    await offloaded_and_deleted(source, topic, "m5", target)
-    objects = [p for p in (tmp_path / "tier").rglob("*") if p.is_file()]
-    assert objects
-    for path in objects:
-        path.unlink()
-    with pytest.raises(MoveError) as refused:
-        await move_shard(MOVED, source.admin_url(), target.admin_url(), token=TOKEN, move="m5")
-    assert refused.value.step == "receive" and "lacks" in str(refused.value), refused.value
-    assert not (target.data_dir / "ledgers" / encode_name(topic)).exists(), "nothing installed"
-    _, listing = http("GET", f"{source.admin_url()}/admin/v1/shards")
-    row = next(r for r in listing["shards"] if r["shard"] == MOVED)
-    assert row["owner"] == 0 and row["state"] == "serving", row
-    async with Client(coordinators=[tc.listen], stores=[source.listen]) as client:
-        await (await client.create_producer(topic)).send(b"after")  # the source serves it again
+
+    def lose() -> int:
+        objects = [p for p in (tmp_path / "tier").rglob("*") if p.is_file()]
+        for path in objects:
+            path.unlink()
+        return len(objects)
+
+    await refused_for_missing_objects(
+        tc, source, target, topic_in_moved_shard("lost"), "m5", lose=lose, at_least=1
+    )
 
 
 async def test_a_ledger_offloaded_but_still_local_is_not_copied_to_a_pod_sharing_the_tier(
