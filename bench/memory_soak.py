@@ -373,10 +373,10 @@ def judge(samples: list[dict[str, Any]], seconds: float, pods: dict[str, str]) -
             "budget_mb": BUDGET_MB[role],
             "under_budget": peak <= BUDGET_MB[role],
         }
-    first_level = [s for s in samples if s["t"] > mark["t"] - span] or [mark]
+    mark_minute = [s for s in samples if s["t"] > mark["t"] - span] or [mark]  # the mark's level
     load = {
         # The load is judged with the memory: memory follows a load that follows the machine's speed.
-        "txn_per_s_before_mark": _rate(first_level[0], mark),
+        "txn_per_s_before_mark": _rate(mark_minute[0], mark),
         "txn_per_s_in_window": _rate(window[0], window[-1]),
     }
     kept_at_mark = mark["store"].get("txnkeeper_topic_kept_txn_outcomes", 0.0)

@@ -673,7 +673,6 @@ def main() -> int:
         summary["median_ratio_txnkeeper_over_pulsar"] = median_ratios(
             [r["ratio_txnkeeper_over_pulsar"] for r in reports]
         )
-        summary["loadavg_before"] = reports[0]["loadavg_before"]
         print(json.dumps(summary, indent=2))
         return 0
     print(
