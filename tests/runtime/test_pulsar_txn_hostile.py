@@ -10,13 +10,15 @@ coordinator pod and a store pod:
 | END_TXN of a forged id / a second END_TXN that contradicts the first | END_TXN_RESPONSE error |
 | a SEND in a transaction to a partition the client never added | registered by the store itself, so |
 |   | the end reaches it |
+| SENDs of many transactions in one write | confirmed with the coordinator in a few requests, |
+|   | each transaction keeps its own outcome |
 """
 
 from __future__ import annotations
 
 import pytest
 from pulsar_wire import RawPulsar, T, command, metadata
-from runtime_pods import ServePod
+from runtime_pods import ServePod, pod_gauge
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.pulsar_frames import encode_payload_command
@@ -136,3 +138,42 @@ def test_a_partition_the_client_never_added_still_gets_the_end(
     assert message is not None and message.payload == b"kept"
     with pytest.raises(TimeoutError):
         raw.read(1.0)  # the aborted one is never delivered
+
+
+def test_many_transactions_sends_are_confirmed_in_a_few_requests(
+    pulsar_pods: tuple[ServePod, ServePod],
+) -> None:
+    """Transactional SENDs of 24 transactions in one write: the store confirms their registrations
+    with the coordinator in one request per loop turn, not one each, and each keeps its outcome."""
+    coordinator, store = pulsar_pods
+    tc = RawPulsar(coordinator.listen)
+    tc.handshake()
+    raw = _store_session(store)
+    txns = []
+    for request_id in range(1, 25):
+        begun = _new_txn(tc, request_id).newTxnResponse
+        txns.append((begun.txnid_most_bits, begun.txnid_least_bits))
+    frames = b""
+    for sequence_id, txn in enumerate(txns):
+        send = command(T.SEND)
+        send.send.producer_id, send.send.sequence_id = 1, sequence_id
+        send.send.txnid_most_bits, send.send.txnid_least_bits = txn
+        payload = f"m{sequence_id}".encode()
+        frames += encode_payload_command(send, metadata(sequence_id=sequence_id), payload)
+    raw.send_bytes(frames)
+    receipts = [raw.expect(T.SEND_RECEIPT).send_receipt.sequence_id for _ in txns]
+    assert receipts == list(range(24))
+    requests = pod_gauge(store, "txnkeeper_pulsar_registration_requests_total")
+    assert pod_gauge(store, "txnkeeper_pulsar_registration_confirmations_total") == 24
+    assert 1 <= requests <= 4, requests  # one per loop turn that read some of the frames
+    for request_id, txn in enumerate(txns, start=100):
+        assert not _end(tc, request_id, txn, pulsar.COMMIT if txn[1] % 2 else pulsar.ABORT).HasField("error")
+    committed = {f"m{i}".encode() for i, txn in enumerate(txns) if txn[1] % 2}
+    delivered = set()
+    for _ in committed:
+        message = raw.read()
+        assert message is not None
+        delivered.add(message.payload)
+    assert delivered == committed
+    with pytest.raises(TimeoutError):
+        raw.read(1.0)  # the aborted ones are never delivered

@@ -20,7 +20,7 @@ from typing import Any
 
 from txnkeeper.aio import failure_of, settle
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
-from txnkeeper.errors import BadRequestError, NotServedHereError, UnavailableError
+from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError, UnavailableError
 from txnkeeper.ledger.position import Position
 from txnkeeper.pb import txnkeeper_api_pb2 as api
 from txnkeeper.protocol.auth import ClusterSecret, UnauthorizedError, not_configured
@@ -44,6 +44,8 @@ def _success() -> api.Command:
 
 
 MAX_PERMITS = 100_000
+# Registrations one ConfirmRegistrations may name (a store pod sends at most 512 per request).
+MAX_CONFIRMATIONS = 4096
 
 
 def _txn(txn: api.TxnId) -> TxnID:
@@ -141,6 +143,27 @@ def _answer_ends(
             return
         answer.failed.append(index)
         fill_error(answer.errors.add(), failure)
+    settle(response, None, command)
+
+
+def _answer_confirmations(
+    response: asyncio.Future[api.Command],
+    items: Sequence[asyncio.Future[Any] | BaseException],
+    _settled: Sequence[asyncio.Future[Any]],
+) -> None:
+    """RegistrationsConfirmed: one result per item, its error if the coordinator refused it."""
+    command = api.Command()
+    results = command.registrations_confirmed.results
+    for item in items:
+        failure = item if isinstance(item, BaseException) else failure_of(item)
+        result = results.add()
+        if failure is None:
+            continue
+        if not isinstance(failure, Exception):
+            settle(response, failure, command)  # cancelled: the server is closing
+            return
+        fill_error(result.error, failure)
+    command.registrations_confirmed.SetInParent()
     settle(response, None, command)
 
 
@@ -245,6 +268,7 @@ class PodHandler:
             "add_partition": self._add_partition,
             "add_subscription": self._add_subscription,
             "add_to_txn": self._add_to_txn,
+            "confirm_registrations": self._confirm_registrations,
             "end_txn": self._end_txn,
             "get_txn_status": self._get_txn_status,
         }
@@ -465,6 +489,39 @@ class PodHandler:
             raise
         # Both records are queued; gathering futures costs no task.
         return self._ticketed(coordinator, txn, topics, subs, asyncio.gather(partitions, subscriptions))
+
+    def _confirm_registrations(self, session: Session, command: api.Command) -> HandlerResult:
+        body = command.confirm_registrations
+        registrations = body.registrations
+        require(len(registrations) > 0, "confirm-registrations names no registration")
+        require(
+            len(registrations) <= MAX_CONFIRMATIONS,
+            f"confirm-registrations names {len(registrations)} registrations: at most"
+            f" {MAX_CONFIRMATIONS} per request, send the rest in another",
+        )
+        # Each item is registered on its own, as one AddPartitionToTxn or AddSubscriptionToTxn would
+        # be, and answered on its own (a forged or ended transaction fails only its items); no
+        # tickets: the store asking only needs to know the coordinator holds them.
+        items: list[asyncio.Future[Any] | BaseException] = []
+        waiting: list[asyncio.Future[Any]] = []
+        for item in registrations:
+            try:
+                coordinator, txn = self._owned("confirm-registrations", item.txn_id, item.owner_token)
+                if item.subscription:
+                    subs = [(item.topic, item.subscription)]
+                    added = coordinator.add_subscriptions(txn, subs, body.store_address)
+                else:
+                    added = coordinator.add_partitions(txn, [item.topic], body.store_address)
+            except ServiceError as exc:
+                items.append(exc)
+                continue
+            future = asyncio.ensure_future(added)
+            items.append(future)
+            if not future.done():  # mostly done already: what the client registered is not logged again
+                waiting.append(future)
+        response: asyncio.Future[api.Command] = self._loop().create_future()
+        when_all(waiting, partial(_answer_confirmations, response, items))
+        return response
 
     def _end_txn(self, session: Session, command: api.Command) -> HandlerResult:
         body = command.end_txn

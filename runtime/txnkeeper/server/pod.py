@@ -126,7 +126,7 @@ class PodRuntime:
         self.reads: TopicReads | None = None  # store pods: bulk reads of topics (the Spark data source)
         self.client_address = ""
         self.admin_address = ""
-        self._registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
+        self.registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
         # Coordinator pods: the route table their coordinators share, and with --coordinator-ids auto
         # the placement record of the coordinator ids and their moves (contracts §12).
         self.routes: RouteTable | None = None
@@ -178,7 +178,7 @@ class PodRuntime:
                 record=lambda: self.placement.record if self.placement is not None else None,
             )
             if self.topics is not None:
-                self._registrations = TxnRegistrations(
+                self.registrations = TxnRegistrations(
                     self._secret, placement, self._store_address, tls=self._peer_tls()
                 )
             pulsar_handler = PulsarPodHandler(
@@ -187,7 +187,7 @@ class PodRuntime:
                 placement,
                 self._pulsar_url,
                 store_url_of=self._placed_store_url,
-                registrations=self._registrations,
+                registrations=self.registrations,
                 client_key=self.config.client_token_key,
                 pod_name=self.pod_name,
                 # A frame holds the message plus Pulsar's framing: clients are told what fits.
@@ -510,8 +510,8 @@ class PodRuntime:
         for coordinator in self.coordinators.values():
             await coordinator.close()
         await self._peers.close()
-        if self._registrations is not None:
-            await self._registrations.close()
+        if self.registrations is not None:
+            await self.registrations.close()
         if self.shards is not None:
             await self.shards.close()
         if self.topics is not None:
@@ -802,6 +802,8 @@ class _PodCollector(Collector):
             yield from _shard_metrics(pod.shards)
         yield from _ledger_metrics()
         yield from _heap_metrics(pod.heap_trimmer)
+        if pod.registrations is not None:
+            yield from _registration_metrics(pod.registrations)
         index_bytes = pod.ledger_index_bytes()
         if index_bytes is not None:
             yield GaugeMetricFamily(
@@ -878,6 +880,21 @@ def _ledger_metrics() -> Iterator[Metric]:
     for kind in ("mark", "confirm"):
         errors.add_metric([kind], io_stats.WATERMARK.errors[kind])
     yield from (appends, fsyncs, watermark, errors)
+
+
+def _registration_metrics(registrations: TxnRegistrations) -> Iterator[Metric]:
+    """txnkeeper_pulsar_registration_*: a store pod's confirmations of Pulsar clients' transaction
+    registrations with their coordinators (server/pulsar_txns.py), and the requests carrying them."""
+    yield CounterMetricFamily(
+        "txnkeeper_pulsar_registration_confirmations",
+        "(transaction, partition or subscription) registrations confirmed with a coordinator",
+        value=registrations.confirmations,
+    )
+    yield CounterMetricFamily(
+        "txnkeeper_pulsar_registration_requests",
+        "Requests to coordinators carrying those confirmations (batched per event-loop turn)",
+        value=registrations.requests,
+    )
 
 
 def _heap_metrics(trimmer: HeapTrimmer) -> Iterator[Metric]:
