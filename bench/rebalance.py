@@ -51,8 +51,11 @@ from txnkeeper.ledger.names import encode_name
 SHARDS = 32  # Placement.initial("store-shards", 2): 16 per replica
 READY_TIMEOUT = 120.0
 OFFLOAD_TIMEOUT = 600.0
-BEFORE_S = 3.0
-AFTER_S = 2.0
+# Long enough that the clients' own variation (fsync latency on a shared disk) does not decide the
+# ratio; the same length after the move shows how much the rate wanders without one.
+BEFORE_S = 10.0
+AFTER_S = 10.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class Pod:
@@ -152,11 +155,13 @@ class Worker:
         gaps = [b - a for a, b in itertools.pairwise(window)]
         before = self.rate(start - BEFORE_S, start)
         during = self.rate(start, end)
+        after = self.rate(end, end + AFTER_S)
         precopy = self.rate(start, precopied) if precopied - start > 0.05 else None
         return {
             "longest_pause_s": round(max(gaps, default=0.0), 3),
             "ops_per_s_before": round(before, 1),
             "ops_per_s_during": round(during, 1),
+            "ops_per_s_after": round(after, 1),
             "during_vs_before": round(during / before, 2) if before else None,
             # The copy's share of the move: what the data costs the clients, apart from the pause.
             "during_precopy_vs_before": round(precopy / before, 2)
@@ -165,6 +170,27 @@ class Worker:
             "errors": self.errors,
             "last_error": self.last_error[:300],
         }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuShares:
+    """Cores each process used between marks: where the two cores went before and during a move."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._pids = pids
+        self._marks: list[tuple[float, dict[str, float]]] = []
+
+    def mark(self) -> None:
+        self._marks.append((time.monotonic(), {n: cpu_seconds(p) for n, p in self._pids.items()}))
+
+    def between(self, first: int, second: int) -> dict[str, float]:
+        (t0, a), (t1, b) = self._marks[first], self._marks[second]
+        return {n: round((b[n] - a[n]) / max(t1 - t0, 1e-3), 2) for n in self._pids}
 
 
 def tier_config(root: Path, lag_ms: int = 0) -> list[str]:
@@ -255,7 +281,10 @@ async def one_size(
 
             workers = [Worker("producer", send), Worker("transactions", transact)]
             tasks = [asyncio.create_task(w.run()) for w in workers]
+            cpu = CpuShares({"clients": os.getpid(), **{p.dir.name: p.process.pid for p in (tc, *stores)}})
+            cpu.mark()
             await asyncio.sleep(BEFORE_S)
+            cpu.mark()
             start = time.monotonic()
             report = await move_shard(
                 shard,
@@ -266,6 +295,7 @@ async def one_size(
                 precopy_bytes_per_second=rate,
             )
             end = time.monotonic()
+            cpu.mark()
             await asyncio.sleep(AFTER_S)
             for worker in workers:
                 worker.stop.set()
@@ -287,6 +317,8 @@ async def one_size(
             "manifest_files": report.files,
             "precopy_s": round(report.precopy_s, 3),
             "clients": {w.name: w.figures(start, end, start + report.precopy_s) for w in workers},
+            "cpu_cores_before": cpu.between(0, 1),
+            "cpu_cores_during": cpu.between(1, 2),
         }
     finally:
         for pod in (*stores, tc):
