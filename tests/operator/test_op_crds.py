@@ -261,9 +261,9 @@ def test_replicas_are_mutable_for_both_kinds() -> None:
     assert cel_errors(TC, {"version": "2.0.0", "replicas": 5, "coordinators": 2}) == []
     assert cel_errors(PAS, {"version": "2.0.0", "replicas": 4}, {"version": "2.0.0"}) == []
     spec = _default(_schema(PAS, "spec"), {"version": "2.0.0"})
-    assert spec["scaling"] == {"maxConcurrentMoves": 1, "precopyMiBPerSecond": 15} and "shards" not in spec
+    assert spec["scaling"] == {"maxConcurrentMoves": 1, "precopyMiBPerSecond": 10} and "shards" not in spec
     spec = _default(_schema(PAS, "spec"), {"version": "2.0.0", "scaling": {"maxConcurrentMoves": 2}})
-    assert spec["scaling"] == {"maxConcurrentMoves": 2, "precopyMiBPerSecond": 15}, "the nested default"
+    assert spec["scaling"] == {"maxConcurrentMoves": 2, "precopyMiBPerSecond": 10}, "the nested default"
     assert cel_errors(PAS, {"version": "2.0.0", "scaling": {"precopyMiBPerSecond": 0}}) == []
     for bad in ({"maxConcurrentMoves": 0}, {"maxConcurrentMoves": 17}, {"precopyMiBPerSecond": -1}):
         with pytest.raises(jsonschema.ValidationError):

@@ -25,7 +25,7 @@ def _cr(scaling: dict[str, Any]) -> Resource:
 
 @pytest.mark.parametrize(
     ("scaling", "expected"),
-    [({}, 15 << 20), ({"precopyMiBPerSecond": 100}, 100 << 20), ({"precopyMiBPerSecond": 0}, None)],
+    [({}, 10 << 20), ({"precopyMiBPerSecond": 100}, 100 << 20), ({"precopyMiBPerSecond": 0}, None)],
 )
 def test_the_bound_in_bytes(scaling: dict[str, Any], expected: int | None) -> None:
     assert precopy_bytes_per_second(_cr(scaling)) == expected
