@@ -77,8 +77,9 @@ class TxnRegistrations:
         self._confirmed: OrderedDict[_Key, None] = OrderedDict()
         self._pending: dict[_Key, asyncio.Future[None]] = {}
         self._moved: dict[int, str] = {}  # coordinator id -> the address a redirect named
-        # coordinator pod address -> the items this loop turn asked of it (sent by _flush)
-        self._queued: dict[str, list[_Item]] = {}
+        # (coordinator pod address, this pod's address for the items' topics) -> the items this loop
+        # turn asked of that pod (sent by _flush): a request names one store address for all its items
+        self._queued: dict[tuple[str, str], list[_Item]] = {}
         self._legacy: dict[str, float] = {}  # coordinator pod address -> when it refused the batch
         self._asking: set[asyncio.Future[None]] = set()  # requests under way (tasks are weakly held)
         self._event_loop: asyncio.AbstractEventLoop | None = None
@@ -109,25 +110,27 @@ class TxnRegistrations:
         done: asyncio.Future[None] = loop.create_future()
         self._pending[key] = done
         done.add_done_callback(partial(self._registered, key))
-        queued = self._queued.get(address)
+        batch = (address, self._own_address(topic))
+        queued = self._queued.get(batch)
         if queued is None:
-            queued = self._queued[address] = []
-            loop.call_soon(self._flush, address)
+            queued = self._queued[batch] = []
+            loop.call_soon(self._flush, batch)
         queued.append((key, done))
         self.confirmations += 1
         return asyncio.shield(done)
 
-    def _flush(self, address: str) -> None:
-        """Ask ``address`` for what this loop turn queued for it."""
-        items = self._queued.pop(address, [])
+    def _flush(self, batch: tuple[str, str]) -> None:
+        """Ask the coordinator pod at ``batch[0]`` for what this loop turn queued for it."""
+        items = self._queued.pop(batch, [])
+        address, store = batch
         refused_at = self._legacy.get(address)
         if refused_at is not None and time.monotonic() - refused_at < LEGACY_RETRY_S:
             for item in items:
-                self._one_by_one(address, item)
+                self._one_by_one(address, store, item)
             return
         for start in range(0, len(items), CONFIRMATIONS_PER_REQUEST):
             chunk = items[start : start + CONFIRMATIONS_PER_REQUEST]
-            asking = asyncio.ensure_future(self._confirm(address, chunk))
+            asking = asyncio.ensure_future(self._confirm(address, store, chunk))
             self._asking.add(asking)
             asking.add_done_callback(partial(self._asked, chunk))
 
@@ -139,11 +142,11 @@ class TxnRegistrations:
                 log.error("confirming registrations failed", exc_info=failure)
             _fail(items, failure)
 
-    async def _confirm(self, address: str, items: list[_Item]) -> None:
+    async def _confirm(self, address: str, store: str, items: list[_Item]) -> None:
         assert self._secret is not None
         command = api.Command()
         body = command.confirm_registrations
-        body.store_address = self._own_address(items[0][0][1])
+        body.store_address = store
         for (txn, topic, subscription), _done in items:
             registration = body.registrations.add(topic=topic, subscription=subscription)
             registration.txn_id.most, registration.txn_id.least = txn.most, txn.least
@@ -163,7 +166,7 @@ class TxnRegistrations:
             )
             self._legacy[address] = time.monotonic()
             for item in items:
-                self._one_by_one(address, item)
+                self._one_by_one(address, store, item)
             return
         except Exception as exc:
             _fail(items, exc)
@@ -179,11 +182,13 @@ class TxnRegistrations:
                 continue
             failure = from_error_frame(result.error)
             if isinstance(failure, NotServedHereError) and is_placement(failure):
-                self._one_by_one(address, item, failure)
+                self._one_by_one(address, store, item, failure)
             else:
                 settle(item[1], failure, None)
 
-    def _one_by_one(self, address: str, item: _Item, redirect: NotServedHereError | None = None) -> None:
+    def _one_by_one(
+        self, address: str, store: str, item: _Item, redirect: NotServedHereError | None = None
+    ) -> None:
         """Confirm ``item`` on its own (AddPartitionToTxn / AddSubscriptionToTxn), following
         placement redirects (``redirect``: the one the batch already got)."""
         (txn, topic, subscription), done = item
@@ -197,7 +202,7 @@ class TxnRegistrations:
             single = command.add_partition
             single.topics.append(topic)
         single.txn_id.most, single.txn_id.least = txn.most, txn.least
-        single.store_address = self._own_address(topic)
+        single.store_address = store
         single.owner_token = self._secret.owner_token(txn)
         asking = asyncio.ensure_future(self._register(txn.most, address, command, redirect))
         self._asking.add(asking)
