@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -59,9 +60,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
     root = tmp_path_factory.mktemp("spark-standalone")
     python = _host_without_txnkeeper(root)
     spark = StandaloneCluster(ClusterSettings(workers=2, python=str(python)), root=root / "cluster")
-    with spark:
+    # The master's web UI port is taken between picking it and the master's bind, as another process
+    # on a busy CI machine once did (Spark then bound the next port and the start waited on the
+    # first until it gave up): the cluster must start again on fresh ports.
+    taken = int(spark.master_ui.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        spark.start()
+    try:
+        assert spark.master_ui != f"http://127.0.0.1:{taken}"
         assert {worker["host"] for worker in spark.alive_workers()} == WORKER_HOSTS
         yield spark
+    finally:
+        spark.stop()
     # stop() raised if anything survived; this says it once more, independently of how it stopped.
     assert spark.leftovers() == []
 

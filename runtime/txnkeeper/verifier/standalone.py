@@ -60,8 +60,19 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+# What a Spark daemon logs when the port it was given is taken (by anything that bound it between
+# free_port and the daemon's bind): it then binds the next port, where nobody looks for it.
+PORT_CLASH = "could not bind on port"
+START_ATTEMPTS = 3
+
+
+class _PortClash(VerifierInfraError):
+    """A daemon found one of its ports taken: the cluster starts again on fresh ports."""
+
+
 def free_port(host: str) -> int:
-    """A port free on `host` now (the daemons bind it a moment later; a clash fails their start loudly)."""
+    """A port free on `host` now (the daemons bind it a moment later; a daemon that finds it taken
+    logs PORT_CLASH, and the cluster starts again on fresh ports)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
@@ -108,14 +119,18 @@ class StandaloneCluster:
         self.home = spark_home()
         self.conf_dir = self.root / "conf"
         self.master_host = "127.0.0.1"
-        self.master_port = free_port(self.master_host)
-        self.master_ui = f"http://{self.master_host}:{free_port(self.master_host)}"
-        self.master_url = f"spark://{self.master_host}:{self.master_port}"
+        self._pick_master_ports()
         self.worker_hosts = [f"127.0.0.{2 + i}" for i in range(self.settings.workers)]
         self._daemons: list[_Daemon] = []
         self._stopped = threading.Event()
 
     # ---- configuration -------------------------------------------------------------------------------
+
+    def _pick_master_ports(self) -> None:
+        # master_url and master_ui are final once start() returned (a port clash picks new ones).
+        self.master_port = free_port(self.master_host)
+        self.master_ui = f"http://{self.master_host}:{free_port(self.master_host)}"
+        self.master_url = f"spark://{self.master_host}:{self.master_port}"
 
     def spark_defaults(self) -> dict[str, str]:
         s = self.settings
@@ -171,7 +186,23 @@ class StandaloneCluster:
         self.stop()
 
     def start(self) -> None:
-        """Start the master and the workers; returns once the master lists every worker ALIVE."""
+        """Start the master and the workers; returns once the master lists every worker ALIVE.
+
+        A port taken between picking it and the daemon's bind (another process on a busy machine)
+        makes the daemon bind the next one, where nobody looks: the cluster is then stopped and
+        started again on fresh ports, up to START_ATTEMPTS times."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                return
+            except _PortClash:
+                if attempt == START_ATTEMPTS:
+                    raise
+                self._stopped.clear()
+                self._daemons.clear()
+                self._pick_master_ports()
+
+    def _start_once(self) -> None:
         self._write_conf()
         (self.root / "logs").mkdir(exist_ok=True)
         try:
@@ -225,6 +256,9 @@ class StandaloneCluster:
         last = "the master's web UI did not answer yet"
         while True:
             for daemon in self._daemons:
+                clash = self._port_clash(daemon)
+                if clash is not None:
+                    raise _PortClash(f"Spark {daemon.name} found a port taken: {clash}")
                 if daemon.process.poll() is not None:
                     raise VerifierInfraError(
                         f"Spark {daemon.name} exited with {daemon.process.returncode} while the cluster "
@@ -243,6 +277,17 @@ class StandaloneCluster:
                     f"{self.root / 'logs'}:\n{self.log_tail('master')}"
                 )
             self._stopped.wait(0.2)  # poll interval of a condition with a deadline
+
+    @staticmethod
+    def _port_clash(daemon: _Daemon) -> str | None:
+        try:
+            text = daemon.log.read_text(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if PORT_CLASH in line:
+                return line.strip()
+        return None
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.root / "logs" / f"{name}.log"
