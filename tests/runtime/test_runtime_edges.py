@@ -162,6 +162,7 @@ async def test_admin_documents_have_the_pulsar_shapes(cluster: tuple[ServePod, S
     assert ledgers["stores"][0]["currentLedger"] > before
     status, metrics = http("GET", f"{tc.admin_url()}/metrics")
     assert 'txnkeeper_coordinator_committed_transactions_total{coordinator_id="0"} 1.0' in metrics
+    assert 'txnkeeper_coordinator_ending_transactions{coordinator_id="0"} 0.0' in metrics  # delivered
     assert "pulsar_txn_tc_bufferedwriter_batch_records" in metrics
 
 

@@ -552,6 +552,11 @@ class TransactionCoordinator:
         return len(self._txns)
 
     @property
+    def ending_count(self) -> int:
+        """Transactions whose end was decided and is being delivered to their participants."""
+        return len(self._ending)
+
+    @property
     def least_sig_bits(self) -> int:
         return self._sequence.last
 

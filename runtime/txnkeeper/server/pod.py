@@ -675,6 +675,13 @@ class _PodCollector(Collector):
             ongoing = GaugeMetricFamily(
                 "txnkeeper_coordinator_ongoing_transactions", "Open or ending", labels=["coordinator_id"]
             )
+            # Ends decided and not yet applied everywhere: a growing figure means the store pods
+            # apply ends slower than clients ask for them (the end latency grows with it).
+            ending = GaugeMetricFamily(
+                "txnkeeper_coordinator_ending_transactions",
+                "Committing or aborting: decided, being delivered to their participants",
+                labels=["coordinator_id"],
+            )
             created = CounterMetricFamily(
                 "txnkeeper_coordinator_created_transactions", "Begun", labels=["coordinator_id"]
             )
@@ -698,11 +705,12 @@ class _PodCollector(Collector):
                 label = [str(cid)]
                 durations.add_metric(label, *c.durations.snapshot())
                 ongoing.add_metric(label, c.ongoing_count)
+                ending.add_metric(label, c.ending_count)
                 created.add_metric(label, c.created_count)
                 committed.add_metric(label, c.committed_count)
                 aborted.add_metric(label, c.aborted_count)
                 timed_out.add_metric(label, c.timed_out_count)
-            yield from (ongoing, created, committed, aborted, timed_out, durations)
+            yield from (ongoing, ending, created, committed, aborted, timed_out, durations)
         if pod.topics is not None:
             published = CounterMetricFamily(
                 "txnkeeper_topic_published_messages", "Messages written", labels=["topic"]
