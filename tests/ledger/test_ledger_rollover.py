@@ -37,7 +37,11 @@ async def test_rollover_by_age_on_append(factory: ManagedLedgerFactory) -> None:
     deadline = time.monotonic() + 10
     while (p := await ml.add_entry(b"b")).ledger_id == first.ledger_id:
         assert time.monotonic() < deadline, "no age rollover within 10 s"
-    assert p == Position(ml.current_ledger_id(), 0)
+    # The append that found the ledger too old is the new ledger's first entry. On a loaded machine
+    # that ledger may itself have aged past 0.2 s before the append's answer ran (CI saw ledger 3
+    # current beside an answer in ledger 2), so the current one is that ledger or a later one.
+    assert p.entry_id == 0
+    assert first.ledger_id < p.ledger_id <= ml.current_ledger_id()
 
 
 async def test_rollover_by_age_timer_without_appends(factory: ManagedLedgerFactory) -> None:
