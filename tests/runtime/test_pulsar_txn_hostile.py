@@ -12,6 +12,9 @@ coordinator pod and a store pod:
 |   | the end reaches it |
 | SENDs of many transactions in one write | confirmed with the coordinator in a few requests, |
 |   | each transaction keeps its own outcome |
+| registrations that never reach a store (a client that | that connection's NEW_TXN is held until one |
+|   adds partitions and never sends) | lands, its transaction ends or 1 s passed; other |
+|   | connections' begins are answered at once |
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import pytest
 from pulsar_wire import RawPulsar, T, command, metadata
 from runtime_pods import ServePod, pod_gauge
+from runtime_waits import wait_until_sync
 
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.pulsar_frames import encode_payload_command
+from txnkeeper.server.pulsar_pacing import REGISTRATIONS_AHEAD
 
 TOPIC = "persistent://public/default/txn-hostile"
 
@@ -177,3 +182,53 @@ def test_many_transactions_sends_are_confirmed_in_a_few_requests(
     assert delivered == committed
     with pytest.raises(TimeoutError):
         raw.read(1.0)  # the aborted ones are never delivered
+
+
+def _add_partitions(raw: RawPulsar, request_id: int, txn: tuple[int, int], count: int) -> None:
+    add = command(T.ADD_PARTITION_TO_TXN)
+    body = add.addPartitionToTxn
+    body.request_id = request_id
+    body.txnid_most_bits, body.txnid_least_bits = txn
+    body.partitions.extend(f"{TOPIC}-paced-{request_id}-{i}" for i in range(count))
+    raw.send(add)
+    assert not raw.expect(T.ADD_PARTITION_TO_TXN_RESPONSE).addPartitionToTxnResponse.HasField("error")
+
+
+def test_begins_wait_while_a_connections_registrations_have_not_reached_a_store(
+    pulsar_pods: tuple[ServePod, ServePod],
+) -> None:
+    """server/pulsar_pacing.py: a client that registered REGISTRATIONS_AHEAD partitions and sent
+    nothing has its next begin held; it is answered once its transaction ends (or after the hold's
+    bound: a store that is down or a client that never sends slows that client, never stops it), and
+    another connection is not held meanwhile."""
+    coordinator, _ = pulsar_pods
+    hoarder = RawPulsar(coordinator.listen)
+    hoarder.handshake()
+    begun = _new_txn(hoarder, 1).newTxnResponse
+    txn = (begun.txnid_most_bits, begun.txnid_least_bits)
+    _add_partitions(hoarder, 2, txn, REGISTRATIONS_AHEAD)
+    assert pod_gauge(coordinator, "txnkeeper_pulsar_unconfirmed_registrations") == REGISTRATIONS_AHEAD
+    begin = command(T.NEW_TXN)
+    begin.newTxn.request_id, begin.newTxn.tc_id, begin.newTxn.txn_ttl_seconds = 3, 0, 60_000
+    hoarder.send(begin)
+    wait_until_sync(
+        lambda: pod_gauge(coordinator, "txnkeeper_pulsar_held_begins_total") == 1, 10, "the begin held"
+    )
+    other = RawPulsar(coordinator.listen)
+    other.handshake()
+    assert not _new_txn(other, 1).newTxnResponse.HasField("error")  # not paced by the hoarder
+    end = command(T.END_TXN)
+    end.endTxn.request_id = 4
+    end.endTxn.txnid_most_bits, end.endTxn.txnid_least_bits = txn
+    end.endTxn.txn_action = pulsar.ABORT
+    hoarder.send(end)
+    answers = [hoarder.read() for _ in range(2)]  # either order: the hold's bound may come first
+    assert {a.command.type for a in answers if a is not None} == {T.END_TXN_RESPONSE, T.NEW_TXN_RESPONSE}
+    assert all(not a.command.newTxnResponse.HasField("error") for a in answers if a is not None)
+    assert pod_gauge(coordinator, "txnkeeper_pulsar_unconfirmed_registrations") == 0
+    # Registrations that never land and a transaction that never ends: the hold's bound answers it.
+    begun = _new_txn(hoarder, 5).newTxnResponse
+    assert not begun.HasField("error")
+    _add_partitions(hoarder, 6, (begun.txnid_most_bits, begun.txnid_least_bits), REGISTRATIONS_AHEAD)
+    assert not _new_txn(hoarder, 7).newTxnResponse.HasField("error")
+    assert pod_gauge(coordinator, "txnkeeper_pulsar_held_begins_total") == 2

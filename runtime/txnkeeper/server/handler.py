@@ -29,6 +29,7 @@ from txnkeeper.protocol.server import HandlerResult, Session, fill_error, requir
 from txnkeeper.server.blocks import BlockAppender, PendingBudget
 from txnkeeper.server.client_auth import ClientPrincipals
 from txnkeeper.server.placement_state import PodPlacement
+from txnkeeper.server.pulsar_pacing import BeginPacing
 from txnkeeper.topic.records import DecodedRecord
 from txnkeeper.topic.service import TopicService
 from txnkeeper.topic.settled import when_all
@@ -246,10 +247,13 @@ class PodHandler:
         clock_ms: Callable[[], int] = _now_ms,
         client_key: ClientTokenKey | None = None,
         coordinator_placement: PodPlacement | None = None,
+        pacing: BeginPacing | None = None,
     ) -> None:
         """``coordinator_placement``: the record of the coordinator ids (None: the ids in
-        ``coordinators`` are fixed); ``coordinators`` is the pod's live map (ids come and go)."""
+        ``coordinators`` are fixed); ``coordinators`` is the pod's live map (ids come and go);
+        ``pacing``: told of each registration a store confirms (server/pulsar_pacing.py)."""
         self._coordinators = coordinators
+        self._pacing = pacing
         self._placement = coordinator_placement
         self._begins = 0
         self._secret = secret
@@ -515,6 +519,8 @@ class PodHandler:
             except ServiceError as exc:
                 items.append(exc)
                 continue
+            if self._pacing is not None:
+                self._pacing.confirmed(txn, item.topic, item.subscription)
             future = asyncio.ensure_future(added)
             items.append(future)
             if not future.done():  # mostly done already: what the client registered is not logged again

@@ -68,6 +68,7 @@ from txnkeeper.server.peers import StorePeers
 from txnkeeper.server.placement_state import PodPlacement, pod_ordinal
 from txnkeeper.server.pulsar_coordinator import PulsarCoordinators
 from txnkeeper.server.pulsar_handler import PulsarPodHandler
+from txnkeeper.server.pulsar_pacing import BeginPacing
 from txnkeeper.server.pulsar_placement import PulsarPlacement, address_of
 from txnkeeper.server.pulsar_txns import TxnRegistrations
 from txnkeeper.server.shard_moves import ShardMoves, initial_placement
@@ -127,6 +128,7 @@ class PodRuntime:
         self.client_address = ""
         self.admin_address = ""
         self.registrations: TxnRegistrations | None = None  # store pods: Pulsar transactions
+        self.pacing: BeginPacing | None = None  # coordinator pods: Pulsar clients' begins
         # Coordinator pods: the route table their coordinators share, and with --coordinator-ids auto
         # the placement record of the coordinator ids and their moves (contracts §12).
         self.routes: RouteTable | None = None
@@ -162,12 +164,14 @@ class PodRuntime:
                 log.warning(
                     "no cluster secret (%s): this pod refuses every transactional request", SECRET_FLAG
                 )
+            self.pacing = BeginPacing() if self.role == "coordinator" else None
             handler = PodHandler(
                 self.coordinators,
                 self.topics,
                 self._secret,
                 client_key=self.config.client_token_key,
                 coordinator_placement=self.placement,
+                pacing=self.pacing,
             )
             placement = self.config.pulsar
             pulsar_coordinators = PulsarCoordinators(
@@ -176,6 +180,7 @@ class PodRuntime:
                 lambda: self.client_address,
                 authenticates=self.config.client_token_key is not None,
                 record=lambda: self.placement.record if self.placement is not None else None,
+                pacing=self.pacing,
             )
             if self.topics is not None:
                 self.registrations = TxnRegistrations(
@@ -812,6 +817,8 @@ class _PodCollector(Collector):
         yield from _heap_metrics(pod.heap_trimmer)
         if pod.registrations is not None:
             yield from _registration_metrics(pod.registrations)
+        if pod.pacing is not None:
+            yield from _pacing_metrics(pod.pacing)
         index_bytes = pod.ledger_index_bytes()
         if index_bytes is not None:
             yield GaugeMetricFamily(
@@ -888,6 +895,20 @@ def _ledger_metrics() -> Iterator[Metric]:
     for kind in ("mark", "confirm"):
         errors.add_metric([kind], io_stats.WATERMARK.errors[kind])
     yield from (appends, fsyncs, watermark, errors)
+
+
+def _pacing_metrics(pacing: BeginPacing) -> Iterator[Metric]:
+    """txnkeeper_pulsar_*: a coordinator pod's pacing of Pulsar clients' begins (server/pulsar_pacing.py)."""
+    yield GaugeMetricFamily(
+        "txnkeeper_pulsar_unconfirmed_registrations",
+        "Partitions and subscriptions Pulsar clients registered that no store confirmed yet",
+        value=pacing.unconfirmed,
+    )
+    yield CounterMetricFamily(
+        "txnkeeper_pulsar_held_begins",
+        "NEW_TXNs held while their connection had too many registrations on their way to a store",
+        value=pacing.begins_held,
+    )
 
 
 def _registration_metrics(registrations: TxnRegistrations) -> Iterator[Metric]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from txnkeeper.contract.placement import Placement
 from txnkeeper.coordinator.coordinator import TransactionCoordinator
@@ -26,6 +27,7 @@ from txnkeeper.errors import BadRequestError, NotServedHereError, ServiceError
 from txnkeeper.pb import PulsarApi_pb2 as pulsar
 from txnkeeper.protocol.auth import UnauthorizedError
 from txnkeeper.protocol.pulsar_frames import encode_command
+from txnkeeper.server.pulsar_pacing import BeginPacing
 from txnkeeper.server.pulsar_placement import PulsarPlacement
 from txnkeeper.txnid import TxnID
 
@@ -52,10 +54,13 @@ class PulsarCoordinators:
         *,
         authenticates: bool,
         record: Callable[[], Placement | None] = lambda: None,
+        pacing: BeginPacing | None = None,
     ) -> None:
         """``record``: the coordinator-ids placement record this pod holds (None: ids fixed, found by
-        the arithmetic rule of ``placement``)."""
+        the arithmetic rule of ``placement``); ``pacing``: holds a connection's begins while its
+        registrations have not reached their stores (server/pulsar_pacing.py; None: never)."""
         self._record = record
+        self.pacing = pacing
         self._coordinators = coordinators
         self._placement = placement
         self._own_store_address = own_store_address
@@ -109,7 +114,14 @@ class PulsarCoordinators:
         answer.tcClientConnectResponse.request_id = body.request_id
         return encode_command(answer)
 
-    def new_txn(self, body: pulsar.CommandNewTxn, principal: str) -> Awaitable[bytes]:
+    def new_txn(self, body: pulsar.CommandNewTxn, principal: str, session_id: int = 0) -> Awaitable[bytes]:
+        self._coordinator(body.tc_id)  # refusals at once, held or not
+        held = self.pacing.admit(session_id) if self.pacing is not None else None
+        if held is None:
+            return self._new_txn(body, principal)
+        return _then(held, lambda: self._new_txn(body, principal))
+
+    def _new_txn(self, body: pulsar.CommandNewTxn, principal: str) -> Awaitable[bytes]:
         coordinator = self._coordinator(body.tc_id)
         # Pulsar's clients put the timeout in milliseconds into the field named txn_ttl_seconds.
         timeout_ms = body.txn_ttl_seconds
@@ -131,7 +143,9 @@ class PulsarCoordinators:
 
         return coordinator.begin(timeout_ms, None, None, "", answer=answer)
 
-    def add_partitions(self, body: pulsar.CommandAddPartitionToTxn, principal: str) -> Awaitable[bytes]:
+    def add_partitions(
+        self, body: pulsar.CommandAddPartitionToTxn, principal: str, session_id: int = 0
+    ) -> Awaitable[bytes]:
         txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
         coordinator = self._owned(txn, principal)
         topics = list(dict.fromkeys(body.partitions))
@@ -145,9 +159,11 @@ class PulsarCoordinators:
         response = command.addPartitionToTxnResponse
         response.request_id = body.request_id
         response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
-        return _after(added, encode_command(command))
+        return self._registered(added, encode_command(command), session_id, txn, [(t, "") for t in topics])
 
-    def add_subscriptions(self, body: pulsar.CommandAddSubscriptionToTxn, principal: str) -> Awaitable[bytes]:
+    def add_subscriptions(
+        self, body: pulsar.CommandAddSubscriptionToTxn, principal: str, session_id: int = 0
+    ) -> Awaitable[bytes]:
         txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
         coordinator = self._owned(txn, principal)
         pairs = list(dict.fromkeys((s.topic, s.subscription) for s in body.subscription))
@@ -161,7 +177,7 @@ class PulsarCoordinators:
         response = command.addSubscriptionToTxnResponse
         response.request_id = body.request_id
         response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
-        return _after(added, encode_command(command))
+        return self._registered(added, encode_command(command), session_id, txn, pairs)
 
     def end_txn(self, body: pulsar.CommandEndTxn, principal: str) -> Awaitable[bytes]:
         txn = _txn(body.txnid_most_bits, body.txnid_least_bits)
@@ -169,16 +185,44 @@ class PulsarCoordinators:
             raise BadRequestError("END_TXN needs txn_action (COMMIT or ABORT)")
         coordinator = self._owned(txn, principal)
         ended = coordinator.end_txn(txn, body.txn_action == pulsar.COMMIT)
+        if self.pacing is not None:
+            self.pacing.ended(txn)  # a client ends only once its sends and acks were answered
         command = pulsar.BaseCommand(type=T.END_TXN_RESPONSE)
         response = command.endTxnResponse
         response.request_id = body.request_id
         response.txnid_most_bits, response.txnid_least_bits = txn.most, txn.least
         return _after([ended], encode_command(command))
 
+    def _registered(
+        self,
+        added: list[Awaitable[object]],
+        answer: bytes,
+        session_id: int,
+        txn: TxnID,
+        items: list[tuple[str, str]],
+    ) -> Awaitable[bytes]:
+        pacing = self.pacing
+        if pacing is None:
+            return _after(added, answer)
+        return _after(added, answer, partial(pacing.registered, session_id, txn, items))
 
-async def _after(waiting: list[Awaitable[object]], answer: bytes) -> bytes:
+    def session_closed(self, session_id: int) -> None:
+        if self.pacing is not None:
+            self.pacing.session_closed(session_id)
+
+
+async def _after(
+    waiting: list[Awaitable[object]], answer: bytes, then: Callable[[], None] | None = None
+) -> bytes:
     await asyncio.gather(*waiting)
+    if then is not None:
+        then()  # before the answer is sent: the client's send can only follow it
     return answer
+
+
+async def _then(held: Awaitable[None], begin: Callable[[], Awaitable[bytes]]) -> bytes:
+    await held
+    return await begin()
 
 
 def response_error(

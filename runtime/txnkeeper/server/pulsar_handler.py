@@ -214,6 +214,7 @@ class PulsarPodHandler:
         return encode_command(error_command(request_id, error, message))
 
     def session_closed(self, session: PulsarSession) -> None:
+        self._coordinators.session_closed(session.session_id)
         connection = self._connections.pop(session.session_id, None)
         if connection is None:
             return
@@ -601,17 +602,21 @@ class PulsarPodHandler:
         return self._coordinators.tc_client_connect(frame.command.tcClientConnectRequest)
 
     def _new_txn(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
-        return self._coordinators.new_txn(frame.command.newTxn, connection.principal)
+        return self._coordinators.new_txn(frame.command.newTxn, connection.principal, session.session_id)
 
     def _add_partitions(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
     ) -> PulsarResult:
-        return self._coordinators.add_partitions(frame.command.addPartitionToTxn, connection.principal)
+        return self._coordinators.add_partitions(
+            frame.command.addPartitionToTxn, connection.principal, session.session_id
+        )
 
     def _add_subscriptions(
         self, session: PulsarSession, connection: _Connection, frame: PulsarFrame
     ) -> PulsarResult:
-        return self._coordinators.add_subscriptions(frame.command.addSubscriptionToTxn, connection.principal)
+        return self._coordinators.add_subscriptions(
+            frame.command.addSubscriptionToTxn, connection.principal, session.session_id
+        )
 
     def _end_txn(self, session: PulsarSession, connection: _Connection, frame: PulsarFrame) -> PulsarResult:
         return self._coordinators.end_txn(frame.command.endTxn, connection.principal)
