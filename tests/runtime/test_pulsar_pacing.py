@@ -99,6 +99,21 @@ async def test_the_oldest_registrations_are_forgotten_past_the_tracking_bound() 
     assert pacing.unconfirmed == 2
 
 
+async def test_registrations_that_never_land_stop_counting_once_stale() -> None:
+    """E.g. the transaction's coordinator id moved to another pod: its stores confirm there."""
+    now = [100.0]
+    pacing = BeginPacing(limit=2, max_hold_s=60, stale_s=10, clock=lambda: now[0])
+    _register(pacing, A, TxnID(0, 1), 1)
+    now[0] = 105.0
+    _register(pacing, A, TxnID(0, 2), 1)
+    assert pacing.admit(A) is not None  # nothing stale yet
+    now[0] = 110.5  # the first is past 10 s, the second not
+    assert pacing.admit(A) is None
+    assert pacing.unconfirmed == 1
+    pacing.ended(TxnID(0, 1))  # its end later: nothing left to forget
+    assert pacing.unconfirmed == 1
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="positive"):
         BeginPacing(limit=0)

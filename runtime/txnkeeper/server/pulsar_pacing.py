@@ -18,7 +18,10 @@ transaction there (server/pulsar_txns.py). So a registration the client made (AD
 ADD_SUBSCRIPTION_TO_TXN) and no store confirmed yet is a send or ack on its way: in the client's
 queues, the sockets, or the store's. While a connection has ``limit`` of them, its NEW_TXN is
 answered only once it has fewer, or after ``max_hold_s`` (so a store that is down, or a client that
-registered and never sent, slows that client's begins and never stops them). Only begins are held:
+registered and never sent, slows that client's begins and never stops them). A registration not
+confirmed within ``stale_s`` stops counting: its transaction's coordinator id may have moved to
+another pod (whose store confirmations come there), or the client gave up on it; the pile this guards
+against is one of moments, not of seconds. Only begins are held:
 what a client already began goes on at full speed, and other connections are not affected. Nothing is
 refused; what Pulsar allows (any number of open transactions) stays allowed.
 """
@@ -26,7 +29,9 @@ refused; what Pulsar allows (any number of open transactions) stays allowed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 
 from txnkeeper.txnid import TxnID
 
@@ -34,6 +39,7 @@ from txnkeeper.txnid import TxnID
 # and ~2,000 txn/s pulsar-perf keeps ~50-100 in flight; a pile worth pacing is several times that.
 REGISTRATIONS_AHEAD = 256
 MAX_HOLD_S = 1.0
+STALE_S = 10.0
 # Registrations remembered at most (a pod-wide bound on this bookkeeping; the oldest go first).
 MAX_TRACKED = 100_000
 
@@ -48,13 +54,18 @@ class BeginPacing:
         limit: int = REGISTRATIONS_AHEAD,
         max_hold_s: float = MAX_HOLD_S,
         max_tracked: int = MAX_TRACKED,
+        stale_s: float = STALE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if limit < 1 or max_hold_s <= 0 or max_tracked < 1:
-            raise ValueError("pacing needs a positive limit, hold and tracking bound")
+        if limit < 1 or max_hold_s <= 0 or max_tracked < 1 or stale_s <= 0:
+            raise ValueError("pacing needs a positive limit, hold, tracking bound and staleness")
         self._limit = limit
         self._max_hold_s = max_hold_s
         self._max_tracked = max_tracked
-        self._owner: OrderedDict[_Key, int] = OrderedDict()  # registration -> session id
+        self._stale_s = stale_s
+        self._clock = clock
+        # registration -> (session id, when registered), oldest first
+        self._owner: OrderedDict[_Key, tuple[int, float]] = OrderedDict()
         self._by_txn: dict[TxnID, list[_Key]] = {}
         self._ahead: Counter[int] = Counter()
         self._held: dict[int, list[asyncio.Future[None]]] = {}
@@ -69,6 +80,9 @@ class BeginPacing:
         """None: answer the begin now; else a future that resolves when it may be answered."""
         if self._ahead[session_id] < self._limit:
             return None
+        self._drop_stale()
+        if self._ahead[session_id] < self._limit:
+            return None
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._held.setdefault(session_id, []).append(waiter)
@@ -80,37 +94,48 @@ class BeginPacing:
     def registered(self, session_id: int, txn: TxnID, items: list[tuple[str, str]]) -> None:
         """The client on ``session_id`` registered these partitions ("" subscription) or subscriptions."""
         owner = self._owner
+        now = self._clock()
         for topic, subscription in items:
             key = (txn, topic, subscription)
             if key in owner:
                 continue
-            owner[key] = session_id
+            owner[key] = (session_id, now)
             self._by_txn.setdefault(txn, []).append(key)
             self._ahead[session_id] += 1
         while len(owner) > self._max_tracked:
-            key, oldest = owner.popitem(last=False)
+            key, (oldest, _) = owner.popitem(last=False)
             self._forget(key, oldest)
 
     def confirmed(self, txn: TxnID, topic: str, subscription: str) -> None:
         """A store confirmed this registration: its first send or ack reached the store."""
-        session_id = self._owner.pop((txn, topic, subscription), None)
-        if session_id is not None:
-            self._forget((txn, topic, subscription), session_id)
+        found = self._owner.pop((txn, topic, subscription), None)
+        if found is not None:
+            self._forget((txn, topic, subscription), found[0])
 
     def ended(self, txn: TxnID) -> None:
         """The transaction's end was asked for: what it registered is no longer on its way."""
         for key in self._by_txn.pop(txn, ()):
-            session_id = self._owner.pop(key, None)
-            if session_id is not None:
-                self._forget(key, session_id, from_txn=False)
+            found = self._owner.pop(key, None)
+            if found is not None:
+                self._forget(key, found[0], from_txn=False)
 
     def session_closed(self, session_id: int) -> None:
         for waiter in self._held.pop(session_id, ()):
             _release(waiter)
         if self._ahead.pop(session_id, 0):
-            for key in [k for k, owner in self._owner.items() if owner == session_id]:
+            for key in [k for k, (owner, _) in self._owner.items() if owner == session_id]:
                 del self._owner[key]
                 self._drop_from_txn(key)
+
+    def _drop_stale(self) -> None:
+        owner = self._owner
+        horizon = self._clock() - self._stale_s
+        while owner:
+            key, (session_id, since) = next(iter(owner.items()))
+            if since > horizon:
+                return
+            del owner[key]
+            self._forget(key, session_id)
 
     def _forget(self, key: _Key, session_id: int, *, from_txn: bool = True) -> None:
         if from_txn:
