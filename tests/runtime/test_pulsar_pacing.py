@@ -86,6 +86,9 @@ async def test_a_hold_ends_after_max_hold_even_if_nothing_lands() -> None:
     assert held is not None
     await asyncio.wait_for(held, timeout=30)  # the timer, not a landing, let it go
     assert pacing.unconfirmed == 1
+    again = pacing.admit(A)
+    assert again is not None
+    assert pacing._held[A] == [again]  # the one the timer let go is not kept
 
 
 async def test_the_oldest_registrations_are_forgotten_past_the_tracking_bound() -> None:

@@ -85,7 +85,11 @@ class BeginPacing:
             return None
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        self._held.setdefault(session_id, []).append(waiter)
+        # Those the hold's bound let go are dropped here: a connection kept over the limit for long
+        # does not collect them.
+        held = [w for w in self._held.get(session_id, ()) if not w.done()]
+        held.append(waiter)
+        self._held[session_id] = held
         timer = loop.call_later(self._max_hold_s, _release, waiter)
         waiter.add_done_callback(lambda _f: timer.cancel())
         self.begins_held += 1
