@@ -60,7 +60,7 @@ class PulsarCoordinators:
         the arithmetic rule of ``placement``); ``pacing``: holds a connection's begins while its
         registrations have not reached their stores (server/pulsar_pacing.py; None: never)."""
         self._record = record
-        self.pacing = pacing
+        self._pacing = pacing
         self._coordinators = coordinators
         self._placement = placement
         self._own_store_address = own_store_address
@@ -115,14 +115,16 @@ class PulsarCoordinators:
         return encode_command(answer)
 
     def new_txn(self, body: pulsar.CommandNewTxn, principal: str, session_id: int = 0) -> Awaitable[bytes]:
-        self._coordinator(body.tc_id)  # refusals at once, held or not
-        held = self.pacing.admit(session_id) if self.pacing is not None else None
+        coordinator = self._coordinator(body.tc_id)  # refusals at once, held or not
+        held = self._pacing.admit(session_id) if self._pacing is not None else None
         if held is None:
-            return self._new_txn(body, principal)
-        return _then(held, lambda: self._new_txn(body, principal))
+            return self._new_txn(coordinator, body, principal)
+        # Looked up again after the hold: the coordinator id may have moved meanwhile.
+        return _then(held, lambda: self._new_txn(self._coordinator(body.tc_id), body, principal))
 
-    def _new_txn(self, body: pulsar.CommandNewTxn, principal: str) -> Awaitable[bytes]:
-        coordinator = self._coordinator(body.tc_id)
+    def _new_txn(
+        self, coordinator: TransactionCoordinator, body: pulsar.CommandNewTxn, principal: str
+    ) -> Awaitable[bytes]:
         # Pulsar's clients put the timeout in milliseconds into the field named txn_ttl_seconds.
         timeout_ms = body.txn_ttl_seconds
         if timeout_ms <= 0:
@@ -185,8 +187,8 @@ class PulsarCoordinators:
             raise BadRequestError("END_TXN needs txn_action (COMMIT or ABORT)")
         coordinator = self._owned(txn, principal)
         ended = coordinator.end_txn(txn, body.txn_action == pulsar.COMMIT)
-        if self.pacing is not None:
-            self.pacing.ended(txn)  # a client ends only once its sends and acks were answered
+        if self._pacing is not None:
+            self._pacing.ended(txn)  # a client ends only once its sends and acks were answered
         command = pulsar.BaseCommand(type=T.END_TXN_RESPONSE)
         response = command.endTxnResponse
         response.request_id = body.request_id
@@ -201,14 +203,14 @@ class PulsarCoordinators:
         txn: TxnID,
         items: list[tuple[str, str]],
     ) -> Awaitable[bytes]:
-        pacing = self.pacing
+        pacing = self._pacing
         if pacing is None:
             return _after(added, answer)
         return _after(added, answer, partial(pacing.registered, session_id, txn, items))
 
     def session_closed(self, session_id: int) -> None:
-        if self.pacing is not None:
-            self.pacing.session_closed(session_id)
+        if self._pacing is not None:
+            self._pacing.session_closed(session_id)
 
 
 async def _after(

@@ -10,7 +10,7 @@ client piled up hundreds of transactions whose sends had not landed. When those 
 together, the client fired as many END_TXNs at once, and Apache's Java client, which allows 1,000
 coordinator requests in flight and sends the commit from the I/O thread that reads the answers,
 blocked that thread for a permit that only it could free: a client deadlock (seen at 16 threads in
-three of five 25-second runs, 2026-11-29).
+six of eight 20-30 s runs, 2026-11-29).
 
 What the coordinator knows of the store's progress: a store confirms each (transaction, partition)
 and (transaction, subscription) with the coordinator before it applies the first send or ack of that
