@@ -105,6 +105,9 @@ test: lint typecheck test-prereqs
 export GOMODCACHE := $(CACHE_DIR)/go/mod
 export GOCACHE := $(CACHE_DIR)/go/build
 E2E_ARGS ?=
+# The e2e suite's pytest-xdist workers on the one cluster (e2e/conftest.py says what they share); 1 runs
+# it in one process.
+E2E_WORKERS ?= 2
 E2E_STATE := e2e/.state
 
 # kube-apiserver, kubectl and the node binaries (kubelet, kubeadm, kube-proxy, ...) at the release of
@@ -156,7 +159,7 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 e2e: install helm kind-node
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/e2e.setup.log
 	@E2E_SETUP_LOG=$(REPORTS)/e2e.setup.log bash e2e/kind/up.sh >/dev/null
-	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e --durations=15 --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
+	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadfile,) --durations=15 --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
 	if [ $$status -ne 0 ]; then bash e2e/kind/diagnose.sh; fi; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 

@@ -21,6 +21,7 @@ _.connection_lost
 pytest_runtest_makereport  # pytest hook (e2e/conftest.py)
 pytest_terminal_summary  # pytest hook (e2e/conftest.py: the containers the session's pods ran)
 _remember_cluster  # an autouse session fixture (e2e/conftest.py)
+_operator_disruption  # an autouse fixture (e2e/conftest.py): the operator lock of disrupts_operator tests
 pytestmark  # pytest reads a module's marks from this name
 restore_gc  # an autouse pytest fixture (tests/test_gcpolicy.py), and its generator's yield value
 signum  # signal handler signature (bench/pulsar_peer/run.py)

@@ -252,6 +252,7 @@ def test_store_pod_evicted_and_rescheduled_onto_its_claim_keeps_every_commit(
 
 @pytest.mark.timeout(1500)
 @pytest.mark.usefixtures("operator")
+@pytest.mark.disrupts_operator  # the operator's Deployment patched to a memory limit it dies under
 def test_operator_oom_killed_during_a_rollout_resumes_it(cluster: Cluster, namespace: str) -> None:
     ns = namespace
     apply(cluster, ns, resources(OLD, batched=False))

@@ -13,7 +13,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,8 +48,15 @@ FIRST_TOPIC = TOPICS.split(",", maxsplit=1)[0]
 
 # --- fixtures -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[str]:
-    """The chart installed with the real helm (CRDs, RBAC, operator Deployment); uninstalled after."""
+def operator(operator_release: str) -> str:
+    """The chart installed with the real helm (CRDs, RBAC, operator Deployment): once per pytest
+    process (e2e/conftest.py, ``operator_release``), shared by every module that names this fixture."""
+    return operator_release
+
+
+def install_operator(cluster: Cluster) -> None:
+    """``helm upgrade --install`` of the chart, then the operator pod Ready (the caller holds the
+    operator lock: an install beside a test that patched the Deployment would undo its patch)."""
     repo, _, tag = IMAGE.rpartition(":")
     verifier_repo, _, verifier_tag = VERIFIER_IMAGE.rpartition(":")
     # The operator's namespace enforces Pod Security "restricted" too (its pod and the chart's test pod).
@@ -71,7 +78,9 @@ def operator(cluster: Cluster) -> Iterator[str]:
         "--wait", "--timeout", "180s",
     )  # fmt: skip
     wait_for(lambda: _operator_pod(cluster), "the operator pod Ready", timeout=120)
-    yield OPERATOR_NS
+
+
+def uninstall_operator(cluster: Cluster) -> None:
     cluster.record_containers(OPERATOR_NS)
     cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", check=False)
 
@@ -276,6 +285,7 @@ def batched_records_written(cluster: Cluster, ns: str, pod: str, prefix: str) ->
 
 
 # --- tests ----------------------------------------------------------------------------------------
+@pytest.mark.disrupts_operator  # the chart's test pod checks the operator: not while another test stops it
 def test_helm_chart_installs_a_working_operator(cluster: Cluster, operator: str) -> None:
     crds = {
         name_of(c) for c in client.ApiextensionsV1Api(cluster.api).list_custom_resource_definition().items
@@ -345,6 +355,7 @@ def test_invalid_resource_is_rejected_by_the_api_server(
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.disrupts_operator  # deletes the operator pod mid-rollout
 def test_upgrade_then_verified_downgrade_keeps_every_acknowledged_message(
     cluster: Cluster, operator: str, namespace: str
 ) -> None:

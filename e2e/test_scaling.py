@@ -214,6 +214,7 @@ def test_kubectl_scale_under_transactional_load_loses_nothing(cluster: Cluster, 
     verify(cluster, ns, results)
 
 
+@pytest.mark.disrupts_operator  # kills the operator pod mid-move
 def test_kills_in_the_middle_of_shard_moves_lose_nothing(cluster: Cluster, resources: str) -> None:
     """PAS 1 -> 2 moves SHARDS/2 shards one at a time: the first move's source, the second's target and
     then the operator are killed (SIGKILL: deleted with no grace) while a move is past its fence."""
