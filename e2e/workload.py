@@ -22,13 +22,14 @@ import asyncio
 import itertools
 import json
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from txnkeeper.client import Client
+from txnkeeper.client import Client, Consumer, Message, Transaction
 from txnkeeper.contract.tls import TlsClientSettings
-from txnkeeper.errors import ServiceError
+from txnkeeper.errors import ServiceError, UnavailableError
 
 
 @dataclass
@@ -160,6 +161,20 @@ async def verify(stores: list[str], record: Record) -> None:
         assert duplicates == 0, f"{topic}: {duplicates} duplicate deliveries"
 
 
+async def acknowledge(consumer: Consumer, message: Message, txn: Transaction) -> None:
+    """The client refuses an ack while its consumer reconnects (its store pod killed, its shard moving)
+    with a retryable UnavailableError, as its docs say: ack again until it is taken (60 s at most)."""
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            await consumer.acknowledge(message, txn=txn)
+            return
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)  # a retry's pause: the consumer reconnects by itself
+
+
 async def ack_in_transactions(
     coordinators: list[str], stores: list[str], topic: str, expect: list[bytes]
 ) -> int:
@@ -172,7 +187,7 @@ async def ack_in_transactions(
         while wanted:
             message = await asyncio.wait_for(consumer.receive(), 60.0)
             txn = await client.new_transaction()
-            await consumer.acknowledge(message, txn=txn)
+            await acknowledge(consumer, message, txn)
             await txn.commit()
             wanted.discard(message.data)
             acked += 1
