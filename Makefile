@@ -74,12 +74,13 @@ unit: install
 # rest of its time waiting on its pods, JVMs and sockets.
 UNIT_WORKERS ?= 2
 UNIT_NICE ?=
-XDIST = $(if $(filter-out 0 1,$(UNIT_WORKERS)),-n $(UNIT_WORKERS) --dist loadfile,)
+# pytest's options for N xdist workers, by file (none for 0 or 1: one process).
+xdist = $(if $(filter-out 0 1,$(1)),-n $(1) --dist loadfile,)
 unit-compute: install
-	$(UNIT_NICE) $(BIN)/pytest $(XDIST) --durations=25 -m 'not wallclock and not spark' --junitxml=$(REPORTS)/unit.xml $(PYTEST_ARGS)
+	$(UNIT_NICE) $(BIN)/pytest $(call xdist,$(UNIT_WORKERS)) --durations=25 -m 'not wallclock and not spark' --junitxml=$(REPORTS)/unit.xml $(PYTEST_ARGS)
 
 unit-wallclock: install
-	$(UNIT_NICE) $(BIN)/pytest $(XDIST) -m 'wallclock or spark' --junitxml=$(REPORTS)/unit-wallclock.xml $(PYTEST_ARGS)
+	$(UNIT_NICE) $(BIN)/pytest $(call xdist,$(UNIT_WORKERS)) -m 'wallclock or spark' --junitxml=$(REPORTS)/unit-wallclock.xml $(PYTEST_ARGS)
 
 # The README's test command: lint, strict typing, every build the tests need, then every test (soak
 # tests in their bounded form) side by side with the cluster tests on kind when this machine can run
@@ -159,7 +160,7 @@ KIND_SKIP = $(or $(CLUSTER_SKIP),$(shell bash e2e/kind/engine.sh why))
 e2e: install helm kind-node
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/e2e.setup.log
 	@E2E_SETUP_LOG=$(REPORTS)/e2e.setup.log bash e2e/kind/up.sh >/dev/null
-	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadfile,) --durations=15 --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
+	@status=0; (eval "$$(cat $(E2E_STATE)/kind.env)" && $(BIN)/pytest e2e $(call xdist,$(E2E_WORKERS)) --durations=15 --junitxml=$(REPORTS)/e2e.xml $(E2E_ARGS)) || status=$$?; \
 	if [ $$status -ne 0 ]; then bash e2e/kind/diagnose.sh; fi; \
 	if [ -z "$${E2E_KEEP_CLUSTER:-}" ]; then bash e2e/kind/down.sh; fi; exit $$status
 
